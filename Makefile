@@ -1,0 +1,36 @@
+# posenc: `make test` and `make demo` set themselves up on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# The CPU wheel of torch lies in /opt/wheels on CI machines; pinning it keeps pip from pulling CUDA builds.
+TORCH_PIN ?= torch==2.13.0
+JOBS ?= 2
+
+.PHONY: setup test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e ".[dev,rtx,triton]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -n $(JOBS) -q
+
+demo: $(STAMP)
+	$(VENV)/bin/posenc demo -o report
+
+bench: $(STAMP)
+	$(VENV)/bin/posenc bench -o bench-results
+
+clean:
+	rm -rf $(VENV) report bench-results .pytest_cache

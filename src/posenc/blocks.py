@@ -1,0 +1,108 @@
+"""AttentionBlock: q/k/v/o projections, grouped-query heads, a KV cache, and one positional scheme.
+
+This is the unit users export and deploy. The scheme acts at exactly one place (see
+:class:`posenc.schemes.base.Placement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+from posenc.schemes import build_scheme
+from posenc.schemes.base import (
+    Placement,
+    PositionalScheme,
+    TableMode,
+    causal_mask,
+    repeat_kv,
+    softmax_attention,
+)
+
+
+class AttentionBlock(nn.Module):
+    """Multi-head (grouped-query) attention with a positional scheme plugged in where it acts.
+
+    Args:
+        config: geometry (hidden size, heads, kv heads, head dim, causal, context length).
+        scheme: registered scheme name or an already built :class:`PositionalScheme`.
+        params: scheme parameter overrides (when ``scheme`` is a name).
+        table_mode: ``precomputed`` or ``dynamic``.
+        max_positions: rows of precomputed tables (default ``config.max_position_embeddings``).
+        table_dtype: dtype of position tables (float32 by default, whatever the activation dtype).
+
+    Shapes:
+        hidden ``[B, S, E]``; position_ids ``[B, S]`` int64 (default ``P + arange(S)``);
+        past_key / past_value ``[B, Hkv, P, D]``; returns ``(out [B, S, E], present_key, present_value)``
+        with presents ``[B, Hkv, P + S, D]``. Keys sit at positions ``0 .. P + S - 1``.
+        For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
+    """
+
+    def __init__(
+        self,
+        config: AttentionConfig,
+        scheme: str | PositionalScheme = "rope",
+        params: Mapping[str, Any] | None = None,
+        table_mode: TableMode | str = TableMode.PRECOMPUTED,
+        max_positions: int | None = None,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        if isinstance(scheme, PositionalScheme):
+            if params:
+                raise ConfigError("pass params only with a scheme name, not with a built scheme module.")
+            self.scheme = scheme
+        else:
+            self.scheme = build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)
+        h, hkv, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+        self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(h * d, e, bias=False)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past_key: torch.Tensor | None = None,
+        past_value: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        b, s, _ = hidden.shape
+        past = 0 if past_key is None else past_key.shape[2]
+        if position_ids is None:
+            position_ids = (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
+        key_positions = torch.arange(past + s, device=hidden.device).unsqueeze(0).expand(b, past + s)
+        placement = self.scheme.placement
+
+        x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
+        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        if placement is Placement.QK:
+            q, k = self.scheme.rotate(q, k, position_ids)
+        if past_key is not None:
+            if past_value is None:
+                raise ConfigError("past_key was given without past_value; pass both or neither.")
+            k = torch.cat((past_key.to(k.dtype), k), dim=2)
+            v = torch.cat((past_value.to(v.dtype), v), dim=2)
+        present_key, present_value = k, v
+        k, v = repeat_kv(k, cfg.num_heads), repeat_kv(v, cfg.num_heads)
+
+        if placement is Placement.ATTENTION:
+            out = self.scheme.attend(q, k, v, position_ids, key_positions, cfg.causal)
+        else:
+            scores = (q @ k.transpose(-1, -2)) * self.scheme.score_scale()
+            if placement is Placement.SCORE:
+                compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
+                scores = scores.to(compute) + self.scheme.bias(q, k, position_ids, key_positions).to(compute)
+            mask = causal_mask(position_ids, key_positions) if cfg.causal else None
+            out = softmax_attention(scores, v, mask)
+        out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
+        return self.o_proj(out), present_key, present_value

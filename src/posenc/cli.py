@@ -1,0 +1,136 @@
+"""The ``posenc`` command line: one subcommand per pipeline arrow.
+
+Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<part>/cli.py``,
+each exposing ``register(subparsers)``); this module wires them up and turns :class:`PosencError` into
+a one-line message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+
+from posenc import __version__
+from posenc.errors import PosencError
+
+# Modules that contribute subcommands, in the order of the pipeline.
+COMMAND_MODULES: tuple[str, ...] = (
+    "posenc.export.cli",
+    "posenc.graphs.cli",
+    "posenc.engine.cli",
+    "posenc.validate.cli",
+    "posenc.bench.cli",
+    "posenc.demo",
+)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from posenc.schemes import specs
+
+    rows = specs()
+    if args.json:
+        print(json.dumps([s.to_dict() for s in rows], indent=2))
+        return 0
+    header = ("scheme", "family", "acts at", "table modes", "parameters")
+    table = [
+        (
+            s.name,
+            s.family,
+            s.placement.value,
+            ",".join(sorted(m.value for m in s.table_modes)),
+            ", ".join(s.param_names()) or "-",
+        )
+        for s in rows
+    ]
+    widths = [max(len(str(r[i])) for r in [header, *table]) for i in range(4)]
+    for row in [header, *table]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    print(f"\n{len(rows)} schemes. `posenc show SCHEME` for parameters, defaults and citations.")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from posenc.schemes import get_spec
+
+    spec = get_spec(args.scheme)
+    data = spec.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{spec.name}: {spec.title}")
+    print(f"  {spec.summary}")
+    print(f"  family: {spec.family}; acts at: {spec.placement.value}; table modes: {', '.join(data['table_modes'])}")
+    print(f"  exports: {', '.join(data['exports'])}")
+    print("  parameters:")
+    if not spec.params:
+        print("    (none)")
+    for p in spec.params:
+        choices = f" one of {list(p.choices)}" if p.choices else ""
+        print(f"    {p.name} ({p.kind}, default {p.default!r}){choices}: {p.doc}")
+    print("  tolerances vs float64 reference:")
+    for dtype, tol in spec.tolerances.items():
+        print(f"    {dtype}: atol={tol.atol:g} rtol={tol.rtol:g}")
+    print(f"  citation: {spec.citation}")
+    if spec.verified_against:
+        print(f"  verified against: {spec.verified_against}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="posenc",
+        description="Positional encodings from an exact PyTorch reference to verified ONNX Runtime / TensorRT "
+        "deployments: list -> export -> optimize -> build -> validate -> bench.",
+        epilog="Examples:\n  posenc list\n  posenc show rope_yarn\n  posenc demo --quick -o report",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser(
+        "list",
+        help="table of every registered scheme",
+        description="Table of schemes: family, where it acts, table modes, parameters.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_list)
+    p = sub.add_parser(
+        "show",
+        help="parameters, defaults, meaning and citation of one scheme",
+        description="Describe one scheme.",
+        epilog="Example: posenc show alibi --json",
+    )
+    p.add_argument("scheme", help="scheme name (see `posenc list`)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_show)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # that part of the pipeline is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except PosencError as exc:
+        print(f"posenc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"posenc {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Attention geometry (:class:`AttentionConfig`) and import of a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from posenc.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Geometry of one attention block.
+
+    Attributes:
+        hidden_size: model width E (input and output of the block).
+        num_heads: query heads H.
+        num_kv_heads: key/value heads Hkv (grouped-query attention); must divide ``num_heads``.
+        head_dim: per-head width D; defaults to ``hidden_size // num_heads``.
+        causal: decoder (causal) or encoder (bidirectional) attention.
+        max_position_embeddings: the model's context length; default ``max_positions`` of tables.
+        qkv_bias: whether the q/k/v projections carry a bias.
+    """
+
+    hidden_size: int = 256
+    num_heads: int = 8
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    causal: bool = True
+    max_position_embeddings: int = 2048
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_heads", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"AttentionConfig.{name} must be a positive int, got {value!r}.")
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
+                    f"give head_dim explicitly or choose divisible sizes."
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        kv, hd = self.num_kv_heads, self.head_dim
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
+            raise ConfigError(f"AttentionConfig.num_kv_heads must be a positive int, got {kv!r}.")
+        if isinstance(hd, bool) or not isinstance(hd, int) or hd < 1:
+            raise ConfigError(f"AttentionConfig.head_dim must be a positive int, got {hd!r}.")
+        if self.num_heads % kv:
+            raise ConfigError(
+                f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}; grouped-query attention "
+                f"needs each kv head to serve a whole number of query heads."
+            )
+
+    @property
+    def kv_groups(self) -> int:
+        return self.num_heads // self.num_kv_heads  # type: ignore[operator]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttentionConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown AttentionConfig field(s) {unknown}; valid fields are {sorted(known)}.")
+        return cls(**dict(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class HFImport:
+    """What :func:`from_hf_config` read: the geometry plus the scheme and its parameters."""
+
+    config: AttentionConfig
+    scheme: str
+    params: dict[str, Any]
+    model_type: str
+
+
+_ROPE_TYPE_TO_SCHEME = {
+    "default": "rope",
+    "linear": "rope_linear",
+    "dynamic": "rope_dynamic",
+    "yarn": "rope_yarn",
+    "longrope": "rope_longrope",
+    "llama3": "rope_llama3",
+}
+
+
+def from_hf_config(source: str | Path | Mapping[str, Any]) -> HFImport:
+    """Read a Hugging Face ``config.json`` (path or dict) into geometry, scheme name and parameters.
+
+    Supports RoPE models (``rope_parameters`` or legacy ``rope_scaling``/``rope_theta``, partial rotary,
+    GPT-J/GPT-NeoX naming), ALiBi models (BLOOM, MPT, Falcon with ``alibi``), T5, and BERT-style absolute
+    embeddings.
+
+    Raises:
+        ConfigError: the file cannot be read, or its positional scheme is not one posenc knows.
+    """
+    if isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        path = Path(source)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"Hugging Face config {path} does not exist; pass the path of config.json.") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json.") from None
+    model_type = str(data.get("model_type", ""))
+
+    def first(*names: str, default: Any = None) -> Any:
+        for name in names:
+            if data.get(name) is not None:
+                return data[name]
+        return default
+
+    hidden = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head", "num_heads", "n_heads")
+    if hidden is None or heads is None:
+        raise ConfigError(
+            "config.json lacks hidden_size/num_attention_heads (or n_embd/n_head, d_model/num_heads); "
+            "is it a transformer language model config?"
+        )
+    kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    if data.get("multi_query") and "n_head_kv" not in data:
+        kv_heads = 1
+    head_dim = first("head_dim", "d_kv")
+    max_pos = first("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048)
+    causal = not bool(data.get("is_encoder_decoder")) and model_type not in ("bert", "roberta", "deberta-v2")
+    config = AttentionConfig(
+        hidden_size=int(hidden),
+        num_heads=int(heads),
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim) if head_dim else None,
+        causal=causal,
+        max_position_embeddings=int(max_pos),
+    )
+    scheme, params = _hf_scheme(data, model_type, config)
+    return HFImport(config=config, scheme=scheme, params=params, model_type=model_type)
+
+
+def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig) -> tuple[str, dict[str, Any]]:
+    if data.get("alibi") or model_type in ("bloom", "mpt") or data.get("attn_config", {}).get("alibi"):
+        return "alibi", {}
+    if model_type in ("t5", "mt5", "umt5", "longt5"):
+        return "t5", {
+            "num_buckets": int(data.get("relative_attention_num_buckets", 32)),
+            "max_distance": int(data.get("relative_attention_max_distance", 128)),
+            "bidirectional": not config.causal,
+        }
+    if model_type in ("bert", "roberta", "gpt2", "opt") or data.get("position_embedding_type") == "absolute":
+        return "learned", {}
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    rope = dict(rope)
+    theta = rope.get("rope_theta", data.get("rope_theta", data.get("rotary_emb_base", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+    if rope_type not in _ROPE_TYPE_TO_SCHEME:
+        raise ConfigError(
+            f"rope_type {rope_type!r} in config.json is not supported; supported: {sorted(_ROPE_TYPE_TO_SCHEME)}."
+        )
+    partial = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", data.get("rotary_pct")))
+    if partial is None and data.get("rotary_dim"):
+        partial = int(data["rotary_dim"]) / config.head_dim
+    params: dict[str, Any] = {"rope_theta": float(theta)}
+    if partial is not None:
+        params["partial_rotary_factor"] = float(partial)
+    if model_type in ("gptj", "codegen", "chatglm", "glm"):
+        params["layout"] = "interleaved"
+    keep = (
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+        "short_factor",
+        "long_factor",
+        "low_freq_factor",
+        "high_freq_factor",
+    )
+    for key in keep:
+        if rope.get(key) is not None:
+            params[key] = rope[key]
+    if rope_type in ("yarn", "longrope", "llama3") and "original_max_position_embeddings" not in params:
+        params["original_max_position_embeddings"] = int(
+            data.get("original_max_position_embeddings", config.max_position_embeddings)
+        )
+    return _ROPE_TYPE_TO_SCHEME[rope_type], params

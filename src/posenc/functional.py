@@ -1,0 +1,552 @@
+"""Pure tensor math of positional encodings: frequencies, tables, rotation, buckets, slopes.
+
+This module is the contract the rest of posenc builds on: torch tensors in and out, no module state.
+Frequencies and angles are computed in float64 and cast at the end, so tables stay accurate at
+positions far beyond 2**17.
+
+Shape legend: ``B`` batch, ``S`` sequence, ``H`` heads, ``D`` head dim, ``r`` rotary dim (even, <= D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from posenc.errors import ConfigError
+
+__all__ = [
+    "RANGE_REDUCTION_MAX_POSITION",
+    "ROPE_LAYOUTS",
+    "ROPE_PARAMETER_KEYS",
+    "ROPE_TYPES",
+    "alibi_slopes",
+    "apply_rope",
+    "deberta_log_bucket",
+    "exact_angles",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "sinusoidal_inv_freq",
+    "sinusoidal_table",
+    "split_turns",
+    "t5_relative_bucket",
+]
+
+ROPE_TYPES: tuple[str, ...] = (
+    "default",
+    "linear",
+    "ntk",
+    "dynamic",
+    "yarn",
+    "longrope",
+    "llama3",
+    "truncation",
+)
+"""Valid ``rope_type`` values. All but ``ntk`` and ``truncation`` follow Hugging Face transformers;
+``ntk`` is static NTK-aware scaling and ``truncation`` is base truncation (see :func:`rope_inv_freq`)."""
+
+ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
+
+ROPE_PARAMETER_KEYS: frozenset[str] = frozenset(
+    {
+        "rope_type",
+        "type",  # legacy Hugging Face spelling of rope_type
+        "rope_theta",
+        "factor",
+        "original_max_position_embeddings",
+        "max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+        "short_factor",
+        "long_factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "partial_rotary_factor",
+        "truncation_a",
+        "truncation_c",
+        "truncation_beta",
+    }
+)
+
+# Exact range reduction: positions are split at this power of two, frequencies into 12-bit pieces.
+_POSITION_SPLIT = 4096
+_MANTISSA_BITS = 11  # 12 significant bits: product of two 12-bit numbers is exact in float32
+RANGE_REDUCTION_MAX_POSITION = _POSITION_SPLIT * _POSITION_SPLIT
+"""Largest |position| for which :func:`exact_angles` is exact (2**24)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# RoPE frequencies
+# --------------------------------------------------------------------------------------------------
+
+
+def _require(params: Mapping[str, Any], key: str, rope_type: str) -> Any:
+    value = params.get(key)
+    if value is None:
+        raise ConfigError(
+            f"rope_type={rope_type!r} needs {key!r} in its parameters; add it (Hugging Face "
+            f"rope_parameters use the same name)."
+        )
+    return value
+
+
+def _positive(value: Any, key: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, got {value!r}.") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"{key} must be a finite number > 0, got {value!r}.")
+    return number
+
+
+def _check_rotary_dim(rotary_dim: Any) -> int:
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise ConfigError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}.")
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ConfigError(
+            f"rotary_dim must be an even integer >= 2 (RoPE rotates pairs of dimensions), got {rotary_dim}."
+        )
+    return rotary_dim
+
+
+def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return 1.0 / (base**exponents)
+
+
+def _yarn_attention_factor(factor: float, params: Mapping[str, Any]) -> float:
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    mscale = params.get("mscale")
+    mscale_all_dim = params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+    return get_mscale(factor)
+
+
+def _yarn_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
+    original = int(
+        params.get("original_max_position_embeddings") or _require(params, "max_position_embeddings", "yarn")
+    )
+    factor = params.get("factor")
+    if factor is None:
+        max_pos = _require(params, "max_position_embeddings", "yarn")
+        factor = max_pos / original
+    factor = _positive(factor, "factor")
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = _yarn_attention_factor(factor, params)
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+    truncate = params.get("truncate", True)
+
+    def correction_dim(num_rotations: float) -> float:
+        return (rotary_dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # the reference implementation's guard against a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
+    return inv_freq, float(attention_factor)
+
+
+def _longrope_inv_freq(
+    rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: int | None
+) -> tuple[torch.Tensor, float]:
+    original = int(_require(params, "original_max_position_embeddings", "longrope"))
+    short = _require(params, "short_factor", "longrope")
+    long = _require(params, "long_factor", "longrope")
+    for key, values in (("short_factor", short), ("long_factor", long)):
+        if len(values) != rotary_dim // 2:
+            raise ConfigError(
+                f"longrope {key} must have rotary_dim // 2 = {rotary_dim // 2} entries, got {len(values)}."
+            )
+        if any(float(v) <= 0 for v in values):
+            raise ConfigError(f"longrope {key} entries must be > 0.")
+    factor = params.get("factor")
+    if factor is None:
+        factor = _require(params, "max_position_embeddings", "longrope") / original
+    factor = _positive(factor, "factor")
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    chosen = long if seq_len is not None and seq_len > original else short
+    ext = torch.tensor([float(v) for v in chosen], dtype=torch.float64)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return 1.0 / (ext * base**exponents), float(attention_factor)
+
+
+def _llama3_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> torch.Tensor:
+    factor = _positive(_require(params, "factor", "llama3"), "factor")
+    low = _positive(_require(params, "low_freq_factor", "llama3"), "low_freq_factor")
+    high = _positive(_require(params, "high_freq_factor", "llama3"), "high_freq_factor")
+    old_len = _positive(
+        _require(params, "original_max_position_embeddings", "llama3"), "original_max_position_embeddings"
+    )
+    if high <= low:
+        raise ConfigError(f"llama3 needs high_freq_factor > low_freq_factor, got {high} <= {low}.")
+    inv_freq = _default_inv_freq(rotary_dim, base)
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _truncation_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> torch.Tensor:
+    a = float(_require(params, "truncation_a", "truncation"))
+    c = float(_require(params, "truncation_c", "truncation"))
+    beta = float(_require(params, "truncation_beta", "truncation"))
+    if not 0 <= a < c:
+        raise ConfigError(f"base truncation needs 0 <= truncation_a < truncation_c, got a={a}, c={c}.")
+    if not a < beta < c:
+        raise ConfigError(f"base truncation needs truncation_a < truncation_beta < truncation_c, got {beta}.")
+    theta = _default_inv_freq(rotary_dim, base)
+    middle = torch.full_like(theta, beta)
+    return torch.where(theta >= c, theta, torch.where(theta > a, middle, torch.zeros_like(theta)))
+
+
+def rope_inv_freq(
+    rotary_dim: int, params: Mapping[str, Any] | None = None, *, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies of RoPE for a ``rope_type`` and its parameters.
+
+    Args:
+        rotary_dim: number of rotated dimensions r (even). ``partial_rotary_factor`` is the caller's
+            business: pass ``int(head_dim * partial_rotary_factor)``.
+        params: Hugging Face ``rope_parameters`` / ``rope_scaling`` dict (``rope_type``, ``rope_theta``,
+            ``factor``, ...). It may also carry ``max_position_embeddings`` (the model's context length).
+            ``rope_type`` values: default, linear, ntk (static NTK-aware: base * factor**(r/(r-2))),
+            dynamic, yarn, longrope, llama3, truncation (base truncation with ``truncation_a``,
+            ``truncation_c``, ``truncation_beta``: θ_i kept if θ_i >= c, set to β if a < θ_i < c, 0 if θ_i <= a).
+        seq_len: current length (max position + 1) for the data-dependent types ``dynamic`` and ``longrope``.
+
+    Returns:
+        ``(inv_freq, attention_factor)``: float64 ``[r // 2]`` and the float multiplied into cos and sin.
+
+    Raises:
+        ConfigError: unknown rope_type or key, odd rotary_dim, factor <= 0, missing required parameters.
+
+    Example::
+
+        inv_freq, scale = rope_inv_freq(128, {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 8192})
+    """
+    rotary_dim = _check_rotary_dim(rotary_dim)
+    params = dict(params or {})
+    unknown = sorted(set(params) - ROPE_PARAMETER_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown RoPE parameter(s) {unknown}; valid keys are {sorted(ROPE_PARAMETER_KEYS)}.")
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"unknown rope_type {rope_type!r}; valid rope_type values are {list(ROPE_TYPES)}.")
+    base = _positive(params.get("rope_theta", 10000.0) or 10000.0, "rope_theta")
+    if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 1):
+        raise ConfigError(f"seq_len must be a positive int (max position + 1), got {seq_len!r}.")
+
+    if rope_type == "default":
+        return _default_inv_freq(rotary_dim, base), 1.0
+    if rope_type == "linear":
+        factor = _positive(_require(params, "factor", rope_type), "factor")
+        return _default_inv_freq(rotary_dim, base) / factor, 1.0
+    if rope_type == "ntk":
+        factor = _positive(_require(params, "factor", rope_type), "factor")
+        if rotary_dim <= 2:
+            raise ConfigError("ntk scaling needs rotary_dim > 2 (its exponent is r / (r - 2)).")
+        return _default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
+    if rope_type == "dynamic":
+        factor = _positive(_require(params, "factor", rope_type), "factor")
+        max_pos = int(_require(params, "max_position_embeddings", rope_type))
+        if rotary_dim <= 2:
+            raise ConfigError("dynamic NTK scaling needs rotary_dim > 2 (its exponent is r / (r - 2)).")
+        length = max(int(seq_len) if seq_len is not None else max_pos, max_pos)
+        scaled_base = base * ((factor * length / max_pos) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+        return _default_inv_freq(rotary_dim, scaled_base), 1.0
+    if rope_type == "yarn":
+        return _yarn_inv_freq(rotary_dim, base, params)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(rotary_dim, base, params, seq_len)
+    if rope_type == "llama3":
+        return _llama3_inv_freq(rotary_dim, base, params), 1.0
+    return _truncation_inv_freq(rotary_dim, base, params), 1.0
+
+
+def sinusoidal_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Frequencies 1 / base**(2i/dim) of the sinusoidal encoding, float64 ``[dim // 2]``."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
+        raise ConfigError(f"sinusoidal dim must be an even int >= 2, got {dim!r}.")
+    return _default_inv_freq(dim, _positive(base, "base"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Angles, cos/sin, rotation
+# --------------------------------------------------------------------------------------------------
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_factor: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of ``position * inv_freq`` (angles in float64), times ``attention_factor``.
+
+    Args:
+        position_ids: integer tensor of any shape, e.g. ``[B, S]``.
+        inv_freq: ``[r // 2]``.
+        attention_factor: multiplied into cos and sin (YaRN, LongRoPE).
+        dtype: dtype of the returned tables.
+
+    Returns:
+        ``(cos, sin)``, each ``[*position_ids.shape, r // 2]``.
+    """
+    angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)
+    return (
+        (torch.cos(angles) * attention_factor).to(dtype),
+        (torch.sin(angles) * attention_factor).to(dtype),
+    )
+
+
+def split_turns(inv_freq: torch.Tensor) -> torch.Tensor:
+    """Split frequencies (in turns, ``inv_freq / 2π``) into three float32 pieces for :func:`exact_angles`.
+
+    The first two pieces carry 12 significant bits each, so their products with 12-bit position pieces are
+    exact in float32; the third carries the rest. Works on float64 input inside exported graphs too.
+
+    Args:
+        inv_freq: ``[..., r // 2]`` frequencies (float64 recommended).
+
+    Returns:
+        float32 ``[3, ..., r // 2]``.
+    """
+    turns = inv_freq.to(torch.float64) / (2 * math.pi)
+    pieces = []
+    rest = turns
+    for _ in range(2):
+        safe = torch.where(rest == 0, torch.ones_like(rest), rest.abs())
+        scale = torch.exp2(_MANTISSA_BITS - torch.floor(torch.log2(safe)))
+        piece = torch.where(rest == 0, torch.zeros_like(rest), torch.round(rest * scale) / scale)
+        pieces.append(piece)
+        rest = rest - piece
+    pieces.append(rest)
+    return torch.stack(pieces).to(torch.float32)
+
+
+def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    """Angles ``position * inv_freq`` reduced to ``[0, 2π)`` with float32 arithmetic only, error ~1e-6 rad.
+
+    Naive float32 angles lose ~1e-2 rad at position 131072; this splits positions at 4096 and frequencies
+    into 12-bit pieces (:func:`split_turns`) so every large product is exact. Exported graphs use it for
+    in-graph (``dynamic``) tables because TensorRT has no float64 arithmetic.
+
+    Args:
+        position_ids: int64 ``[...]`` with |position| < 2**24.
+        turns: float32 ``[3, r // 2]`` from :func:`split_turns` (or ``[3, ..., r // 2]`` broadcastable).
+
+    Returns:
+        float32 ``[..., r // 2]``.
+    """
+    pos = position_ids.to(torch.int64)
+    high_i = torch.div(pos, _POSITION_SPLIT, rounding_mode="floor") * _POSITION_SPLIT
+    high = high_i.to(torch.float32).unsqueeze(-1)
+    low = (pos - high_i).to(torch.float32).unsqueeze(-1)
+    t1, t2, t3 = turns[0], turns[1], turns[2]
+
+    def frac(x: torch.Tensor) -> torch.Tensor:
+        return x - torch.floor(x)
+
+    total = frac(frac(high * t1) + frac(low * t1))
+    total = frac(total + frac(high * t2) + frac(low * t2))
+    total = frac(total + (high + low) * t3)
+    return total * (2 * math.pi)
+
+
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` features of ``x`` by the angles whose cos/sin are given.
+
+    ``half`` (GPT-NeoX / Llama ``rotate_half``) pairs features (i, i + r/2); ``interleaved``
+    (GPT-J / RoFormer) pairs (2i, 2i + 1). Features past ``rotary_dim`` pass through unchanged.
+    Math runs in float32 (float64 for float64 input); the result has ``x``'s dtype.
+
+    Args:
+        x: ``[..., D]``, e.g. ``[B, H, S, D]``.
+        cos, sin: broadcastable to ``x[..., : r // 2]``, e.g. ``[B, 1, S, r // 2]``.
+        layout: ``"half"`` or ``"interleaved"``.
+        rotary_dim: r (even, <= D); defaults to ``2 * cos.shape[-1]``.
+
+    Returns:
+        Tensor of ``x``'s shape and dtype.
+    """
+    if layout not in ROPE_LAYOUTS:
+        raise ConfigError(f"unknown RoPE layout {layout!r}; use one of {list(ROPE_LAYOUTS)}.")
+    half = cos.shape[-1]
+    r = 2 * half if rotary_dim is None else rotary_dim
+    if r != 2 * half or r % 2:
+        raise ConfigError(f"rotary_dim {r} does not match cos/sin of last dim {half} (need rotary_dim = 2*{half}).")
+    if r > x.shape[-1]:
+        raise ConfigError(f"rotary_dim {r} exceeds the head dim {x.shape[-1]}; use rotary_dim <= head dim.")
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xr = x[..., :r].to(compute)
+    c, s = cos.to(compute), sin.to(compute)
+    if layout == "half":
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    rotated = rotated.to(x.dtype)
+    if r == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., r:]), dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Absolute sinusoidal table
+# --------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_table(
+    num_positions: int,
+    dim: int,
+    layout: str = "interleaved",
+    base: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Sinusoidal position table of Vaswani et al.
+
+    ``interleaved``: ``PE[t, 2i] = sin(t / base**(2i/dim))``, ``PE[t, 2i+1] = cos(...)``.
+    ``concat``: ``PE[t] = [sin(t·ω_0..), cos(t·ω_0..)]`` (tensor2tensor / Transformer-XL order).
+
+    Returns:
+        ``[num_positions, dim]`` in ``dtype`` (angles in float64).
+    """
+    if layout not in ("interleaved", "concat"):
+        raise ConfigError(f"unknown sinusoidal layout {layout!r}; use 'interleaved' or 'concat'.")
+    if isinstance(num_positions, bool) or not isinstance(num_positions, int) or num_positions < 1:
+        raise ConfigError(f"num_positions must be a positive int, got {num_positions!r}.")
+    inv_freq = sinusoidal_inv_freq(dim, base)
+    angles = torch.arange(num_positions, dtype=torch.float64).unsqueeze(-1) * inv_freq
+    return sinusoidal_from_angles(angles, layout).to(dtype)
+
+
+def sinusoidal_from_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
+    """Arrange sin/cos of ``angles [..., dim // 2]`` into ``[..., dim]`` in the given layout."""
+    sin, cos = torch.sin(angles), torch.cos(angles)
+    if layout == "concat":
+        return torch.cat((sin, cos), dim=-1)
+    return torch.stack((sin, cos), dim=-1).flatten(-2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bias producers
+# --------------------------------------------------------------------------------------------------
+
+
+def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """ALiBi head slopes: ``2**(-8i/n)`` for n a power of two; BLOOM's interleaving otherwise.
+
+    Returns:
+        ``[num_heads]``.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ConfigError(f"num_heads must be a positive int, got {num_heads!r}.")
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = base ** torch.arange(1, closest + 1, dtype=torch.float64)
+    if closest != num_heads:
+        extra_base = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        remaining = min(closest, num_heads - closest)
+        extra = extra_base ** torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.float64)
+        slopes = torch.cat((slopes, extra))
+    return slopes.to(dtype)
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """T5 relative-position bucket (Mesh TensorFlow / Hugging Face ``_relative_position_bucket``).
+
+    Half the buckets are exact distances, the rest log-spaced up to ``max_distance``; bidirectional
+    mode gives keys after the query their own half of the buckets. The float32 log matches the original.
+
+    Args:
+        relative_position: int tensor ``key_pos - query_pos``.
+
+    Returns:
+        int64 tensor of the same shape, values in ``[0, num_buckets)``.
+    """
+    _check_buckets(num_buckets, max_distance)
+    rel = relative_position.to(torch.int64)
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).to(torch.int64) * num_buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    max_exact = num_buckets // 2
+    is_small = rel < max_exact
+    # Clamp before the log so that log(0) never appears (those entries are "small" anyway).
+    large = max_exact + (
+        torch.log(rel.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.int64)
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(is_small, rel, large)
+
+
+def _check_buckets(num_buckets: int, max_distance: int) -> None:
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 2:
+        raise ConfigError(f"num_buckets must be an int >= 2, got {num_buckets!r}.")
+    if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
+        raise ConfigError(f"max_distance must be a positive int, got {max_distance!r}.")
+
+
+def deberta_log_bucket(
+    relative_position: torch.Tensor, bucket_size: int = 256, max_position: int = 512
+) -> torch.Tensor:
+    """DeBERTa-v2 log bucket (``make_log_bucket_position``): exact within ±bucket_size/2, log beyond.
+
+    Args:
+        relative_position: int tensor ``query_pos - key_pos``.
+
+    Returns:
+        int64 tensor of the same shape (signed bucket ids).
+    """
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, int) or bucket_size < 4:
+        raise ConfigError(f"bucket_size must be an int >= 4, got {bucket_size!r}.")
+    if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= bucket_size // 2 + 1:
+        raise ConfigError(f"max_position must be an int > bucket_size // 2 + 1, got {max_position!r}.")
+    rel = relative_position.to(torch.int64)
+    sign = torch.sign(rel)
+    mid = bucket_size // 2
+    abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs())
+    log_pos = (
+        torch.ceil(torch.log(abs_pos.float() / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1))
+        + mid
+    )
+    return torch.where(abs_pos <= mid, rel.to(log_pos.dtype), log_pos * sign).to(torch.int64)

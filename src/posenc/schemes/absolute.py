@@ -1,0 +1,1 @@
+"""Absolute schemes (placeholder until the family lands)."""

@@ -1,0 +1,402 @@
+"""What a scheme is: its spec (parameters, placement, table modes, tolerances) and its module base class.
+
+A scheme acts at exactly one place of the attention block (:class:`Placement`):
+
+- ``embedding``: adds to / multiplies the hidden states before the projections,
+  ``embed(hidden [B, S, E], position_ids [B, S]) -> [B, S, E]``;
+- ``qk``: rotates queries and keys, ``rotate(q [B, H, S, D], k [B, Hkv, S, D], position_ids [B, S])``;
+- ``score``: adds a bias to the attention scores,
+  ``bias(q [B, H, Sq, D], k [B, H, Sk, D], q_pos [B, Sq], k_pos [B, Sk]) -> [B|1, H, Sq, Sk]``;
+- ``attention``: replaces the attention computation,
+  ``attend(q, k, v, q_pos, k_pos, causal) -> [B, H, Sq, D]``;
+- ``none``: NoPE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from posenc.errors import ConfigError, PositionError
+
+if TYPE_CHECKING:
+    from posenc.config import AttentionConfig
+
+
+class TableMode(str, enum.Enum):
+    """How position-dependent tables reach the graph."""
+
+    PRECOMPUTED = "precomputed"
+    """Tables of ``max_positions`` rows are stored (initializers) and gathered by position ids."""
+    DYNAMIC = "dynamic"
+    """Only small parameters are stored; tables are computed from position ids (no length limit)."""
+
+    @classmethod
+    def parse(cls, value: str | TableMode) -> TableMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"unknown table mode {value!r}; use one of {[m.value for m in cls]}.") from None
+
+
+class Placement(str, enum.Enum):
+    """Where in the attention block a scheme acts."""
+
+    EMBEDDING = "embedding"
+    QK = "qk"
+    SCORE = "score"
+    ATTENTION = "attention"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Absolute and relative tolerance of a comparison against the float64 reference."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
+    "float32": Tolerance(atol=2e-5, rtol=1e-4),
+    "float16": Tolerance(atol=4e-3, rtol=4e-3),
+    "bfloat16": Tolerance(atol=3e-2, rtol=3e-2),
+}
+
+_KINDS = ("int", "float", "bool", "str", "floats", "dict")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One scheme parameter: name, kind, default, meaning and validation."""
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    maximum: float | None = None
+    optional: bool = False
+    """``None`` is an allowed value (meaning: derived from other parameters)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"Param {self.name}: kind must be one of {_KINDS}")
+
+    def coerce(self, value: Any, scheme: str) -> Any:
+        """Convert ``value`` (possibly a CLI string) to this parameter's kind and validate it."""
+        where = f"{scheme}: parameter {self.name!r}"
+        if value is None:
+            if self.optional:
+                return None
+            raise ConfigError(f"{where} may not be None; give a {self.kind} ({self.doc}).")
+        try:
+            value = self._convert(value)
+        except (TypeError, ValueError, json.JSONDecodeError):
+            raise ConfigError(f"{where} must be a {self.kind}, got {value!r} ({self.doc}).") from None
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{where} must be one of {list(self.choices)}, got {value!r}.")
+        numbers = value if self.kind == "floats" else [value] if self.kind in ("int", "float") else []
+        for number in numbers:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise ConfigError(f"{where} must be finite, got {number!r}.")
+            if self.minimum is not None:
+                too_small = number <= self.minimum if self.exclusive_minimum else number < self.minimum
+                if too_small:
+                    op = ">" if self.exclusive_minimum else ">="
+                    raise ConfigError(f"{where} must be {op} {self.minimum}, got {number!r}.")
+            if self.maximum is not None and number > self.maximum:
+                raise ConfigError(f"{where} must be <= {self.maximum}, got {number!r}.")
+        return value
+
+    def _convert(self, value: Any) -> Any:
+        if self.kind == "int":
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if self.kind == "float":
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if self.kind == "bool":
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            if not isinstance(value, (bool, int)):
+                raise TypeError
+            return bool(value)
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        if self.kind == "floats":
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+            if not isinstance(value, Sequence):
+                raise TypeError
+            return tuple(float(v) for v in value)
+        if isinstance(value, str):
+            value = json.loads(value)
+        if not isinstance(value, Mapping):
+            raise TypeError
+        return dict(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemeSpec:
+    """Everything the registry, the CLI, the exporters and the test matrices know about a scheme."""
+
+    name: str
+    title: str
+    family: str
+    placement: Placement
+    params: tuple[Param, ...]
+    table_modes: frozenset[TableMode]
+    citation: str
+    summary: str
+    exports: frozenset[str] = frozenset({"op", "block"})
+    tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    cases: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
+    """Named parameter sets that the parity and export matrices cover (``default`` = the defaults)."""
+    validate: Callable[[dict[str, Any], AttentionConfig], None] | None = None
+    """Cross-parameter check, given the resolved parameters and the attention geometry."""
+    verified_against: str = ""
+    """The upstream implementation the tests compare with."""
+    length_dependent: bool = False
+    """Frequencies depend on the current length (dynamic NTK, LongRoPE): keys cached at an earlier step
+    were encoded with other frequencies than a full recompute would use."""
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ConfigError(f"{self.name} has no parameter {name!r}; its parameters are {self.param_names()}.")
+
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def resolve(self, overrides: Mapping[str, Any] | None, config: AttentionConfig | None = None) -> dict[str, Any]:
+        """Defaults updated by ``overrides``, each converted and validated; unknown names raise."""
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(self.param_names()))
+        if unknown:
+            raise ConfigError(
+                f"{self.name} has no parameter(s) {unknown}; valid parameters are {self.param_names() or 'none'}."
+            )
+        resolved = {}
+        for p in self.params:
+            value = overrides.get(p.name, p.default)
+            resolved[p.name] = p.coerce(value, self.name)
+        if self.validate is not None and config is not None:
+            self.validate(resolved, config)
+        return resolved
+
+    def tolerance(self, dtype: torch.dtype | str) -> Tolerance:
+        key = str(dtype).removeprefix("torch.")
+        aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
+        key = aliases.get(key, key)
+        if key not in self.tolerances:
+            raise ConfigError(f"{self.name} has no tolerance for dtype {key!r}; known: {sorted(self.tolerances)}.")
+        return self.tolerances[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (``posenc show --json``)."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "family": self.family,
+            "placement": self.placement.value,
+            "table_modes": sorted(m.value for m in self.table_modes),
+            "exports": sorted(self.exports),
+            "summary": self.summary,
+            "citation": self.citation,
+            "verified_against": self.verified_against,
+            "params": [
+                {
+                    "name": p.name,
+                    "kind": p.kind,
+                    "default": list(p.default) if isinstance(p.default, tuple) else p.default,
+                    "doc": p.doc,
+                    **({"choices": list(p.choices)} if p.choices else {}),
+                }
+                for p in self.params
+            ],
+            "tolerances": {k: dataclasses.asdict(v) for k, v in self.tolerances.items()},
+            "cases": {k: dict(v) for k, v in self.cases.items()},
+            "length_dependent": self.length_dependent,
+        }
+
+
+class TableHolder(nn.Module):
+    """A module whose position tables keep their dtype when the module is cast (``.half()``, ``.to``)."""
+
+    def register_table(self, name: str, tensor: torch.Tensor, persistent: bool = True) -> None:
+        """Register a position table (or frequency) buffer that keeps its dtype under ``.half()`` etc.
+
+        Casting the module for fp16/bf16 export must not round the tables: they stay in the dtype they
+        were registered with and only follow device moves.
+        """
+        self.register_buffer(name, tensor, persistent=persistent)
+        kept = self.__dict__.setdefault("_kept_dtype_buffers", set())
+        kept.add(name)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        kept = self.__dict__.get("_kept_dtype_buffers", set())
+        originals = {name: self._buffers[name] for name in kept if self._buffers.get(name) is not None}
+        result = super()._apply(fn, recurse)
+        for name, original in originals.items():
+            moved = self._buffers[name]
+            if moved is not None and moved.dtype != original.dtype:
+                self._buffers[name] = original.to(device=moved.device)
+        return result
+
+
+class PositionalScheme(TableHolder):
+    """Base class of every scheme module; subclasses implement the method of their placement.
+
+    Attributes:
+        spec: the scheme's :class:`SchemeSpec` (set by the registry).
+        config: the attention geometry.
+        params: resolved parameters.
+        table_mode: :class:`TableMode`.
+        max_positions: rows of precomputed tables; positions must be ``< max_positions`` in that mode.
+    """
+
+    spec: SchemeSpec
+
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.params = dict(params)
+        self.table_mode = table_mode
+        self.max_positions = max_positions
+        self.table_dtype = table_dtype
+
+    @property
+    def placement(self) -> Placement:
+        return self.spec.placement
+
+    def extra_repr(self) -> str:
+        return f"{self.spec.name}, table_mode={self.table_mode.value}, max_positions={self.max_positions}"
+
+    # -- position checks -------------------------------------------------------------------------
+
+    @property
+    def position_limit(self) -> int | None:
+        """Exclusive upper bound on position ids, or ``None`` when any position works."""
+        return self.max_positions if self.table_mode is TableMode.PRECOMPUTED else None
+
+    def check_positions(self, position_ids: torch.Tensor) -> None:
+        """Raise :class:`PositionError` for position ids a precomputed table cannot serve.
+
+        Skipped while exporting or compiling (the runtime helpers check ONNX inputs instead).
+        """
+        if _tracing():
+            return
+        if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+            raise ConfigError(f"position ids must be an integer tensor, got {position_ids.dtype}.")
+        if position_ids.numel() == 0:
+            return
+        low = int(position_ids.min())
+        if low < 0:
+            raise PositionError(f"position ids must be >= 0, got {low}.")
+        limit = self.position_limit
+        if limit is not None:
+            high = int(position_ids.max())
+            if high >= limit:
+                raise PositionError(
+                    f"{self.spec.name}: position {high} is past the precomputed table of {limit} rows; "
+                    f"export with a longer table (max_positions > {high}) or use table mode 'dynamic'."
+                )
+
+    # -- placement methods (override the one that applies) ---------------------------------------
+
+    def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score_scale(self) -> float:
+        """Multiplier of ``q @ k^T`` (and of any content term inside :meth:`bias`)."""
+        return 1.0 / math.sqrt(self.config.head_dim)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _tracing() -> bool:
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return True
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    if is_exporting is not None and is_exporting():
+        return True
+    return bool(torch.onnx.is_in_onnx_export())
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[B, 1, Sq, Sk]``: True where key position <= query position (may attend)."""
+    return (k_pos.unsqueeze(1) <= q_pos.unsqueeze(2)).unsqueeze(1)
+
+
+def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """``key_pos - query_pos`` as ``[B, Sq, Sk]`` int64."""
+    return k_pos.unsqueeze(1).to(torch.int64) - q_pos.unsqueeze(2).to(torch.int64)
+
+
+def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Repeat ``[B, Hkv, S, D]`` key/value heads to ``[B, H, S, D]`` (grouped-query attention)."""
+    groups = num_heads // x.shape[1]
+    if groups == 1:
+        return x
+    b, hkv, s, d = x.shape
+    return x[:, :, None].expand(b, hkv, groups, s, d).reshape(b, hkv * groups, s, d)
+
+
+def softmax_attention(scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``softmax(scores + mask) @ v`` with the softmax in float32 (float64 for float64 input).
+
+    Args:
+        scores: ``[B, H, Sq, Sk]`` (already scaled and biased).
+        v: ``[B, H, Sk, D]``.
+        mask: boolean, broadcastable to scores, True = may attend; or ``None``.
+    """
+    compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    s = scores.to(compute)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(s, dim=-1).to(v.dtype)
+    return probs @ v

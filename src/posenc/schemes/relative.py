@@ -1,0 +1,1 @@
+"""Relative schemes (placeholder until the family lands)."""

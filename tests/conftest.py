@@ -1,0 +1,35 @@
+"""Shared fixtures and helpers of the posenc test suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from posenc.config import AttentionConfig
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch.set_num_threads(1)
+
+# Geometry of the registry-driven matrices: small, grouped-query, head_dim 16, short context.
+SMALL = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
+
+
+def covers(*schemes: str) -> pytest.MarkDecorator:
+    """Mark a test as a property test of these schemes (the registry check needs one per scheme)."""
+    return pytest.mark.covers(*schemes)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "covers(*schemes): property test of these registered schemes")
+
+
+@pytest.fixture
+def small_config() -> AttentionConfig:
+    return SMALL
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
