@@ -120,4 +120,4 @@ def build_scheme(
 
 
 # Family modules register their schemes on import; keep these imports last.
-from posenc.schemes import absolute, alibi, nope, relative, rope  # noqa: E402, F401
+from posenc.schemes import absolute, alibi, deberta, nope, relative, rope, t5, tupe  # noqa: E402, F401

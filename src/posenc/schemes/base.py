@@ -328,8 +328,15 @@ class PositionalScheme(TableHolder):
             if high >= limit:
                 raise PositionError(
                     f"{self.spec.name}: position {high} is past the precomputed table of {limit} rows; "
-                    f"export with a longer table (max_positions > {high}) or use table mode 'dynamic'."
+                    f"{self.beyond_table_remedy(high)}"
                 )
+
+    def beyond_table_remedy(self, position: int) -> str:
+        """What a user whose position ids reach ``position`` (past the table) should do; schemes may override."""
+        longer = f"export with a longer table (max_positions > {position})"
+        if TableMode.DYNAMIC in self.spec.table_modes:
+            return f"{longer} or use table mode 'dynamic'."
+        return f"{longer}."
 
     # -- placement methods (override the one that applies) ---------------------------------------
 

@@ -1,0 +1,161 @@
+"""T5 bucketed relative bias (score placement), and the bucket-bias module TUPE reuses."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc import functional as PF
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+from posenc.schemes import register
+from posenc.schemes.base import (
+    Param,
+    Placement,
+    PositionalScheme,
+    SchemeSpec,
+    TableHolder,
+    TableMode,
+    relative_distance,
+)
+from posenc.schemes.relative import (
+    BOTH_MODES,
+    distance_range,
+    index_by_distance,
+    lookup_magnitude,
+    magnitude_lookup_table,
+)
+
+T5_PARAMS = (
+    Param("bidirectional", "bool", True, "True: keys after the query get their own half of the buckets (encoders)"),
+    Param("num_buckets", "int", 32, "number of buckets: half exact distances, half log-spaced", minimum=2),
+    Param(
+        "max_distance", "int", 128, "distance at which the log-spaced buckets end (farther shares the last)", minimum=1
+    ),
+)
+"""The bucket parameters of T5 (shared with TUPE's relative term)."""
+
+
+def validate_t5_buckets(params: dict, config: AttentionConfig | None = None) -> None:
+    """Raise :class:`ConfigError` for bucket parameters that give no log-spaced buckets."""
+    per_side = params["num_buckets"] // 2 if params["bidirectional"] else params["num_buckets"]
+    if per_side < 2:
+        raise ConfigError(
+            f"num_buckets {params['num_buckets']} leaves {per_side} bucket(s) per direction (bidirectional mode "
+            f"halves them); use num_buckets >= 4 when bidirectional, >= 2 otherwise."
+        )
+    exact = per_side // 2
+    if params["max_distance"] <= exact:
+        raise ConfigError(
+            f"max_distance {params['max_distance']} must exceed the {exact} exact buckets "
+            f"(num_buckets // {4 if params['bidirectional'] else 2}); raise max_distance or lower num_buckets."
+        )
+
+
+class T5BucketBias(TableHolder):
+    """Learned bias per (bucket, head): ``bias[b, h, i, j] = weight[bucket(k_pos[j] - q_pos[i]), h]``.
+
+    ``precomputed``: bucket ids over the ``2M - 1`` distances (from :func:`posenc.functional.t5_relative_bucket`);
+    ``dynamic``: bucket ids from a magnitude lookup table (no float log in the graph, no length limit).
+
+    Args:
+        num_heads: H.
+        bidirectional, num_buckets, max_distance: as in :func:`posenc.functional.t5_relative_bucket`.
+        table_mode: :class:`TableMode`.
+        max_positions: M (precomputed mode).
+        init_std: standard deviation of the initial weights.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        bidirectional: bool,
+        num_buckets: int,
+        max_distance: int,
+        table_mode: TableMode,
+        max_positions: int,
+        init_std: float,
+    ) -> None:
+        super().__init__()
+        self.bidirectional = bool(bidirectional)
+        self.num_buckets = int(num_buckets)
+        self.max_distance = int(max_distance)
+        self.table_mode = table_mode
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.randn(num_buckets, num_heads) * init_std)
+        if table_mode is TableMode.PRECOMPUTED:
+            self.register_table("bucket_table", self.reference_bucket(distance_range(max_positions)))
+        else:
+            per_side = num_buckets // 2 if bidirectional else num_buckets
+            self.register_table(
+                "magnitude_buckets",
+                magnitude_lookup_table(
+                    lambda m: self.reference_bucket(-m), lambda b: b >= per_side - 1, max_distance + 1
+                ),
+            )
+
+    def reference_bucket(self, distance: torch.Tensor) -> torch.Tensor:
+        """Eager bucket ids of ``distance = key_pos - query_pos`` (the functional reference)."""
+        return PF.t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
+
+    def graph_bucket(self, distance: torch.Tensor) -> torch.Tensor:
+        """Bucket ids of int64 ``distance [...]`` with integer ops and one lookup (what ``dynamic`` exports)."""
+        if self.bidirectional:
+            after = (distance > 0).to(torch.int64) * (self.num_buckets // 2)
+            return lookup_magnitude(self.magnitude_buckets, distance.abs()) + after
+        return lookup_magnitude(self.magnitude_buckets, (-distance).clamp(min=0))
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Positions ``[B, Sq]``, ``[B, Sk]`` -> bias ``[B, H, Sq, Sk]`` in the weight's dtype."""
+        distance = relative_distance(q_pos, k_pos)
+        if self.table_mode is TableMode.PRECOMPUTED:
+            buckets = index_by_distance(self.bucket_table, distance, self.max_positions)
+        else:
+            buckets = self.graph_bucket(distance)
+        return F.embedding(buckets, self.weight).permute(0, 3, 1, 2)
+
+
+class T5Bias(PositionalScheme):
+    """T5 relative bias (Raffel et al.): a learned ``[num_buckets, H]`` table added to unscaled scores.
+
+    T5 folds ``1/√D`` into its initialisation, so :meth:`score_scale` is 1. Shapes: positions ``[B, S]`` ->
+    bias ``[B, H, Sq, Sk]``.
+    """
+
+    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+        super().__init__(config, params, table_mode, max_positions, table_dtype)
+        self.relative_bias = T5BucketBias(
+            config.num_heads,
+            params["bidirectional"],
+            params["num_buckets"],
+            params["max_distance"],
+            table_mode,
+            max_positions,
+            init_std=config.hidden_size**-0.5,
+        )
+
+    def score_scale(self) -> float:
+        return 1.0
+
+    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+        self.check_positions(q_pos)
+        self.check_positions(k_pos)
+        return self.relative_bias(q_pos, k_pos)
+
+
+T5Bias.spec = SchemeSpec(
+    name="t5",
+    title="T5 bucketed relative bias",
+    family="relative",
+    placement=Placement.SCORE,
+    params=T5_PARAMS,
+    table_modes=BOTH_MODES,
+    citation="Raffel et al., Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer, "
+    "JMLR 2020 (arXiv:1910.10683); seed 004 eq. 9 and its bucket table",
+    summary="Learned per-head scalar per bucket of key - query: exact near, log-spaced far; unscaled q·k.",
+    cases={"default": {}, "causal": {"bidirectional": False, "num_buckets": 16, "max_distance": 32}},
+    validate=validate_t5_buckets,
+    verified_against="Hugging Face T5Attention._relative_position_bucket; seed 004 bucket table",
+)
+register(T5Bias.spec, T5Bias)
