@@ -108,12 +108,18 @@ def from_hf_config(source: str | Path | Mapping[str, Any]) -> HFImport:
         data = dict(source)
     else:
         path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"  # a model directory
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"Hugging Face config {path} does not exist; pass the path of config.json.") from None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json.") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path} ({exc}); pass a readable Hugging Face config.json.") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a config.json.")
     model_type = str(data.get("model_type", ""))
 
     def first(*names: str, default: Any = None) -> Any:

@@ -349,7 +349,7 @@ def split_turns(inv_freq: torch.Tensor) -> torch.Tensor:
 
 
 def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
-    """Angles ``position * inv_freq`` reduced to ``[0, 2π)`` with float32 arithmetic only, error ~1e-6 rad.
+    """Angles ``position * inv_freq`` reduced to ``[0, 2π]`` with float32 arithmetic only, error ~1e-6 rad.
 
     Naive float32 angles lose ~1e-2 rad at position 131072; this splits positions at 4096 and frequencies
     into 12-bit pieces (:func:`split_turns`) so every large product is exact. Exported graphs use it for
@@ -361,20 +361,28 @@ def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tenso
 
     Returns:
         float32 ``[..., r // 2]``.
+
+    Raises:
+        ConfigError: floating-point position ids (they would be truncated silently).
     """
+    if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+        raise ConfigError(f"position ids must be an integer tensor (int64), got {position_ids.dtype}.")
     pos = position_ids.to(torch.int64)
     high_i = torch.div(pos, _POSITION_SPLIT, rounding_mode="floor") * _POSITION_SPLIT
     high = high_i.to(torch.float32).unsqueeze(-1)
     low = (pos - high_i).to(torch.float32).unsqueeze(-1)
     t1, t2, t3 = turns[0], turns[1], turns[2]
 
-    def frac(x: torch.Tensor) -> torch.Tensor:
-        return x - torch.floor(x)
+    def centered(x: torch.Tensor) -> torch.Tensor:
+        # Fractional part in [-0.5, 0.5]: partial sums stay below 1 in magnitude, so each addition rounds
+        # to half the error that sums in [0, 2) would (worst case ~1e-6 rad instead of ~2e-6 rad).
+        return x - torch.round(x)
 
-    total = frac(frac(high * t1) + frac(low * t1))
-    total = frac(total + frac(high * t2) + frac(low * t2))
-    total = frac(total + (high + low) * t3)
-    return total * (2 * math.pi)
+    total = centered(centered(high * t1) + centered(low * t1))
+    total = centered(total + centered(high * t2))
+    total = centered(total + centered(low * t2))
+    total = centered(total + (high + low) * t3)
+    return (total - torch.floor(total)) * (2 * math.pi)
 
 
 def apply_rope(
@@ -500,7 +508,7 @@ def t5_relative_bucket(
     Returns:
         int64 tensor of the same shape, values in ``[0, num_buckets)``.
     """
-    _check_buckets(num_buckets, max_distance)
+    _check_buckets(num_buckets, max_distance, bidirectional)
     rel = relative_position.to(torch.int64)
     buckets = torch.zeros_like(rel)
     if bidirectional:
@@ -519,11 +527,22 @@ def t5_relative_bucket(
     return buckets + torch.where(is_small, rel, large)
 
 
-def _check_buckets(num_buckets: int, max_distance: int) -> None:
+def _check_buckets(num_buckets: int, max_distance: int, bidirectional: bool = False) -> None:
     if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 2:
         raise ConfigError(f"num_buckets must be an int >= 2, got {num_buckets!r}.")
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 1:
         raise ConfigError(f"max_distance must be a positive int, got {max_distance!r}.")
+    per_direction = num_buckets // 2 if bidirectional else num_buckets
+    if per_direction < 2:
+        raise ConfigError(
+            f"bidirectional T5 buckets split num_buckets={num_buckets} into two directions of {per_direction}; "
+            f"each needs >= 2 (exact and log buckets). Use num_buckets >= 4."
+        )
+    if max_distance <= per_direction // 2:
+        raise ConfigError(
+            f"max_distance={max_distance} must exceed the {per_direction // 2} exact-distance buckets "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}); use max_distance > {per_direction // 2}."
+        )
 
 
 def deberta_log_bucket(

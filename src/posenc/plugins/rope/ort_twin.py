@@ -1,0 +1,291 @@
+"""The ONNX form of the plugin nodes and their ONNX Runtime twin (model-local functions).
+
+A plugin node is ``<op_type = plugin name, domain "posenc">`` with the plugin's inputs, outputs
+``(q_out, k_out)``, the plugin fields as attributes (see :meth:`RopeKernelSpec.plugin_attributes`) and the
+parser's own attributes ``plugin_namespace = "posenc"`` and ``aot = 1`` (strict ahead-of-time implementation).
+
+The twin is an ONNX ``FunctionProto`` per plugin (domain ``posenc``, same name) whose body computes what the
+kernel computes with standard ops, driven by the node's attributes (``ref_attr_name``), so ONNX Runtime inlines
+it and runs graphs that contain plugin nodes on CPU. The twin computes angles in float64 and rotates in float32
+with a gather-based formula, independent of the kernel's code.
+
+How TensorRT treats a node that also has a local function (onnx-tensorrt ``ModelImporter.cpp::parseNode``):
+TensorRT 9.0-10.6 import the local function (inline the body; the plugin is never used); TensorRT >= 10.7 use
+the registered plugin first and fall back to the function when no plugin of that name is registered; TensorRT
+>= 10.15 with ``plugin_namespace`` set check the plugin registry before anything else. So with TensorRT >= 10.7 a
+graph with the functions uses the plugin when ``register_rope_plugins()`` ran and the (slower) decomposed body
+otherwise; for TensorRT < 10.7 emit the graph without functions (``with_functions=False`` in the graph pass).
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+
+from posenc.errors import ExportError
+from posenc.plugins.rope.spec import PLUGIN_NAMESPACE, AngleSource, QKFormat, RopeKernelSpec
+
+__all__ = ["MIN_OPSET", "make_plugin_node", "rope_function", "rope_functions_for"]
+
+MIN_OPSET = 15
+"""Smallest ai.onnx opset the twin supports (it uses CastLike and Shape with start/end)."""
+
+_ATTRIBUTES = {
+    AngleSource.TABLE: "interleaved, rotary_dim, qk_format, position_mode",
+    AngleSource.CACHE: "interleaved, rotary_dim, qk_format",
+    AngleSource.FREQ: "interleaved, rotary_dim, qk_format, position_mode, attention_factor, longrope_original",
+    AngleSource.NTK: "interleaved, rotary_dim, qk_format, position_mode, rope_theta, factor, max_position_embeddings",
+}
+
+
+def make_plugin_node(
+    spec: RopeKernelSpec,
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    qk_format: QKFormat | str = QKFormat.BHSD,
+    name: str | None = None,
+    aot: bool = True,
+) -> onnx.NodeProto:
+    """The plugin node in the form TensorRT's ONNX parser maps to the registered plugin.
+
+    Args:
+        spec: kernel configuration (decides the plugin and its attributes).
+        inputs: tensor names in the plugin's input order (``spec.angles.inputs``).
+        outputs: ``[q_out, k_out]``.
+        qk_format: axis order of q and k.
+        name: node name.
+        aot: add ``aot = 1`` (TensorRT picks the ahead-of-time implementation; no Python at run time).
+    """
+    if len(inputs) != len(spec.angles.inputs) or len(outputs) != 2:
+        raise ExportError(
+            f"{spec.plugin_name} takes inputs {list(spec.angles.inputs)} and outputs [q_out, k_out]; "
+            f"got {inputs} -> {outputs}."
+        )
+    attrs: dict[str, object] = dict(spec.plugin_attributes(qk_format))
+    attrs["plugin_namespace"] = PLUGIN_NAMESPACE
+    if aot:
+        attrs["aot"] = 1
+    return onnx.helper.make_node(spec.plugin_name, inputs, outputs, name=name, domain=PLUGIN_NAMESPACE, **attrs)
+
+
+# --------------------------------------------------------------------------------------------------
+# function bodies (ONNX text format)
+# --------------------------------------------------------------------------------------------------
+
+_SHAPES = """
+    zero = Constant <value_int: int = 0> ()
+    one = Constant <value_int: int = 1> ()
+    two = Constant <value_int: int = 2> ()
+    ax0 = Constant <value_ints: ints = [0]> ()
+    ax1 = Constant <value_ints: ints = [1]> ()
+    ax2 = Constant <value_ints: ints = [2]> ()
+    minus1 = Constant <value_ints: ints = [-1]> ()
+    fmt = Constant <value_int: int = @qk_format> ()
+    shape_q = Shape (q)
+    seq_axis = Sub (two, fmt)
+    seq = Gather <axis = 0> (shape_q, seq_axis)
+    batch = Gather <axis = 0> (shape_q, zero)
+    seq1 = Unsqueeze (seq, ax0)
+    batch1 = Unsqueeze (batch, ax0)
+    bs = Concat <axis = 0> (batch1, seq1)
+"""
+
+_POSITIONS = """
+    pos64 = Cast <to = 7> (positions)
+    pos_rows = Shape <start = 0, end = 1> (pos64)
+    pos_rows_shape = Concat <axis = 0> (pos_rows, minus1)
+    pos2 = Reshape (pos64, pos_rows_shape)
+    mode = Constant <value_int: int = @position_mode> ()
+    steps = Range (zero, seq, one)
+    offsets = Mul (steps, mode)
+    pos3 = Add (pos2, offsets)
+    pos = Expand (pos3, bs)
+"""
+
+
+def _row_length(opset: int) -> str:
+    reduce = "ReduceMax <keepdims = 0> (pos, ax1)" if opset >= 18 else "ReduceMax <axes = [1], keepdims = 0> (pos)"
+    return f"""
+    max_pos = {reduce}
+    length = Add (max_pos, one)
+"""
+
+
+_TABLE = """
+    cos_rows = Gather <axis = 0> (cos_table, pos)
+    sin_rows = Gather <axis = 0> (sin_table, pos)
+    cos_f = Cast <to = 1> (cos_rows)
+    sin_f = Cast <to = 1> (sin_rows)
+"""
+
+_CACHE = """
+    bs_1 = Concat <axis = 0> (batch1, seq1, ax1)
+    cos_b = Expand (cos, bs_1)
+    sin_b = Expand (sin, bs_1)
+    cos_f = Cast <to = 1> (cos_b)
+    sin_f = Cast <to = 1> (sin_b)
+"""
+
+_FREQ = """
+    turns_d = Cast <to = 11> (turns)
+    axm2 = Constant <value_ints: ints = [-2]> ()
+    turns_sum = ReduceSum <keepdims = 0> (turns_d, axm2)
+    width = Shape <start = -1> (turns_sum)
+    sets_shape = Concat <axis = 0> (minus1, width)
+    sets = Reshape (turns_sum, sets_shape)
+    original = Constant <value_int: int = @longrope_original> ()
+    long_row = Greater (length, original)
+    switching = Greater (original, zero)
+    use_long = And (long_row, switching)
+    set_index = Cast <to = 7> (use_long)
+    row_turns = Gather <axis = 0> (sets, set_index)
+    factor_f = Constant <value_float: float = @attention_factor> ()
+"""
+
+_NTK = """
+    rot_n = Constant <value_int: int = @rotary_dim> ()
+    trained = Constant <value_int: int = @max_position_embeddings> ()
+    clamped = Max (length, trained)
+    length_d = Cast <to = 11> (clamped)
+    trained_d = Cast <to = 11> (trained)
+    factor_c = Constant <value_float: float = @factor> ()
+    factor_d = Cast <to = 11> (factor_c)
+    theta_c = Constant <value_float: float = @rope_theta> ()
+    theta_d = Cast <to = 11> (theta_c)
+    one_d = Constant <value = double[1] {1.0}> ()
+    ratio = Div (length_d, trained_d)
+    grown = Mul (factor_d, ratio)
+    factor_m1 = Sub (factor_d, one_d)
+    scale = Sub (grown, factor_m1)
+    rot_d = Cast <to = 11> (rot_n)
+    rot_m2 = Sub (rot_n, two)
+    rot_m2_d = Cast <to = 11> (rot_m2)
+    power = Div (rot_d, rot_m2_d)
+    scale_pow = Pow (scale, power)
+    base = Mul (theta_d, scale_pow)
+    even = Range (zero, rot_n, two)
+    even_d = Cast <to = 11> (even)
+    exponents = Div (even_d, rot_d)
+    base_col = Unsqueeze (base, ax1)
+    base_pow = Pow (base_col, exponents)
+    inv_freq = Div (one_d, base_pow)
+    two_pi_d = Constant <value = double[1] {6.283185307179586}> ()
+    row_turns = Div (inv_freq, two_pi_d)
+    factor_f = Constant <value_float: float = 1.0> ()
+"""
+
+_ANGLES_FROM_TURNS = """
+    pos_d = Cast <to = 11> (pos)
+    pos_col = Unsqueeze (pos_d, ax2)
+    turns_row = Unsqueeze (row_turns, ax1)
+    angle_turns = Mul (pos_col, turns_row)
+    whole = Floor (angle_turns)
+    frac_d = Sub (angle_turns, whole)
+    frac_f = Cast <to = 1> (frac_d)
+    two_pi = Constant <value_float: float = 6.2831853071795862> ()
+    radians = Mul (frac_f, two_pi)
+    cos_raw = Cos (radians)
+    sin_raw = Sin (radians)
+    cos_f = Mul (cos_raw, factor_f)
+    sin_f = Mul (sin_raw, factor_f)
+"""
+
+# Gather-based rotation, the same for both layouts: y = x * cos[Q] + x[P] * sin[Q] * sign, where for half
+# Q = j mod r/2, P = (j + r/2) mod r, sign = -1 for j < r/2; for interleaved Q = j // 2, P = j xor 1,
+# sign = -1 for even j. The tail x[r:] is concatenated unchanged.
+_ROTATION_INDICES = """
+    rot = Constant <value_int: int = @rotary_dim> ()
+    rot1 = Unsqueeze (rot, ax0)
+    big1 = Constant <value_ints: ints = [9223372036854775807]> ()
+    inter = Constant <value_int: int = @interleaved> ()
+    not_inter = Sub (one, inter)
+    j = Range (zero, rot, one)
+    halfw = Div (rot, two)
+    j_mod2 = Mod (j, two)
+    j_div2 = Div (j, two)
+    j_modh = Mod (j, halfw)
+    q_inter = Mul (inter, j_div2)
+    q_half = Mul (not_inter, j_modh)
+    pair_index = Add (q_inter, q_half)
+    j_plus1 = Add (j, one)
+    twice_mod2 = Mul (two, j_mod2)
+    p_inter_raw = Sub (j_plus1, twice_mod2)
+    j_plus_h = Add (j, halfw)
+    p_half_raw = Mod (j_plus_h, rot)
+    p_inter = Mul (inter, p_inter_raw)
+    p_half = Mul (not_inter, p_half_raw)
+    partner = Add (p_inter, p_half)
+    upper_b = GreaterOrEqual (j, halfw)
+    upper = Cast <to = 7> (upper_b)
+    twice_upper = Mul (two, upper)
+    sign_half_raw = Sub (twice_upper, one)
+    sign_inter_raw = Sub (twice_mod2, one)
+    sign_half = Mul (not_inter, sign_half_raw)
+    sign_inter = Mul (inter, sign_inter_raw)
+    sign_i = Add (sign_half, sign_inter)
+    sign = Cast <to = 1> (sign_i)
+    cos_full = Gather <axis = -1> (cos_f, pair_index)
+    sin_gathered = Gather <axis = -1> (sin_f, pair_index)
+    sin_full = Mul (sin_gathered, sign)
+    head_axis = Add (one, fmt)
+    head_axis1 = Unsqueeze (head_axis, ax0)
+    cos_u = Unsqueeze (cos_full, head_axis1)
+    sin_u = Unsqueeze (sin_full, head_axis1)
+"""
+
+
+def _rotate(x: str, out: str) -> str:
+    return f"""
+    {x}_f = Cast <to = 1> ({x})
+    {x}_rot = Slice ({x}_f, ax0_zero, rot1, minus1)
+    {x}_tail = Slice ({x}_f, rot1, big1, minus1)
+    {x}_partner = Gather <axis = -1> ({x}_rot, partner)
+    {x}_a = Mul ({x}_rot, cos_u)
+    {x}_b = Mul ({x}_partner, sin_u)
+    {x}_y = Add ({x}_a, {x}_b)
+    {x}_cat = Concat <axis = -1> ({x}_y, {x}_tail)
+    {out} = CastLike ({x}_cat, {x})
+"""
+
+
+def rope_function(source: AngleSource | str, opset: int) -> onnx.FunctionProto:
+    """The twin of one plugin as a model-local function for a model importing ai.onnx ``opset`` (>= 15).
+
+    Raises:
+        ExportError: ``opset`` < 15.
+    """
+    source = AngleSource(source)
+    if opset < MIN_OPSET:
+        raise ExportError(
+            f"the posenc RoPE plugin's ONNX Runtime twin needs ai.onnx opset >= {MIN_OPSET}, the model imports "
+            f"{opset}; export with a newer opset or emit the graph without functions (with_functions=False)."
+        )
+    body = _SHAPES + "    ax0_zero = Constant <value_ints: ints = [0]> ()\n"
+    if source.uses_positions:
+        body += _POSITIONS
+    if source is AngleSource.TABLE:
+        body += _TABLE
+    elif source is AngleSource.CACHE:
+        body += _CACHE
+    else:
+        body += _row_length(opset) + (_FREQ if source is AngleSource.FREQ else _NTK) + _ANGLES_FROM_TURNS
+    body += _ROTATION_INDICES + _rotate("q", "q_out") + _rotate("k", "k_out")
+    text = (
+        f'<domain: "{PLUGIN_NAMESPACE}", opset_import: ["" : {opset}]>\n'
+        f"{source.plugin_name} <{_ATTRIBUTES[source]}> ({', '.join(source.inputs)}) => (q_out, k_out)\n"
+        f"{{{body}}}\n"
+    )
+    return onnx.parser.parse_function(text)
+
+
+def rope_functions_for(model: onnx.ModelProto) -> list[onnx.FunctionProto]:
+    """Twin functions for the plugin ops ``model`` uses that it does not define yet."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    defined = {(f.domain, f.name) for f in model.functions}
+    used = {n.op_type for n in model.graph.node if n.domain == PLUGIN_NAMESPACE}
+    return [
+        rope_function(source, opset)
+        for source in AngleSource
+        if source.plugin_name in used and (PLUGIN_NAMESPACE, source.plugin_name) not in defined
+    ]

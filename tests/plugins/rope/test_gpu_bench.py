@@ -1,0 +1,42 @@
+"""The GPU benchmark harness: byte counts against notes/performance.md, and a tiny CPU smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from posenc.plugins.rope.gpu_bench import DECODE, PREFILL, BenchShape, bytes_moved, format_table, run_benchmark
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_bytes_match_the_published_floor() -> None:
+    """notes/performance.md §2: 86.0 MB (Llama-3-8B prefill, bf16) and 1.34 MB (decode B=64)."""
+    assert bytes_moved(PREFILL) / 1e6 == pytest.approx(86.0, abs=0.05)
+    assert bytes_moved(DECODE) / 1e6 == pytest.approx(1.34, abs=0.005)
+    assert bytes_moved(BenchShape("fp32", 1, 4096, 32, 8, 128, dtype="float32")) / 1e6 == pytest.approx(169.9, abs=0.1)
+
+
+def test_harness_runs_on_tiny_shapes() -> None:
+    shapes = [BenchShape("tiny", 1, 4, 4, 2, 16, max_positions=32)]
+    doc = run_benchmark(shapes, device="cpu", iters=1, tactics=False)
+    contenders = [row["contender"] for row in doc["results"][0]["rows"]]
+    assert contenders == ["posenc kernel (default block)", "torch eager rotate_half"]
+    assert all(row["us"] > 0 for row in doc["results"][0]["rows"])
+    assert doc["targets"][0]["target"] == ">= 90% of copy bandwidth"
+    assert "tiny" in format_table(doc)
+
+
+def test_script_smoke_writes_json(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("bench_rope_gpu", ROOT / "scripts" / "bench_rope_gpu.py")
+    assert spec is not None
+    assert spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "bench.json"
+    assert script.main(["--smoke", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {r["shape"]["name"] for r in doc["results"]} == {"smoke-prefill", "smoke-decode"}
