@@ -25,6 +25,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "covers(*schemes): property test of these registered schemes")
 
 
+def _gpu_missing() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs an NVIDIA GPU (torch.cuda.is_available() is False); run scripts/gpu_check.py on a GPU machine"
+    return None
+
+
+def _tensorrt_missing() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        return "needs datacenter TensorRT (`pip install tensorrt` on a GPU machine); tensorrt_rtx cannot run engines"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu` and `trt` tests with the reason when this machine lacks the hardware or the package."""
+    reasons = {"gpu": _gpu_missing(), "trt": _tensorrt_missing()}
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture
 def small_config() -> AttentionConfig:
     return SMALL

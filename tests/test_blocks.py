@@ -95,3 +95,21 @@ def test_block_construction_errors() -> None:
         AttentionBlock(GQA, "rotary")
     with pytest.raises(ConfigError, match="pass params only with a scheme name"):
         AttentionBlock(GQA, AttentionBlock(GQA, "rope").scheme, {"layout": "half"})
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "shaw", "rerope"])
+def test_custom_position_ids_shift_keys_with_the_queries(name: str) -> None:
+    """Prefill at positions 10..16 equals prefill at 0..6 for relative schemes, with a causal mask intact."""
+    from posenc import get_spec
+
+    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
+    block = AttentionBlock(config, name, get_spec(name).cases["default"], "dynamic").double()
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    base, _, _ = block(x)
+    shifted, _, _ = block(x, position_ids=torch.arange(10, 17).expand(2, 7))
+    torch.testing.assert_close(shifted, base)
+    # causality: changing the last token must not change earlier outputs
+    y = x.clone()
+    y[:, -1] += 1.0
+    later, _, _ = block(y, position_ids=torch.arange(10, 17).expand(2, 7))
+    torch.testing.assert_close(later[:, :-1], base[:, :-1])

@@ -39,7 +39,8 @@ class AttentionBlock(nn.Module):
     Shapes:
         hidden ``[B, S, E]``; position_ids ``[B, S]`` int64 (default ``P + arange(S)``);
         past_key / past_value ``[B, Hkv, P, D]``; returns ``(out [B, S, E], present_key, present_value)``
-        with presents ``[B, Hkv, P + S, D]``. Keys sit at positions ``0 .. P + S - 1``.
+        with presents ``[B, Hkv, P + S, D]``. Cached keys sit at positions ``0 .. P - 1``, new keys at
+        ``position_ids`` (so the causal mask and relative distances follow the ids you pass).
         For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
     """
 
@@ -78,7 +79,9 @@ class AttentionBlock(nn.Module):
         past = 0 if past_key is None else past_key.shape[2]
         if position_ids is None:
             position_ids = (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
-        key_positions = torch.arange(past + s, device=hidden.device).unsqueeze(0).expand(b, past + s)
+        # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
+        past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
+        key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)
         placement = self.scheme.placement
 
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden

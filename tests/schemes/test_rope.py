@@ -459,3 +459,19 @@ def test_linear_attention_recurrent_form_equals_quadratic_form(mode: str) -> Non
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+@covers("rope_yarn")
+def test_yarn_factor_none_is_context_ratio_like_hugging_face() -> None:
+    """factor=None means max_position_embeddings / original_max_position_embeddings (transformers' rule)."""
+    from posenc import build_scheme
+    from tests.conftest import SMALL
+
+    derived = build_scheme("rope_yarn", SMALL, {"factor": None, "original_max_position_embeddings": 16})
+    explicit = build_scheme(
+        "rope_yarn", SMALL, {"factor": SMALL.max_position_embeddings / 16, "original_max_position_embeddings": 16}
+    )
+    other = build_scheme("rope_yarn", SMALL, {"factor": 2.0, "original_max_position_embeddings": 16})
+    pos = torch.arange(40)[None]
+    torch.testing.assert_close(derived.cos_sin(pos), explicit.cos_sin(pos))
+    assert not torch.allclose(derived.cos_sin(pos)[0], other.cos_sin(pos)[0])

@@ -22,7 +22,7 @@ from posenc import functional as PF
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes import register
-from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, _tracing
+from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
 
 __all__ = [
     "Floater",
@@ -284,7 +284,7 @@ class Floater(_Absolute):
         return tuple((p._version, p.data_ptr(), p.dtype, p.device) for p in self.parameters())
 
     def rows(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if _tracing():
+        if is_tracing():
             return F.embedding(position_ids, self.table)
         if self.training and torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
             count = int(position_ids.max()) + 1 if position_ids.numel() else 1

@@ -313,7 +313,7 @@ class PositionalScheme(TableHolder):
 
         Skipped while exporting or compiling (the runtime helpers check ONNX inputs instead).
         """
-        if _tracing():
+        if is_tracing():
             return
         if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
             raise ConfigError(f"position ids must be an integer tensor, got {position_ids.dtype}.")
@@ -365,7 +365,8 @@ class PositionalScheme(TableHolder):
         raise NotImplementedError
 
 
-def _tracing() -> bool:
+def is_tracing() -> bool:
+    """True while torch traces, exports or compiles (eager-only checks must step aside then)."""
     if torch.jit.is_tracing() or torch.compiler.is_compiling():
         return True
     is_exporting = getattr(torch.compiler, "is_exporting", None)

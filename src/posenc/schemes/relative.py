@@ -34,8 +34,8 @@ from posenc.schemes.base import (
     PositionalScheme,
     SchemeSpec,
     TableMode,
-    _tracing,
     causal_mask,
+    is_tracing,
     relative_distance,
 )
 
@@ -264,7 +264,7 @@ class TransformerXL(PositionalScheme):
         ``start = q_pos[:, 0] - k_pos[:, 0] + Sq`` (XLNet's ``klen`` when queries are the last Sq keys).
         """
         sq, sk = q_pos.shape[1], k_pos.shape[1]
-        if not _tracing():
+        if not is_tracing():
             _require_contiguous(q_pos, "query")
             _require_contiguous(k_pos, "key")
         start = q_pos[:, :1] - k_pos[:, :1] + sq
@@ -280,7 +280,7 @@ class TransformerXL(PositionalScheme):
         top = q_pos.max(dim=1, keepdim=True).values - k_pos.min(dim=1, keepdim=True).values  # [B, 1]
         length = sk + sq - 1
         column = top.unsqueeze(-1) + relative_distance(q_pos, k_pos)  # top - (i - j), [B, Sq, Sk]
-        if not _tracing() and column.numel() and int(column.max()) >= length:
+        if not is_tracing() and column.numel() and int(column.max()) >= length:
             raise PositionError(
                 f"transformer_xl: the query and key positions span more distances than Sq + Sk - 1 = {length} "
                 f"(positions with gaps); pass contiguous position ids."

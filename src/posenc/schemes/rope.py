@@ -356,7 +356,15 @@ _SCALINGS: tuple[tuple[str, str, str, tuple[Param, ...], frozenset[TableMode], s
         "rope_yarn",
         "RoPE + YaRN",
         (
-            Param("factor", "float", 4.0, "context extension factor s", minimum=0, exclusive_minimum=True),
+            Param(
+                "factor",
+                "float",
+                4.0,
+                "context extension factor s (None: max_position_embeddings / original_max_position_embeddings)",
+                minimum=0,
+                exclusive_minimum=True,
+                optional=True,
+            ),
             Param(
                 "original_max_position_embeddings",
                 "int",

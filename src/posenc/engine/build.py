@@ -1,0 +1,218 @@
+"""Build a TensorRT engine from an ONNX file, with a manifest beside it, written atomically.
+
+``model.engine`` gets ``model.engine.manifest.json``::
+
+    {"format": "posenc.engine/1", "backend": "tensorrt_rtx", "backend_version": "1.7.1.116",
+     "targets": ["sm89", "sm120"], "profiles": [{"batch": {"min": 1, "opt": 1, "max": 8}, ...}],
+     "input_shapes": {"q": {"min": [...], "opt": [...], "max": [...]}, ...},
+     "precision": "float16", "decomposable_attention": 0, "layers": {"ROTARY_EMBEDDING": 2, ...},
+     "timing_cache": null, "source_onnx": "rope.trt.onnx", "source_onnx_sha256": "...",
+     "source_manifest": {...}, "engine_sha256": "...", "engine_bytes": 199708, "build_seconds": 0.4, ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_backend
+from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposable, parse_onnx
+from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
+from posenc.engine.targets import capability_tuple, resolve_targets
+from posenc.errors import BuildError, ModelFileError
+from posenc.graphs.manifests import read_raw_manifest
+from posenc.graphs.model_io import atomic_path, sha256_file, write_json_atomic
+
+ENGINE_FORMAT = "posenc.engine/1"
+_SOURCE_KEYS = ("scheme", "params", "unit", "table_mode", "dtype", "max_positions", "attention", "optimized")
+
+
+def engine_manifest_path(engine_path: str | os.PathLike[str]) -> Path:
+    """``model.engine`` -> ``model.engine.manifest.json``."""
+    path = Path(engine_path)
+    return path.with_name(path.name + ".manifest.json")
+
+
+@dataclasses.dataclass
+class EngineResult:
+    """A built engine: where it is, its manifest, and what went into it."""
+
+    path: Path
+    manifest_path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self.manifest["targets"])
+
+
+def _symbolic_inputs(
+    parsed: Any, manifest: Mapping[str, Any] | None, onnx_dims: Mapping[str, list[int | str]]
+) -> list[tuple[str, list[int | str]]]:
+    """Input shapes with dim names: the manifest's where it describes the input, else the ONNX dim params."""
+    described = {spec["name"]: spec["shape"] for spec in (manifest or {}).get("inputs", [])}
+    shapes = []
+    for name, dims, _ in parsed.inputs():
+        if name in described and len(described[name]) == len(dims):
+            shapes.append((name, list(described[name])))
+            continue
+        named = list(onnx_dims.get(name, []))
+        shape: list[int | str] = []
+        for axis, size in enumerate(dims):
+            label = named[axis] if axis < len(named) else 0
+            shape.append(size if size >= 0 else (label if isinstance(label, str) and label else f"{name}[{axis}]"))
+        shapes.append((name, shape))
+    return shapes
+
+
+def _onnx_dim_names(path: Path) -> dict[str, list[int | str]]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {
+        value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        for value in model.graph.input
+    }
+
+
+def _precision(parsed: Any) -> str:
+    names = {str(dtype).split(".")[-1].lower() for _, _, dtype in parsed.inputs()}
+    for candidate in ("bf16", "half", "float"):
+        if candidate in names:
+            return {"bf16": "bfloat16", "half": "float16", "float": "float32"}[candidate]
+    return "float32"
+
+
+def build_engine(
+    onnx_path: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    targets: Sequence[str] | None = None,
+    profile: Sequence[str] | Mapping[str, DimProfile] | None = None,
+    *,
+    backend: str | None = None,
+    timing_cache: str | os.PathLike[str] | None = None,
+    workspace_bytes: int | None = None,
+) -> EngineResult:
+    """Build ``output`` (engine) and its manifest from an ONNX file.
+
+    Args:
+        onnx_path: the graph (ideally ``posenc optimize --target trt`` output); its manifest gives the
+            dynamic ranges.
+        output: engine path; ``<output>.manifest.json`` is written beside it.
+        targets: compute capabilities (``sm89``, ``sm120``, ...); RTX default: its default set.
+        profile: dim overrides (``["seq=1:128:512"]``), within the manifest's ranges.
+        backend: ``tensorrt`` / ``tensorrt_rtx`` / ``None`` (datacenter when importable).
+        timing_cache: timing cache file (read and updated) for datacenter TensorRT; ignored by RTX, whose
+            timing cache would force a GPU query in ahead-of-time builds.
+        workspace_bytes: builder workspace limit.
+
+    Raises:
+        BackendUnavailable: no TensorRT (says what to install).
+        ConfigError: unsupported target (lists the supported), profile outside the manifest's ranges.
+        BuildError: the graph does not parse (names node and op) or the build fails. No engine file is
+            written then.
+    """
+    onnx_path, output = Path(onnx_path), Path(output)
+    trt_backend = load_backend(backend)
+    chosen = resolve_targets(trt_backend, targets)
+    source_manifest = read_raw_manifest(onnx_path) if onnx_path.exists() else None
+    dims = (source_manifest or {}).get("dynamic_dims")
+    dim_profile = resolve_profile(dims, profile)
+    configure_polygraphy(trt_backend)
+    parsed = parse_onnx(trt_backend, onnx_path)
+    shapes = input_shapes(_symbolic_inputs(parsed, source_manifest, _onnx_dim_names(onnx_path)), dim_profile)
+    decomposable = mark_fp32_attention_decomposable(parsed)
+    cache_path = Path(timing_cache) if timing_cache and trt_backend.has_timing_cache else None
+    started = time.perf_counter()
+    engine = _serialize(trt_backend, parsed, chosen, shapes, cache_path, workspace_bytes)
+    seconds = time.perf_counter() - started
+    manifest = {
+        "format": ENGINE_FORMAT,
+        "backend": trt_backend.name,
+        "backend_version": trt_backend.version,
+        "targets": chosen,
+        "targets_note": "" if chosen else "backend default (TensorRT-RTX: Ampere and later)",
+        "profiles": [{name: p.to_dict() for name, p in dim_profile.items()}],
+        "input_shapes": {n: {"min": s[0], "opt": s[1], "max": s[2]} for n, s in shapes.items()},
+        "precision": _precision(parsed),
+        "strongly_typed": True,
+        "decomposable_attention": decomposable,
+        "layers": layer_histogram(parsed),
+        "timing_cache": str(cache_path) if cache_path else None,
+        "timing_cache_note": "" if trt_backend.has_timing_cache else "TensorRT-RTX: not used (forces a GPU query)",
+        "source_onnx": onnx_path.name,
+        "source_onnx_sha256": sha256_file(onnx_path),
+        "source_manifest": {k: source_manifest[k] for k in _SOURCE_KEYS if source_manifest and k in source_manifest},
+        "engine_bytes": len(engine),
+        "build_seconds": round(seconds, 3),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest_path = engine_manifest_path(output)
+    with atomic_path(output) as tmp:
+        tmp.write_bytes(engine)
+        manifest["engine_sha256"] = sha256_file(tmp)
+        write_json_atomic(manifest_path, manifest)
+    return EngineResult(path=output, manifest_path=manifest_path, manifest=manifest)
+
+
+def _serialize(
+    backend: Backend,
+    parsed: Any,
+    targets: list[str],
+    shapes: Mapping[str, tuple[list[int], list[int], list[int]]],
+    timing_cache: Path | None,
+    workspace_bytes: int | None,
+) -> bytes:
+    from polygraphy.backend.trt import EngineBytesFromNetwork, Profile
+    from polygraphy.exception import PolygraphyException
+
+    profile = Profile()
+    for name, (low, opt, high) in shapes.items():
+        profile.add(name, min=low, opt=opt, max=high)
+    options: dict[str, Any] = {"profiles": [profile]}
+    if workspace_bytes:
+        options["memory_pool_limits"] = {backend.trt.MemoryPoolType.WORKSPACE: int(workspace_bytes)}
+    if backend.is_rtx:
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        capabilities = [capability_tuple(t) for t in targets] or None
+        create = CreateConfigRTX(compute_capabilities=capabilities, **options)
+
+        def config(builder: Any, network: Any) -> Any:  # polygraphy leaves TF32 on for RTX: fp32 must stay fp32
+            created = create(builder, network)
+            if hasattr(backend.trt.BuilderFlag, "TF32"):
+                created.clear_flag(backend.trt.BuilderFlag.TF32)
+            return created
+
+        loader = EngineBytesFromNetwork(parsed.as_polygraphy(), config=config)
+    else:
+        from polygraphy.backend.trt import CreateConfig
+
+        if timing_cache is not None:
+            options["load_timing_cache"] = str(timing_cache) if timing_cache.exists() else None
+        loader = EngineBytesFromNetwork(
+            parsed.as_polygraphy(),
+            config=CreateConfig(**options),
+            save_timing_cache=str(timing_cache) if timing_cache else None,
+        )
+    from polygraphy.logger import G_LOGGER
+
+    ERRORS.start()
+    quiet = G_LOGGER.INFO if os.environ.get("POSENC_TRT_VERBOSE") else G_LOGGER.ERROR
+    try:
+        with G_LOGGER.verbosity(quiet):
+            serialized = loader()
+    except PolygraphyException as exc:
+        details = "; ".join(ERRORS.errors[-5:]) or str(exc)
+        raise BuildError(f"{backend.describe()} failed to build the engine: {details}") from None
+    if serialized is None:
+        raise BuildError(f"{backend.describe()} returned no engine: {'; '.join(ERRORS.errors[-5:]) or 'no details'}")
+    data = bytes(serialized)
+    if not data:
+        raise ModelFileError("TensorRT returned an empty engine; rebuild with POSENC_TRT_VERBOSE=1 for details.")
+    return data

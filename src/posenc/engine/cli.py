@@ -1,0 +1,66 @@
+"""``posenc build``: a TensorRT engine (+ manifest) from an ONNX file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """\
+examples:
+  posenc build block.trt.onnx --target sm89 -o block.engine
+  posenc build block.trt.onnx --target sm89 --target sm120 --profile seq=1:256:2048 -o block.engine
+  posenc build block.trt.onnx --backend tensorrt --timing-cache trt.cache -o block.engine   # on a GPU
+
+Backend: datacenter `tensorrt` when importable (builds for the GPU it runs on), else `tensorrt_rtx`
+(ahead of time, no GPU needed; targets sm75 sm80 sm86 sm89 sm120). Profiles default to the ranges in the
+model's manifest; --profile NAME=MIN:OPT:MAX overrides one dimension within them.
+Writes OUT and OUT.manifest.json; a failed build writes neither.
+exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph or failed build."""
+
+
+def _build(args: argparse.Namespace) -> int:
+    from posenc.engine.build import build_engine
+
+    result = build_engine(
+        args.model,
+        args.output,
+        targets=args.target,
+        profile=args.profile,
+        backend=args.backend,
+        timing_cache=args.timing_cache,
+        workspace_bytes=args.workspace_mib * (1 << 20) if args.workspace_mib else None,
+    )
+    manifest = result.manifest
+    if args.json:
+        print(json.dumps({"path": str(result.path), "manifest": str(result.manifest_path), **manifest}))
+        return 0
+    targets = ", ".join(manifest["targets"]) or manifest["targets_note"]
+    print(
+        f"wrote {result.path} ({manifest['engine_bytes']} bytes, {manifest['backend']} {manifest['backend_version']}, "
+        f"targets {targets}, {manifest['precision']}, {manifest['build_seconds']:.2f} s) + {result.manifest_path.name}"
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from posenc.engine.backend import BACKENDS
+
+    p = subparsers.add_parser(
+        "build",
+        help="build a TensorRT engine (tensorrt or tensorrt_rtx) from an ONNX file",
+        description="Parse ONNX into a strongly typed TensorRT network (precision from the graph's dtypes), mark "
+        "fp32 attention decomposable, build for the given compute capabilities with a profile from the manifest.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="ONNX file (ideally `posenc optimize --target trt` output)")
+    p.add_argument("-o", "--output", required=True, help="engine file to write")
+    p.add_argument(
+        "--target", action="append", help="compute capability, e.g. sm89 (repeatable; default: backend default)"
+    )
+    p.add_argument("--profile", action="append", default=[], help="dimension range NAME=MIN:OPT:MAX (repeatable)")
+    p.add_argument("--backend", choices=BACKENDS, help="force a backend (default: tensorrt if importable)")
+    p.add_argument("--timing-cache", help="timing cache file (datacenter TensorRT; RTX has none)")
+    p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
+    p.add_argument("--json", action="store_true", help="print the engine manifest as JSON")
+    p.set_defaults(func=_build)

@@ -1,0 +1,136 @@
+"""The engine matrix: every scheme x table mode x dtype x {decomposed, fused} graph, exported and built.
+
+Used by the test suite (ahead-of-time builds with TensorRT-RTX) and by ``scripts/gpu_check.py`` (datacenter
+TensorRT on a GPU). Exports are cached in a folder (one file per case, locked so parallel test workers
+export each graph once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from posenc.config import AttentionConfig
+from posenc.schemes import Placement, get_spec, specs
+
+GRAPHS: tuple[str, ...] = ("decomposed", "fused")
+DTYPES: tuple[str, ...] = ("float16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixCase:
+    """One graph of the matrix: scheme, parameter case, table mode, dtype, export unit, decomposed/fused."""
+
+    scheme: str
+    table_mode: str
+    dtype: str
+    unit: str = "op"
+    graph: str = "decomposed"
+    case: str = "default"
+
+    @property
+    def id(self) -> str:
+        case = "" if self.case == "default" else f"[{self.case}]"
+        return f"{self.scheme}{case}-{self.table_mode}-{self.dtype}-{self.unit}-{self.graph}"
+
+    @property
+    def export_id(self) -> str:
+        case = "" if self.case == "default" else f"_{self.case}"
+        return f"{self.scheme}{case}_{self.table_mode}_{self.dtype}_{self.unit}"
+
+    @property
+    def params(self) -> dict:
+        return dict(get_spec(self.scheme).cases[self.case])
+
+
+def exportable(scheme: str, unit: str) -> bool:
+    spec = get_spec(scheme)
+    if unit == "op":
+        return "op" in spec.exports and spec.placement is not Placement.NONE
+    return unit in spec.exports
+
+
+def matrix_cases(
+    units: Sequence[str] = ("op",),
+    dtypes: Sequence[str] = DTYPES,
+    graphs: Sequence[str] = GRAPHS,
+    schemes: Sequence[str] | None = None,
+) -> list[MatrixCase]:
+    """Every (scheme, table mode, dtype, unit, graph) of the registry's default cases."""
+    cases = []
+    for spec in specs():
+        if schemes is not None and spec.name not in schemes:
+            continue
+        for unit in units:
+            if not exportable(spec.name, unit):
+                continue
+            for mode in sorted(m.value for m in spec.table_modes):
+                for dtype in dtypes:
+                    if dtype not in spec.tolerances:
+                        continue
+                    cases.extend(MatrixCase(spec.name, mode, dtype, unit, graph) for graph in graphs)
+    return cases
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def exported(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig) -> Path:
+    """The exported (decomposed) ONNX of ``case`` in ``folder``, exported on first use."""
+    from posenc.export import export_onnx
+
+    path = Path(folder) / f"{case.export_id}.onnx"
+    with _locked(path):
+        if not path.exists():
+            export_onnx(
+                path,
+                case.scheme,
+                unit=case.unit,
+                params=case.params,
+                config=config,
+                table_mode=case.table_mode,
+                dtype=case.dtype,
+            )
+    return path
+
+
+def graph_for(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig, target: str = "trt") -> Path:
+    """The ONNX file of ``case``: the export itself (decomposed) or its ``posenc optimize`` output (fused)."""
+    from posenc.graphs.optimize import optimize_file
+
+    source = exported(case, folder, config)
+    if case.graph == "decomposed":
+        return source
+    path = source.with_name(f"{source.stem}.{target}.onnx")
+    with _locked(path):
+        if not path.exists():
+            optimize_file(source, path, target)
+    return path
+
+
+def build_case(
+    case: MatrixCase,
+    folder: str | os.PathLike[str],
+    config: AttentionConfig,
+    targets: Sequence[str] | None = ("sm89",),
+    backend: str | None = None,
+    profile: Sequence[str] | None = None,
+):  # type: ignore[no-untyped-def]
+    """Export (+ optimize) and build ``case``; returns :class:`posenc.engine.EngineResult`."""
+    from posenc.engine.build import build_engine
+
+    onnx_path = graph_for(case, folder, config)
+    engine = Path(folder) / f"{case.id}.engine"
+    return build_engine(onnx_path, engine, targets=targets, backend=backend, profile=profile)

@@ -1,0 +1,120 @@
+"""Parsing ONNX into a TensorRT network, with errors that name the failing node and op.
+
+Precision comes from the graph's dtypes: networks are strongly typed (TensorRT 11 and TensorRT-RTX have
+no precision flags). After parsing, float32 attention is marked decomposable: TensorRT has no fused
+float32 attention kernel and would otherwise fail the build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from posenc.engine.backend import NOISE, Backend, trt_logger
+from posenc.errors import BuildError, ModelFileError
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseIssue:
+    """One parser error: the ONNX node (name, op type) and TensorRT's description."""
+
+    node: str
+    op: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"node {self.node or '?'!r} (op {self.op or '?'}): {self.message}"
+
+
+@dataclasses.dataclass
+class ParsedNetwork:
+    """A parsed network with the builder and parser that own it (keep all three alive together)."""
+
+    backend: Backend
+    builder: Any
+    network: Any
+    parser: Any
+
+    def as_polygraphy(self) -> tuple[Any, Any, Any]:
+        return self.builder, self.network, self.parser
+
+    def inputs(self) -> list[tuple[str, list[int], Any]]:
+        """``(name, shape with -1 for dynamic dims, dtype)`` of every network input."""
+        return [
+            (tensor.name, list(tensor.shape), tensor.dtype)
+            for tensor in (self.network.get_input(i) for i in range(self.network.num_inputs))
+        ]
+
+
+def _issues(parser: Any) -> list[ParseIssue]:
+    issues = []
+    for index in range(parser.num_errors):
+        error = parser.get_error(index)
+        node = getattr(error, "node_name", lambda: "")() or ""
+        op = getattr(error, "node_operator", lambda: "")() or ""
+        lines = [line for line in str(error.desc()).splitlines() if not any(n in line for n in NOISE)]
+        issues.append(ParseIssue(node=str(node), op=str(op), message=" ".join(lines).strip()))
+    return issues
+
+
+def parse_onnx(backend: Backend, path: str | os.PathLike[str]) -> ParsedNetwork:
+    """Parse an ONNX file into a strongly typed TensorRT network.
+
+    Raises:
+        ModelFileError: the file does not exist.
+        BuildError: TensorRT cannot parse the graph; the message names each failing node and its op.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"ONNX file {path} does not exist; pass the path of a .onnx file.")
+    trt = backend.trt
+    builder = trt.Builder(trt_logger(backend))
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger(backend))
+    if not parser.parse_from_file(str(path)):
+        issues = _issues(parser) or [ParseIssue("", "", "the parser gave no details")]
+        listed = "; ".join(str(issue) for issue in issues)
+        raise BuildError(
+            f"{backend.describe()} cannot parse {path.name}: {listed}. Optimize the graph for TensorRT first "
+            f"(`posenc optimize {path.name} --target trt`), or replace the named op."
+        )
+    return ParsedNetwork(backend, builder, network, parser)
+
+
+def mark_fp32_attention_decomposable(parsed: ParsedNetwork) -> int:
+    """Allow TensorRT to decompose float32 attention (no fused fp32 kernel exists). Returns layers marked.
+
+    The ONNX parser creates ``IAttention`` not decomposable; the standard ONNX op has no attribute for it,
+    so the flag is set on the parsed network instead.
+    """
+    trt = parsed.backend.trt
+    layer_type = getattr(trt.LayerType, "ATTENTION_OUTPUT", None)
+    if layer_type is None:
+        return 0
+    marked = 0
+    network = parsed.network
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if layer.type != layer_type:
+            continue
+        layer.__class__ = trt.IAttentionOutputLayer
+        attention = layer.attention
+        query = attention.get_input(0)
+        if query is not None and query.dtype == trt.float32 and not attention.decomposable:
+            attention.decomposable = True
+            marked += 1
+    return marked
+
+
+def layer_histogram(parsed: ParsedNetwork) -> dict[str, int]:
+    """``{layer type: count}`` of the parsed network (e.g. ROTARY_EMBEDDING, ATTENTION_OUTPUT)."""
+    counts: dict[str, int] = {}
+    for index in range(parsed.network.num_layers):
+        name = str(parsed.network.get_layer(index).type).split(".")[-1]
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))

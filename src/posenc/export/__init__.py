@@ -1,0 +1,93 @@
+"""torch -> ONNX for positional schemes and attention blocks, with a manifest beside every file.
+
+Public API (stable; the graph, engine, bench and demo stages build on it)::
+
+    from posenc.export import export_onnx, load_manifest, check_feed, make_feed, run_onnx, FeedShape
+
+    result = export_onnx("out/rope.onnx", "rope_yarn", unit="block", params={"factor": 8.0},
+                         table_mode="dynamic", dtype="fp16", opset=23)
+    result.path, result.manifest_path, result.weights_path      # model.onnx, .manifest.json, .weights.pt
+    manifest = load_manifest("out/rope.onnx")                  # verifies sha256 of model and weights
+    feed = make_feed(manifest, FeedShape(batch=2, seq=7, past=5))   # realistic int64 position ids
+    check_feed(manifest, feed)                                 # PositionError past a precomputed table
+    outputs = run_onnx("out/rope.onnx", feed)                  # check_feed + ONNX Runtime
+
+- :func:`export_onnx` (path, scheme | module=, unit="block"|"op", params, config, table_mode, dtype,
+  opset=23|18|17, max_positions, table_dtype) -> :class:`ExportResult` ``(path, manifest,
+  manifest_path, weights_path)``. Units and their inputs/outputs: :mod:`posenc.export.units`.
+- :func:`export_module` (module, args, path, input_names, output_names, dynamic_dims, opset) -> Path:
+  any module, no manifest (e.g. a complex-number RoPE; see :mod:`posenc.export.complex`).
+- :class:`Manifest`, :func:`load_manifest`; the JSON layout is documented in :mod:`posenc.export.manifest`.
+  Files: ``model.onnx`` -> ``model.manifest.json`` and ``model.weights.pt`` (``state_dict``) beside it.
+- :func:`check_feed`, :func:`make_feed`, :func:`run_onnx`, :func:`ort_session`, :func:`load_eager`
+  (rebuild the eager module from manifest + weights; float64 for the reference).
+- Constants: :data:`SUPPORTED_OPSETS` (17, 18, 23), :data:`DEFAULT_OPSET` (23), :data:`SAMPLE_SHAPE`.
+
+Graph facts: dynamic ``batch``, ``seq``, ``past`` (block) / ``kv_seq`` (score and attention ops);
+the graph runs with ``past = 0``. Weights and activation inputs take the export dtype; position tables
+stay float32 (``precomputed``: initializers gathered by position ids; ``dynamic``: computed in the
+graph, including dynamic NTK's length-dependent base and LongRoPE's factor switch). Every file is
+written to a temporary name and renamed, so a failed export leaves nothing behind. bf16 graphs are
+validated by emulation on ONNX Runtime CPU (see :mod:`posenc.validate.bf16`).
+"""
+
+from posenc.export.exporter import (
+    DEFAULT_OPSET,
+    EXPORT_DTYPES,
+    SUPPORTED_OPSETS,
+    ExportResult,
+    check_dtype,
+    check_opset,
+    export_module,
+    export_onnx,
+    library_versions,
+    to_onnx_model,
+)
+from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
+from posenc.export.manifest import DimRange, Manifest, TensorSpec, dtype_name, load_manifest, torch_dtype
+from posenc.export.runtime import (
+    build_eager,
+    check_feed,
+    check_model_file,
+    load_eager,
+    ort_providers,
+    ort_session,
+    reference_inputs,
+    run_onnx,
+)
+from posenc.export.units import SAMPLE_SHAPE, UNITS, FeedShape, make_feed, positions_for
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "EXPORT_DTYPES",
+    "SAMPLE_SHAPE",
+    "SUPPORTED_OPSETS",
+    "UNITS",
+    "DimRange",
+    "ExportResult",
+    "FeedShape",
+    "Manifest",
+    "TensorSpec",
+    "build_eager",
+    "check_dtype",
+    "check_feed",
+    "check_model_file",
+    "check_opset",
+    "dtype_name",
+    "export_module",
+    "export_onnx",
+    "library_versions",
+    "load_eager",
+    "load_manifest",
+    "make_feed",
+    "manifest_path_for",
+    "ort_providers",
+    "ort_session",
+    "positions_for",
+    "reference_inputs",
+    "run_onnx",
+    "sha256_file",
+    "to_onnx_model",
+    "torch_dtype",
+    "weights_path_for",
+]

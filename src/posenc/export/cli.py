@@ -1,0 +1,134 @@
+"""``posenc export``: a scheme's positional op or a whole attention block to ONNX (+ manifest, weights)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from posenc.errors import ConfigError
+
+EPILOG = """\
+examples:
+  posenc export --scheme rope -o out/rope.onnx
+  posenc export --scheme rope_yarn --param factor=8 --param original_max_position_embeddings=4096 \\
+      --table-mode dynamic --dtype fp16 -o out/yarn_fp16.onnx
+  posenc export --scheme alibi --unit op --num-heads 12 --hidden-size 768 -o out/alibi_bias.onnx
+  posenc export --hf-config config.json --dtype bf16 --max-positions 8192 -o out/model_attn.onnx
+  posenc export --scheme rope_dynamic --table-mode dynamic --opset 18 -o out/ntk_opset18.onnx
+
+Writes OUT, OUT's manifest (model.onnx -> model.manifest.json) and weights (model.weights.pt) together;
+a failed export leaves none of them. Then: `posenc validate OUT`.
+exit status: 0 written; 2 invalid options or export failure (the message says what to change)."""
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--param takes KEY=VALUE (e.g. --param factor=8), got {item!r}.")
+        params[key.strip()] = value.strip()
+    return params
+
+
+def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]]:
+    from posenc.config import AttentionConfig, from_hf_config
+
+    scheme, params, base = args.scheme, {}, AttentionConfig()
+    if args.hf_config:
+        imported = from_hf_config(args.hf_config)
+        base = imported.config
+        if scheme is None or scheme == imported.scheme:
+            scheme, params = imported.scheme, dict(imported.params)
+    overrides = {
+        "hidden_size": args.hidden_size,
+        "num_heads": args.num_heads,
+        "num_kv_heads": args.num_kv_heads,
+        "head_dim": args.head_dim,
+        "causal": args.causal,
+        "max_position_embeddings": args.max_position_embeddings,
+    }
+    fields = base.to_dict()
+    if args.num_heads is not None and args.num_kv_heads is None:
+        fields["num_kv_heads"] = None  # follow the new head count
+    if (args.hidden_size is not None or args.num_heads is not None) and args.head_dim is None:
+        fields["head_dim"] = None  # derive from the new sizes
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    config = AttentionConfig.from_dict(fields)
+    params.update(_parse_params(args.param))
+    return config, scheme, params
+
+
+def _run(args: argparse.Namespace) -> int:
+    from posenc.export import export_onnx
+
+    config, scheme, params = _geometry(args)
+    if scheme is None:
+        raise ConfigError("give --scheme NAME (see `posenc list`) or --hf-config config.json.")
+    result = export_onnx(
+        args.output,
+        scheme,
+        unit=args.unit,
+        params=params,
+        config=config,
+        table_mode=args.table_mode,
+        dtype=args.dtype,
+        opset=args.opset,
+        max_positions=args.max_positions,
+        optimize=not args.no_optimize,
+    )
+    m = result.manifest
+    if args.json:
+        print(m.to_json(), end="")
+        return 0
+    size = Path(result.path).stat().st_size
+    limit = f"max_positions {m.max_positions}" if m.max_positions is not None else "no position limit"
+    print(f"wrote {result.path} ({size / 1024:.1f} KiB, sha256 {m.onnx_sha256[:16]})")
+    print(f"  manifest {result.manifest_path}; weights {result.weights_path}")
+    print(f"  {m.scheme} | unit {m.unit} | {m.dtype} (tables {m.table_dtype}) | {m.table_mode}, {limit}", end="")
+    print(f" | opset {m.opset}")
+    for label, specs in (("inputs ", m.inputs), ("outputs", m.outputs)):
+        text = ", ".join(f"{s.name} {s.dtype}[{', '.join(str(d) for d in s.shape)}]" for s in specs)
+        print(f"  {label}: {text}")
+    for note in m.notes:
+        print(f"  note: {note}")
+    print(f"next: posenc validate {result.path}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``export`` subcommand."""
+    from posenc.export.exporter import DEFAULT_OPSET, SUPPORTED_OPSETS
+    from posenc.export.units import UNITS
+
+    p = subparsers.add_parser(
+        "export",
+        help="export a scheme's op or an attention block to ONNX (with manifest and weights)",
+        description="Export a positional scheme's op, or a whole AttentionBlock, to ONNX with torch.onnx.export"
+        "(dynamo=True): dynamic batch/seq/past, tables precomputed or computed in the graph.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--scheme", help="registered scheme name (see `posenc list`)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="scheme parameter (repeat)")
+    p.add_argument("--unit", choices=UNITS, default="block", help="block (AttentionBlock, default) or op")
+    p.add_argument("--table-mode", choices=("precomputed", "dynamic"), default="precomputed")
+    p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16; position tables stay fp32")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"one of {list(SUPPORTED_OPSETS)}")
+    p.add_argument("--max-positions", type=int, help="rows of precomputed tables (default: context length)")
+    geometry = p.add_argument_group("attention geometry (defaults: AttentionConfig(), or --hf-config)")
+    geometry.add_argument("--hidden-size", type=int)
+    geometry.add_argument("--num-heads", type=int)
+    geometry.add_argument("--num-kv-heads", type=int)
+    geometry.add_argument("--head-dim", type=int)
+    geometry.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
+    geometry.add_argument("--max-position-embeddings", type=int, help="context length of the model")
+    geometry.add_argument("--hf-config", metavar="config.json", help="take geometry, scheme and parameters from it")
+    p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(func=_run)
+
+
+__all__ = ["register"]

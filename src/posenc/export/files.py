@@ -1,0 +1,96 @@
+"""File plumbing of exported artifacts: side-car names, hashes and atomic writes.
+
+Every artifact is written to a temporary name in its target directory and renamed into place with
+:func:`os.replace`, so an interrupted or failed export never leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+MANIFEST_SUFFIX = ".manifest.json"
+WEIGHTS_SUFFIX = ".weights.pt"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def _stem(onnx_path: str | os.PathLike[str]) -> Path:
+    path = Path(onnx_path)
+    return path.with_suffix("") if path.suffix == ".onnx" else path
+
+
+def manifest_path_for(onnx_path: str | os.PathLike[str]) -> Path:
+    """``model.onnx`` -> ``model.manifest.json`` (same directory)."""
+    stem = _stem(onnx_path)
+    return stem.with_name(stem.name + MANIFEST_SUFFIX)
+
+
+def weights_path_for(onnx_path: str | os.PathLike[str]) -> Path:
+    """``model.onnx`` -> ``model.weights.pt`` (same directory)."""
+    stem = _stem(onnx_path)
+    return stem.with_name(stem.name + WEIGHTS_SUFFIX)
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
+    """Give temporary paths for ``targets``; rename them all into place only if the block succeeds.
+
+    Each temporary file lives in its target's directory (so the final :func:`os.replace` is atomic on
+    one filesystem). If the block raises, every temporary file is removed and no target is touched.
+
+    Example::
+
+        with atomic_outputs("model.onnx", "model.manifest.json") as (tmp_model, tmp_manifest):
+            tmp_model.write_bytes(data)
+            tmp_manifest.write_text(text)
+    """
+    finals = [Path(t) for t in targets]
+    temps: list[Path] = []
+    try:
+        for final in finals:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+            os.close(fd)
+            os.chmod(name, _FILE_MODE)  # mkstemp creates 0600; artifacts get the usual permissions
+            temps.append(Path(name))
+        yield list(temps)
+        for temp, final in zip(temps, finals, strict=True):
+            os.replace(temp, final)
+    finally:
+        for temp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    with atomic_outputs(path) as (temp,):
+        temp.write_text(text)
+    return Path(path)
+
+
+def leftover_temporaries(directory: str | os.PathLike[str], names: Sequence[str]) -> list[Path]:
+    """Temporary files that :func:`atomic_outputs` would have created for ``names`` (should be none)."""
+    folder = Path(directory)
+    return sorted(p for name in names for p in folder.glob(f".{name}.*.tmp"))

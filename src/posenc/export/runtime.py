@@ -1,0 +1,344 @@
+"""Running exported models safely: feed checks against the manifest, ONNX Runtime sessions, eager rebuilds.
+
+ONNX Runtime does not bound-check a Gather on a precomputed table: a position past the table either
+crashes or silently reads garbage. :func:`check_feed` rejects such feeds first, with the remedy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
+from posenc.export.files import manifest_path_for
+from posenc.export.manifest import Manifest, load_manifest, torch_dtype, weights_file
+from posenc.export.units import NUMPY_DTYPES, make_unit
+
+# --------------------------------------------------------------------------------------------------
+# Feed checks
+# --------------------------------------------------------------------------------------------------
+
+
+def _dims_of(manifest: Manifest, feed: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Sizes of the named dims as given by the feed; inconsistent sizes raise ConfigError."""
+    sizes: dict[str, int] = {}
+    for spec in manifest.inputs:
+        array = feed[spec.name]
+        if array.ndim != len(spec.shape):
+            raise ConfigError(
+                f"input {spec.name!r} must have rank {len(spec.shape)} {list(spec.shape)} ({spec.layout}), "
+                f"got shape {list(array.shape)}."
+            )
+        for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
+            if isinstance(want, int):
+                if want != got:
+                    raise ConfigError(
+                        f"input {spec.name!r} axis {axis} must be {want} ({spec.layout}), got {got} "
+                        f"(shape {list(array.shape)})."
+                    )
+            elif sizes.setdefault(want, got) != got:
+                raise ConfigError(
+                    f"dim {want!r} is {sizes[want]} in one input but {got} in {spec.name!r}; "
+                    f"all inputs must agree on {want}."
+                )
+    return sizes
+
+
+def check_feed(manifest: Manifest, feed: Mapping[str, Any]) -> None:
+    """Check a feed against the manifest before running the model.
+
+    Checks names, ranks, fixed sizes, dtypes, dim consistency, dynamic dim minima, and that every
+    position id (and, in a block, ``past + seq``) fits the precomputed table.
+
+    Args:
+        manifest: the model's manifest.
+        feed: ``{input name: numpy array}``.
+
+    Raises:
+        ConfigError: missing/extra inputs, wrong rank, size or dtype.
+        PositionError: negative positions, or positions at or past ``manifest.max_positions``.
+    """
+    missing = [n for n in manifest.input_names if n not in feed]
+    extra = [n for n in feed if n not in manifest.input_names]
+    if missing or extra:
+        raise ConfigError(
+            f"feed does not match the model's inputs {manifest.input_names}: missing {missing}, unexpected {extra}."
+        )
+    arrays = {name: np.asarray(value) for name, value in feed.items()}
+    for spec in manifest.inputs:
+        want = NUMPY_DTYPES.get(spec.dtype)
+        if want is not None and arrays[spec.name].dtype != want:
+            raise ConfigError(
+                f"input {spec.name!r} must be {spec.dtype}, got {arrays[spec.name].dtype}; cast it "
+                f"(position ids are int64; activations use the graph dtype {manifest.dtype})."
+            )
+    sizes = _dims_of(manifest, arrays)
+    for name, size in sizes.items():
+        bounds = manifest.dynamic_dims.get(name)
+        if bounds is not None and size < bounds.min:
+            raise ConfigError(f"dim {name!r} is {size}, below its minimum {bounds.min}.")
+    limit = manifest.max_positions
+    for spec in manifest.inputs:
+        if spec.role != "positions" or arrays[spec.name].size == 0:
+            continue
+        positions = arrays[spec.name]
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0:
+            raise PositionError(f"input {spec.name!r} holds position {low}; position ids must be >= 0.")
+        if limit is not None and high >= limit:
+            raise PositionError(_past_table(manifest, f"input {spec.name!r} holds position {high}", high))
+    if limit is not None and manifest.unit == "block":
+        keys = sizes.get("past", 0) + sizes.get("seq", 0)
+        if keys > limit:
+            what = f"past + seq = {keys} keys need positions up to {keys - 1}"
+            raise PositionError(_past_table(manifest, what, keys - 1))
+
+
+def _past_table(manifest: Manifest, what: str, position: int) -> str:
+    from posenc.schemes import get_spec
+    from posenc.schemes.base import TableMode
+
+    remedy = f"re-export with a longer table (`posenc export ... --max-positions {position + 1}` or more)"
+    if TableMode.DYNAMIC in get_spec(manifest.scheme).table_modes:
+        remedy += " or with `--table-mode dynamic` (tables computed in the graph, no length limit)"
+    table = f"the precomputed table of {manifest.max_positions} rows of this {manifest.scheme} model"
+    return f"{what}, past {table}; {remedy}."
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX Runtime
+# --------------------------------------------------------------------------------------------------
+
+
+def ort_providers(prefer_gpu: bool = True) -> list[str]:
+    """``["CUDAExecutionProvider", "CPUExecutionProvider"]`` when CUDA is present, else CPU only."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise BackendUnavailable("onnxruntime is not installed; `pip install onnxruntime`.") from None
+    available = ort.get_available_providers()
+    providers = ["CPUExecutionProvider"]
+    if prefer_gpu and "CUDAExecutionProvider" in available:
+        providers.insert(0, "CUDAExecutionProvider")
+    return providers
+
+
+def ort_session(path: str | os.PathLike[str], providers: Sequence[str] | None = None) -> Any:
+    """An ``onnxruntime.InferenceSession``; unreadable or invalid files raise :class:`ModelFileError`."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    check_model_file(path)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=list(providers or ort_providers()))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = str(exc)
+        if "NOT_IMPLEMENTED" in text:
+            raise BackendUnavailable(
+                f"ONNX Runtime ({', '.join(providers or ort_providers())}) has no kernel for part of {path.name}: "
+                f"{text.splitlines()[0][:300]}"
+            ) from None
+        raise ModelFileError(
+            f"ONNX Runtime cannot load {path}: {text.splitlines()[0][:300]}. Re-export the model."
+        ) from None
+
+
+def check_model_file(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`ModelFileError` unless ``path`` is a readable, structurally valid ONNX model."""
+    import onnx
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"{path} does not exist; pass the path of an exported .onnx file.")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelFileError(
+            f"{path} is not a readable ONNX file ({type(exc).__name__}); it may be truncated or corrupt. "
+            f"Re-export it with `posenc export ... -o {path}`."
+        ) from None
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise ModelFileError(
+            f"{path} is not a valid ONNX model ({str(exc).splitlines()[0][:200]}); re-export it."
+        ) from None
+
+
+def run_onnx(
+    path: str | os.PathLike[str],
+    feed: Mapping[str, np.ndarray],
+    *,
+    manifest: Manifest | None = None,
+    session: Any = None,
+) -> dict[str, np.ndarray]:
+    """Check ``feed`` against the manifest (:func:`check_feed`) and run the model with ONNX Runtime.
+
+    Returns:
+        ``{output name: array}``.
+    """
+    manifest = manifest or load_manifest(path)
+    check_feed(manifest, feed)
+    session = session or ort_session(path)
+    outputs = session.run(None, dict(feed))
+    return {meta.name: value for meta, value in zip(session.get_outputs(), outputs, strict=True)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Eager rebuild (the reference)
+# --------------------------------------------------------------------------------------------------
+
+
+def _table_buffers(module: nn.Module) -> set[str]:
+    """State-dict keys of position tables (buffers registered with ``register_table``)."""
+    keys = set()
+    for prefix, sub in module.named_modules():
+        for name in sub.__dict__.get("_kept_dtype_buffers", ()):
+            keys.add(f"{prefix}.{name}" if prefix else name)
+    return keys
+
+
+def build_eager(
+    manifest: Manifest,
+    *,
+    dtype: torch.dtype | str = torch.float64,
+    table_dtype: torch.dtype | str | None = None,
+) -> nn.Module:
+    """The eager module of a manifest (its scheme, params, unit, geometry), without weights.
+
+    Args:
+        manifest: the exported model's manifest.
+        dtype: dtype of weights and activations (float64 for the reference).
+        table_dtype: dtype of position tables (default: ``dtype`` when float64, else the manifest's).
+
+    Returns:
+        the unit module: its ``forward`` takes the graph's inputs in order (inputs the graph dropped are
+        filled in by :func:`reference_inputs`).
+    """
+    from posenc.blocks import AttentionBlock
+    from posenc.schemes import build_scheme
+
+    activation = torch_dtype(dtype)
+    if table_dtype is None:
+        tables = torch.float64 if activation == torch.float64 else torch_dtype(manifest.table_dtype)
+    else:
+        tables = torch_dtype(table_dtype)
+    config = manifest.attention_config()
+    rest = (manifest.params, manifest.table_mode, manifest.build_max_positions, tables)
+    if manifest.unit == "block":
+        inner = AttentionBlock(config, manifest.scheme, *rest)
+    else:
+        inner = build_scheme(manifest.scheme, config, *rest)
+    return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
+
+
+def load_weights(
+    module: nn.Module, state: Mapping[str, torch.Tensor], saved_tables: Sequence[str] | None = None
+) -> None:
+    """Load exported weights into a rebuild of the same unit (e.g. the float64 reference).
+
+    Parameters and non-table buffers are copied, cast to the rebuild's dtype. Position tables (buffers
+    registered with ``register_table``) are functions of the scheme parameters (or refreshed from the
+    weights on load, like FLOATER's), so the rebuild keeps its own, computed in its own precision; a
+    float64 rebuild may even hold other table buffers (``inv_freq`` instead of float32 ``turns``).
+
+    Args:
+        module: the rebuilt unit module.
+        state: the exported ``state_dict`` (keys of the block, or of the scheme for op units).
+        saved_tables: keys of ``state`` that are position tables (the manifest's ``weights.tables``).
+
+    Raises:
+        ModelFileError: weights missing, unexpected or of the wrong shape.
+    """
+    target = module.state_dict()
+    wrapped = any(k.startswith("scheme.") for k in target) and not any(k.startswith("scheme.") for k in state)
+    prefix = "scheme." if wrapped else ""
+    tables = _table_buffers(module)
+    saved_tables = set(saved_tables or ())
+    missing = [k for k in target if k not in tables and k.removeprefix(prefix) not in state]
+    unexpected = [k for k in state if k not in saved_tables and prefix + k not in target]
+    if missing or unexpected:
+        raise ModelFileError(
+            f"the weights file does not fit the module of its manifest (missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}); it belongs to another model. Re-export."
+        )
+    new_state = {}
+    for key, current in target.items():
+        if key in tables:
+            new_state[key] = current
+            continue
+        saved = state[key.removeprefix(prefix)]
+        if tuple(saved.shape) != tuple(current.shape):
+            raise ModelFileError(
+                f"weight {key!r} has shape {list(saved.shape)} in the weights file but {list(current.shape)} in "
+                f"the rebuilt module; the weights do not belong to this manifest. Re-export."
+            )
+        new_state[key] = saved.to(current.dtype) if current.is_floating_point() else saved
+    module.load_state_dict(new_state)
+
+
+def load_eager(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str = torch.float64,
+    manifest: Manifest | None = None,
+) -> tuple[nn.Module, Manifest]:
+    """Rebuild the eager module of an exported model from its manifest and weights file.
+
+    Args:
+        path: the ONNX file (or its manifest).
+        dtype: float64 for the reference (tables recomputed in float64); the graph dtype to mirror it.
+
+    Returns:
+        ``(module, manifest)``.
+    """
+    manifest = manifest or load_manifest(path)
+    path = Path(path)
+    manifest_path = path if path.name.endswith(".manifest.json") else manifest_path_for(path)
+    weights = weights_file(manifest, manifest_path)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ModelFileError(f"cannot read weights {weights} ({type(exc).__name__}); re-export the model.") from None
+    module = build_eager(manifest, dtype=dtype)
+    load_weights(module, state, manifest.weights.get("tables"))
+    return module, manifest
+
+
+def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Torch inputs for the eager unit module, in its signature order, upcast to ``dtype``.
+
+    Inputs the graph dropped (unread q/k of a position-only bias) are given as zero tensors of the
+    right shape: the scheme does not read them.
+    """
+    from posenc.export.units import _slots  # the unit layout is the single source of input order
+    from posenc.schemes.base import Placement
+
+    config = manifest.attention_config()
+    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config)
+    arrays = {k: np.asarray(v) for k, v in feed.items()}
+    sizes: dict[str, int] = {}
+    for spec in manifest.inputs:
+        for want, got in zip(spec.shape, arrays[spec.name].shape, strict=True):
+            if isinstance(want, str):
+                sizes[want] = int(got)
+    tensors = []
+    for slot in slots:
+        if slot.name in arrays:
+            array = arrays[slot.name]
+            if array.dtype.kind in "iu":
+                tensors.append(torch.from_numpy(np.array(array, dtype=np.int64)))
+            else:
+                tensors.append(torch.from_numpy(np.array(array, dtype=np.float64)).to(dtype))
+        else:
+            shape = [d if isinstance(d, int) else sizes.get(d, 1) for d in slot.shape]
+            tensors.append(torch.zeros(shape, dtype=dtype))
+    return tensors

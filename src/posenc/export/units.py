@@ -1,0 +1,387 @@
+"""Export units: what goes into one ONNX graph, with its inputs, outputs and dynamic dims.
+
+Two units exist:
+
+``op``
+    the scheme's positional op alone, one signature per placement
+    (see :class:`posenc.schemes.base.Placement`):
+
+    ==========  =================================================  ====================================
+    placement   inputs                                             outputs
+    ==========  =================================================  ====================================
+    embedding   hidden ``[B, S, E]``, position_ids ``[B, S]``      hidden_out ``[B, S, E]``
+    qk          q ``[B, H, S, D]``, k ``[B, Hkv, S, D]``,          q_rot, k_rot (shapes of q, k)
+                position_ids ``[B, S]``
+    score       q ``[B, H, S, D]``, k ``[B, H, Sk, D]``,           bias ``[B|1, H, S, Sk]``
+                q_pos ``[B, S]``, k_pos ``[B, Sk]``
+    attention   q, k, v (k/v ``[B, H, Sk, D]``), q_pos, k_pos      attn_out ``[B, H, S, D]``
+    ==========  =================================================  ====================================
+
+    Inputs a scheme does not read (q and k of a position-only bias such as ALiBi) are removed from
+    the graph and from the manifest. NoPE has no op.
+``block``
+    :class:`posenc.blocks.AttentionBlock`: hidden ``[B, S, E]``, position_ids ``[B, S]`` (int64),
+    past_key / past_value ``[B, Hkv, P, D]`` -> out ``[B, S, E]``, present_key / present_value
+    ``[B, Hkv, P + S, D]``. The past inputs always exist; P = 0 is a valid size.
+
+A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
+``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from posenc.blocks import AttentionBlock
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError, ExportError
+from posenc.schemes.base import Placement, PositionalScheme
+
+UNITS: tuple[str, ...] = ("op", "block")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedShape:
+    """Sizes of one call: ``batch`` rows, ``seq`` new tokens, ``past`` cached tokens before them."""
+
+    batch: int
+    seq: int
+    past: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("batch", 1), ("seq", 1), ("past", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"FeedShape.{name} must be an int >= {low}, got {value!r}.")
+
+    @property
+    def kv_seq(self) -> int:
+        return self.past + self.seq
+
+    @property
+    def label(self) -> str:
+        return f"B={self.batch} S={self.seq} P={self.past}"
+
+    @classmethod
+    def parse(cls, text: str) -> FeedShape:
+        """``"2,7,5"`` or ``"2x7x5"`` (batch, seq, past; past optional)."""
+        parts = text.replace("x", ",").split(",")
+        try:
+            numbers = [int(p) for p in parts if p.strip()]
+        except ValueError:
+            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST] integers, e.g. 2,7,5.") from None
+        if len(numbers) not in (2, 3):
+            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST], e.g. 2,7,5.")
+        return cls(*numbers)
+
+
+SAMPLE_SHAPE = FeedShape(batch=2, seq=4, past=3)
+"""Sizes traced at export. All >= 2 so that torch.export does not specialize them (it fixes sizes 0/1)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Unit modules (thin forwards into the scheme / block; no math here)
+# --------------------------------------------------------------------------------------------------
+
+
+class EmbeddingOp(nn.Module):
+    """``(hidden [B, S, E], position_ids [B, S]) -> hidden [B, S, E]``."""
+
+    def __init__(self, scheme: PositionalScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.scheme.embed(hidden, position_ids)
+
+
+class RotateOp(nn.Module):
+    """``(q [B, H, S, D], k [B, Hkv, S, D], position_ids [B, S]) -> (q_rot, k_rot)``."""
+
+    def __init__(self, scheme: PositionalScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.scheme.rotate(q, k, position_ids)
+
+
+class BiasOp(nn.Module):
+    """``(q [B, H, S, D], k [B, H, Sk, D], q_pos [B, S], k_pos [B, Sk]) -> bias [B|1, H, S, Sk]``."""
+
+    def __init__(self, scheme: PositionalScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.scheme.bias(q, k, q_pos, k_pos)
+
+
+class AttendOp(nn.Module):
+    """``(q, k, v [B, H, *, D], q_pos [B, S], k_pos [B, Sk]) -> attn_out [B, H, S, D]`` (causal per config)."""
+
+    def __init__(self, scheme: PositionalScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor:
+        return self.scheme.attend(q, k, v, q_pos, k_pos, self.scheme.config.causal)
+
+
+_OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
+    Placement.EMBEDDING: EmbeddingOp,
+    Placement.QK: RotateOp,
+    Placement.SCORE: BiasOp,
+    Placement.ATTENTION: AttendOp,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Input / output layout of each unit
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    name: str
+    kind: str  # "act", "pos_q", "pos_k", "past"
+    shape: tuple[int | str, ...]
+    layout: str
+
+
+def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[list[_Slot], list[tuple[str, str]]]:
+    """Input slots and ``(output name, layout)`` of a unit."""
+    e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    if unit == "block":
+        return (
+            [
+                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                _Slot("past_key", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
+                _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
+            ],
+            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
+        )
+    if placement is Placement.EMBEDDING:
+        return (
+            [
+                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+            ],
+            [("hidden_out", "[B, S, E]")],
+        )
+    if placement is Placement.QK:
+        return (
+            [
+                _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
+                _Slot("k", "act", ("batch", hkv, "seq", d), "[B, Hkv, S, D]"),
+                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+            ],
+            [("q_rot", "[B, H, S, D]"), ("k_rot", "[B, Hkv, S, D]")],
+        )
+    qk = [
+        _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
+        _Slot("k", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]"),
+    ]
+    positions = [
+        _Slot("q_pos", "pos_q", ("batch", "seq"), "[B, S]"),
+        _Slot("k_pos", "pos_k", ("batch", "kv_seq"), "[B, Sk]"),
+    ]
+    if placement is Placement.SCORE:
+        return [*qk, *positions], [("bias", "[B|1, H, S, Sk]")]
+    if placement is Placement.ATTENTION:
+        v = _Slot("v", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]")
+        return [*qk, v, *positions], [("attn_out", "[B, H, S, D]")]
+    raise ExportError(f"placement {placement.value!r} has no positional op; export unit 'block' instead.")
+
+
+@dataclasses.dataclass
+class ExportUnit:
+    """A module ready for export plus everything needed to trace it and describe its graph.
+
+    Attributes:
+        unit: ``"op"`` or ``"block"``.
+        module: the module whose ``forward`` is exported (inputs in :attr:`input_names` order).
+        inner: the scheme or block whose ``state_dict`` is saved as the weights.
+        config: attention geometry.
+        dtype: activation dtype.
+    """
+
+    unit: str
+    module: nn.Module
+    inner: nn.Module
+    config: AttentionConfig
+    dtype: torch.dtype
+    slots: list[_Slot]
+    outputs: list[tuple[str, str]]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.slots]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [name for name, _ in self.outputs]
+
+    @property
+    def scheme(self) -> PositionalScheme:
+        return self.inner.scheme if isinstance(self.inner, AttentionBlock) else self.inner  # type: ignore[return-value]
+
+    def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
+        """name -> (symbolic shape, layout, role)."""
+        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache"}
+        return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
+
+    def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
+        """Torch tensors for tracing, in input order (see :func:`make_inputs`)."""
+        arrays = make_inputs(self.slots, shape, self.dtype, seed=0, position_limit=position_limit)
+        return tuple(torch.from_numpy(np.ascontiguousarray(a)) if a.dtype != _BF16 else _bf16_tensor(a) for a in arrays)
+
+    def dynamic_shapes(self, names: bool = False) -> tuple[dict[int, Any], ...]:
+        """Per-input ``{axis: Dim}`` (or ``{axis: name}`` with ``names=True``) for torch.export / renaming."""
+        dims = _export_dims()
+        return tuple(
+            {axis: (size if names else dims[size]) for axis, size in enumerate(s.shape) if isinstance(size, str)}
+            for s in self.slots
+        )
+
+
+def _export_dims() -> dict[str, Any]:
+    Dim = torch.export.Dim
+    return {
+        "batch": Dim("batch", min=1),
+        "seq": Dim("seq", min=1),
+        "past": Dim("past", min=0),
+        "kv_seq": Dim("kv_seq", min=1),
+    }
+
+
+def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
+    """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``).
+
+    Raises:
+        ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
+    """
+    if unit not in UNITS:
+        raise ExportError(f"unknown export unit {unit!r}; use one of {list(UNITS)}.")
+    if unit == "block":
+        if not isinstance(inner, AttentionBlock):
+            raise ExportError("unit 'block' exports an AttentionBlock; pass one (or a scheme name).")
+        slots, outputs = _slots("block", inner.scheme.placement, inner.config)
+        return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
+    scheme = inner.scheme if isinstance(inner, AttentionBlock) else inner
+    if not isinstance(scheme, PositionalScheme):
+        raise ExportError(f"unit 'op' exports a PositionalScheme, got {type(inner).__name__}.")
+    if scheme.placement not in _OP_CLASSES or "op" not in scheme.spec.exports:
+        raise ExportError(
+            f"scheme {scheme.spec.name!r} has no positional op to export (acts at {scheme.placement.value!r}); "
+            f"export unit 'block' instead (it supports {sorted(scheme.spec.exports)})."
+        )
+    slots, outputs = _slots("op", scheme.placement, scheme.config)
+    return ExportUnit("op", _OP_CLASSES[scheme.placement](scheme), scheme, scheme.config, dtype, slots, outputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Feeds: realistic inputs for tracing, validation and benchmarks
+# --------------------------------------------------------------------------------------------------
+
+try:  # ml_dtypes ships with onnx; it gives numpy a bfloat16 type
+    import ml_dtypes
+
+    _BF16: Any = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
+    _BF16 = None
+
+NUMPY_DTYPES: Mapping[str, Any] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "float64": np.dtype(np.float64),
+    "int64": np.dtype(np.int64),
+    "bfloat16": _BF16,
+}
+
+
+def _bf16_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array.astype(np.float32))).to(torch.bfloat16)
+
+
+def _size(dim: int | str, shape: FeedShape) -> int:
+    if isinstance(dim, int):
+        return dim
+    return {"batch": shape.batch, "seq": shape.seq, "past": shape.past, "kv_seq": shape.kv_seq}[dim]
+
+
+def positions_for(shape: FeedShape, kind: str, position_limit: int | None = None) -> np.ndarray:
+    """Realistic int64 position ids: ``past + arange(seq)`` per row (queries) or ``arange(past + seq)`` (keys).
+
+    ``position_limit`` wraps positions into ``[0, limit)`` (only for tracing samples of tiny tables).
+    """
+    if kind == "pos_k":
+        row = np.arange(shape.kv_seq, dtype=np.int64)
+    else:
+        row = shape.past + np.arange(shape.seq, dtype=np.int64)
+    if position_limit is not None:
+        row = row % position_limit
+    return np.repeat(row[None, :], shape.batch, axis=0)
+
+
+def make_inputs(
+    slots: Sequence[_Slot],
+    shape: FeedShape,
+    dtype: torch.dtype | str,
+    *,
+    seed: int = 0,
+    position_limit: int | None = None,
+) -> list[np.ndarray]:
+    """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions."""
+    from posenc.export.manifest import dtype_name
+
+    rng = np.random.default_rng(seed)
+    np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
+    arrays = []
+    for slot in slots:
+        if slot.kind in ("pos_q", "pos_k"):
+            arrays.append(positions_for(shape, slot.kind, position_limit))
+        else:
+            sizes = tuple(_size(d, shape) for d in slot.shape)
+            arrays.append(rng.standard_normal(sizes).astype(np.float32).astype(np_dtype))
+    return arrays
+
+
+def slots_from_manifest(manifest: Any) -> list[_Slot]:
+    """Input slots of a manifest's graph (for :func:`make_feed`)."""
+    kinds = {"activation": "act", "cache": "past"}
+    slots = []
+    for spec in manifest.inputs:
+        if spec.role == "positions":
+            kind = "pos_k" if "kv_seq" in spec.shape else "pos_q"
+        else:
+            kind = kinds.get(spec.role, "act")
+        slots.append(_Slot(spec.name, kind, tuple(spec.shape), spec.layout))
+    return slots
+
+
+def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """A feed dict for an exported model: realistic position ids, random activations in the graph dtype.
+
+    Args:
+        manifest: the model's :class:`posenc.export.Manifest`.
+        shape: batch, new tokens and cached tokens.
+        seed: seed of the activations.
+
+    Returns:
+        ``{input name: numpy array}`` in the manifest's input order.
+    """
+    slots = slots_from_manifest(manifest)
+    arrays = make_inputs(slots, shape, manifest.dtype, seed=seed)
+    return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

@@ -1,0 +1,59 @@
+"""ONNX graph passes: constant folding, RoPE -> ``RotaryEmbedding``, attention -> ``Attention``, inspection.
+
+Public API::
+
+    from posenc.graphs import optimize_file, optimize_model, inspect_model
+
+    result = optimize_file("rope.onnx", "rope.trt.onnx", target="trt")    # + rope.trt.manifest.json
+    result.counts            # {"fold_constants": 3, "fuse_rope": 2, "fuse_partial_rope": 0, ...}
+    report = inspect_model("rope.trt.onnx")                                # ops, bytes, fusions, TRT parse
+
+Each pass rewrites an ``onnx_ir.Model`` in place with onnxscript's pattern rewriter and returns its match
+count: :func:`fold_constants`, :func:`convert_contrib_rope`, :func:`fuse_rope`, :func:`fuse_partial_rope`,
+:func:`rope_to_3d` (ONNX Runtime CPU layout), :func:`rope_for_tensorrt`, :func:`fuse_attention`,
+:func:`fold_causal_into_mask`. :func:`optimize_model` chains them per target (``ort-cpu``, ``trt``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported on first use, so that `posenc --help` does not load onnxscript or TensorRT.
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_FOLD_LIMIT": "posenc.graphs.choices",
+    "InspectReport": "posenc.graphs.inspect",
+    "OptimizeResult": "posenc.graphs.optimize",
+    "PassRecord": "posenc.graphs.optimize",
+    "ROPE_MODES": "posenc.graphs.choices",
+    "TARGETS": "posenc.graphs.choices",
+    "check_ort_parity": "posenc.graphs.optimize",
+    "cleanup": "posenc.graphs.fold",
+    "convert_contrib_rope": "posenc.graphs.rope",
+    "fold_causal_into_mask": "posenc.graphs.attention",
+    "fold_constants": "posenc.graphs.fold",
+    "fuse_attention": "posenc.graphs.attention",
+    "fuse_partial_rope": "posenc.graphs.rope",
+    "fuse_rope": "posenc.graphs.rope",
+    "inspect_model": "posenc.graphs.inspect",
+    "load_model": "posenc.graphs.model_io",
+    "optimize_file": "posenc.graphs.optimize",
+    "optimize_model": "posenc.graphs.optimize",
+    "rope_for_tensorrt": "posenc.graphs.rope",
+    "rope_to_3d": "posenc.graphs.rope",
+    "save_model": "posenc.graphs.model_io",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,178 @@
+"""Attention passes: the exported softmax attention -> ONNX ``Attention`` (opset 23), and TensorRT's mask rule.
+
+posenc's :class:`~posenc.AttentionBlock` exports attention as
+
+``MatMul(Softmax(Where(Not(allowed), -inf, Cast_f32(MatMul(q, Transpose(k)) * scale) + bias)), v)``
+
+where ``* scale`` is absent for schemes that do not scale scores (T5), the ``Cast`` pair appears for
+fp16/bf16 graphs (softmax in float32), ``bias`` for score-placement schemes (ALiBi, T5, the relative
+schemes), ``allowed`` for causal blocks (a boolean mask computed from the position ids), and ``k``/``v``
+may be grouped-query heads repeated with ``Unsqueeze/Expand/Reshape``.
+The fused op receives the un-repeated ``k``/``v`` (it handles grouped heads itself), the bias as additive
+``attn_mask`` with the causal mask folded in as ``-inf``, and ``softmax_precision=FLOAT`` when the graph
+computed the softmax in float32 (ONNX Runtime target only).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from posenc.graphs import match_utils as mu
+
+_NEG_INF = float("-inf")
+
+
+def _unrepeated(value: ir.Value) -> ir.Value:
+    """``k`` when ``value`` is ``repeat_kv(k)`` (``Reshape(Expand(Unsqueeze(k, [2])))``), else ``value``."""
+    reshape = mu.producer_of(value, "Reshape")
+    expand = mu.producer_of(reshape.inputs[0] if reshape else None, "Expand")
+    unsqueeze = mu.producer_of(expand.inputs[0] if expand else None, "Unsqueeze")
+    if unsqueeze is None or not mu.is_ints(unsqueeze.inputs[1], [2]):
+        return value
+    source, expanded = unsqueeze.inputs[0], expand.outputs[0]
+    kv_heads, groups, heads = mu.static_dim(source, 1), mu.static_dim(expanded, 2), mu.static_dim(value, 1)
+    if mu.rank(source) != 4 or mu.rank(expanded) != 5 or None in (kv_heads, groups, heads):
+        return value
+    if kv_heads * groups != heads or mu.static_dim(expanded, 1) != kv_heads:  # type: ignore[operator]
+        return value
+    if not all(mu.same_dim(source, i, value, i) for i in (0, 2, 3)):
+        return value
+    return source
+
+
+class _SoftmaxAttention(pattern.RewriteRuleClassBase):
+    """One variant of the exported attention (with or without float32 softmax, bias, boolean mask)."""
+
+    def __init__(self, scaled: bool, wide: bool, biased: bool, masked: bool, softmax_precision: bool) -> None:
+        parts = [p for p, on in (("scaled", scaled), ("f32", wide), ("bias", biased), ("mask", masked)) if on]
+        super().__init__(name="attention" + "".join(f"_{p}" for p in parts))
+        self.scaled, self.wide, self.biased, self.masked = scaled, wide, biased, masked
+        self.softmax_precision = softmax_precision
+
+    def pattern(self, op, q, k, v, scale, bias, allowed, fill):  # type: ignore[no-untyped-def]
+        scores = op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2]))
+        if self.scaled:
+            scores = op.Mul(scores, scale)
+        if self.wide:
+            scores = op.Cast(scores, _outputs=["wide"])
+        if self.biased:
+            scores = op.Add(scores, bias)
+        if self.masked:
+            scores = op.Where(op.Not(allowed), fill, scores)
+        probs = op.Softmax(scores, axis=-1)
+        if self.wide:
+            probs = op.Cast(probs, _outputs=["narrow"])
+        return op.MatMul(probs, v)
+
+    def check(self, context, q, k, v, scale=None, bias=None, allowed=None, fill=None, wide=None, narrow=None, **_):  # type: ignore[no-untyped-def]
+        result = pattern.MatchResult()
+        if not all(mu.rank(t) == 4 for t in (q, k, v)):
+            return result.fail("q, k, v are not [B, H, S, D]", q)
+        if self.scaled and mu.const_scalar(scale) is None:
+            return result.fail("the score scale is not a constant scalar", scale)
+        if self.masked and (not mu.is_neg_inf(fill) or mu.dtype(allowed) != ir.DataType.BOOL):
+            return result.fail("the mask is not a boolean filled with -inf", allowed)
+        if self.wide and (mu.dtype(wide) != ir.DataType.FLOAT or mu.dtype(narrow) != mu.dtype(v)):
+            return result.fail("the softmax casts are not float32 and back", wide)
+        if self.biased and mu.rank(bias) not in (2, 3, 4):
+            return result.fail("the score bias is not broadcastable to [B, H, Sq, Sk]", bias)
+        heads, kv_heads = mu.static_dim(q, 1), mu.static_dim(_unrepeated(k), 1)
+        if heads is None or kv_heads is None or heads % kv_heads:
+            return result.fail("head counts are unknown or do not group", q)
+        if mu.dtype(q) not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            return result.fail("Attention takes float32, float16 or bfloat16", q)
+        return result
+
+    def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, **_):  # type: ignore[no-untyped-def]
+        mask = None
+        if self.biased and self.masked:
+            fill = op.Constant(value=ir.tensor([_NEG_INF], dtype=mu.dtype(bias)))
+            mask = op.Where(allowed, bias, fill)
+        elif self.biased:
+            mask = bias
+        elif self.masked:
+            mask = allowed
+        if mask is not None and self.biased and mu.dtype(bias) != mu.dtype(q):
+            mask = op.Cast(mask, to=mu.dtype(q))
+        factor = mu.const_scalar(scale) if self.scaled else 1.0  # e.g. T5 does not scale its scores
+        attributes: dict[str, float | int] = {"scale": factor}  # type: ignore[dict-item]
+        if self.wide and self.softmax_precision:
+            attributes["softmax_precision"] = int(ir.DataType.FLOAT)
+        inputs = [q, _unrepeated(k), _unrepeated(v)] + ([mask] if mask is not None else [])
+        return op.Attention(*inputs, **attributes)
+
+
+def _rules(softmax_precision: bool) -> pattern.RewriteRuleSet:
+    variants = itertools.product((True, False), repeat=4)
+    rules = [_SoftmaxAttention.rule(*variant, softmax_precision) for variant in variants]
+    return pattern.RewriteRuleSet(rules, commute=True)
+
+
+_ATTENTION_RULES = {True: _rules(True), False: _rules(False)}
+
+
+def fuse_attention(model: ir.Model, softmax_precision: bool = True) -> int:
+    """Replace exported softmax attention by ONNX ``Attention`` ops with the bias as additive mask.
+
+    Args:
+        model: rewritten in place.
+        softmax_precision: mark float32 softmax of fp16/bf16 graphs with ``softmax_precision=FLOAT``
+            (ONNX Runtime honours it; TensorRT's parser rejects the attribute, its kernels accumulate in
+            float32 anyway).
+
+    Returns:
+        The number of attention computations fused.
+    """
+    return _ATTENTION_RULES[softmax_precision].apply_to_model(model)
+
+
+class _CausalIntoMask(pattern.RewriteRuleClassBase):
+    """``Attention(is_causal=1, attn_mask=m)`` -> ``Attention(attn_mask=m ∧ causal)`` (TensorRT forbids both)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="causal_into_mask")
+
+    def pattern(self, op, q, k, v, mask):  # type: ignore[no-untyped-def]
+        return op.Attention(q, k, v, mask, _outputs=["out"])
+
+    def check(self, context, q, k, v, mask, out, **_):  # type: ignore[no-untyped-def]
+        node = out.producer()
+        if not mu.int_attr(node, "is_causal"):
+            return pattern.MatchResult().fail("not causal")
+        if len(node.outputs) > 1 and any(o.uses() for o in node.outputs[1:]):
+            return pattern.MatchResult().fail("present/qk outputs are used")
+        if mu.rank(q) != 4 or mu.dtype(mask) is None:
+            return pattern.MatchResult().fail("only 4-D attention with a typed mask is rewritten", q)
+        return True
+
+    def rewrite(self, op, q, k, v, mask, out, **_):  # type: ignore[no-untyped-def]
+        node = out.producer()
+        zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+        rows = op.Range(zero, op.Squeeze(op.Shape(q, start=2, end=3)), one)
+        cols = op.Range(zero, op.Squeeze(op.Shape(k, start=2, end=3)), one)
+        allowed = op.LessOrEqual(op.Unsqueeze(cols, op.Constant(value_ints=[0])), op.Unsqueeze(rows, one))
+        if mu.dtype(mask) == ir.DataType.BOOL:
+            combined = op.And(mask, allowed)
+        else:
+            combined = op.Where(allowed, mask, op.Constant(value=ir.tensor([_NEG_INF], dtype=mu.dtype(mask))))
+        attributes = {name: attr.value for name, attr in node.attributes.items() if name != "is_causal"}
+        return op.Attention(q, k, v, combined, **attributes)
+
+
+_CAUSAL_RULES = pattern.RewriteRuleSet([_CausalIntoMask.rule()])
+
+
+def fold_causal_into_mask(model: ir.Model) -> int:
+    """TensorRT: an Attention with both ``is_causal=1`` and a mask gets the causal mask folded into it.
+
+    With no past key/value the causal rule is ``key <= query`` (ONNX Attention-23); boolean masks are
+    and-ed with it, additive masks get ``-inf`` where it forbids.
+    """
+    return _CAUSAL_RULES.apply_to_model(model)
+
+
+def attention_nodes(model: ir.Model) -> list[ir.Node]:
+    return [n for n in model.graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]

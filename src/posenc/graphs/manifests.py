@@ -1,0 +1,158 @@
+"""What the graph stage reads from, and adds to, the manifest beside an ONNX file.
+
+The manifest format belongs to :mod:`posenc.export.manifest`; this module reads it as raw JSON (so keys
+added by later stages survive) and adds an ``optimized`` record::
+
+    "optimized": {"target": "trt", "rope": "fused", "source_onnx": "m.onnx", "source_sha256": "...",
+                  "passes": [{"name": "fuse_rope", "count": 2}, ...], "parity": {...}}
+
+ONNX files without a manifest (models from elsewhere) still optimize; their new manifest holds only the
+``optimized`` record (format ``posenc.graphs/1``) and parity then uses random feeds and dtype tolerances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posenc.errors import ModelFileError
+from posenc.export import FeedShape, make_feed, manifest_path_for, weights_path_for
+from posenc.export.manifest import Manifest
+from posenc.graphs.model_io import sha256_file
+from posenc.schemes import DEFAULT_TOLERANCES, Tolerance
+
+GRAPHS_FORMAT = "posenc.graphs/1"
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(bool)": np.bool_,
+}
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """An ONNX file and, when present, its manifest (raw JSON and parsed)."""
+
+    path: Path
+    raw: dict[str, Any] | None
+    manifest: Manifest | None
+    manifest_file: Path
+
+    @property
+    def weights_path(self) -> Path | None:
+        if self.raw is None or "weights" not in self.raw:
+            return None
+        return self.manifest_file.parent / str(self.raw["weights"].get("path", weights_path_for(self.path).name))
+
+    @staticmethod
+    def manifest_path_for(onnx_path: Path) -> Path:
+        return manifest_path_for(onnx_path)
+
+    @staticmethod
+    def weights_path_for(onnx_path: Path) -> Path:
+        return weights_path_for(onnx_path)
+
+    @property
+    def dtype(self) -> str:
+        return self.manifest.dtype if self.manifest is not None else "float32"
+
+    def tolerance(self, output: str) -> Tolerance:
+        """The tolerance of ``output``: the scheme's (per output) when known, else the dtype default."""
+        if self.manifest is not None:
+            try:
+                from posenc.validate import tolerance_for
+
+                return tolerance_for(self.manifest.scheme, self.manifest.dtype, output)
+            except Exception:  # validate not importable or scheme unknown here: fall back to the dtype
+                pass
+        return DEFAULT_TOLERANCES.get(self.dtype, DEFAULT_TOLERANCES["float32"])
+
+    def feed(self, session: Any, shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
+        """Inputs for ``session``: the manifest's realistic feed, else random data of the graph's types."""
+        if self.manifest is not None:
+            batch, seq, past = shape
+            return make_feed(self.manifest, FeedShape(batch=batch, seq=seq, past=past))
+        return random_feed(session, shape)
+
+
+def random_feed(session: Any, shape: tuple[int, int, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for an ONNX Runtime session; symbolic dims get ``seq`` (``batch`` for the first axis).
+
+    Integer inputs get ``arange`` rows (position-id-like), floats standard-normal values.
+    """
+    batch, seq, _ = shape
+    rng = np.random.default_rng(seed)
+    feed: dict[str, np.ndarray] = {}
+    for spec in session.get_inputs():
+        dims = [d if isinstance(d, int) else (batch if axis == 0 else seq) for axis, d in enumerate(spec.shape)]
+        np_type = _ORT_TYPES.get(spec.type)
+        if np_type is None:
+            raise ModelFileError(f"input {spec.name!r} has type {spec.type}, which posenc cannot feed; pass a feed.")
+        if np.issubdtype(np_type, np.integer):
+            feed[spec.name] = np.broadcast_to(np.arange(dims[-1] if dims else 1), dims).astype(np_type).copy()
+        elif np_type is np.bool_:
+            feed[spec.name] = np.ones(dims, dtype=bool)
+        else:
+            feed[spec.name] = rng.standard_normal(dims).astype(np_type)
+    return feed
+
+
+def read_raw_manifest(onnx_path: str | Path) -> dict[str, Any] | None:
+    """The manifest JSON beside ``onnx_path`` as a dict, or ``None`` when there is none."""
+    path = manifest_path_for(onnx_path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFileError(f"{path} is not readable JSON ({exc}); re-export the model or delete the file.") from None
+    if not isinstance(data, dict):
+        raise ModelFileError(f"{path} does not hold a JSON object; re-export the model or delete the file.")
+    return data
+
+
+def read_model_info(onnx_path: str | Path) -> ModelInfo:
+    """The file and its manifest; a manifest that no longer matches the file is an error."""
+    path = Path(onnx_path)
+    raw = read_raw_manifest(path)
+    manifest = None
+    if raw is not None and raw.get("format") != GRAPHS_FORMAT:
+        manifest = Manifest.from_dict(raw)
+        if path.exists() and sha256_file(path) != manifest.onnx_sha256:
+            raise ModelFileError(
+                f"{path} does not match its manifest {manifest_path_for(path).name} (sha256 differs): the file was "
+                f"modified after export. Re-export it, or remove the stale manifest."
+            )
+    return ModelInfo(path=path, raw=raw, manifest=manifest, manifest_file=manifest_path_for(path))
+
+
+def optimized_manifest(
+    info: ModelInfo, output: Path, source: Path, record: dict[str, Any], weights: Path | None
+) -> dict[str, Any]:
+    """The manifest of an optimized model: the source's, re-hashed, plus the ``optimized`` record."""
+    data: dict[str, Any] = dict(info.raw) if info.raw is not None else {"format": GRAPHS_FORMAT}
+    data["onnx_sha256"] = sha256_file(output)
+    if weights is not None and "weights" in data:
+        data["weights"] = {**data["weights"], "path": weights.name}
+    previous = data.get("optimized")
+    data["optimized"] = {
+        **record,
+        "source_onnx": source.name,
+        "source_sha256": sha256_file(source),
+        **({"previous": previous} if previous else {}),
+    }
+    notes = list(data.get("notes", []))
+    applied = [f"{p['name']}={p['count']}" for p in record["passes"] if p["count"]]
+    notes.append(
+        f"posenc optimize --target {record['target']} --rope {record['rope']}: {', '.join(applied) or 'no change'}"
+    )
+    data["notes"] = notes
+    return data

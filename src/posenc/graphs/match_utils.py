@@ -1,0 +1,106 @@
+"""Small helpers the rewrite rules use to read constants, shapes and dtypes of IR values."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+INT64_MAX = 2**63 - 1
+
+
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The constant behind ``value`` (initializer or Constant node) as a numpy array, else ``None``."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # external data that cannot be read: not a usable constant for matching
+        return None
+
+
+def const_ints(value: ir.Value | None) -> list[int] | None:
+    """A constant integer tensor as a flat list, else ``None``."""
+    array = const_array(value)
+    if array is None or array.dtype.kind not in "iu":
+        return None
+    return [int(v) for v in array.reshape(-1)]
+
+
+def const_scalar(value: ir.Value | None) -> float | None:
+    """A constant with exactly one element as a float, else ``None``."""
+    array = const_array(value)
+    if array is None or array.size != 1:
+        return None
+    return float(array.reshape(-1)[0])
+
+
+def is_ints(value: ir.Value | None, expected: Sequence[int]) -> bool:
+    return const_ints(value) == list(expected)
+
+
+def is_last_axis(value: ir.Value | None, rank: int) -> bool:
+    """``value`` is the constant axis list ``[-1]`` or ``[rank - 1]``."""
+    axes = const_ints(value)
+    return axes is not None and len(axes) == 1 and axes[0] in (-1, rank - 1)
+
+
+def is_neg_inf(value: ir.Value | None) -> bool:
+    scalar = const_scalar(value)
+    return scalar is not None and math.isinf(scalar) and scalar < 0
+
+
+def rank(value: ir.Value | None) -> int | None:
+    if value is None or value.shape is None:
+        return None
+    return value.shape.rank()
+
+
+def static_dim(value: ir.Value | None, axis: int) -> int | None:
+    """Dimension ``axis`` of ``value`` when it is a known integer, else ``None``."""
+    if value is None or value.shape is None:
+        return None
+    dims = value.shape.dims
+    if not -len(dims) <= axis < len(dims):
+        return None
+    dim = dims[axis]
+    return dim if isinstance(dim, int) else None
+
+
+def same_dim(a: ir.Value, axis_a: int, b: ir.Value, axis_b: int) -> bool:
+    """Both dimensions are known and equal (the same integer or the same symbolic name)."""
+    if a.shape is None or b.shape is None:
+        return False
+    try:
+        da, db = a.shape.dims[axis_a], b.shape.dims[axis_b]
+    except IndexError:
+        return False
+    if isinstance(da, int) or isinstance(db, int):
+        return da == db
+    return da.value is not None and da.value == db.value
+
+
+def dtype(value: ir.Value | None) -> ir.DataType | None:
+    if value is None or value.type is None:
+        return None
+    return value.dtype
+
+
+def producer_of(value: ir.Value | None, op_type: str, domain: str = "") -> ir.Node | None:
+    """The node producing ``value`` when it is ``op_type`` in ``domain``, else ``None``."""
+    if value is None:
+        return None
+    node = value.producer()
+    if node is None or node.op_type != op_type or node.domain not in (domain, "ai.onnx" if domain == "" else domain):
+        return None
+    return node
+
+
+def int_attr(node: ir.Node, name: str, default: int = 0) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else int(attr.value)

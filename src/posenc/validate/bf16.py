@@ -1,0 +1,114 @@
+"""How bf16 graphs are validated on a machine without a bf16-capable runtime.
+
+ONNX Runtime's CPU provider has no bf16 kernels for most ops (MatMul, Softmax, ...), and its Python
+API cannot even feed bf16 arrays. posenc therefore checks a bf16 graph in two ways:
+
+1. structurally: ``onnx.checker`` (full check with shape inference) and the graph's inputs, outputs
+   and weights really are bfloat16 (:func:`check_bf16_structure`);
+2. numerically, by emulation (:func:`emulate_bf16`): every bf16 value of the graph becomes float32,
+   and each one is rounded to bf16 (``Cast(to=BFLOAT16)`` then ``Cast(to=FLOAT)``) right where the
+   original graph produced it. Arithmetic then runs in float32 between bf16 rounding points, which is
+   how bf16 kernels behave (fp32 accumulation, bf16 storage). ONNX Runtime CPU runs the emulated
+   graph; polygraphy compares it with the float64 eager reference at the scheme's bf16 tolerance.
+
+Native bf16 execution is checked on TensorRT (GPU machines; ``posenc`` engine stage), whose
+precision follows the graph's dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from posenc.errors import ModelFileError
+
+_BF16 = 16  # onnx.TensorProto.BFLOAT16
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+def _value_types(model: Any) -> dict[str, int]:
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
+    types: dict[str, int] = {}
+    for value in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    for init in inferred.graph.initializer:
+        types[init.name] = init.data_type
+    return types
+
+
+def _to_float_tensor(tensor: Any) -> Any:
+    from onnx import numpy_helper
+
+    array = numpy_helper.to_array(tensor).astype(np.float32)
+    converted = numpy_helper.from_array(array, tensor.name)
+    return converted
+
+
+def emulate_bf16(model: Any) -> Any:
+    """A float32 copy of a bf16 ONNX model that rounds to bf16 wherever the original stored bf16.
+
+    Args:
+        model: ``onnx.ModelProto`` with bfloat16 values.
+
+    Returns:
+        a new ``onnx.ModelProto`` (inputs and outputs float32 holding bf16-representable values).
+    """
+    import onnx
+    from onnx import helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    types = _value_types(model)
+    graph = model.graph
+    for index, init in enumerate(graph.initializer):
+        if init.data_type == _BF16:
+            graph.initializer[index].CopyFrom(_to_float_tensor(init))
+    for value in [*graph.input, *graph.output]:
+        if value.type.tensor_type.elem_type == _BF16:
+            value.type.tensor_type.elem_type = _FLOAT
+    kept_info = [v for v in graph.value_info if v.type.tensor_type.elem_type != _BF16]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_info)
+
+    new_nodes = []
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == _BF16:
+                attr.i = _FLOAT
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == _BF16:
+                attr.t.CopyFrom(_to_float_tensor(attr.t))
+        new_nodes.append(node)
+        for position, output in enumerate(node.output):
+            if not output or types.get(output) != _BF16:
+                continue
+            raw = f"{output}__fp32"
+            node.output[position] = raw
+            rounded = f"{output}__bf16"
+            new_nodes.append(helper.make_node("Cast", [raw], [rounded], to=_BF16, name=f"{raw}_round"))
+            new_nodes.append(helper.make_node("Cast", [rounded], [output], to=_FLOAT, name=f"{raw}_back"))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    return model
+
+
+def check_bf16_structure(model: Any) -> list[str]:
+    """Structural checks of a bf16 graph; returns findings (empty = fine).
+
+    Raises:
+        ModelFileError: the model is not valid ONNX.
+    """
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        raise ModelFileError(f"the bf16 graph fails onnx.checker: {str(exc).splitlines()[0][:300]}") from None
+    findings = []
+    for value in [*model.graph.input, *model.graph.output]:
+        elem = value.type.tensor_type.elem_type
+        if elem not in (_BF16, onnx.TensorProto.INT64):
+            findings.append(f"{value.name} is {onnx.TensorProto.DataType.Name(elem)}, not BFLOAT16")
+    return findings

@@ -1,0 +1,397 @@
+"""Error against position: exported positional ops run by ONNX Runtime vs the float64 eager reference.
+
+For each scheme (default: every scheme acting on q/k, scores or attention, i.e. the RoPE family and the
+relative schemes), each table mode, each graph dtype and each table dtype, the scheme's op is exported
+(``precomputed`` with ``max_position + 1`` rows), and positions sampled in buckets
+(default ``[0, 1k)``, ``[1k, 8k)``, ``[8k, 32k)``, ``[32k, 131072]``) are fed:
+
+- ``qk`` ops rotate q and k at the sampled positions (one column per position);
+- ``score`` / ``attention`` ops take one query at position p and keys at ``p - offset`` for
+  :data:`KEY_OFFSETS` (clipped at 0), one batch row per p.
+
+Per position the report keeps the max absolute error, the max relative error (normwise: max abs
+error / max |reference| of that position) and the max error in ULPs of the output dtype. A series
+passes when every position is within the scheme tolerance and, for fp16 graphs with float32 tables,
+within fp16 rounding of the reference (``|err| <= 1 ulp16(|ref|) + 4 eps32 max|ref|``: the output's own
+rounding plus float32 arithmetic). Series with fp16 tables (``table_dtype=torch.float16``) show what
+storing tables in fp16 would cost; they are informational (the report's verdict covers the float32-table
+series).
+
+Data structure (for plots): :class:`SweepReport` -> :class:`SweepSeries` (one line per
+scheme/dtype/mode/table dtype) -> :class:`SweepPoint` (position, errors) and :class:`BucketStats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+from posenc.export.files import write_text_atomic
+from posenc.export.manifest import Manifest, dtype_name
+from posenc.export.runtime import check_feed, load_eager, ort_session, reference_inputs
+from posenc.export.units import NUMPY_DTYPES, slots_from_manifest
+from posenc.schemes import get_spec, specs
+from posenc.schemes.base import Placement, TableMode
+
+MAX_POSITION = 131072
+DEFAULT_BUCKETS: tuple[tuple[int, int], ...] = ((0, 1024), (1024, 8192), (8192, 32768), (32768, MAX_POSITION + 1))
+"""Half-open ``[lo, hi)`` position buckets; the last one includes 131072."""
+KEY_OFFSETS: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 13, 64, 512, 4096, 1 << 30)
+"""Key positions ``p - offset`` (clipped at 0; the last one is the first token) for score/attention ops."""
+SWEEP_CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=4096)
+"""Small rotary dims (head_dim 16) keep 131073-row tables small; context 4096 puts LongRoPE's switch
+(at 1024) and dynamic NTK's growth (past 4096) inside the sweep."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """Errors at one position (max over heads, dims, and q/k or keys of that position)."""
+
+    position: int
+    max_abs: float
+    max_rel: float
+    max_ulps: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketStats:
+    """Summary of the sampled positions in ``[lo, hi)``."""
+
+    lo: int
+    hi: int
+    count: int
+    max_abs: float
+    max_rel: float
+    max_ulps: float
+    within_tolerance: bool
+    within_rounding: bool
+
+    @property
+    def label(self) -> str:
+        if (self.hi - 1) % 1024 == 0 and self.hi - 1 > 0:
+            return f"[{_k(self.lo)}, {_k(self.hi - 1)}]"
+        return f"[{_k(self.lo)}, {_k(self.hi)})"
+
+
+def _k(value: int) -> str:
+    return f"{value // 1024}k" if value >= 1024 and value % 1024 == 0 else str(value)
+
+
+@dataclasses.dataclass
+class SweepSeries:
+    """One exported op swept over positions."""
+
+    scheme: str
+    case: str
+    dtype: str
+    table_mode: str
+    table_dtype: str
+    atol: float
+    rtol: float
+    points: list[SweepPoint]
+    buckets: list[BucketStats]
+    rounding_required: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.scheme}/{self.dtype}/{self.table_mode}/tables-{self.table_dtype}"
+
+    @property
+    def required(self) -> bool:
+        """Deployable configuration (float32 tables); fp16-table series only show what fp16 tables cost."""
+        return self.table_dtype == "float32"
+
+    @property
+    def passed(self) -> bool:
+        ok = all(b.within_tolerance for b in self.buckets)
+        if self.rounding_required:
+            ok = ok and all(b.within_rounding for b in self.buckets)
+        return ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scheme": self.scheme,
+            "case": self.case,
+            "dtype": self.dtype,
+            "table_mode": self.table_mode,
+            "table_dtype": self.table_dtype,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "rounding_required": self.rounding_required,
+            "required": self.required,
+            "passed": self.passed,
+            "buckets": [dataclasses.asdict(b) for b in self.buckets],
+            "points": [dataclasses.asdict(p) for p in self.points],
+        }
+
+
+@dataclasses.dataclass
+class SweepReport:
+    """All series of a :func:`position_sweep`; JSON and Markdown output."""
+
+    max_position: int
+    buckets: tuple[tuple[int, int], ...]
+    series: list[SweepSeries]
+
+    @property
+    def passed(self) -> bool:
+        """Every required (float32-table) series passes; fp16-table series are informational."""
+        return all(s.passed for s in self.series if s.required)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_position": self.max_position,
+            "buckets": [list(b) for b in self.buckets],
+            "passed": self.passed,
+            "series": [s.to_dict() for s in self.series],
+        }
+
+    def to_markdown(self) -> str:
+        """Per scheme: one row per dtype / table mode / table dtype, max abs error (and ULPs) per bucket."""
+        labels = [BucketStats(lo, hi, 0, 0, 0, 0, True, True).label for lo, hi in self.buckets]
+        lines = [
+            f"### Error against position (ONNX Runtime vs float64 eager), positions up to {self.max_position}",
+            "",
+            "Cells: max abs error (max error in ULPs of the output dtype). fp16 graphs with fp32 tables must stay",
+            "within fp16 rounding (<= 1 ulp + fp32 arithmetic); fp16-table rows (informational) show what fp16",
+            "tables would cost.",
+            "",
+        ]
+        header = "| scheme | dtype | table mode | tables | " + " | ".join(labels) + " | result |"
+        lines += [header, "|---|---|---|---|" + "---:|" * len(labels) + "---|"]
+        for s in self.series:
+            cells = [f"{b.max_abs:.2e} ({b.max_ulps:.1f})" for b in s.buckets]
+            if s.required:
+                verdict = "pass" if s.passed else "**FAIL**"
+            else:
+                tolerance = "within tolerance" if s.passed else "beyond tolerance"
+                rounding = "within" if all(b.within_rounding for b in s.buckets) else "beyond"
+                verdict = f"cost: {tolerance}, {rounding} fp16 rounding"
+            head = f"| {s.scheme} | {s.dtype} | {s.table_mode} | {s.table_dtype} |"
+            lines.append(f"{head} {' | '.join(cells)} | {verdict} |")
+        return "\n".join(lines) + "\n"
+
+    def save(
+        self, json_path: str | os.PathLike[str] | None = None, markdown: str | os.PathLike[str] | None = None
+    ) -> list[Path]:
+        written = []
+        if json_path is not None:
+            written.append(write_text_atomic(json_path, json.dumps(self.to_dict(), indent=2) + "\n"))
+        if markdown is not None:
+            written.append(write_text_atomic(markdown, self.to_markdown()))
+        return written
+
+
+def sweep_schemes() -> list[str]:
+    """Schemes a sweep covers by default: those acting on q/k, scores or attention that export an op."""
+    placements = (Placement.QK, Placement.SCORE, Placement.ATTENTION)
+    return [s.name for s in specs() if s.placement in placements and "op" in s.exports]
+
+
+def sample_positions(buckets: Sequence[tuple[int, int]], per_bucket: int, seed: int = 0) -> list[np.ndarray]:
+    """Per bucket: its first and last position plus ``per_bucket - 2`` seeded uniform ones (sorted, unique)."""
+    if per_bucket < 1:
+        raise ConfigError(f"per_bucket must be >= 1, got {per_bucket}.")
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for lo, hi in buckets:
+        if hi <= lo:
+            raise ConfigError(f"bucket [{lo}, {hi}) is empty; give increasing bounds.")
+        picks = {lo, hi - 1} if per_bucket > 1 else {hi - 1}
+        extra = max(per_bucket - len(picks), 0)
+        picks |= {int(x) for x in rng.integers(lo, hi, size=extra)}
+        chosen.append(np.array(sorted(picks), dtype=np.int64))
+    return chosen
+
+
+def _sweep_feed(manifest: Manifest, positions: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    np_dtype = NUMPY_DTYPES[manifest.dtype]
+    n = len(positions)
+    if manifest.placement == Placement.QK.value or manifest.placement == Placement.EMBEDDING.value:
+        sizes = {"batch": 1, "seq": n}
+        pos_q, pos_k = positions[None, :], None
+    else:
+        keys = np.maximum(positions[:, None] - np.array(KEY_OFFSETS, dtype=np.int64)[None, :], 0)
+        sizes = {"batch": n, "seq": 1, "kv_seq": keys.shape[1]}
+        pos_q, pos_k = positions[:, None], keys
+    feed = {}
+    for slot in slots_from_manifest(manifest):
+        if slot.kind == "pos_q":
+            feed[slot.name] = np.ascontiguousarray(pos_q)
+        elif slot.kind == "pos_k":
+            feed[slot.name] = np.ascontiguousarray(pos_k)
+        else:
+            shape = tuple(d if isinstance(d, int) else sizes[d] for d in slot.shape)
+            feed[slot.name] = rng.standard_normal(shape).astype(np.float32).astype(np_dtype)
+    return feed
+
+
+def _per_position(manifest: Manifest, outputs: list[np.ndarray], references: list[np.ndarray], n: int):  # type: ignore[no-untyped-def]
+    """(max_abs, max_rel, max_ulps, within_rounding) per position, arrays of length n."""
+    max_abs = np.zeros(n)
+    scale = np.zeros(n)
+    max_ulps = np.zeros(n)
+    rounding_ok = np.ones(n, dtype=bool)
+    qk = manifest.placement in (Placement.QK.value, Placement.EMBEDDING.value)
+    for got, ref in zip(outputs, references, strict=True):
+        got64 = got.astype(np.float64)
+        # positions along axis -2 (seq) for qk ops, along the batch axis for score/attention ops
+        moved_got = np.moveaxis(got64, -2 if qk else 0, 0).reshape(n, -1)
+        moved_ref = np.moveaxis(ref, -2 if qk else 0, 0).reshape(n, -1)
+        err = np.abs(moved_got - moved_ref)
+        spacing = np.spacing(np.abs(moved_ref).astype(got.dtype)).astype(np.float64)
+        row_scale = np.abs(moved_ref).max(axis=1)
+        floor = 4 * np.finfo(np.float32).eps * row_scale[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ulps = np.where(err > 0, err / spacing, 0.0)
+        max_abs = np.maximum(max_abs, err.max(axis=1))
+        scale = np.maximum(scale, row_scale)
+        max_ulps = np.maximum(max_ulps, ulps.max(axis=1))
+        rounding_ok &= (err <= spacing + floor).all(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        max_rel = np.where(scale > 0, max_abs / scale, np.where(max_abs > 0, np.inf, 0.0))
+    return max_abs, max_rel, max_ulps, rounding_ok
+
+
+def _within_tolerance(outputs: list[np.ndarray], references: list[np.ndarray], atol: float, rtol: float) -> bool:
+    return all(
+        bool(np.all(np.abs(g.astype(np.float64) - r) <= atol + rtol * np.abs(r)))
+        for g, r in zip(outputs, references, strict=True)
+    )
+
+
+def sweep_model(
+    path: str | os.PathLike[str],
+    positions_per_bucket: Sequence[np.ndarray],
+    buckets: Sequence[tuple[int, int]],
+    *,
+    case: str = "default",
+    seed: int = 0,
+) -> SweepSeries:
+    """Sweep one exported op (``posenc.export.export_onnx(..., unit="op")``) over the given positions."""
+    reference, manifest = load_eager(path)
+    session = ort_session(path)
+    spec = get_spec(manifest.scheme)
+    tol = spec.tolerance(manifest.dtype)
+    points: list[SweepPoint] = []
+    stats: list[BucketStats] = []
+    for index, ((lo, hi), positions) in enumerate(zip(buckets, positions_per_bucket, strict=True)):
+        feed = _sweep_feed(manifest, positions, seed + index)
+        check_feed(manifest, feed)
+        outputs = session.run(None, feed)
+        with torch.no_grad():
+            expected = reference(*reference_inputs(manifest, feed, torch.float64))
+        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        refs = [e.numpy() for e in expected]
+        max_abs, max_rel, max_ulps, rounding_ok = _per_position(manifest, outputs, refs, len(positions))
+        points += [
+            SweepPoint(int(p), float(a), float(r), float(u))
+            for p, a, r, u in zip(positions, max_abs, max_rel, max_ulps, strict=True)
+        ]
+        stats.append(
+            BucketStats(
+                lo=lo,
+                hi=hi,
+                count=len(positions),
+                max_abs=float(max_abs.max()),
+                max_rel=float(max_rel.max()),
+                max_ulps=float(max_ulps.max()),
+                within_tolerance=_within_tolerance(outputs, refs, tol.atol, tol.rtol),
+                within_rounding=bool(rounding_ok.all()),
+            )
+        )
+    return SweepSeries(
+        scheme=manifest.scheme,
+        case=case,
+        dtype=manifest.dtype,
+        table_mode=manifest.table_mode,
+        table_dtype=manifest.table_dtype,
+        atol=tol.atol,
+        rtol=tol.rtol,
+        points=points,
+        buckets=stats,
+        rounding_required=manifest.dtype == "float16" and manifest.table_dtype == "float32",
+    )
+
+
+def position_sweep(
+    schemes: Sequence[str] | None = None,
+    *,
+    dtypes: Sequence[str] = ("fp32", "fp16"),
+    table_modes: Sequence[str] | None = None,
+    fp16_tables: bool = True,
+    max_position: int = MAX_POSITION,
+    buckets: Sequence[tuple[int, int]] | None = None,
+    per_bucket: int = 8,
+    config: AttentionConfig | None = None,
+    params: Mapping[str, Mapping[str, Any]] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+) -> SweepReport:
+    """Error against position for exported positional ops (see the module docstring).
+
+    Args:
+        schemes: scheme names (default :func:`sweep_schemes`).
+        dtypes: graph dtypes (fp32, fp16).
+        table_modes: modes to sweep (default: every mode each scheme supports).
+        fp16_tables: add fp16-graph series with ``table_dtype=torch.float16`` (what fp16 tables cost).
+        max_position: largest position; precomputed ops are exported with ``max_position + 1`` rows.
+        buckets: ``[lo, hi)`` buckets (default :data:`DEFAULT_BUCKETS`, clipped to ``max_position``).
+        per_bucket: sampled positions per bucket (including both ends).
+        config: geometry (default :data:`SWEEP_CONFIG`).
+        params: per-scheme parameter overrides.
+        workdir: where the ONNX files go (default: a temporary directory, removed afterwards).
+        seed: seed of positions and activations.
+
+    Returns:
+        :class:`SweepReport`.
+    """
+    from posenc.export.exporter import export_onnx
+
+    names = list(schemes) if schemes is not None else sweep_schemes()
+    config = config or SWEEP_CONFIG
+    if buckets is None:
+        buckets = [(lo, min(hi, max_position + 1)) for lo, hi in DEFAULT_BUCKETS if lo <= max_position]
+    buckets = tuple((int(lo), int(hi)) for lo, hi in buckets)
+    if buckets[-1][1] > max_position + 1:
+        raise ConfigError(f"the last bucket ends at {buckets[-1][1]}, past max_position + 1 = {max_position + 1}.")
+    positions = sample_positions(buckets, per_bucket, seed)
+    series: list[SweepSeries] = []
+    with tempfile.TemporaryDirectory(prefix="posenc-sweep-") as scratch:
+        folder = Path(workdir) if workdir is not None else Path(scratch)
+        for name in names:
+            spec = get_spec(name)
+            modes = [m.value for m in sorted(spec.table_modes, key=lambda m: m.value)]
+            if table_modes is not None:
+                modes = [m for m in modes if m in {TableMode.parse(t).value for t in table_modes}]
+            for mode in modes:
+                for dtype in (dtype_name(d) for d in dtypes):
+                    table_dtypes = [torch.float32]
+                    if fp16_tables and dtype == "float16":
+                        table_dtypes.append(torch.float16)
+                    for table_dtype in table_dtypes:
+                        tag = f"{name}_{mode}_{dtype}_t{dtype_name(table_dtype)}"
+                        result = export_onnx(
+                            folder / f"{tag}.onnx",
+                            name,
+                            unit="op",
+                            params=(params or {}).get(name),
+                            config=config,
+                            table_mode=mode,
+                            dtype=dtype,
+                            max_positions=max_position + 1,
+                            table_dtype=table_dtype,
+                        )
+                        series.append(sweep_model(result.path, positions, buckets, seed=seed))
+    return SweepReport(max_position=max_position, buckets=buckets, series=series)

@@ -1,0 +1,74 @@
+"""The one tolerance policy of posenc: how close a deployed output must be to the float64 eager reference.
+
+``tolerance_for(scheme, dtype, output)`` = the scheme's own per-dtype tolerance
+(:meth:`posenc.schemes.base.SchemeSpec.tolerance`) scaled by the per-output rule in
+:data:`OUTPUT_RULES`, where ``dtype`` is the dtype of that output tensor (not of the graph: a score op
+of an fp16 graph returns its bias in the float32 of its tables, and is held to float32 tolerance).
+A value passes when ``|got - ref| <= atol`` or ``|got - ref| <= rtol * |ref|`` (polygraphy
+``SimpleCompareFunc`` with ``check_error_stat="elemwise"``: an element fails only if it exceeds both).
+
+Per-output rules: :data:`OUTPUT_RULES` maps an output name to scales of the scheme tolerance (with
+the reason and the dtypes they apply to). It is empty today because the measurements do not call for
+any: across the registry's parity matrix the block outputs (``out`` after softmax and the output
+projection, ``present_key``/``present_value``) stay within the op tolerance of their scheme, e.g. the
+bf16 ``out`` of RoPE and ALiBi blocks at most 2.8e-3 against an atol of 3e-2. Add a rule here, with its
+evidence, when an output needs more room than its scheme's op.
+
+Everything else uses the scheme tolerance unchanged. Callers may override per output
+(``validate_onnx(..., tolerances={"out": Tolerance(...)})``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from posenc.schemes import get_spec
+from posenc.schemes.base import SchemeSpec, Tolerance
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputRule:
+    """Scales applied to the scheme tolerance for one output name, with the reason."""
+
+    atol_scale: float = 1.0
+    rtol_scale: float = 1.0
+    reason: str = ""
+    dtypes: tuple[str, ...] = ("float16", "bfloat16")
+    """Dtypes the rule applies to (float32 graphs keep the scheme tolerance)."""
+
+
+OUTPUT_RULES: dict[str, OutputRule] = {}
+"""Output name -> scales of the scheme tolerance (none needed today; see the module docstring)."""
+
+
+def tolerance_for(scheme: str | SchemeSpec, dtype: str | torch.dtype, output: str) -> Tolerance:
+    """Tolerance of ``output`` of a ``scheme`` graph in ``dtype`` against the float64 reference.
+
+    Args:
+        scheme: scheme name or spec.
+        dtype: dtype of the output tensor (fp32/fp16/bf16 or torch dtype).
+        output: graph output name (``out``, ``q_rot``, ``bias``, ...).
+    """
+    spec = get_spec(scheme) if isinstance(scheme, str) else scheme
+    base = spec.tolerance(dtype)
+    rule = OUTPUT_RULES.get(output)
+    key = str(dtype).removeprefix("torch.")
+    key = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}.get(key, key)
+    if rule is None or key not in rule.dtypes:
+        return base
+    return Tolerance(atol=base.atol * rule.atol_scale, rtol=base.rtol * rule.rtol_scale)
+
+
+def tolerances_for(
+    scheme: str | SchemeSpec,
+    outputs: Mapping[str, str | torch.dtype],
+    overrides: Mapping[str, Tolerance] | None = None,
+) -> dict[str, Tolerance]:
+    """``{output: Tolerance}`` for ``{output name: output dtype}``, with caller overrides applied last."""
+    result = {name: tolerance_for(scheme, dtype, name) for name, dtype in outputs.items()}
+    for name, tol in (overrides or {}).items():
+        result[name] = tol
+    return result

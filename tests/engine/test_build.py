@@ -1,0 +1,136 @@
+"""Engine builds with TensorRT-RTX ahead of time (no GPU): files, manifest, failures that leave nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from posenc.cli import main
+from posenc.engine import build as build_module
+from posenc.engine import build_engine, engine_manifest_path
+from posenc.engine.matrix import MatrixCase
+from posenc.errors import BuildError, ConfigError
+from posenc.graphs.model_io import sha256_file
+from tests.graphs.artifacts import export_case, fused_case
+
+pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
+
+ROPE = MatrixCase("rope", "precomputed", "float16", "op")
+BLOCK = MatrixCase("rope", "precomputed", "float32", "block")
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in (".engine", ".tmp") or p.name.endswith(".manifest.json"))
+
+
+def test_build_writes_engine_and_manifest(graph_folder, tmp_path) -> None:
+    source = fused_case(graph_folder, ROPE)
+    out = tmp_path / "rope.engine"
+    result = build_engine(source, out, targets=["sm89", "sm120"], profile=["seq=1:16:64"])
+    manifest = json.loads(engine_manifest_path(out).read_text())
+    assert manifest == result.manifest
+    assert manifest["backend"] == "tensorrt_rtx"
+    assert manifest["backend_version"]
+    assert manifest["targets"] == ["sm89", "sm120"]
+    assert manifest["profiles"][0]["seq"] == {"min": 1, "opt": 16, "max": 64}
+    assert manifest["input_shapes"]["q"]["max"] == [8, 4, 64, 16]
+    assert manifest["precision"] == "float16"
+    assert manifest["layers"]["ROTARY_EMBEDDING"] == 2
+    assert manifest["source_onnx_sha256"] == sha256_file(source)
+    assert manifest["source_manifest"]["scheme"] == "rope"
+    assert manifest["source_manifest"]["optimized"]["target"] == "trt"
+    assert manifest["timing_cache"] is None
+    assert "GPU query" in manifest["timing_cache_note"]
+    assert manifest["engine_sha256"] == sha256_file(out)
+    assert manifest["engine_bytes"] == out.stat().st_size
+
+
+def test_fp32_attention_is_marked_decomposable_and_needs_it(graph_folder, tmp_path, monkeypatch) -> None:
+    source = fused_case(graph_folder, BLOCK)
+    result = build_engine(source, tmp_path / "block.engine", targets=["sm89"], profile=["seq=1:8:16"])
+    assert result.manifest["decomposable_attention"] == 1
+    assert result.manifest["layers"]["ATTENTION_OUTPUT"] == 1
+    monkeypatch.setattr(build_module, "mark_fp32_attention_decomposable", lambda parsed: 0)
+    failed = tmp_path / "undecomposable.engine"
+    with pytest.raises(BuildError, match="failed to build"):
+        build_engine(source, failed, targets=["sm89"], profile=["seq=1:8:16"])
+    assert not failed.exists()
+    assert not engine_manifest_path(failed).exists()
+    assert [p.name for p in _leftovers(tmp_path)] == ["block.engine", "block.engine.manifest.json"]
+
+
+def _contrib_rope(path: Path) -> Path:
+    tables = [numpy_helper.from_array(np.ones((64, 8), np.float32), name) for name in ("cos", "sin")]
+    graph = helper.make_graph(
+        [helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], name="contrib_rope",
+                          domain="com.microsoft")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 64]),
+         helper.make_tensor_value_info("pos", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 64])],
+        tables,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 10
+    onnx.save(model, path)
+    return path
+
+
+def test_unparsable_graph_names_the_node_and_op(tmp_path) -> None:
+    source = _contrib_rope(tmp_path / "contrib.onnx")
+    out = tmp_path / "contrib.engine"
+    with pytest.raises(BuildError) as info:
+        build_engine(source, out, profile=["b=1:1:2", "s=1:4:8"])
+    message = str(info.value)
+    assert "node 'contrib_rope' (op RotaryEmbedding)" in message
+    assert "num_heads" in message
+    assert "cudaError" not in message
+    assert _leftovers(tmp_path) == []
+
+
+def test_unsupported_target_and_profile_fail_before_building(graph_folder, tmp_path) -> None:
+    source = fused_case(graph_folder, ROPE)
+    with pytest.raises(ConfigError, match="sm75, sm80, sm86, sm89, sm120"):
+        build_engine(source, tmp_path / "a.engine", targets=["sm90"])
+    with pytest.raises(ConfigError, match="outside the manifest's range"):
+        build_engine(source, tmp_path / "b.engine", profile=["seq=1:128:4096"])
+    assert _leftovers(tmp_path) == []
+
+
+def test_build_cli(graph_folder, tmp_path, capsys) -> None:
+    source = export_case(graph_folder, ROPE)
+    out = tmp_path / "cli.engine"
+    assert main(["build", str(source), "--target", "sm86", "--profile", "batch=1:1:2", "-o", str(out)]) == 0
+    assert "tensorrt_rtx" in capsys.readouterr().out
+    assert out.exists()
+    assert main(["build", str(source), "--target", "sm90", "-o", str(tmp_path / "x.engine")]) == 2
+    assert "supported targets" in capsys.readouterr().err
+
+
+def test_inspect_reports_the_node_tensorrt_cannot_parse(tmp_path, capsys) -> None:
+    source = _contrib_rope(tmp_path / "contrib.onnx")
+    assert main(["inspect", str(source)]) == 0
+    printed = capsys.readouterr().out
+    assert "com.microsoft::RotaryEmbedding 1" in printed
+    assert "does NOT parse" in printed
+    assert "node 'contrib_rope' (op RotaryEmbedding)" in printed
+
+
+def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
+    from posenc.engine import check_parse
+    from posenc.graphs import optimize_file
+
+    source = _contrib_rope(tmp_path / "contrib.onnx")
+    result = optimize_file(source, tmp_path / "contrib.trt.onnx", "trt")
+    assert result.counts["convert_contrib_rope"] == 1
+    assert result.parity is not None  # random feed of the graph's own types: no manifest here
+    report = check_parse(result.path)
+    assert report.parsed is True, report.message
+    assert report.layers["ROTARY_EMBEDDING"] == 1

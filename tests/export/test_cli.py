@@ -1,0 +1,66 @@
+"""``posenc export`` end to end (in-process through posenc.cli.main)."""
+
+from __future__ import annotations
+
+import json
+
+from posenc.cli import main
+from posenc.export import load_manifest
+
+
+def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "alibi.onnx"
+    argv = ["export", "--scheme", "alibi", "--unit", "op", "--table-mode", "dynamic", "--dtype", "fp16"]
+    argv += ["--num-heads", "6", "--hidden-size", "96", "--param", "symmetric=true", "-o", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}" in text
+    assert "posenc validate" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi.manifest.json", "alibi.onnx", "alibi.weights.pt"]
+    manifest = load_manifest(out)
+    assert manifest.params == {"symmetric": True}
+    assert manifest.attention["num_heads"] == 6
+    assert manifest.attention["head_dim"] == 16
+    assert manifest.dtype == "float16"
+
+
+def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "llama.onnx"
+    assert main(["export", "--hf-config", str(path), "--unit", "op", "--json", "-o", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["scheme"] == "rope_llama3"
+    assert printed["params"]["rope_theta"] == 500000.0
+    assert printed["params"]["factor"] == 8.0
+    assert printed["attention"]["num_kv_heads"] == 2
+    assert printed["max_positions"] == 128
+    assert printed == load_manifest(out).to_dict()
+
+
+def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = str(tmp_path / "x.onnx")
+    assert main(["export", "--scheme", "rope", "--opset", "19", "-o", out]) == 2
+    assert "[17, 18, 23]" in capsys.readouterr().err
+    assert main(["export", "--scheme", "rope", "--param", "factor", "-o", out]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["export", "--scheme", "rope", "--dtype", "fp8", "-o", out]) == 2
+    assert "fp16" in capsys.readouterr().err
+    assert main(["export", "-o", out]) == 2
+    assert "--scheme" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,268 @@
+"""posenc.export: manifest and side files, units, dtypes, opsets, dynamic dims, atomic writes, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from posenc import AttentionBlock, ConfigError, ExportError, ModelFileError, PositionError, get_spec
+from posenc.export import (
+    FeedShape,
+    check_feed,
+    export_module,
+    export_onnx,
+    load_eager,
+    load_manifest,
+    make_feed,
+    ort_session,
+    reference_inputs,
+    run_onnx,
+    sha256_file,
+)
+from posenc.export import exporter as exporter_module
+from posenc.validate import validate_onnx
+from tests.conftest import SMALL
+
+
+@pytest.fixture(scope="module")
+def rope_block(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A precomputed fp32 RoPE block (table of 64 rows, grouped-query geometry)."""
+    path = tmp_path_factory.mktemp("rope_block") / "model.onnx"
+    return export_onnx(path, "rope", unit="block", config=SMALL, table_mode="precomputed")
+
+
+def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-untyped-def]
+    m = rope_block.manifest
+    assert rope_block.manifest_path.name == "model.manifest.json"
+    assert rope_block.weights_path.name == "model.weights.pt"
+    assert m.onnx_sha256 == sha256_file(rope_block.path)
+    assert m.weights["sha256"] == sha256_file(rope_block.weights_path)
+    assert (m.scheme, m.unit, m.table_mode, m.dtype, m.table_dtype, m.opset) == (
+        "rope",
+        "block",
+        "precomputed",
+        "float32",
+        "float32",
+        23,
+    )
+    assert m.params == get_spec("rope").resolve({}, SMALL)
+    assert m.max_positions == SMALL.max_position_embeddings
+    assert m.attention == SMALL.to_dict()
+    assert set(m.dynamic_dims) == {"batch", "seq", "past"}
+    assert m.dynamic_dims["past"].min == 0
+    assert m.dynamic_dims["seq"].min == 1
+    assert min(d.sample for d in m.dynamic_dims.values()) >= 2  # torch.export specializes 0/1 samples
+    hkv, d = SMALL.num_kv_heads, SMALL.head_dim
+    assert [(s.name, s.dtype, list(s.shape)) for s in m.inputs] == [
+        ("hidden", "float32", ["batch", "seq", SMALL.hidden_size]),
+        ("position_ids", "int64", ["batch", "seq"]),
+        ("past_key", "float32", ["batch", hkv, "past", d]),
+        ("past_value", "float32", ["batch", hkv, "past", d]),
+    ]
+    assert [s.role for s in m.inputs] == ["activation", "positions", "cache", "cache"]
+    assert [(s.name, list(s.shape)) for s in m.outputs] == [
+        ("out", ["batch", "seq", SMALL.hidden_size]),
+        ("present_key", ["batch", hkv, "past + seq", d]),
+        ("present_value", ["batch", hkv, "past + seq", d]),
+    ]
+    assert {"torch", "onnx", "onnxruntime", "posenc"} <= set(m.versions)
+    assert m.source["module"] == "posenc.blocks.AttentionBlock"
+    assert len(m.source["posenc_sha256"]) == 64
+    on_disk = json.loads(rope_block.manifest_path.read_text())
+    assert on_disk == m.to_dict()
+    assert load_manifest(rope_block.path) == m
+    assert load_manifest(rope_block.manifest_path) == m
+
+
+def test_graph_inputs_match_manifest_and_run_with_and_without_past(rope_block) -> None:  # type: ignore[no-untyped-def]
+    model = onnx.load(str(rope_block.path))
+    assert [v.name for v in model.graph.input] == rope_block.manifest.input_names
+    assert model.opset_import[0].version == 23
+    reference, manifest = load_eager(rope_block.path)
+    for shape in (FeedShape(1, 1, 0), FeedShape(2, 1, 30)):
+        feed = make_feed(manifest, shape)
+        assert np.array_equal(feed["position_ids"], np.tile(shape.past + np.arange(shape.seq), (shape.batch, 1)))
+        got = run_onnx(rope_block.path, feed, manifest=manifest)
+        with torch.no_grad():
+            want = reference(*reference_inputs(manifest, feed, torch.float64))
+        for name, expected in zip(manifest.output_names, want, strict=True):
+            assert got[name].shape == tuple(expected.shape)
+            np.testing.assert_allclose(got[name], expected.numpy(), atol=3e-5, rtol=1e-4)
+
+
+def test_weights_rebuild_the_exported_module(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    block = AttentionBlock(SMALL, "learned", table_mode="precomputed")
+    with torch.no_grad():
+        block.scheme.weight.normal_()  # "trained" weights differ from a fresh build
+    result = export_onnx(tmp_path / "learned.onnx", module=block, unit="block")
+    rebuilt, _ = load_eager(result.path, dtype=torch.float32)
+    torch.testing.assert_close(rebuilt.scheme.weight, block.scheme.weight)
+    torch.testing.assert_close(rebuilt.q_proj.weight, block.q_proj.weight)
+    assert validate_onnx(result.path).passed
+
+
+def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = export_onnx(tmp_path / "alibi.onnx", "alibi", unit="op", config=SMALL, table_mode="dynamic")
+    model = onnx.load(str(result.path))
+    assert [v.name for v in model.graph.input] == ["q_pos", "k_pos"] == result.manifest.input_names
+    assert result.manifest.max_positions is None
+    assert any("not read" in note for note in result.manifest.notes)
+    assert validate_onnx(result.path).passed
+
+
+def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = export_onnx(tmp_path / "rope16.onnx", "rope", unit="op", config=SMALL, dtype="fp16")
+    model = onnx.load(str(result.path))
+    assert {v.type.tensor_type.elem_type for v in model.graph.input if v.name != "position_ids"} == {
+        onnx.TensorProto.FLOAT16
+    }
+    tables = [i for i in model.graph.initializer if list(i.dims) == [SMALL.max_position_embeddings, 8]]
+    assert tables
+    assert {t.data_type for t in tables} == {onnx.TensorProto.FLOAT}
+    assert result.manifest.dtype == "float16"
+    assert result.manifest.table_dtype == "float32"
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_older_opsets_export_and_match(opset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # dynamic NTK reduces max(position_ids) in the graph: opset 17 needs ReduceMax with attributes
+    result = export_onnx(
+        tmp_path / "ntk.onnx", "rope_dynamic", unit="op", config=SMALL, table_mode="dynamic", opset=opset
+    )
+    model = onnx.load(str(result.path))
+    assert model.opset_import[0].version == opset == result.manifest.opset
+    assert validate_onnx(result.path, shapes=[FeedShape(2, 5, 70)]).passed
+
+
+@pytest.mark.parametrize("opset", [13, 16, 19, 24])
+def test_unsupported_opset_lists_the_supported_ones(opset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match=r"\[17, 18, 23\]"):
+        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, opset=opset)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_dtype_raises(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match="fp32, fp16, bf16"):
+        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, dtype="int8")
+    with pytest.raises(ExportError, match="cannot be exported"):
+        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, dtype="float64")
+    monkeypatch.delitem(get_spec("alibi").tolerances, "bfloat16")
+    with pytest.raises(ExportError, match="does not support dtype bfloat16"):
+        export_onnx(tmp_path / "x.onnx", "alibi", config=SMALL, dtype="bf16")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unit_and_table_mode_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match="unit 'op'"):
+        export_onnx(tmp_path / "x.onnx", "nope", unit="op", config=SMALL)
+    with pytest.raises(ExportError, match="unknown export unit"):
+        export_onnx(tmp_path / "x.onnx", "rope", unit="layer", config=SMALL)
+    with pytest.raises(ConfigError, match="does not support table mode"):
+        export_onnx(tmp_path / "x.onnx", "rope_dynamic", config=SMALL, table_mode="precomputed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def broken_manifest(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("disk full while writing the manifest")
+
+    monkeypatch.setattr(exporter_module, "_manifest", broken_manifest)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_onnx(tmp_path / "model.onnx", "rope", unit="op", config=SMALL)
+    assert list(tmp_path.iterdir()) == []  # neither final files nor temporaries
+
+    # a failed re-export leaves the previous, complete artifacts untouched
+    before = {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()}
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_onnx(rope_block.path, "rope", unit="op", config=SMALL)
+    assert {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()} == before
+
+
+def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("unsupported operator")
+
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    with pytest.raises(ExportError, match="unsupported operator"):
+        export_onnx(tmp_path / "model.onnx", "rope", unit="op", config=SMALL)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_positions_past_the_table_are_refused_with_the_remedy(rope_block) -> None:  # type: ignore[no-untyped-def]
+    manifest = load_manifest(rope_block.path)
+    limit = manifest.max_positions
+    feed = make_feed(manifest, FeedShape(1, 4, limit - 4))
+    check_feed(manifest, feed)  # last position limit - 1: fine
+    with pytest.raises(PositionError, match=r"--max-positions|table-mode dynamic") as info:
+        run_onnx(rope_block.path, make_feed(manifest, FeedShape(1, 4, limit - 3)), manifest=manifest)
+    assert str(limit) in str(info.value)
+    late = make_feed(manifest, FeedShape(1, 1, 0))
+    late["position_ids"] = np.array([[limit + 100]], dtype=np.int64)
+    with pytest.raises(PositionError, match=f"position {limit + 100}"):
+        check_feed(manifest, late)
+    late["position_ids"] = np.array([[-1]], dtype=np.int64)
+    with pytest.raises(PositionError, match=">= 0"):
+        check_feed(manifest, late)
+
+
+def test_feed_errors_name_the_input(rope_block) -> None:  # type: ignore[no-untyped-def]
+    manifest = rope_block.manifest
+    feed = make_feed(manifest, FeedShape(2, 3, 1))
+    with pytest.raises(ConfigError, match="missing"):
+        check_feed(manifest, {k: v for k, v in feed.items() if k != "past_value"})
+    with pytest.raises(ConfigError, match="int64"):
+        check_feed(manifest, {**feed, "position_ids": feed["position_ids"].astype(np.int32)})
+    with pytest.raises(ConfigError, match="all inputs must agree on batch"):
+        check_feed(manifest, {**feed, "position_ids": feed["position_ids"][:1]})
+    with pytest.raises(ConfigError, match="axis 2 must be 64"):
+        check_feed(manifest, {**feed, "hidden": np.zeros((2, 3, 65), np.float32)})
+
+
+def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = export_onnx(tmp_path / "dyn.onnx", "rope", unit="op", config=SMALL, table_mode="dynamic")
+    manifest = result.manifest
+    assert manifest.max_positions is None
+    assert manifest.dynamic_dims["seq"].max is None
+    assert validate_onnx(result.path, shapes=[FeedShape(2, 3, 100_000)]).passed
+
+
+def test_load_manifest_errors(rope_block, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ModelFileError, match="does not exist"):
+        load_manifest(tmp_path / "absent.onnx")
+    lonely = tmp_path / "lonely.onnx"
+    lonely.write_bytes(rope_block.path.read_bytes())
+    with pytest.raises(ModelFileError, match="no manifest"):
+        load_manifest(lonely)
+
+
+class Float64Constants(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x / (2 * math.pi), x * 2.7, 0.3 - x, x + 0.1
+
+
+def test_python_scalars_keep_float64_precision_in_the_graph(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # torch.onnx alone exports these constants rounded to float32 (2π -> 6.28318548)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    path = export_module(
+        Float64Constants(), (x,), tmp_path / "f64.onnx", input_names=["x"], output_names=["a", "b", "c", "d"]
+    )
+    got = ort_session(path).run(None, {"x": x.numpy()})
+    for value, expected in zip(got, Float64Constants()(x), strict=True):
+        np.testing.assert_array_equal(value, expected.numpy())
+
+
+def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`posenc optimize` adds an `optimized` record; loading and saving the manifest must keep it."""
+    from posenc.export.manifest import Manifest
+
+    data = json.loads(rope_block.manifest_path.read_text())
+    data["optimized"] = {"target": "trt", "passes": [{"name": "fuse_rope", "matches": 2}]}
+    manifest = Manifest.from_dict(data)
+    assert manifest.to_dict()["optimized"] == data["optimized"]
+    saved = manifest.save(tmp_path / "m.manifest.json")
+    assert json.loads(saved.read_text())["optimized"]["passes"][0]["matches"] == 2

@@ -1,0 +1,39 @@
+"""Running graphs on ONNX Runtime CPU for the graph tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+from posenc.graphs.model_io import model_to_proto
+
+
+def ort_run(model: ir.Model | Path | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs of ``model`` (IR, file or serialized) on ONNX Runtime CPU, in graph output order."""
+    if isinstance(model, ir.Model):
+        model = model_to_proto(model).SerializeToString()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feed)
+
+
+def op_counts(model: ir.Model) -> Counter:
+    return Counter(node.op_type for node in model.graph.all_nodes())
+
+
+def nodes(model: ir.Model, op_type: str) -> list[ir.Node]:
+    return [node for node in model.graph.all_nodes() if node.op_type == op_type]
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, atol: float, rtol: float, what: str) -> None:
+    got64, want64 = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got64.shape == want64.shape, f"{what}: shape {got64.shape} != {want64.shape}"
+    excess = np.abs(got64 - want64) - (atol + rtol * np.abs(want64))
+    assert excess.max() <= 0, f"{what}: max |diff| {np.abs(got64 - want64).max():.3g} over atol={atol} rtol={rtol}"

@@ -1,0 +1,69 @@
+"""Attention blocks: RoPE before the head transpose (ORT CPU), attention -> Attention with the bias as mask.
+
+Every score-placement scheme of the registry (ALiBi, T5, DeBERTa, Transformer-XL, TUPE, ...) must reach the
+``Attention`` op with its bias as additive mask, and keep parity with the float64 eager block.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from posenc.engine.matrix import MatrixCase
+from posenc.export import FeedShape, load_manifest, make_feed
+from posenc.graphs import load_model, optimize_model
+from posenc.schemes import Placement, specs
+from posenc.validate import tolerance_for
+from tests.graphs.artifacts import count_rotations, export_case
+from tests.graphs.helpers import assert_close, nodes, ort_run
+
+SCORE_SCHEMES = [spec.name for spec in specs() if spec.placement is Placement.SCORE]
+BLOCKS = [
+    MatrixCase("rope", "precomputed", "float32", "block"),
+    MatrixCase("rope", "dynamic", "float32", "block", case="interleaved_partial"),
+    MatrixCase("alibi", "dynamic", "float16", "block"),
+    *(MatrixCase(name, "precomputed", "float32", "block") for name in SCORE_SCHEMES),
+]
+
+
+@pytest.mark.parametrize("case", BLOCKS, ids=lambda c: c.id.removesuffix("-decomposed"))
+@pytest.mark.parametrize("target", ["ort-cpu", "trt"])
+def test_block_fuses_rope_and_attention(graph_folder, case: MatrixCase, target: str) -> None:
+    path = export_case(graph_folder, case)
+    manifest = load_manifest(path, verify=False)
+    feed = make_feed(manifest, FeedShape(batch=2, seq=5, past=3), seed=4)
+    rotations, reference = count_rotations(path, feed)
+    model = load_model(path)
+    counts = optimize_model(model, target).counts
+    assert counts["fuse_attention"] == 1
+    assert counts["fuse_rope"] == rotations
+    (attention,) = nodes(model, "Attention")
+    heads = {value.shape[1] for value in attention.inputs[:3]}
+    assert heads == {manifest.attention["num_heads"], manifest.attention["num_kv_heads"]}, "GQA heads unrepeated"
+    assert attention.inputs[3] is not None, "causal mask (and the bias) must reach the op as attn_mask"
+    if manifest.placement == "score":
+        assert attention.inputs[3].dtype == attention.inputs[0].dtype, "additive mask in the activation dtype"
+    if target == "trt":
+        assert "softmax_precision" not in attention.attributes, "TensorRT's parser rejects softmax_precision"
+    for node in nodes(model, "RotaryEmbedding"):
+        if target == "ort-cpu":
+            assert node.inputs[0].shape.rank() == 3
+            assert node.attributes.get_int("num_heads", 0) > 0
+        else:
+            assert node.inputs[0].shape.rank() == 4
+    assert counts.get("rope_to_3d", 0) == (rotations if target == "ort-cpu" else 0)
+    after = ort_run(model, feed)
+    for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
+        tol = tolerance_for(case.scheme, case.dtype, name)
+        assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
+
+
+def test_plugin_mode_replaces_the_rotation_pair(graph_folder, tmp_path) -> None:
+    pytest.importorskip("posenc.graphs.rope_plugin", reason="the RoPE plugin pass is not available")
+    from posenc.graphs import optimize_file
+
+    source = export_case(graph_folder, BLOCKS[0])
+    result = optimize_file(source, tmp_path / "plugin.onnx", "trt", "plugin")
+    assert result.counts["fuse_rope"] == 2
+    assert result.counts["rope_plugin"] == 1
+    assert not nodes(result.model, "RotaryEmbedding")
+    assert result.parity is not None, "the plugin's ONNX Runtime twin lets parity be checked"

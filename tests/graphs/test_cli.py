@@ -1,0 +1,114 @@
+"""``posenc optimize`` / ``posenc inspect`` and the files they write."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import onnx_ir as ir
+import pytest
+
+from posenc.cli import main
+from posenc.engine.matrix import MatrixCase
+from posenc.errors import ConfigError, ModelFileError, ParityError
+from posenc.export import load_manifest, manifest_path_for
+from posenc.graphs import optimize as optimize_module
+from posenc.graphs import optimize_file
+from tests.graphs.artifacts import export_case
+
+CASE = MatrixCase("rope", "precomputed", "float32", "op", case="partial")
+
+
+@pytest.fixture
+def exported(graph_folder, tmp_path):
+    source = export_case(graph_folder, CASE)
+    for path in (source, manifest_path_for(source), source.with_name(source.stem + ".weights.pt")):
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path / source.name
+
+
+def test_optimize_writes_model_and_manifest_with_pass_counts(exported, capsys) -> None:
+    out = exported.with_name("rope.trt.onnx")
+    assert main(["optimize", str(exported), "--target", "trt", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "fuse_rope" in printed
+    assert "parity on ONNX Runtime CPU" in printed
+    data = json.loads(manifest_path_for(out).read_text())
+    record = data["optimized"]
+    assert record["target"] == "trt"
+    assert record["rope"] == "fused"
+    counts = {p["name"]: p["count"] for p in record["passes"]}
+    assert counts["fuse_rope"] == 2
+    assert counts["fuse_partial_rope"] == 2
+    assert set(record["parity"]) == {"q_rot", "k_rot"}
+    manifest = load_manifest(out)  # hashes of the new model and its copied weights verify
+    assert manifest.scheme == "rope"
+
+
+def test_inspect_reports_ops_bytes_fusions_and_tensorrt(exported, capsys) -> None:
+    out = exported.with_name("rope.trt.onnx")
+    optimize_file(exported, out, "trt")
+    assert main(["inspect", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ops"] == {"RotaryEmbedding": 2}
+    assert report["initializer_bytes"] == 2 * 64 * 4 * 4  # cos and sin tables [64, r/2 = 4] float32 (r = 8)
+    assert report["fusions"]["fuse_rope"] == 2
+    assert report["target"] == "trt"
+    tensorrt = report["tensorrt"]
+    if tensorrt["parsed"] is None:
+        pytest.skip(tensorrt["message"])
+    assert tensorrt["parsed"] is True
+    assert tensorrt["layers"]["ROTARY_EMBEDDING"] == 2
+    assert main(["inspect", str(exported)]) == 0
+    assert "fusions applied: unknown" in capsys.readouterr().out
+
+
+def test_optimize_refuses_to_overwrite_its_input(exported) -> None:
+    with pytest.raises(ModelFileError, match="input file"):
+        optimize_file(exported, exported, "trt")
+
+
+def test_unknown_target_and_rope_mode_list_the_valid_ones(exported) -> None:
+    with pytest.raises(ConfigError, match=r"\['ort-cpu', 'trt'\]"):
+        optimize_file(exported, exported.with_name("x.onnx"), "tensorrt")
+    with pytest.raises(ConfigError, match="fused"):
+        optimize_file(exported, exported.with_name("x.onnx"), "trt", "fast")
+
+
+def test_corrupt_or_stale_input_is_a_clear_error(exported, tmp_path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\x08\x07not a model")
+    with pytest.raises(ModelFileError, match="not a readable ONNX model"):
+        optimize_file(broken, tmp_path / "out.onnx", "trt")
+    exported.write_bytes(exported.read_bytes() + b"\x00")
+    with pytest.raises(ModelFileError, match="does not match its manifest"):
+        optimize_file(exported, tmp_path / "out.onnx", "trt")
+
+
+def test_parity_failure_writes_nothing(exported, monkeypatch) -> None:
+    def wrong(model):  # a broken pass: pairs the wrong features
+        for node in model.graph:
+            if node.op_type == "RotaryEmbedding":
+                node.attributes["interleaved"] = ir.AttrInt64("interleaved", 1)
+        return 1
+
+    monkeypatch.setattr(optimize_module.rope, "fuse_partial_rope", lambda model: 0)
+    monkeypatch.setattr(optimize_module.rope, "rope_for_tensorrt", wrong)
+    out = exported.with_name("bad.onnx")
+    with pytest.raises(ParityError, match="differs from the original"):
+        optimize_file(exported, out, "trt")
+    assert not out.exists()
+    assert not manifest_path_for(out).exists()
+
+
+def test_plugin_mode_without_the_plugin_module_says_what_to_do(exported, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "posenc.graphs.rope_plugin", None)
+    with pytest.raises(ConfigError, match="--rope fused"):
+        optimize_file(exported, exported.with_name("p.onnx"), "trt", "plugin")
+
+
+def test_keep_mode_leaves_rope_decomposed(exported) -> None:
+    result = optimize_file(exported, exported.with_name("k.onnx"), "ort-cpu", "keep")
+    assert "fuse_rope" not in result.counts
+    assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph)

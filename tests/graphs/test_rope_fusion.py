@@ -1,0 +1,124 @@
+"""RoPE fusion over the registry: every RoPE-using scheme x parameter case x table mode.
+
+For each exported op graph the fusion must find exactly as many rotations as the float64 eager reference
+performs (calls of ``posenc.functional.apply_rope``), and the graph's ONNX Runtime outputs must stay within
+the scheme's tolerance of that reference, before and after, for both targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from posenc.engine.matrix import MatrixCase, exportable
+from posenc.export import FeedShape, load_manifest, make_feed
+from posenc.graphs import load_model, optimize_model
+from posenc.schemes import Placement, specs
+from posenc.validate import tolerance_for
+from tests.graphs.artifacts import count_rotations, export_case
+from tests.graphs.helpers import assert_close, nodes, op_counts, ort_run
+
+FEED = FeedShape(batch=2, seq=5, past=0)
+
+ROPE_CASES = [
+    MatrixCase(spec.name, mode.value, "float32", "op", "decomposed", case)
+    for spec in specs()
+    if spec.family == "rope" and exportable(spec.name, "op")
+    for mode in sorted(spec.table_modes, key=lambda m: m.value)
+    for case in spec.cases
+]
+
+
+def _partial(case: MatrixCase) -> bool:
+    from posenc.schemes import get_spec
+
+    spec = get_spec(case.scheme)
+    factor = spec.resolve(case.params).get("partial_rotary_factor", 1.0)
+    return factor < 1.0
+
+
+def test_every_rope_scheme_and_case_is_in_the_matrix() -> None:
+    names = {c.scheme for c in ROPE_CASES}
+    qk = {s.name for s in specs() if s.placement is Placement.QK}
+    assert qk <= names
+    assert {"rerope", "leaky_rerope", "rope_linear_attention"} <= names
+    assert any(c.case == "interleaved_partial" for c in ROPE_CASES)
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
+def test_fusion_finds_every_rotation_and_keeps_parity(graph_folder, case: MatrixCase) -> None:
+    path = export_case(graph_folder, case)
+    manifest = load_manifest(path, verify=False)
+    feed = make_feed(manifest, FEED, seed=1)
+    expected, reference = count_rotations(path, feed)
+    assert expected >= 2, "the eager reference should rotate q and k at least"
+    names = manifest.output_names
+    before = ort_run(path, feed)
+    for target in ("ort-cpu", "trt"):
+        model = load_model(path)
+        result = optimize_model(model, target)
+        counts = result.counts
+        assert counts["fuse_rope"] == expected, (target, counts)
+        assert counts["fuse_partial_rope"] == (expected if _partial(case) else 0), (target, counts)
+        assert op_counts(model)["RotaryEmbedding"] == expected
+        if manifest.placement == "qk":
+            assert not nodes(model, "Slice"), "a decomposed rotation is left in the graph"
+        for node in nodes(model, "RotaryEmbedding"):
+            layout = 1 if case.params.get("layout") == "interleaved" else 0
+            assert node.attributes.get_int("interleaved", 0) == layout
+        after = ort_run(model, feed)
+        for name, old, new, ref in zip(names, before, after, reference, strict=True):
+            tol = tolerance_for(case.scheme, case.dtype, name)
+            want = ref.numpy()
+            assert_close(old, want, tol.atol, tol.rtol, f"{case.id} {name} decomposed")
+            assert_close(new, want, tol.atol, tol.rtol, f"{case.id} {name} fused for {target}")
+
+
+FP16_CASES = [
+    MatrixCase("rope", mode, "float16", "op", "decomposed", case)
+    for mode in ("precomputed", "dynamic")
+    for case in ("default", "interleaved_partial")
+]
+
+
+@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
+def test_tensorrt_layout_rotates_in_the_activation_dtype(graph_folder, case: MatrixCase) -> None:
+    path = export_case(graph_folder, case)
+    manifest = load_manifest(path, verify=False)
+    feed = make_feed(manifest, FEED, seed=2)
+    expected, reference = count_rotations(path, feed)
+    model = load_model(path)
+    counts = optimize_model(model, "trt").counts
+    assert counts["rope_for_tensorrt"] == expected
+    outputs = set(model.graph.outputs)
+    for node in nodes(model, "RotaryEmbedding"):
+        assert node.inputs[0].producer() is None, "the rotation should read the fp16 graph input, no Cast"
+        assert node.outputs[0] in outputs, "the rotation should write the fp16 graph output, no Cast"
+        dtypes = {value.dtype for value in node.inputs[:3]}
+        assert dtypes == {ir.DataType.FLOAT16}, "TensorRT needs caches in the activation dtype"
+        if case.table_mode == "precomputed":
+            assert node.inputs[3].dtype == ir.DataType.INT64
+            assert node.inputs[3].shape.rank() == 2
+    after = ort_run(model, feed)
+    for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
+        tol = tolerance_for(case.scheme, case.dtype, name)
+        assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {name}")
+    # ONNX Runtime CPU keeps the float32 rotation between the exported casts
+    model = load_model(path)
+    assert optimize_model(model, "ort-cpu").counts["fuse_rope"] == expected
+    for node in nodes(model, "RotaryEmbedding"):
+        assert node.inputs[0].dtype == ir.DataType.FLOAT
+
+
+def test_fused_graph_runs_at_other_shapes(graph_folder) -> None:
+    case = MatrixCase("rope", "dynamic", "float32", "op", "decomposed", "interleaved_partial")
+    path = export_case(graph_folder, case)
+    manifest = load_manifest(path, verify=False)
+    model = load_model(path)
+    optimize_model(model, "ort-cpu")
+    for shape in (FeedShape(1, 1), FeedShape(3, 17), FeedShape(1, 64)):
+        feed = make_feed(manifest, shape, seed=3)
+        before, after = ort_run(path, feed), ort_run(model, feed)
+        for old, new in zip(before, after, strict=True):
+            np.testing.assert_allclose(new, old, atol=1e-5, rtol=1e-5)

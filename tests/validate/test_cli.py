@@ -1,0 +1,78 @@
+"""``posenc validate`` and ``posenc sweep`` end to end: tables, files and exit statuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.cli import main
+from posenc.export import export_onnx
+from tests.conftest import SMALL
+
+
+@pytest.fixture
+def t5_op(tmp_path):  # type: ignore[no-untyped-def]
+    return export_onnx(tmp_path / "t5.onnx", "t5", unit="op", config=SMALL, table_mode="precomputed")
+
+
+def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    report, data, runs = tmp_path / "p.md", tmp_path / "p.json", tmp_path / "p.runs.json"
+    argv = ["validate", str(t5_op.path), "--shape", "2,3,1", "--batch", "1", "--seq", "5", "--past", "7"]
+    argv += ["--report", str(report), "--json", str(data), "--runs", str(runs)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| 2, 3, 1 | onnxrt-cpu | bias |" in text
+    assert "| 1, 5, 7 | onnxrt-cpu | bias |" in text
+    assert report.read_text() in text
+    assert json.loads(data.read_text())["passed"] is True
+    assert runs.exists()
+
+
+def test_validate_exits_1_on_mismatch(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(t5_op.manifest_path.read_text())
+    data["params"]["max_distance"] = 16  # the graph buckets distances with max_distance 128
+    t5_op.manifest_path.write_text(json.dumps(data))
+    assert main(["validate", str(t5_op.path), "--shape", "1,20,30"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_validate_exits_2_on_a_truncated_model(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+    t5_op.path.write_bytes(t5_op.path.read_bytes()[:100])
+    assert main(["validate", str(t5_op.path)]) == 2
+    assert "truncated or corrupt" in capsys.readouterr().err
+
+
+def test_sweep_command_writes_json_and_markdown(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    prefix = tmp_path / "sweep"
+    argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--no-fp16-tables"]
+    argv += ["--max-position", "4096", "--per-bucket", "2", "-o", str(prefix)]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert data["buckets"] == [[0, 1024], [1024, 4097]]
+    assert [s["scheme"] for s in data["series"]] == ["alibi"]
+    assert "| alibi | float32 | dynamic | float32 |" in (tmp_path / "sweep.md").read_text()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_validate_with_an_engine_needs_a_gpu_or_says_what_is_missing(t5_op, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The TrtRunner path: a missing engine file, or no GPU/tensorrt here, is a clear exit-2 error."""
+    assert main(["validate", str(t5_op.path), "--engine", str(tmp_path / "absent.engine")]) == 2
+    assert "posenc build" in capsys.readouterr().err
+    fake = tmp_path / "t5.engine"
+    fake.write_bytes(b"not an engine")
+    assert main(["validate", str(t5_op.path), "--engine", str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert "tensorrt" in err.lower() or "gpu" in err.lower()
+
+
+@pytest.mark.gpu
+def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from posenc.engine import build_engine
+    from posenc.engine.targets import current_gpu_target
+
+    if current_gpu_target() is None:
+        pytest.skip("needs an NVIDIA GPU with datacenter tensorrt (TrtRunner cannot run engines on a CPU)")
+    engine = tmp_path / "t5.engine"
+    build_engine(t5_op.path, engine, backend="tensorrt")
+    assert main(["validate", str(t5_op.path), "--engine", str(engine), "--shape", "2,5,3"]) == 0
