@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test test-slow lint demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/ruff format --check src tests scripts
 
+# `make test`: everything this machine can run in under ten minutes on 2 cores (gpu/trt tests skip with
+# the reason). `make test-slow`: the redundant variants left out of it.
 test: $(STAMP) lint
-	$(VENV)/bin/pytest -n $(JOBS) -q
+	$(VENV)/bin/pytest -n $(JOBS) -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -n $(JOBS) -q -m slow
 
 demo: $(STAMP)
 	$(VENV)/bin/posenc demo -o report

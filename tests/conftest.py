@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,6 +52,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def small_config() -> AttentionConfig:
     return SMALL
+
+
+@pytest.fixture(scope="session")
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder of exported graphs for the whole test session, shared by the xdist workers.
+
+    :func:`posenc.engine.matrix.exported` locks each file while exporting, so every (scheme, table mode,
+    dtype, unit, case) is exported once and reused by the parity, fusion and engine matrices.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "posenc-exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -28,8 +28,8 @@ def _leftovers(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".engine", ".tmp") or p.name.endswith(".manifest.json"))
 
 
-def test_build_writes_engine_and_manifest(graph_folder, tmp_path) -> None:
-    source = fused_case(graph_folder, ROPE)
+def test_build_writes_engine_and_manifest(export_cache, tmp_path) -> None:
+    source = fused_case(export_cache, ROPE)
     out = tmp_path / "rope.engine"
     result = build_engine(source, out, targets=["sm89", "sm120"], profile=["seq=1:16:64"])
     manifest = json.loads(engine_manifest_path(out).read_text())
@@ -50,8 +50,8 @@ def test_build_writes_engine_and_manifest(graph_folder, tmp_path) -> None:
     assert manifest["engine_bytes"] == out.stat().st_size
 
 
-def test_fp32_attention_is_marked_decomposable_and_needs_it(graph_folder, tmp_path, monkeypatch) -> None:
-    source = fused_case(graph_folder, BLOCK)
+def test_fp32_attention_is_marked_decomposable_and_needs_it(export_cache, tmp_path, monkeypatch) -> None:
+    source = fused_case(export_cache, BLOCK)
     result = build_engine(source, tmp_path / "block.engine", targets=["sm89"], profile=["seq=1:8:16"])
     assert result.manifest["decomposable_attention"] == 1
     assert result.manifest["layers"]["ATTENTION_OUTPUT"] == 1
@@ -95,8 +95,8 @@ def test_unparsable_graph_names_the_node_and_op(tmp_path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_unsupported_target_and_profile_fail_before_building(graph_folder, tmp_path) -> None:
-    source = fused_case(graph_folder, ROPE)
+def test_unsupported_target_and_profile_fail_before_building(export_cache, tmp_path) -> None:
+    source = fused_case(export_cache, ROPE)
     with pytest.raises(ConfigError, match="sm75, sm80, sm86, sm89, sm120"):
         build_engine(source, tmp_path / "a.engine", targets=["sm90"])
     with pytest.raises(ConfigError, match="outside the manifest's range"):
@@ -104,8 +104,8 @@ def test_unsupported_target_and_profile_fail_before_building(graph_folder, tmp_p
     assert _leftovers(tmp_path) == []
 
 
-def test_build_cli(graph_folder, tmp_path, capsys) -> None:
-    source = export_case(graph_folder, ROPE)
+def test_build_cli(export_cache, tmp_path, capsys) -> None:
+    source = export_case(export_cache, ROPE)
     out = tmp_path / "cli.engine"
     assert main(["build", str(source), "--target", "sm86", "--profile", "batch=1:1:2", "-o", str(out)]) == 0
     assert "tensorrt_rtx" in capsys.readouterr().out

@@ -34,14 +34,14 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_trt_runner_matches_the_eager_reference(graph_folder, case: MatrixCase) -> None:
+def test_trt_runner_matches_the_eager_reference(export_cache, case: MatrixCase) -> None:
     from posenc.engine import build_engine, engine_runner
     from posenc.engine.matrix import graph_for
     from posenc.export import FeedShape
     from posenc.validate import validate_onnx
 
-    onnx_path = graph_for(case, graph_folder, SMALL)
-    engine = build_engine(onnx_path, graph_folder / f"{case.id}.gpu.engine", backend="tensorrt")
+    onnx_path = graph_for(case, export_cache, SMALL)
+    engine = build_engine(onnx_path, export_cache / f"{case.id}.gpu.engine", backend="tensorrt")
     assert engine.manifest["backend"] == "tensorrt"
     assert engine.manifest["targets"] == [current_gpu_target()]
     shapes = [FeedShape(1, 1), FeedShape(2, 7), FeedShape(1, 16)]

@@ -1,5 +1,6 @@
-"""Ahead-of-time TensorRT-RTX engines for the registry: op-level for every scheme x table mode x dtype x
-{decomposed, fused}; block-level for a subset (the full block matrix is in scripts/gpu_check.py).
+"""Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
+fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph.
+The other dtype of each unit is built by scripts/gpu_check.py (``--backend tensorrt_rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
 """
@@ -13,14 +14,17 @@ import pytest
 
 from posenc.engine.matrix import MatrixCase, build_case, matrix_cases
 from posenc.errors import PosencError
+from posenc.schemes import Placement, get_spec
 from tests.conftest import SMALL
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
 
 UNSUPPORTED_FILE = Path(__file__).with_name("trt_unsupported.json")
 UNSUPPORTED = {entry["case"]: entry for entry in json.loads(UNSUPPORTED_FILE.read_text())["entries"]}
-OP_CASES = matrix_cases(units=("op",))
-BLOCK_CASES = matrix_cases(units=("block",), schemes=("rope", "alibi", "t5"))
+# fp32 engines of every positional op and fp16 engines of every attention block (the unit people deploy),
+# each decomposed and fused: the same graphs the parity matrix validates (shared export cache).
+OP_CASES = matrix_cases(units=("op",), dtypes=("float32",))
+BLOCK_CASES = matrix_cases(units=("block",), dtypes=("float16",))
 
 
 def test_unsupported_entries_are_tracked_and_refer_to_matrix_graphs() -> None:
@@ -31,24 +35,23 @@ def test_unsupported_entries_are_tracked_and_refer_to_matrix_graphs() -> None:
         assert entry.get("plan"), f"{case_id} needs a tracked plan"
 
 
-def test_the_op_matrix_covers_every_exportable_scheme_both_dtypes_and_graphs() -> None:
+def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> None:
     from posenc.engine.matrix import exportable
     from posenc.schemes import specs
 
-    covered = {(c.scheme, c.table_mode, c.dtype, c.graph) for c in OP_CASES}
+    covered = {(c.scheme, c.table_mode, c.dtype, c.unit, c.graph) for c in OP_CASES + BLOCK_CASES}
     for spec in specs():
-        if not exportable(spec.name, "op"):
-            continue
         for mode in spec.table_modes:
-            for dtype in ("float16", "float32"):
-                for graph in ("decomposed", "fused"):
-                    assert (spec.name, mode.value, dtype, graph) in covered
+            for graph in ("decomposed", "fused"):
+                if exportable(spec.name, "op"):
+                    assert (spec.name, mode.value, "float32", "op", graph) in covered
+                assert (spec.name, mode.value, "float16", "block", graph) in covered
 
 
 @pytest.mark.parametrize("case", OP_CASES + BLOCK_CASES, ids=lambda c: c.id)
-def test_engine_builds_ahead_of_time(graph_folder, case: MatrixCase) -> None:
+def test_engine_builds_ahead_of_time(export_cache, case: MatrixCase) -> None:
     try:
-        result = build_case(case, graph_folder, SMALL, targets=["sm89"])
+        result = build_case(case, export_cache, SMALL, targets=["sm89"])
     except PosencError as exc:
         if case.id in UNSUPPORTED:
             return
@@ -56,8 +59,9 @@ def test_engine_builds_ahead_of_time(graph_folder, case: MatrixCase) -> None:
     assert case.id not in UNSUPPORTED, f"{case.id} builds now: remove it from {UNSUPPORTED_FILE.name}"
     assert result.path.stat().st_size == result.manifest["engine_bytes"] > 0
     layers = result.manifest["layers"]
-    if case.graph == "fused" and case.scheme.startswith("rope") and case.unit == "op":
-        assert layers.get("ROTARY_EMBEDDING") == 2, layers
-    if case.graph == "fused" and case.unit == "block":
+    placement = get_spec(case.scheme).placement
+    if case.graph == "fused" and placement is Placement.QK:
+        assert layers.get("ROTARY_EMBEDDING") == 2, layers  # q and k on TensorRT's native rotary layer
+    if case.graph == "fused" and case.unit == "block" and placement is not Placement.ATTENTION:
         assert layers.get("ATTENTION_OUTPUT") == 1, layers
         assert result.manifest["decomposable_attention"] == (1 if case.dtype == "float32" else 0)

@@ -266,3 +266,32 @@ def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_p
     assert manifest.to_dict()["optimized"] == data["optimized"]
     saved = manifest.save(tmp_path / "m.manifest.json")
     assert json.loads(saved.read_text())["optimized"]["passes"][0]["matches"] == 2
+
+
+@pytest.mark.parametrize("case", ["default", "interleaved_partial"])
+def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Unit op-3d: q [B, S, H*D], k [B, S, Hkv*D] in and out, equal to the op on [B, H, S, D] re-laid out."""
+    params = get_spec("rope").cases[case]
+    result = export_onnx(tmp_path / "r3.onnx", "rope", unit="op-3d", params=params, config=SMALL)
+    names = [(s.name, s.layout) for s in result.manifest.inputs]
+    assert names == [("q", "[B, S, H*D]"), ("k", "[B, S, Hkv*D]"), ("position_ids", "[B, S]")]
+    assert validate_onnx(result.path).passed
+    # independent check: the same rotation as the [B, H, S, D] op, after moving heads
+    from posenc.export import run_onnx
+
+    b, s, h, hkv, d = 2, 5, SMALL.num_heads, SMALL.num_kv_heads, SMALL.head_dim
+    q, k = torch.randn(b, s, h * d), torch.randn(b, s, hkv * d)
+    pos = torch.arange(3, 3 + s).expand(b, s)
+    outputs = run_onnx(result.path, {"q": q.numpy(), "k": k.numpy(), "position_ids": pos.numpy()})
+    q_rot, k_rot = outputs["q_rot"], outputs["k_rot"]
+    from posenc import build_scheme
+
+    scheme = build_scheme("rope", SMALL, params)
+    want_q, want_k = scheme.rotate(q.view(b, s, h, d).transpose(1, 2), k.view(b, s, hkv, d).transpose(1, 2), pos)
+    np.testing.assert_allclose(q_rot, want_q.transpose(1, 2).reshape(b, s, h * d).numpy(), atol=1e-5)
+    np.testing.assert_allclose(k_rot, want_k.transpose(1, 2).reshape(b, s, hkv * d).numpy(), atol=1e-5)
+
+
+def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match="op-3d"):
+        export_onnx(tmp_path / "a.onnx", "alibi", unit="op-3d", config=SMALL)

@@ -1,29 +1,15 @@
-"""Exported graphs shared by the graph and engine tests: one export per case per test session.
-
-With pytest-xdist the workers share one folder (each worker's base temp directory is a sibling), and
-:mod:`posenc.engine.matrix` locks each file while exporting, so each graph is exported once.
-"""
+"""Helpers over the session's shared export cache (the ``export_cache`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 import posenc.functional as PF
 from posenc.engine.matrix import MatrixCase, exported, graph_for
 from tests.conftest import SMALL
-
-
-def shared_folder(factory: pytest.TempPathFactory) -> Path:
-    base = factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    folder = root / "posenc-graphs"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def export_case(folder: Path, case: MatrixCase) -> Path:

@@ -17,18 +17,20 @@ from tests.graphs.artifacts import count_rotations, export_case
 from tests.graphs.helpers import assert_close, nodes, ort_run
 
 SCORE_SCHEMES = [spec.name for spec in specs() if spec.placement is Placement.SCORE]
+# fp16 blocks come from the shared export cache (the parity and engine matrices use the same files);
+# one fp32 block with interleaved partial RoPE covers the other dtype and layout.
 BLOCKS = [
-    MatrixCase("rope", "precomputed", "float32", "block"),
+    MatrixCase("rope", "precomputed", "float16", "block"),
     MatrixCase("rope", "dynamic", "float32", "block", case="interleaved_partial"),
     MatrixCase("alibi", "dynamic", "float16", "block"),
-    *(MatrixCase(name, "precomputed", "float32", "block") for name in SCORE_SCHEMES),
+    *(MatrixCase(name, "precomputed", "float16", "block") for name in SCORE_SCHEMES),
 ]
 
 
 @pytest.mark.parametrize("case", BLOCKS, ids=lambda c: c.id.removesuffix("-decomposed"))
 @pytest.mark.parametrize("target", ["ort-cpu", "trt"])
-def test_block_fuses_rope_and_attention(graph_folder, case: MatrixCase, target: str) -> None:
-    path = export_case(graph_folder, case)
+def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: str) -> None:
+    path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
     feed = make_feed(manifest, FeedShape(batch=2, seq=5, past=3), seed=4)
     rotations, reference = count_rotations(path, feed)
@@ -57,11 +59,11 @@ def test_block_fuses_rope_and_attention(graph_folder, case: MatrixCase, target: 
         assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
 
 
-def test_plugin_mode_replaces_the_rotation_pair(graph_folder, tmp_path) -> None:
+def test_plugin_mode_replaces_the_rotation_pair(export_cache, tmp_path) -> None:
     pytest.importorskip("posenc.graphs.rope_plugin", reason="the RoPE plugin pass is not available")
     from posenc.graphs import optimize_file
 
-    source = export_case(graph_folder, BLOCKS[0])
+    source = export_case(export_cache, BLOCKS[0])
     result = optimize_file(source, tmp_path / "plugin.onnx", "trt", "plugin")
     assert result.counts["fuse_rope"] == 2
     assert result.counts["rope_plugin"] == 1

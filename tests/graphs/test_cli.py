@@ -21,8 +21,8 @@ CASE = MatrixCase("rope", "precomputed", "float32", "op", case="partial")
 
 
 @pytest.fixture
-def exported(graph_folder, tmp_path):
-    source = export_case(graph_folder, CASE)
+def exported(export_cache, tmp_path):
+    source = export_case(export_cache, CASE)
     for path in (source, manifest_path_for(source), source.with_name(source.stem + ".weights.pt")):
         shutil.copy(path, tmp_path / path.name)
     return tmp_path / source.name

@@ -11,11 +11,12 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from posenc.engine.matrix import MatrixCase, exportable
+from posenc.engine.matrix import MatrixCase, exportable, exported
 from posenc.export import FeedShape, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
 from posenc.schemes import Placement, specs
 from posenc.validate import tolerance_for
+from tests.conftest import SMALL
 from tests.graphs.artifacts import count_rotations, export_case
 from tests.graphs.helpers import assert_close, nodes, op_counts, ort_run
 
@@ -28,6 +29,14 @@ ROPE_CASES = [
     for mode in sorted(spec.table_modes, key=lambda m: m.value)
     for case in spec.cases
 ]
+# Static scalings (linear, ntk, yarn, llama3, truncation) change table values, not the graph: their default
+# case runs in `make test`; their layout/partial variants repeat rope's graphs and run with `make test-slow`.
+_SAME_GRAPH_AS_ROPE = {"rope_linear", "rope_ntk", "rope_yarn", "rope_llama3", "rope_truncation"}
+
+
+def _param(case: MatrixCase):  # type: ignore[no-untyped-def]
+    slow = case.scheme in _SAME_GRAPH_AS_ROPE and case.case != "default"
+    return pytest.param(case, id=case.id.removesuffix("-op-decomposed"), marks=[pytest.mark.slow] if slow else [])
 
 
 def _partial(case: MatrixCase) -> bool:
@@ -46,9 +55,9 @@ def test_every_rope_scheme_and_case_is_in_the_matrix() -> None:
     assert any(c.case == "interleaved_partial" for c in ROPE_CASES)
 
 
-@pytest.mark.parametrize("case", ROPE_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
-def test_fusion_finds_every_rotation_and_keeps_parity(graph_folder, case: MatrixCase) -> None:
-    path = export_case(graph_folder, case)
+@pytest.mark.parametrize("case", [_param(case) for case in ROPE_CASES])
+def test_fusion_finds_every_rotation_and_keeps_parity(export_cache, case: MatrixCase) -> None:
+    path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
     feed = make_feed(manifest, FEED, seed=1)
     expected, reference = count_rotations(path, feed)
@@ -83,8 +92,8 @@ FP16_CASES = [
 
 
 @pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
-def test_tensorrt_layout_rotates_in_the_activation_dtype(graph_folder, case: MatrixCase) -> None:
-    path = export_case(graph_folder, case)
+def test_tensorrt_layout_rotates_in_the_activation_dtype(export_cache, case: MatrixCase) -> None:
+    path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
     feed = make_feed(manifest, FEED, seed=2)
     expected, reference = count_rotations(path, feed)
@@ -111,9 +120,9 @@ def test_tensorrt_layout_rotates_in_the_activation_dtype(graph_folder, case: Mat
         assert node.inputs[0].dtype == ir.DataType.FLOAT
 
 
-def test_fused_graph_runs_at_other_shapes(graph_folder) -> None:
+def test_fused_graph_runs_at_other_shapes(export_cache) -> None:
     case = MatrixCase("rope", "dynamic", "float32", "op", "decomposed", "interleaved_partial")
-    path = export_case(graph_folder, case)
+    path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
     model = load_model(path)
     optimize_model(model, "ort-cpu")
@@ -122,3 +131,26 @@ def test_fused_graph_runs_at_other_shapes(graph_folder) -> None:
         before, after = ort_run(path, feed), ort_run(model, feed)
         for old, new in zip(before, after, strict=True):
             np.testing.assert_allclose(new, old, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["default", "interleaved_partial"])
+def test_projection_layout_op_becomes_two_rotary_nodes_for_ort_cpu(export_cache, case: str) -> None:
+    """RoPE on [B, S, H*D] (unit op-3d): the head split/merge around the rotation must vanish entirely.
+
+    ONNX Runtime runs a leftover Reshape pair as a full copy of q and k, doubling the op's traffic.
+    """
+    path = exported(MatrixCase("rope", "precomputed", "float32", "op-3d", case=case), export_cache, SMALL)
+    manifest = load_manifest(path, verify=False)
+    feed = make_feed(manifest, FEED, seed=3)
+    expected, reference = count_rotations(path, feed)
+    model = load_model(path)
+    counts = optimize_model(model, "ort-cpu").counts
+    assert counts["fuse_rope"] + counts["fuse_partial_rope"] >= expected == 2
+    kinds = {node.op_type for node in model.graph}
+    assert kinds <= {"RotaryEmbedding", "Identity"}, kinds
+    for node in nodes(model, "RotaryEmbedding"):
+        assert node.inputs[0].shape.rank() == 3
+    after = ort_run(model, feed)
+    for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
+        tol = tolerance_for("rope", "float32", name)
+        assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"op-3d {case} {name}")

@@ -1,6 +1,7 @@
 """Parity matrix generated from the registry: every scheme x table mode x {fp32, fp16} on ONNX Runtime CPU.
 
-Each combination is exported once (the spec's ``default`` case, grouped-query geometry) and validated by
+Each combination is exported once into the session's shared export cache (the spec's ``default`` case,
+grouped-query geometry; the fusion and engine matrices reuse the same files) and validated by
 polygraphy against the float64 eager reference at shapes other than the export sample (2, 4, 3):
 S = 1, odd S with batch 3, decode with 9 cached tokens, S = 13 after 5 cached tokens.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.export import export_onnx
+from posenc.engine.matrix import MatrixCase, exported
 from posenc.schemes import specs
 from posenc.validate import DEFAULT_SHAPES, validate_onnx
 from tests.conftest import SMALL
@@ -34,17 +35,10 @@ MATRIX = [
 
 
 @pytest.mark.parametrize(("scheme", "mode", "dtype", "unit"), MATRIX)
-def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, tmp_path) -> None:
-    spec = next(s for s in specs() if s.name == scheme)
-    result = export_onnx(
-        tmp_path / f"{scheme}.onnx",
-        scheme,
-        unit=unit,
-        params=spec.cases["default"],
-        config=SMALL,
-        table_mode=mode,
-        dtype=dtype,
-    )
-    report = validate_onnx(result.path)
-    assert [row.shape for row in report.rows[:: len(result.manifest.outputs)]] == list(DEFAULT_SHAPES)
+def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, export_cache) -> None:  # type: ignore[no-untyped-def]
+    full_dtype = {"fp32": "float32", "fp16": "float16"}[dtype]
+    path = exported(MatrixCase(scheme, mode, full_dtype, unit), export_cache, SMALL)
+    report = validate_onnx(path)
+    outputs = len({row.output for row in report.rows})
+    assert [row.shape for row in report.rows[::outputs]] == list(DEFAULT_SHAPES)
     assert report.passed, report.to_markdown()

@@ -51,6 +51,8 @@ def exportable(scheme: str, unit: str) -> bool:
     spec = get_spec(scheme)
     if unit == "op":
         return "op" in spec.exports and spec.placement is not Placement.NONE
+    if unit == "op-3d":
+        return "op" in spec.exports and spec.placement is Placement.QK
     return unit in spec.exports
 
 

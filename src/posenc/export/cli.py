@@ -112,7 +112,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--scheme", help="registered scheme name (see `posenc list`)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="scheme parameter (repeat)")
-    p.add_argument("--unit", choices=UNITS, default="block", help="block (AttentionBlock, default) or op")
+    p.add_argument(
+        "--unit",
+        choices=UNITS,
+        default="block",
+        help="block (AttentionBlock, default), op (the positional op alone) or op-3d (RoPE on [B, S, H*D])",
+    )
     p.add_argument("--table-mode", choices=("precomputed", "dynamic"), default="precomputed")
     p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16; position tables stay fp32")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"one of {list(SUPPORTED_OPSETS)}")

@@ -309,7 +309,7 @@ def _build_inner(
     if scheme is None:
         raise ConfigError("give a scheme name (see `posenc list`) or a built module.")
     spec = get_spec(scheme)
-    if unit not in spec.exports:
+    if ("op" if unit == "op-3d" else unit) not in spec.exports:
         raise ExportError(f"scheme {scheme!r} cannot be exported as unit {unit!r}; it supports {sorted(spec.exports)}.")
     config = config or AttentionConfig()
     if unit == "block":
@@ -337,7 +337,8 @@ def export_onnx(
     Args:
         path: the ONNX file to write; ``<stem>.manifest.json`` and ``<stem>.weights.pt`` go beside it.
         scheme: registered scheme name (see ``posenc list``); or give ``module``.
-        unit: ``"block"`` (AttentionBlock) or ``"op"`` (the scheme's op alone, see :mod:`posenc.export.units`).
+        unit: ``"block"`` (AttentionBlock), ``"op"`` (the scheme's op alone) or ``"op-3d"`` (a rotary op on
+            the projection layout ``[B, S, H*D]``), see :mod:`posenc.export.units`.
         params: scheme parameter overrides.
         config: attention geometry (default :class:`AttentionConfig()`).
         table_mode: ``precomputed`` (tables of ``max_positions`` rows as initializers) or ``dynamic``

@@ -5,7 +5,7 @@ read it instead of asking the user again. Fields (JSON keys):
 
 ``format``                 ``"posenc.export/1"``
 ``scheme``, ``family``, ``placement``, ``params``   registered scheme name and its resolved parameters
-``unit``                   ``"op"`` (the positional op alone) or ``"block"`` (a whole AttentionBlock)
+``unit``                   ``"op"`` (the positional op alone), ``"op-3d"`` (RoPE on ``[B, S, H*D]``) or ``"block"``
 ``table_mode``             ``"precomputed"`` or ``"dynamic"``
 ``dtype``, ``table_dtype`` activation/weight dtype of the graph; dtype of position tables (float32)
 ``opset``                  ONNX opset of the default domain

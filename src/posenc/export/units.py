@@ -1,6 +1,6 @@
 """Export units: what goes into one ONNX graph, with its inputs, outputs and dynamic dims.
 
-Two units exist:
+Three units exist:
 
 ``op``
     the scheme's positional op alone, one signature per placement
@@ -19,6 +19,10 @@ Two units exist:
 
     Inputs a scheme does not read (q and k of a position-only bias such as ALiBi) are removed from
     the graph and from the manifest. NoPE has no op.
+``op-3d``
+    for rotary (``qk``) schemes: the same rotation on the projection layout a deployed block feeds it,
+    q ``[B, S, H*D]``, k ``[B, S, Hkv*D]``, position_ids ``[B, S]`` -> q_rot, k_rot in that layout. ONNX
+    Runtime's CPU RotaryEmbedding kernel streams this layout several times faster than ``[B, H, S, D]``.
 ``block``
     :class:`posenc.blocks.AttentionBlock`: hidden ``[B, S, E]``, position_ids ``[B, S]`` (int64),
     past_key / past_value ``[B, Hkv, P, D]`` -> out ``[B, S, E]``, present_key / present_value
@@ -43,7 +47,7 @@ from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError
 from posenc.schemes.base import Placement, PositionalScheme
 
-UNITS: tuple[str, ...] = ("op", "block")
+UNITS: tuple[str, ...] = ("op", "op-3d", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +118,31 @@ class RotateOp(nn.Module):
         return self.scheme.rotate(q, k, position_ids)
 
 
+class RotateProjectionOp(nn.Module):
+    """``(q [B, S, H*D], k [B, S, Hkv*D], position_ids [B, S]) -> (q_rot, k_rot)`` in the projection layout.
+
+    Splits heads, calls the scheme's :meth:`~posenc.schemes.base.PositionalScheme.rotate` and merges heads
+    back (``posenc optimize --target ort-cpu`` turns that into two 3-D RotaryEmbedding nodes and nothing else).
+    """
+
+    def __init__(self, scheme: PositionalScheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.scheme.config
+        b, s = q.shape[0], q.shape[1]
+        q4 = q.reshape(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k4 = k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q_rot, k_rot = self.scheme.rotate(q4, k4, position_ids)
+        return (
+            q_rot.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim),
+            k_rot.transpose(1, 2).reshape(b, s, cfg.num_kv_heads * cfg.head_dim),
+        )
+
+
 class BiasOp(nn.Module):
     """``(q [B, H, S, D], k [B, H, Sk, D], q_pos [B, S], k_pos [B, Sk]) -> bias [B|1, H, S, Sk]``."""
 
@@ -171,6 +200,15 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
                 _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
+        )
+    if unit == "op-3d":
+        return (
+            [
+                _Slot("q", "act", ("batch", "seq", h * d), "[B, S, H*D]"),
+                _Slot("k", "act", ("batch", "seq", hkv * d), "[B, S, Hkv*D]"),
+                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+            ],
+            [("q_rot", "[B, S, H*D]"), ("k_rot", "[B, S, Hkv*D]")],
         )
     if placement is Placement.EMBEDDING:
         return (
@@ -267,7 +305,7 @@ def _export_dims() -> dict[str, Any]:
 
 
 def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
-    """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``).
+    """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``/``op-3d``).
 
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
@@ -281,12 +319,20 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
         return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
     scheme = inner.scheme if isinstance(inner, AttentionBlock) else inner
     if not isinstance(scheme, PositionalScheme):
-        raise ExportError(f"unit 'op' exports a PositionalScheme, got {type(inner).__name__}.")
+        raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
     if scheme.placement not in _OP_CLASSES or "op" not in scheme.spec.exports:
         raise ExportError(
             f"scheme {scheme.spec.name!r} has no positional op to export (acts at {scheme.placement.value!r}); "
             f"export unit 'block' instead (it supports {sorted(scheme.spec.exports)})."
         )
+    if unit == "op-3d":
+        if scheme.placement is not Placement.QK:
+            raise ExportError(
+                f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
+                f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
+            )
+        slots, outputs = _slots("op-3d", scheme.placement, scheme.config)
+        return ExportUnit("op-3d", RotateProjectionOp(scheme), scheme, scheme.config, dtype, slots, outputs)
     slots, outputs = _slots("op", scheme.placement, scheme.config)
     return ExportUnit("op", _OP_CLASSES[scheme.placement](scheme), scheme, scheme.config, dtype, slots, outputs)
 

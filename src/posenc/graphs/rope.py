@@ -278,9 +278,39 @@ class _RotateBeforeHeadTranspose(pattern.RewriteRuleClassBase):
         return op.Transpose(op.Reshape(rotated, shape4, allowzero=allowzero), perm=[0, 2, 1, 3])
 
 
+class _HeadsMergedBack(pattern.RewriteRuleClassBase):
+    """``Reshape(Transpose(Transpose(Reshape(y, [B,S,H,D]), 0213), 0213), [B,S,H*D])`` -> ``y``.
+
+    After a rotation moves onto ``[B, S, H*D]``, the head split it left behind is often merged straight back
+    (an op whose outputs keep the projection layout). ONNX Runtime cancels the transposes but runs the
+    reshape pair as a full copy of q and k, which doubles the traffic of the rotation.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="heads_merged_back")
+
+    def pattern(self, op, y, shape4, shape3):  # type: ignore[no-untyped-def]
+        split = op.Reshape(y, shape4, _allow_other_attributes=True)
+        back = op.Transpose(op.Transpose(split, perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3])
+        return op.Reshape(back, shape3, _allow_other_attributes=True, _outputs=["merged"])
+
+    def check(self, context, y, merged, **_):  # type: ignore[no-untyped-def]
+        shape = y.shape
+        producer = y.producer()
+        if shape is None and producer is not None and producer.op_type == "RotaryEmbedding":
+            shape = producer.inputs[0].shape  # a rotation keeps its input's shape
+        if shape is None or merged.shape is None or len(shape) != 3 or list(shape) != list(merged.shape):
+            return pattern.MatchResult().fail("the merge does not restore y's [B, S, H*D] shape", merged)
+        return True
+
+    def rewrite(self, op, y, **_):  # type: ignore[no-untyped-def]
+        return op.Identity(y)
+
+
 _LAYOUT_3D_RULES = pattern.RewriteRuleSet(
     [_RotateBeforeHeadTranspose.rule(False), _RotateBeforeHeadTranspose.rule(True)]
 )
+_MERGE_BACK_RULES = pattern.RewriteRuleSet([_HeadsMergedBack.rule()])
 
 
 def rope_to_3d(model: ir.Model) -> int:
@@ -291,7 +321,10 @@ def rope_to_3d(model: ir.Model) -> int:
     transpose of a projection (e.g. a graph input already in ``[B, H, S, D]``) keep the 4-D layout,
     which measured faster than adding two transposes around a 3-D op.
     """
-    return _LAYOUT_3D_RULES.apply_to_model(model)
+    moved = _LAYOUT_3D_RULES.apply_to_model(model)
+    if moved:
+        _MERGE_BACK_RULES.apply_to_model(model)  # the split left behind may be merged straight back
+    return moved
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,280 @@
+"""Runs a benchmark plan: copy bandwidth first, then every case on every backend, saving as it goes.
+
+Results are written after each measurement (``bench.json``, ``bench.md``); plots when the run ends.
+Ctrl-C keeps everything measured so far: the document is marked ``interrupted``, written out, and the
+interrupt propagates (``posenc bench`` exits with status 130).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.bench.backends import Backend, Runner, SkipCase, get_backends
+from posenc.bench.bandwidth import CopyBandwidth, CopyRunner, measure_copy_bandwidth
+from posenc.bench.models import ModelStore
+from posenc.bench.plan import BenchCase
+from posenc.bench.progress import Progress
+from posenc.bench.results import BenchDocument, BenchRecord
+from posenc.bench.tables import format_seconds
+from posenc.bench.timing import Timing, TimingSettings, measure, measure_interleaved
+from posenc.bench.workloads import Workload, build_workload
+from posenc.errors import ConfigError, PosencError
+
+JSON_NAME = "bench.json"
+COPY_RUNNER = "copy"
+"""Name of the copy timed alongside large ops (never a backend name)."""
+MARKDOWN_NAME = "bench.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How a plan is run.
+
+    Attributes:
+        timing: warm-up, repeats, time budget per measurement.
+        threads: intra-op threads of PyTorch and ONNX Runtime (the same for both, so ratios are fair).
+        copy_mib: size of the copy-bandwidth array (MiB).
+        copy_repeats: timed copies of the bandwidth measurement.
+        keep_models: keep exported/optimized graphs under ``OUT/models`` (else a temporary folder).
+        plots: write PNG plots at the end.
+        copy_alongside_mib: positional ops moving at least this many MiB per call are timed in alternating
+            rounds with a ``copy_mib`` copy, and their roofline ratio uses that copy (0: never).
+    """
+
+    timing: TimingSettings = dataclasses.field(default_factory=TimingSettings)
+    threads: int = 2
+    copy_mib: int = 1024
+    copy_repeats: int = 5
+    keep_models: bool = False
+    plots: bool = True
+    copy_alongside_mib: int = 32
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ConfigError(f"threads must be a positive int, got {self.threads!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "timing": self.timing.to_dict()}
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Set PyTorch's intra-op thread count for the block, restoring it afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run_bench(
+    cases: Sequence[BenchCase],
+    settings: RunSettings = RunSettings(),
+    output: str | Path | None = None,
+    *,
+    progress: bool = True,
+    bandwidth: CopyBandwidth | None = None,
+    on_record: Callable[[BenchRecord], None] | None = None,
+    store: ModelStore | None = None,
+) -> BenchDocument:
+    """Measure every case on each of its backends and return (and, with ``output``, write) the results.
+
+    Args:
+        cases: from :func:`posenc.bench.plan.make_plan` or :func:`~posenc.bench.plan.targets_plan`.
+        settings: timing, threads, bandwidth measurement.
+        output: folder for ``bench.json``, ``bench.md`` and the plots; ``None`` writes nothing.
+        progress: show a progress bar on stderr.
+        bandwidth: a copy bandwidth measured already in this run (else measured here first).
+        on_record: called after each record (tests use it to interrupt a run).
+        store: graphs already exported / optimized (``posenc demo`` passes its own); the caller closes it.
+
+    Raises:
+        KeyboardInterrupt: after the partial results are written.
+    """
+    out = None if output is None else Path(output)
+    doc = BenchDocument(settings=settings.to_dict())
+    backend_map = _backends_of(cases)
+    doc.backends = {
+        name: {"description": b.description, "available": b.unavailable() is None, "reason": b.unavailable() or ""}
+        for name, b in backend_map.items()
+    }
+    total = sum(len(c.backends) for c in cases)
+    bar = Progress(total, enabled=progress)
+    store_folder = out / "models" if (out is not None and settings.keep_models) else None
+    try:
+        bar.show("measuring copy bandwidth")
+        doc.copy_bandwidth = bandwidth or measure_copy_bandwidth(settings.copy_mib, settings.copy_repeats)
+        _save(doc, out, plots=False)
+        with torch_threads(settings.threads), contextlib.ExitStack() as stack:
+            if store is None:
+                store = stack.enter_context(ModelStore(store_folder))
+            for case in cases:
+                for record in _run_case(case, backend_map, store, settings, bar):
+                    doc.add(record)
+                    _save(doc, out, plots=False)
+                    if on_record is not None:
+                        on_record(record)
+        doc.finish("complete")
+    except KeyboardInterrupt:
+        doc.finish("interrupted")
+        bar.close()
+        _save(doc, out, plots=settings.plots)
+        raise
+    bar.close()
+    from posenc.bench.targets import evaluate_targets
+
+    doc.targets = [t.to_dict() for t in evaluate_targets(doc)]
+    _save(doc, out, plots=settings.plots)
+    return doc
+
+
+def _backends_of(cases: Sequence[BenchCase]) -> dict[str, Backend]:
+    names: list[str] = []
+    for case in cases:
+        names.extend(n for n in case.backends if n not in names)
+    return {b.name: b for b in get_backends(names)} if names else {}
+
+
+def _record(case: BenchCase, backend: str, status: str, reason: str = "", **extra: Any) -> BenchRecord:
+    return BenchRecord(
+        scheme=case.scheme,
+        unit=case.unit,
+        table_mode=case.table_mode,
+        backend=backend,
+        shape=case.shape,
+        config=case.config.to_dict(),
+        status=status,
+        reason=reason,
+        **extra,
+    )
+
+
+def _run_case(
+    case: BenchCase, backends: dict[str, Backend], store: ModelStore, settings: RunSettings, bar: Progress
+) -> Iterator[BenchRecord]:
+    """Yield one record per backend of ``case``."""
+    if case.skip_reason:
+        for name in case.backends:
+            bar.step(f"{case.label} {name}: skipped")
+            yield _record(case, name, "skipped", case.skip_reason)
+        return
+    bar.show(f"{case.label}: building")
+    try:
+        workload = build_workload(case.scheme, case.unit, case.table_mode, case.config, case.shape)
+    except PosencError as exc:
+        for name in case.backends:
+            bar.step(f"{case.label} {name}: skipped")
+            yield _record(case, name, "skipped", str(exc))
+        return
+    if any(name != "torch" and backends[name].unavailable() is None for name in case.backends):
+        with contextlib.suppress(SkipCase):  # the failure is recorded per backend below
+            bar.show(f"{case.label}: exporting")
+            store.exported(workload)  # also tells which inputs the graph reads, for the byte count
+    records: dict[str, BenchRecord] = {}
+    runners: dict[str, Runner] = {}
+    for name in case.backends:
+        backend = backends[name]
+        reason = backend.unavailable()
+        if reason:
+            records[name] = _record(case, name, "skipped", reason)
+            continue
+        bar.show(f"{case.label} {name}: preparing")
+        try:
+            runners[name] = backend.prepare(workload, store, settings.threads)
+        except SkipCase as exc:
+            records[name] = _record(case, name, "skipped", str(exc))
+        except Exception as exc:  # one broken case must not end a long run; the message goes into the report
+            records[name] = _record(case, name, "error", f"{type(exc).__name__}: {exc}")
+    if runners:
+        copy = _copy_alongside(case, workload, settings, store)
+        if copy is not None:
+            runners[COPY_RUNNER] = copy
+        bar.show(f"{case.label}: timing {', '.join(runners)}")
+        outcomes = _time_runners(runners, settings)
+        copy_timing = outcomes.pop(COPY_RUNNER, None)
+        copy_bps = copy.bytes_per_call / copy_timing.median if isinstance(copy_timing, Timing) else None
+        for name, outcome in outcomes.items():
+            if isinstance(outcome, Exception):
+                records[name] = _record(case, name, "error", f"{type(outcome).__name__}: {outcome}")
+            else:
+                records[name] = _ok_record(case, name, workload, outcome, store)
+                records[name].copy_bytes_per_s = copy_bps
+    runners.clear()  # release sessions before the next case allocates
+    for name in case.backends:
+        record = records[name]
+        done = format_seconds(record.median) if record.status == "ok" else record.status
+        bar.step(f"{case.label} {name}: {done}")
+        yield record
+
+
+def _copy_alongside(case: BenchCase, workload: Workload, settings: RunSettings, store: ModelStore) -> Any:
+    """A copy to time with a large memory-bound op (see :attr:`RunSettings.copy_alongside_mib`), else None."""
+    limit = settings.copy_alongside_mib
+    if not limit or not case.unit.startswith("op") or workload.bytes_moved < limit * (1 << 20):
+        return None
+    return store.cached(("copy", settings.copy_mib), lambda: CopyRunner(settings.copy_mib))
+
+
+def _time_runners(runners: dict[str, Runner], settings: RunSettings) -> dict[str, Timing | Exception]:
+    """Interleaved timing of every runner; when one fails, the others are timed alone so they still count."""
+    try:
+        return dict(measure_interleaved(runners, settings.timing))
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        outcomes: dict[str, Timing | Exception] = {}
+        for name, run in runners.items():
+            try:
+                outcomes[name] = measure(run, settings.timing)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                outcomes[name] = exc
+        return outcomes
+
+
+def _ok_record(case: BenchCase, name: str, workload: Workload, timing: Timing, store: ModelStore) -> BenchRecord:
+    graph = store.graph_notes.get((workload.key, "ort-cpu")) if name == "ort-cpu-fused" else None
+    return _record(
+        case,
+        name,
+        "ok",
+        timing=timing.to_dict(),
+        bytes_moved=workload.bytes_moved,
+        bytes_per_s=workload.bytes_moved / timing.median,
+        graph=graph,
+    )
+
+
+def _save(doc: BenchDocument, out: Path | None, plots: bool) -> None:
+    _fill_ratios(doc)
+    if out is None:
+        return
+    from posenc.bench.tables import bench_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc.save(out / JSON_NAME)
+    from posenc.report.files import atomic_write_text
+
+    atomic_write_text(out / MARKDOWN_NAME, bench_markdown(doc, plots=plots))
+    if plots and doc.ok():
+        from posenc.bench.plots import write_plots
+
+        write_plots(doc, out)
+
+
+def _fill_ratios(doc: BenchDocument) -> None:
+    for record in doc.records:
+        if record.bytes_per_s is None:
+            continue
+        if record.copy_bytes_per_s:
+            record.roofline_ratio = record.bytes_per_s / record.copy_bytes_per_s
+        elif doc.copy_bandwidth is not None:
+            record.roofline_ratio = record.bytes_per_s / doc.copy_bandwidth.bytes_per_s

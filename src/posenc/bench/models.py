@@ -1,0 +1,177 @@
+"""The ONNX graphs and engines a benchmark run needs, made once per workload and kept in one folder."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from posenc.bench.backends import SkipCase
+from posenc.bench.workloads import Workload
+from posenc.errors import PosencError
+
+SESSION_CACHE_SIZE = 4
+"""Sessions kept alive at once (each holds its graph's weights and a thread pool)."""
+
+
+class ModelStore:
+    """Exports, optimizes and builds on demand; each artifact once per workload key.
+
+    Args:
+        folder: where files go; ``None`` makes a temporary folder removed by :meth:`close`.
+    """
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._temporary = folder is None
+        self.folder = Path(tempfile.mkdtemp(prefix="posenc-bench-")) if folder is None else Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._exported: dict[str, Path] = {}
+        self._graph_inputs: dict[str, list[str]] = {}
+        self._optimized: dict[tuple[str, str], Path] = {}
+        self._failures: dict[tuple[str, str], str] = {}
+        self.graph_notes: dict[tuple[str, str], dict[str, Any]] = {}
+        self._closers: list[Callable[[], Any]] = []
+        self._cache: dict[tuple[Any, ...], Any] = {}
+
+    def adopt(
+        self,
+        key: str,
+        exported: Path,
+        optimized: Mapping[str, Path] | None = None,
+        notes: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Use graphs made elsewhere (e.g. by ``posenc demo``) for the workloads with this key.
+
+        Args:
+            key: :func:`posenc.bench.workloads.workload_key` of the workloads.
+            exported: the exported ONNX file.
+            optimized: target -> optimized ONNX file (e.g. ``{"ort-cpu": path}``).
+            notes: target -> what the optimization reported (pass counts).
+        """
+        self._exported[key] = Path(exported)
+        self._graph_inputs[key] = _graph_input_names(Path(exported))
+        for target, path in (optimized or {}).items():
+            self._optimized[(key, target)] = Path(path)
+        for target, info in (notes or {}).items():
+            self.graph_notes[(key, target)] = dict(info)
+
+    def exported(self, workload: Workload) -> Path:
+        """The decomposed ONNX graph of ``workload`` (exported on first use)."""
+        key = workload.key
+        if key not in self._exported:
+            failure = self._failures.get((key, "export"))
+            if failure:
+                raise SkipCase(failure)
+            try:
+                self._exported[key] = workload.export(self.folder / f"{key}.onnx")
+            except PosencError as exc:
+                self._failures[(key, "export")] = f"export failed: {exc}"
+                raise SkipCase(self._failures[(key, "export")]) from None
+            self._graph_inputs[key] = _graph_input_names(self._exported[key])
+        workload.mark_read_inputs(self._graph_inputs[key])
+        return self._exported[key]
+
+    def optimized(self, workload: Workload, target: str) -> Path:
+        """The graph optimized by :mod:`posenc.graphs` for ``target`` (e.g. ``ort-cpu``)."""
+        key = (workload.key, target)
+        if key in self._failures:
+            raise SkipCase(self._failures[key])
+        if key not in self._optimized:
+            source = self.exported(workload)
+            try:
+                graphs = importlib.import_module("posenc.graphs")
+            except ModuleNotFoundError:
+                self._failures[key] = "posenc.graphs (graph optimization) is not available in this installation"
+                raise SkipCase(self._failures[key]) from None
+            optimize_file = getattr(graphs, "optimize_file", None)
+            if optimize_file is None:
+                self._failures[key] = "posenc.graphs provides no optimize_file() in this installation"
+                raise SkipCase(self._failures[key])
+            destination = self.folder / f"{workload.key}.{target}.onnx"
+            try:
+                notes = optimize_file(source, destination, target)
+            except PosencError as exc:
+                self._failures[key] = f"optimization for {target} failed: {exc}"
+                raise SkipCase(self._failures[key]) from None
+            self.graph_notes[key] = _as_dict(notes)
+            self._optimized[key] = destination
+        return self._optimized[key]
+
+    def engine(self, workload: Workload) -> Path:
+        """A TensorRT engine built by :mod:`posenc.engine` from the graph optimized for ``trt``
+        (the exported graph when that optimization fails)."""
+        key = (workload.key, "engine")
+        if key in self._failures:
+            raise SkipCase(self._failures[key])
+        if key in self._optimized:
+            return self._optimized[key]
+        try:
+            source = self.optimized(workload, "trt")
+        except SkipCase:
+            source = self.exported(workload)
+        try:
+            engine = importlib.import_module("posenc.engine")
+        except ModuleNotFoundError:
+            self._failures[key] = "posenc.engine (TensorRT builds) is not available in this installation"
+            raise SkipCase(self._failures[key]) from None
+        destination = self.folder / f"{workload.key}.engine"
+        try:
+            engine.build_engine(source, destination)
+        except PosencError as exc:  # BuildError, BackendUnavailable, ConfigError (targets)
+            self._failures[key] = f"engine build failed: {exc}"
+            raise SkipCase(self._failures[key]) from None
+        self._optimized[key] = destination
+        return destination
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` once per ``key`` among the last :data:`SESSION_CACHE_SIZE` keys (e.g. ORT sessions).
+
+        Consecutive shapes of one graph reuse its session; older ones are released.
+        """
+        if key in self._cache:
+            self._cache[key] = self._cache.pop(key)  # most recently used last
+            return self._cache[key]
+        while len(self._cache) >= SESSION_CACHE_SIZE:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = make()
+        return self._cache[key]
+
+    def on_close(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` when the store closes (e.g. release a GPU runner)."""
+        self._closers.append(callback)
+
+    def close(self) -> None:
+        """Release runners and remove the folder if it is temporary."""
+        for callback in reversed(self._closers):
+            with contextlib.suppress(Exception):  # cleanup must not hide the run's own outcome
+                callback()
+        self._closers.clear()
+        self._cache.clear()
+        if self._temporary:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> ModelStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_dict(notes: Any) -> dict[str, Any]:
+    if notes is None:
+        return {}
+    if isinstance(notes, dict):
+        return notes
+    to_dict = getattr(notes, "to_dict", None)
+    return to_dict() if callable(to_dict) else {"notes": str(notes)}
+
+
+def _graph_input_names(path: Path) -> list[str]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return [value.name for value in model.graph.input]

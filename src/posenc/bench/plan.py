@@ -1,0 +1,136 @@
+"""What a benchmark run measures: a list of cases (scheme, unit, table mode, shape, geometry, backends).
+
+Named suites: ``default`` (every scheme, op and block, prefill and decode, every backend) and ``targets``
+(exactly the comparisons of the project's CPU targets; see :mod:`posenc.bench.targets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from posenc.bench.backends import get_backends
+from posenc.bench.shapes import PRESETS, Shape
+from posenc.bench.workloads import UNITS, check_unit
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+from posenc.schemes import get_spec, scheme_names
+from posenc.schemes.base import TableMode
+
+LLAMA_LIKE = AttentionConfig(
+    hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128, causal=True, max_position_embeddings=4096
+)
+"""The default block: Llama's head geometry (head_dim 128, 4 query heads per kv head), scaled down in width
+so a CPU benchmarks every scheme in minutes."""
+
+ROPE_TARGET_CONFIG = AttentionConfig(
+    hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128, causal=True, max_position_embeddings=4096
+)
+"""Geometry of the RoPE-op target: H=32, D=128 (q and k both 32 heads)."""
+
+ROPE_TARGET_SHAPE = Shape("prefill", batch=1, seq=2048)
+BLOCK_TARGET_SHAPE = Shape("prefill", batch=1, seq=512)
+TABLE_MODE_CHOICES = ("auto", "precomputed", "dynamic", "all")
+SUITES = ("default", "targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchCase:
+    """One workload to build, timed on each of ``backends``."""
+
+    scheme: str
+    unit: str
+    table_mode: str
+    shape: Shape
+    config: AttentionConfig
+    backends: tuple[str, ...]
+    skip_reason: str = ""
+    """Non-empty: the case is recorded as skipped for every backend (e.g. an unsupported table mode)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.scheme} {self.unit} {self.table_mode} {self.shape.label}"
+
+
+def table_modes_for(scheme: str, choice: str) -> list[tuple[str, str]]:
+    """``(mode, skip_reason)`` pairs of ``scheme`` for a ``--table-mode`` choice.
+
+    ``auto`` picks precomputed when the scheme has it, else dynamic; ``all`` every mode the scheme has;
+    a named mode the scheme lacks comes back with a skip reason.
+    """
+    if choice not in TABLE_MODE_CHOICES:
+        raise ConfigError(f"unknown table mode choice {choice!r}; use one of {list(TABLE_MODE_CHOICES)}.")
+    modes = get_spec(scheme).table_modes
+    supported = [m.value for m in (TableMode.PRECOMPUTED, TableMode.DYNAMIC) if m in modes]
+    if choice == "auto":
+        return [(supported[0], "")]
+    if choice == "all":
+        return [(m, "") for m in supported]
+    if choice in supported:
+        return [(choice, "")]
+    return [(choice, f"{scheme} has no table mode {choice!r} (it has {supported})")]
+
+
+def resolve_schemes(names: Sequence[str] | None) -> list[str]:
+    """Scheme names to run (all registered when empty); unknown names raise with the valid list."""
+    if not names:
+        return scheme_names()
+    for name in names:
+        get_spec(name)
+    return list(dict.fromkeys(names))
+
+
+def make_plan(
+    schemes: Sequence[str] | None = None,
+    units: Sequence[str] | None = None,
+    table_mode: str = "auto",
+    shapes: Sequence[Shape] | None = None,
+    backends: Sequence[str] | None = None,
+    config: AttentionConfig = LLAMA_LIKE,
+) -> list[BenchCase]:
+    """The cross product of the choices, in an order that reuses each export across backends.
+
+    Raises:
+        ConfigError: unknown scheme, unit, table mode choice or backend; an empty shape list.
+    """
+    names = resolve_schemes(schemes)
+    unit_list = list(dict.fromkeys(units or UNITS))
+    for unit in unit_list:
+        if unit not in UNITS:
+            raise ConfigError(f"unknown unit {unit!r}; use one of {list(UNITS)}.")
+    explicit_units = bool(units)
+    shape_list = list(shapes) if shapes is not None else list(PRESETS.values())
+    if not shape_list:
+        raise ConfigError("no shapes to benchmark; give at least one --shape.")
+    backend_names = tuple(b.name for b in get_backends(list(backends) if backends else None))
+    cases = []
+    for scheme in names:
+        for unit in unit_list:
+            unit_reason = check_unit(scheme, unit)
+            if unit_reason and not explicit_units:
+                continue  # by default a scheme gets the units it has; asked-for units show why not
+            for mode, mode_reason in table_modes_for(scheme, table_mode):
+                for shape in shape_list:
+                    reason = unit_reason or mode_reason or ""
+                    cases.append(BenchCase(scheme, unit, mode, shape, config, backend_names, reason))
+    return cases
+
+
+def targets_plan(schemes: Sequence[str] | None = None, backends: Sequence[str] | None = None) -> list[BenchCase]:
+    """The cases :func:`posenc.bench.targets.evaluate_targets` needs.
+
+    1. RoPE op, B=1 S=2048 H=32 D=128 fp32, precomputed tables, on the projection layout ``[B, S, H*D]``
+       (unit ``op-3d``, the target) and on ``[B, H, S, D]`` (unit ``op``, for comparison): eager, ORT CPU
+       decomposed and fused.
+    2. Every scheme's attention block (Llama-like geometry) at B=1 S=512: eager, ORT CPU decomposed and fused.
+    """
+    chosen = tuple(backends) if backends else ("torch", "ort-cpu", "ort-cpu-fused")
+    get_backends(list(chosen))
+    cases = [
+        BenchCase("rope", unit, "precomputed", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, chosen)
+        for unit in ("op-3d", "op")
+    ]
+    for scheme in resolve_schemes(schemes):
+        for mode, reason in table_modes_for(scheme, "auto"):
+            cases.append(BenchCase(scheme, "block", mode, BLOCK_TARGET_SHAPE, LLAMA_LIKE, chosen, reason))
+    return cases

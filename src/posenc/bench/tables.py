@@ -1,0 +1,132 @@
+"""Markdown tables of a benchmark document: backends, targets, latency per backend, roofline ratios."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from posenc.bench.results import BenchDocument, BenchRecord
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (pipes in cells are escaped)."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``0.00123`` -> ``1.23 ms``; µs below a millisecond."""
+    if seconds is None:
+        return "—"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def backend_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    headers = ["backend", "what", "status"]
+    rows = [
+        [name, info["description"], "available" if info["available"] else f"skipped: {info['reason']}"]
+        for name, info in doc.backends.items()
+    ]
+    return headers, rows
+
+
+def target_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    headers = ["target", "measured", "needed", "verdict", "detail"]
+    rows = []
+    for t in doc.targets:
+        measured = "—" if t["measured"] is None else f"{t['measured']:.2f}"
+        verdict = {True: "PASS", False: "MISS", None: "not measured"}[t["passed"]]
+        rows.append([t["name"], measured, f"≥ {t['threshold']:.2f}", verdict, t["detail"]])
+    return headers, rows
+
+
+def _case_key(r: BenchRecord) -> tuple[Any, ...]:
+    c = r.config
+    return (r.scheme, r.unit, r.table_mode, r.shape, c["num_heads"], c["num_kv_heads"], c["head_dim"])
+
+
+def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    """One row per case; per backend the median (p90); then the best bytes/s and its share of copy bandwidth."""
+    backends = list(doc.backends) or list(dict.fromkeys(r.backend for r in doc.records))
+    cases: dict[tuple[Any, ...], dict[str, BenchRecord]] = {}
+    for record in doc.records:
+        cases.setdefault(_case_key(record), {})[record.backend] = record
+    headers = ["scheme", "unit", "tables", "shape", "H/Hkv/D", *backends, "best GB/s", "% of copy BW"]
+    rows = []
+    for key, by_backend in cases.items():
+        scheme, unit, mode, shape, h, hkv, d = key
+        cells = []
+        for name in backends:
+            r = by_backend.get(name)
+            if r is None:
+                cells.append("")
+            elif r.status == "ok":
+                cells.append(f"{format_seconds(r.median)} ({format_seconds(r.timing['p90_s'])})")
+            else:
+                cells.append(r.status)
+        ok = [r for r in by_backend.values() if r.status == "ok" and r.bytes_per_s]
+        best = max(ok, key=lambda r: r.bytes_per_s or 0.0, default=None)
+        gbs = "—" if best is None else f"{best.bytes_per_s / 1e9:.1f} ({best.backend})"
+        share = "—" if best is None or best.roofline_ratio is None else f"{100 * best.roofline_ratio:.0f} %"
+        rows.append([scheme, unit, mode, shape.label, f"{h}/{hkv}/{d}", *cells, gbs, share])
+    return headers, rows
+
+
+def skip_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    """Distinct reasons of skipped and failed records, with how many records each covers."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in doc.records:
+        if r.status != "ok":
+            counts[(r.status, r.backend, r.reason)] = counts.get((r.status, r.backend, r.reason), 0) + 1
+    rows = [[status, backend, str(n), reason] for (status, backend, reason), n in counts.items()]
+    return ["status", "backend", "records", "reason"], rows
+
+
+def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
+    """The whole benchmark report as Markdown (plots referenced as sibling PNG files)."""
+    bw = doc.copy_bandwidth
+    machine = doc.machine
+    timing = doc.settings.get("timing", {})
+    lines = [
+        "# posenc bench",
+        "",
+        f"Status: **{doc.status}**, started {doc.created}"
+        + (f", finished {doc.finished}" if doc.finished else "")
+        + ".",
+        f"Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs; "
+        f"torch {machine.get('torch')}, "
+        f"onnxruntime {machine.get('onnxruntime')}, posenc {machine.get('posenc')}.",
+        f"Threads: {doc.settings.get('threads')}; warm-up {timing.get('warmup')}, up to {timing.get('repeats')} timed "
+        f"calls (at most {timing.get('max_seconds')} s each measurement); IOBinding with preallocated outputs.",
+    ]
+    if bw is not None:
+        lines.append(
+            f"Copy bandwidth (same run): **{bw.bytes_per_s / 1e9:.1f} GB/s** ({bw.mib} MiB numpy copy, read + write "
+            f"counted, median of {bw.repeats})."
+        )
+    lines += [
+        "Bytes per call = inputs read + outputs written + projection weights; `% of copy BW` = those bytes per "
+        "second ÷ the copy bandwidth (the roofline ratio; above 100 % the working set stayed in the CPU caches; "
+        "ops moving ≥ 32 MiB per call are divided by a copy timed in the same alternating rounds). "
+        "Latency cells: median (p90); the backends of one row were timed in alternating rounds.",
+        "",
+        "## Backends",
+        "",
+        markdown_table(*backend_rows(doc)),
+    ]
+    if doc.targets:
+        lines += ["", "## Targets", "", markdown_table(*target_rows(doc))]
+    lines += ["", "## Latency", "", markdown_table(*latency_rows(doc))]
+    headers, rows = skip_rows(doc)
+    if rows:
+        lines += ["", "## Skipped and failed", "", markdown_table(headers, rows)]
+    if plots and doc.ok():
+        lines += ["", "## Plots", "", "![latency](latency.png)", "", "![roofline](roofline.png)"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,127 @@
+"""The harness on tiny sizes: files written, skips with reasons, interrupts keep results. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from posenc.bench import BenchDocument, RunSettings, TimingSettings, make_plan, run_bench
+from posenc.bench.bandwidth import CopyBandwidth
+from posenc.bench.shapes import Shape
+from posenc.bench.targets import evaluate_targets
+from posenc.config import AttentionConfig
+
+TINY = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
+FAST = RunSettings(timing=TimingSettings(warmup=1, repeats=3, min_repeats=1, max_seconds=0.5), threads=1, plots=True)
+FIXED_BW = CopyBandwidth(bytes_per_s=10e9, mib=1, repeats=1, samples=(10e9,))
+
+
+def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
+    backends = ["torch", "ort-cpu", "ort-cuda", "tensorrt"]
+    plan = make_plan(["rope"], ["op"], "precomputed", [Shape("prefill", 1, 8)], backends, TINY)
+    doc = run_bench(plan, FAST, tmp_path, progress=False, bandwidth=FIXED_BW)
+    by_backend = {r.backend: r for r in doc.records}
+    for name in ("torch", "ort-cpu"):
+        record = by_backend[name]
+        assert record.status == "ok", record.reason
+        assert record.timing["runs"] >= 1
+        assert record.timing["median_s"] > 0
+        assert math.isclose(record.bytes_per_s, record.bytes_moved / record.timing["median_s"])
+        assert math.isclose(record.roofline_ratio, record.bytes_per_s / FIXED_BW.bytes_per_s)
+    cuda = by_backend["ort-cuda"]
+    assert cuda.status == "skipped"
+    assert "CUDAExecutionProvider" in cuda.reason
+    trt = by_backend["tensorrt"]
+    assert trt.status == "skipped"
+    assert "GPU" in trt.reason or "not installed" in trt.reason
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["status"] == "complete"
+    assert len(saved["results"]) == 4
+    assert BenchDocument.load(tmp_path / "bench.json").records[0].shape == Shape("prefill", 1, 8)
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "| rope | op | precomputed | prefill B=1 S=8 |" in markdown
+    assert "CUDAExecutionProvider" in markdown
+    for png in ("latency.png", "roofline.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_unit_and_table_mode_are_skipped_with_reasons(tmp_path) -> None:
+    plan = make_plan(["nope", "rope_dynamic"], ["op"], "precomputed", [Shape("prefill", 1, 2)], ["torch"], TINY)
+    doc = run_bench(plan, FAST, None, progress=False, bandwidth=FIXED_BW)
+    reasons = {r.scheme: r.reason for r in doc.records}
+    assert all(r.status == "skipped" for r in doc.records)
+    assert "no positional op" in reasons["nope"]
+    assert "no table mode 'precomputed'" in reasons["rope_dynamic"]
+
+
+def test_interrupted_run_keeps_what_it_measured(tmp_path) -> None:
+    shapes = [Shape("prefill", 1, 4), Shape("prefill", 2, 4), Shape("prefill", 3, 4)]
+    plan = make_plan(["alibi"], ["op"], "dynamic", shapes, ["torch"], TINY)
+    seen = []
+
+    def interrupt_after_two(record) -> None:
+        seen.append(record)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(plan, FAST, tmp_path, progress=False, bandwidth=FIXED_BW, on_record=interrupt_after_two)
+    saved = BenchDocument.load(tmp_path / "bench.json")
+    assert saved.status == "interrupted"
+    assert [r.shape.batch for r in saved.records] == [1, 2]
+    assert all(r.status == "ok" for r in saved.records)
+    assert "interrupted" in (tmp_path / "bench.md").read_text()
+
+
+def test_targets_are_ratios_of_records_from_one_document() -> None:
+    from posenc.bench.plan import BLOCK_TARGET_SHAPE, LLAMA_LIKE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE
+    from posenc.bench.results import BenchRecord
+
+    def record(scheme, unit, backend, shape, config, median, ratio=None):
+        timing = {"median_s": median, "p90_s": median, "mean_s": median, "min_s": median, "runs": 1}
+        return BenchRecord(
+            scheme, unit, "precomputed", backend, shape, config.to_dict(), "ok", timing=timing, roofline_ratio=ratio
+        )
+
+    doc = BenchDocument(settings={}, machine={})
+    doc.records = [
+        record("rope", "op-3d", "ort-cpu", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, 0.030, 0.15),
+        record("rope", "op-3d", "ort-cpu-fused", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, 0.004, 0.9),
+        record("alibi", "block", "torch", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.020),
+        record("alibi", "block", "ort-cpu", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.025),
+        record("rope", "block", "torch", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.020),
+        record("rope", "block", "ort-cpu", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.030),
+        record("rope", "block", "ort-cpu-fused", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.016),
+        record("t5", "block", "torch", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.020),
+        record("t5", "block", "ort-cpu", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.010),
+        record("t5", "block", "ort-cpu-fused", BLOCK_TARGET_SHAPE, LLAMA_LIKE, 0.040),
+    ]
+    checks = evaluate_targets(doc)
+    assert [c.passed for c in checks] == [True, True, False, True, True]
+    assert checks[0].measured == pytest.approx(0.9)
+    assert checks[1].measured == pytest.approx(0.030 / 0.004)
+    assert checks[2].measured == pytest.approx(0.020 / 0.025)
+    assert checks[3].measured == pytest.approx(0.020 / 0.016)  # the faster ORT graph counts
+    assert checks[4].measured == pytest.approx(0.020 / 0.010)
+    assert "ort-cpu 10.00 ms" in checks[4].detail
+
+
+def test_large_ops_are_divided_by_a_copy_timed_alongside(tmp_path) -> None:
+    wide = AttentionConfig(hidden_size=512, num_heads=8, num_kv_heads=8, max_position_embeddings=256)
+    settings = RunSettings(
+        timing=TimingSettings(warmup=1, repeats=4, min_repeats=1, rounds=2, max_seconds=None),
+        threads=1,
+        copy_mib=1,
+        copy_alongside_mib=1,
+        plots=False,
+    )
+    plan = make_plan(["rope"], ["op-3d", "block"], "precomputed", [Shape("prefill", 1, 160)], ["torch"], wide)
+    doc = run_bench(plan, settings, None, progress=False, bandwidth=FIXED_BW)
+    op, block = doc.records
+    assert op.bytes_moved >= 1 << 20
+    assert op.copy_bytes_per_s is not None
+    assert math.isclose(op.roofline_ratio, op.bytes_per_s / op.copy_bytes_per_s)
+    assert block.copy_bytes_per_s is None  # blocks keep the run's copy bandwidth
+    assert math.isclose(block.roofline_ratio, block.bytes_per_s / FIXED_BW.bytes_per_s)

@@ -1,0 +1,110 @@
+"""`posenc demo --quick` end to end: the report names every scheme, has verdicts and numbers, and is self-contained.
+
+The demo runs once (about a minute on two idle cores); one test checks the whole report, so pytest-xdist
+never runs the demo twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from posenc.cli import main
+from posenc.schemes import get_spec, scheme_names
+
+
+def _section(markdown: str, title: str) -> str:
+    start = markdown.index(f"## {title}")
+    end = markdown.find("\n## ", start + 1)
+    return markdown[start : end if end > 0 else None]
+
+
+def _table_rows(section: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| scheme"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows.setdefault(cells[0], cells)
+    return rows
+
+
+def _check_parity(out: Path, markdown: str) -> None:
+    matrix = _table_rows(_section(markdown, "Parity matrix"))
+    assert set(matrix) == set(scheme_names())
+    for scheme, cells in matrix.items():
+        supported = {m.value for m in get_spec(scheme).table_modes}
+        verdicts = [c for c in cells[1:] if c.split(" ")[0] in ("PASS", "FAIL")]
+        assert verdicts, f"{scheme} has no parity verdict: {cells}"
+        # columns: precomputed (exported, optimized), dynamic (exported, optimized)
+        for mode, pair in (("precomputed", cells[1:3]), ("dynamic", cells[3:5])):
+            if mode not in supported:
+                assert pair == ["n/a", "n/a"], (scheme, pair)
+        for cell in verdicts:  # a verdict carries the largest error as a number
+            assert re.search(r"\d\.\de[-+]\d\d", cell), cell
+    results = json.loads((out / "demo.json").read_text())
+    assert {r["scheme"] for r in results["pipeline"]} == set(scheme_names())
+    for record in results["pipeline"]:
+        for graph, stage in record["parity"].items():
+            assert stage["status"] == "ok", (record["scheme"], graph, stage)
+            assert (out / "parity" / stage["details"]).read_text().startswith("### Parity")
+
+
+def _check_latency(out: Path, markdown: str) -> None:
+    latency = _section(markdown, "Latency")
+    assert re.search(r"\*\*\d+\.\d GB/s\*\*", latency), "copy bandwidth missing"
+    bench = json.loads((out / "bench" / "bench.json").read_text())
+    assert bench["status"] == "complete"
+    timed = {r["scheme"] for r in bench["results"] if r["unit"] == "block" and r["status"] == "ok"}
+    assert timed == set(scheme_names())
+    for scheme in scheme_names():
+        rows = [line for line in latency.splitlines() if line.startswith(f"| {scheme} | block |")]
+        assert rows, scheme
+        for row in rows:  # torch, ort-cpu and ort-cpu-fused columns hold times
+            assert len(re.findall(r"\d+\.\d+ (?:ms|µs) \(", row)) >= 3, row
+    for backend in ("ort-cuda", "tensorrt"):  # missing backends: skipped, with the reason
+        records = [r for r in bench["results"] if r["backend"] == backend]
+        assert records
+        assert all(r["status"] == "skipped" and r["reason"] for r in records)
+        assert records[0]["reason"] in markdown
+
+
+def _check_engines_and_plots(out: Path, markdown: str) -> None:
+    engines = _table_rows(_section(markdown, "TensorRT engine builds"))
+    assert set(engines) == set(scheme_names())
+    for cells in engines.values():
+        assert cells[2].split(" ")[0] in ("PASS", "FAIL", "SKIPPED"), cells
+    for png in ("rope_decay.png", "error_vs_position.png", "latency.png", "roofline.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"]({png})" in markdown
+    assert "seed 004" in markdown
+
+
+def _check_html(out: Path) -> None:
+    page = (out / "report.html").read_text()
+    references = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page)
+    assert len(references) == 4
+    assert all(r.startswith("data:image/png;base64,") for r in references)
+    assert "<link" not in page
+    assert "<script" not in page
+    assert "url(" not in page
+    for scheme in scheme_names():
+        assert f"<td>{scheme}</td>" in page
+    assert '<span class="pass">PASS</span>' in page
+
+
+def test_quick_demo_writes_a_complete_self_contained_report(tmp_path) -> None:
+    out = tmp_path / "report"
+    assert main(["demo", "--quick", "--quiet", "-o", str(out)]) == 0
+    markdown = (out / "report.md").read_text()
+    _check_parity(out, markdown)
+    _check_latency(out, markdown)
+    _check_engines_and_plots(out, markdown)
+    _check_html(out)
+
+
+def test_unknown_scheme_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main(["demo", "--quick", "-s", "rope,ropey", "-o", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown scheme 'ropey'; valid schemes are" in err
+    assert not (tmp_path / "r").exists()
