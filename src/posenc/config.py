@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import ConfigError
+from posenc.functional import ROPE_PARAMETER_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,20 +181,9 @@ def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig
         params["partial_rotary_factor"] = float(partial)
     if model_type in ("gptj", "codegen", "chatglm", "glm"):
         params["layout"] = "interleaved"
-    keep = (
-        "factor",
-        "original_max_position_embeddings",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "attention_factor",
-        "truncate",
-        "short_factor",
-        "long_factor",
-        "low_freq_factor",
-        "high_freq_factor",
-    )
+    # Scaling parameters are copied as given; type, theta and partial rotary were handled above.
+    handled = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings"}
+    keep = sorted(ROPE_PARAMETER_KEYS - handled)
     for key in keep:
         if rope.get(key) is not None:
             params[key] = rope[key]

@@ -104,7 +104,8 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
         f"torch {machine.get('torch')}, "
         f"onnxruntime {machine.get('onnxruntime')}, posenc {machine.get('posenc')}.",
         f"Threads: {doc.settings.get('threads')}; warm-up {timing.get('warmup')}, up to {timing.get('repeats')} timed "
-        f"calls (at most {timing.get('max_seconds')} s each measurement); IOBinding with preallocated outputs.",
+        f"calls (at most {timing.get('max_seconds')} s each measurement); IOBinding with preallocated outputs, "
+        "ONNX Runtime threads do not spin between runs.",
     ]
     if bw is not None:
         lines.append(

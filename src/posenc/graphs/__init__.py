@@ -16,8 +16,7 @@ count: :func:`fold_constants`, :func:`convert_contrib_rope`, :func:`fuse_rope`, 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from posenc._lazy import lazy_exports
 
 # Imported on first use, so that `posenc --help` does not load onnxscript or TensorRT.
 _EXPORTS: dict[str, str] = {
@@ -47,13 +46,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
