@@ -4,8 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-# The CPU wheel of torch lies in /opt/wheels on CI machines; pinning it keeps pip from pulling CUDA builds.
+# torch 2.13.0, CPU build. CI machines' pip configuration finds its CPU wheel on local disk; elsewhere PyPI's
+# torch is a multi-GB CUDA build, so point pip at the CPU index there:
+#   make test TORCH_INDEX=--extra-index-url=https://download.pytorch.org/whl/cpu TORCH_PIN=torch==2.13.0+cpu
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?=
 JOBS ?= 2
 
 .PHONY: setup test test-slow lint demo bench clean
@@ -13,8 +16,8 @@ JOBS ?= 2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_PIN)"
-	$(PIP) install -q -e ".[dev,rtx,triton]" "$(TORCH_PIN)"
+	$(PIP) install -q $(TORCH_INDEX) "$(TORCH_PIN)"
+	$(PIP) install -q $(TORCH_INDEX) -e ".[dev,rtx,triton]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -30,9 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from posenc import AttentionConfig, build_scheme
+from posenc import AttentionConfig, build_scheme, get_spec
 from posenc.export import export_module, export_onnx
 from posenc.graphs import optimize_file
+from posenc.schemes.base import Placement
 
 
 class ProjectedRotation(nn.Module):
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scheme", default="rope")
+    parser.add_argument("--scheme", default="rope", help="a rotary scheme (posenc list: family rope)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=32)
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["half", "interleaved"], choices=["half", "interleaved"])
     parser.add_argument("-o", "--output", help="write the results as JSON here")
     args = parser.parse_args(argv)
+    if get_spec(args.scheme).placement is not Placement.QK:
+        parser.error(f"--scheme {args.scheme}: this benchmark fuses rotations of q and k; pick a RoPE scheme.")
     torch.set_num_threads(args.threads)
     result = run(args)
     print("\n| unit | layout | decomposed (ms) | fused (ms) | speedup |\n|---|---|---|---|---|")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc import AttentionConfig
+from posenc.bench.plan import resolve_schemes
 from posenc.engine import build_engine, engine_runner, load_backend
 from posenc.engine.matrix import graph_for, matrix_cases
 from posenc.engine.targets import current_gpu_target
@@ -127,7 +128,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", default="gpu-report", help="report folder")
-    parser.add_argument("--schemes", nargs="*", help="restrict to these schemes (default: all)")
+    parser.add_argument("--schemes", nargs="+", help="restrict to these schemes (default: all)")
     parser.add_argument("--quick", action="store_true", help="op-level graphs only")
     parser.add_argument("--no-parity", action="store_true", help="build only")
     parser.add_argument("--no-bench", action="store_true", help="skip benchmarks")
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         help="tensorrt_rtx: ahead-of-time builds of the whole matrix for sm89 on any machine (implies --no-parity)",
     )
     args = parser.parse_args(argv)
+    try:
+        args.schemes = resolve_schemes(args.schemes) if args.schemes else None  # unknown names fail before work
+    except PosencError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.output)
     (out / "graphs").mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"environment": environment(), "cases": [], "benchmarks": {"status": "skipped"}}

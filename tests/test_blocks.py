@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc import AttentionBlock, AttentionConfig, ConfigError, PositionError, get_spec, scheme_names
+from posenc import AttentionBlock, AttentionConfig, ConfigError, PositionError, build_scheme, get_spec, scheme_names
 from posenc.schemes import TableMode
 
 GQA = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
@@ -113,3 +113,46 @@ def test_custom_position_ids_shift_keys_with_the_queries(name: str) -> None:
     y[:, -1] += 1.0
     later, _, _ = block(y, position_ids=torch.arange(10, 17).expand(2, 7))
     torch.testing.assert_close(later[:, :-1], base[:, :-1])
+
+
+def test_past_value_without_past_key_raises() -> None:
+    block = AttentionBlock(GQA, "rope")
+    x = torch.randn(1, 3, 64)
+    _, _, v = block(x)
+    with pytest.raises(ConfigError, match="past_value was given without past_key; pass both"):
+        block(x[:, :1], past_value=v)
+
+
+def test_position_ids_shared_by_the_batch() -> None:
+    block = AttentionBlock(GQA, "rope").double()
+    x = torch.randn(3, 5, 64, dtype=torch.float64)
+    shared, _, _ = block(x, torch.arange(2, 7).unsqueeze(0))
+    full, _, _ = block(x, torch.arange(2, 7).expand(3, 5))
+    torch.testing.assert_close(shared, full)
+    with pytest.raises(ConfigError, match=r"position_ids have shape \(2, 5\); .* needs \[3, 5\]"):
+        block(x, torch.arange(5).expand(2, 5))
+
+
+def test_a_built_scheme_must_match_the_block() -> None:
+    other = AttentionConfig(hidden_size=64, num_heads=8, num_kv_heads=2)  # head_dim 8, not GQA's 16
+    scheme = build_scheme("rope", other)
+    with pytest.raises(ConfigError, match=r"was built for .* build the scheme with the block's config"):
+        AttentionBlock(GQA, scheme)
+    own = build_scheme("rope", GQA)
+    with pytest.raises(ConfigError, match="pass table_mode, max_positions only with a scheme name"):
+        AttentionBlock(GQA, own, table_mode="dynamic", max_positions=10)
+    assert AttentionBlock(GQA, own).scheme is own
+
+
+def test_table_mode_defaults_to_what_the_scheme_has() -> None:
+    assert AttentionBlock(GQA, "rope").scheme.table_mode.value == "precomputed"
+    assert AttentionBlock(GQA, "rope_dynamic").scheme.table_mode.value == "dynamic"  # dynamic only
+
+
+def test_blocks_pickle_for_torch_save(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for name in ("rope", "rope_yarn", "alibi"):
+        block = AttentionBlock(GQA, name, {"factor": 4.0} if name == "rope_yarn" else None)
+        torch.save(block, tmp_path / f"{name}.pt")
+        loaded = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        x = torch.randn(1, 4, 64)
+        torch.testing.assert_close(loaded(x)[0], block(x)[0])

@@ -80,3 +80,20 @@ def test_console_script_help_and_closed_pipe() -> None:
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err.decode()
     assert b"Traceback" not in err, err.decode()
+
+
+def test_refused_paths_exit_2_and_internal_errors_exit_3(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from posenc import cli
+
+    def refuse(args) -> int:  # type: ignore[no-untyped-def]
+        raise FileExistsError(17, "File exists", str(tmp_path / "out"))
+
+    def crash(args) -> int:  # type: ignore[no-untyped-def]
+        raise RuntimeError("a bug")
+
+    for func, status, message in ((refuse, 2, "check the paths you gave"), (crash, 3, "internal error (RuntimeError)")):
+        monkeypatch.setattr(cli, "_list", func)  # build_parser wires `list` to it
+        assert cli.main(["list"]) == status
+        assert message in capsys.readouterr().err

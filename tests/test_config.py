@@ -178,3 +178,68 @@ def test_attention_config_validation() -> None:
     cfg = AttentionConfig(hidden_size=100, num_heads=8, head_dim=16, num_kv_heads=2)
     assert cfg.kv_groups == 4
     assert AttentionConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_falcon_kv_heads_follow_transformers() -> None:
+    falcon = pytest.importorskip("transformers.models.falcon.modeling_falcon", reason="Falcon is the reference")
+    from transformers import FalconConfig
+
+    base = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 16}
+    cases = [
+        {"multi_query": True, "new_decoder_architecture": False},  # falcon-7b: one kv head
+        {"multi_query": True, "new_decoder_architecture": True, "num_kv_heads": 2},  # falcon-40b: 8 in the real one
+        {"multi_query": False, "new_decoder_architecture": False},  # plain multi-head attention
+    ]
+    for extra in cases:
+        data = {**base, **extra}
+        attention = falcon.FalconAttention(FalconConfig.from_dict(dict(data)), layer_idx=0)
+        qkv_out = attention.query_key_value.out_features
+        expected_kv = (qkv_out // attention.head_dim - attention.num_heads) // 2
+        assert from_hf_config(data).config.num_kv_heads == expected_kv, extra
+
+
+def test_encoder_relative_models_import_their_schemes() -> None:
+    deberta_v3 = {"model_type": "deberta-v2", "hidden_size": 768, "num_attention_heads": 12,
+                  "max_position_embeddings": 512, "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+                  "position_buckets": 256, "max_relative_positions": -1}  # fmt: skip
+    imported = from_hf_config(deberta_v3)
+    assert (imported.scheme, imported.config.causal) == ("deberta", False)
+    assert imported.params == {"position_buckets": 256, "max_relative_positions": 512}
+    build_scheme(imported.scheme, imported.config, imported.params, max_positions=16)
+    with pytest.raises(ConfigError, match="both c2p and p2c"):
+        from_hf_config({**deberta_v3, "pos_att_type": "c2p"})
+    xlnet = {"model_type": "xlnet", "d_model": 1024, "n_head": 16, "d_head": 64}
+    imported = from_hf_config(xlnet)
+    assert (imported.scheme, imported.config.head_dim, imported.config.causal) == ("transformer_xl", 64, False)
+
+
+def test_models_without_a_known_scheme_are_refused() -> None:
+    for model_type in ("bart", "gpt_neo", "gpt_bigcode"):
+        with pytest.raises(ConfigError, match=r"names no positional scheme posenc can import; supported: RoPE"):
+            from_hf_config({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4})
+    # an unknown model type with rope keys is still RoPE
+    imported = from_hf_config({"model_type": "newlm", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 5e5})
+    assert (imported.scheme, imported.params) == ("rope", {"rope_theta": 5e5})
+    mpt = {"model_type": "mpt", "d_model": 64, "n_heads": 4, "attn_config": None}
+    assert from_hf_config(mpt).scheme == "alibi"
+
+
+def test_per_layer_type_rope_parameters_need_a_choice() -> None:
+    gemma3 = {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"per layer type \['full_attention', 'sliding_attention'\]"):
+        from_hf_config(gemma3)
+    full = from_hf_config(gemma3, layer_type="full_attention")
+    assert (full.scheme, full.params) == ("rope_linear", {"rope_theta": 1e6, "factor": 8.0})
+    sliding = from_hf_config(gemma3, layer_type="sliding_attention")
+    assert (sliding.scheme, sliding.params) == ("rope", {"rope_theta": 1e4})
+    with pytest.raises(ConfigError, match="one rope_parameters for all layers"):
+        from_hf_config(LLAMA_3_1, layer_type="full_attention")
+
+
+def test_flags_must_be_booleans() -> None:
+    with pytest.raises(ConfigError, match="causal must be True or False, got 'no'"):
+        AttentionConfig(causal="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="qkv_bias must be True or False"):
+        AttentionConfig(qkv_bias=1)  # type: ignore[arg-type]

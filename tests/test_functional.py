@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from posenc import functional as PF
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, PositionError
 from tests.conftest import covers
 
 # --------------------------------------------------------------------------------------------------
@@ -603,3 +603,21 @@ def test_exact_angles_rejects_float_position_ids() -> None:
     turns = PF.split_turns(PF.rope_inv_freq(8)[0])
     with pytest.raises(ConfigError, match="integer tensor"):
         PF.exact_angles(torch.tensor([0.0, 1.5]), turns)
+
+
+def test_exact_angles_refuse_positions_past_the_exact_range() -> None:
+    """Past 2**24 the split is no longer exact (errors reach 0.8 rad), so eager calls raise instead."""
+    turns = PF.split_turns(PF.rope_inv_freq(8)[0])
+    PF.exact_angles(torch.tensor([2**24 - 1, -(2**24) + 1]), turns)
+    for far in (2**24, -(2**24), 2**26 + 5):
+        with pytest.raises(PositionError, match=r"past 2\*\*24 = 16777216.*table_dtype=torch.float64"):
+            PF.exact_angles(torch.tensor([0, far]), turns)
+
+
+def test_rope_parameters_reject_zero_theta_and_nan_factors() -> None:
+    with pytest.raises(ConfigError, match="rope_theta must be a finite number > 0, got 0"):
+        PF.rope_inv_freq(8, {"rope_theta": 0})
+    params = {"rope_type": "longrope", "original_max_position_embeddings": 16, "max_position_embeddings": 64,
+              "short_factor": [1.0, float("nan")], "long_factor": [1.0, 2.0]}  # fmt: skip
+    with pytest.raises(ConfigError, match="short_factor entries must be finite numbers > 0"):
+        PF.rope_inv_freq(4, params)

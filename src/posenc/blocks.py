@@ -32,12 +32,14 @@ class AttentionBlock(nn.Module):
         config: geometry (hidden size, heads, kv heads, head dim, causal, context length).
         scheme: registered scheme name or an already built :class:`PositionalScheme`.
         params: scheme parameter overrides (when ``scheme`` is a name).
-        table_mode: ``precomputed`` or ``dynamic``.
+        table_mode: ``precomputed`` or ``dynamic`` (default: ``precomputed`` where the scheme has it).
         max_positions: rows of precomputed tables (default ``config.max_position_embeddings``).
         table_dtype: dtype of position tables (float32 by default, whatever the activation dtype).
+            ``params``, ``table_mode``, ``max_positions`` and ``table_dtype`` apply only to a scheme name;
+            a built scheme already fixed them and must have been built for ``config``.
 
     Shapes:
-        hidden ``[B, S, E]``; position_ids ``[B, S]`` int64 (default ``P + arange(S)``);
+        hidden ``[B, S, E]``; position_ids ``[B, S]`` or ``[1, S]`` int64 (default ``P + arange(S)``);
         past_key / past_value ``[B, Hkv, P, D]``; returns ``(out [B, S, E], present_key, present_value)``
         with presents ``[B, Hkv, P + S, D]``. Cached keys sit at positions ``0 .. P - 1``, new keys at
         ``position_ids`` (so the causal mask and relative distances follow the ids you pass).
@@ -49,18 +51,30 @@ class AttentionBlock(nn.Module):
         config: AttentionConfig,
         scheme: str | PositionalScheme = "rope",
         params: Mapping[str, Any] | None = None,
-        table_mode: TableMode | str = TableMode.PRECOMPUTED,
+        table_mode: TableMode | str | None = None,
         max_positions: int | None = None,
-        table_dtype: torch.dtype = torch.float32,
+        table_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         if isinstance(scheme, PositionalScheme):
-            if params:
-                raise ConfigError("pass params only with a scheme name, not with a built scheme module.")
+            given = {"params": params, "table_mode": table_mode, "max_positions": max_positions}
+            given["table_dtype"] = table_dtype
+            extra = [name for name, value in given.items() if value]
+            if extra:
+                raise ConfigError(
+                    f"pass {', '.join(extra)} only with a scheme name; the built {scheme.spec.name!r} module "
+                    f"already fixed them (build it with build_scheme(..., table_mode=..., max_positions=...))."
+                )
+            if scheme.config != config:
+                raise ConfigError(
+                    f"the built {scheme.spec.name!r} module was built for {scheme.config}, but the block's config "
+                    f"is {config}; build the scheme with the block's config."
+                )
             self.scheme = scheme
         else:
-            self.scheme = build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)
+            dtype = torch.float32 if table_dtype is None else table_dtype
+            self.scheme = build_scheme(scheme, config, params, table_mode, max_positions, dtype)
         h, hkv, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
@@ -79,6 +93,15 @@ class AttentionBlock(nn.Module):
         past = 0 if past_key is None else past_key.shape[2]
         if position_ids is None:
             position_ids = (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
+        elif not torch.compiler.is_compiling() and tuple(position_ids.shape) != (b, s):
+            if tuple(position_ids.shape) != (1, s):
+                raise ConfigError(
+                    f"position_ids have shape {tuple(position_ids.shape)}; hidden [B={b}, S={s}, E] needs "
+                    f"[{b}, {s}] (or [1, {s}], shared by the batch)."
+                )
+            position_ids = position_ids.expand(b, s)
+        if past_value is not None and past_key is None:
+            raise ConfigError("past_value was given without past_key; pass both or neither.")
         # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
         past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)

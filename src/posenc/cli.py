@@ -1,8 +1,11 @@
 """The ``posenc`` command line: one subcommand per pipeline arrow.
 
 Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<part>/cli.py``,
-each exposing ``register(subparsers)``); this module wires them up and turns :class:`PosencError` into
-a one-line message and exit status 2.
+and ``posenc/demo.py`` for the demo, each exposing ``register(subparsers)``); this module wires them up.
+
+Exit statuses: 0 success; 1 a check failed (``validate`` mismatch, ``bench --fail-on-miss``); 2 bad input
+(:class:`PosencError`, or a file the system refused, with a one-line message); 3 an internal error (a
+posenc bug or an unhandled backend failure: the traceback is printed); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from posenc import __version__
@@ -107,13 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_show)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # that part of the pipeline is not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -137,6 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`posenc list | head`); silence the flush at interpreter exit too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a path the system refused (exists as a file, no permission, disk full, ...)
+        print(f"posenc {args.command}: error: {exc}; check the paths you gave.", file=sys.stderr)
+        return 2
+    except Exception as exc:  # not a user error: show where, but keep 1 for "a check failed"
+        traceback.print_exc()
+        print(
+            f"posenc {args.command}: internal error ({type(exc).__name__}); this is a posenc bug or a backend "
+            f"failure posenc does not handle yet: please report it with the traceback above.",
+            file=sys.stderr,
+        )
+        return 3
 
 
 if __name__ == "__main__":

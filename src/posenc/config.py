@@ -35,6 +35,9 @@ class AttentionConfig:
     qkv_bias: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("causal", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}.")
         for name in ("hidden_size", "num_heads", "max_position_embeddings"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -95,12 +98,34 @@ _ROPE_TYPE_TO_SCHEME = {
 }
 
 
-def from_hf_config(source: str | Path | Mapping[str, Any]) -> HFImport:
+# Model types whose configs use RoPE even when they name no rope key (transformers' defaults apply).
+_ROPE_MODEL_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+        "phi", "phi3", "gpt_neox", "gptj", "codegen", "stablelm", "olmo", "olmo2", "starcoder2", "cohere",
+        "internlm2", "deepseek_v2", "deepseek_v3", "granite", "falcon", "persimmon", "glm", "mimi",
+    }
+)  # fmt: skip
+# Keys that only RoPE configs carry.
+_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "rotary_dim", "rotary_pct",
+              "partial_rotary_factor")  # fmt: skip
+_SUPPORTED_FAMILIES = (
+    "RoPE models (Llama, Mistral, Qwen, Phi-3, GPT-NeoX, GPT-J, Falcon, ... or any config with rope keys), "
+    "ALiBi (BLOOM, MPT, Falcon with alibi), T5, DeBERTa, XLNet, learned absolute (BERT, RoBERTa, GPT-2, OPT)"
+)
+
+
+def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | None = None) -> HFImport:
     """Read a Hugging Face ``config.json`` (path or dict) into geometry, scheme name and parameters.
 
     Supports RoPE models (``rope_parameters`` or legacy ``rope_scaling``/``rope_theta``, partial rotary,
-    GPT-J/GPT-NeoX naming), ALiBi models (BLOOM, MPT, Falcon with ``alibi``), T5, and BERT-style absolute
-    embeddings.
+    GPT-J/GPT-NeoX naming), ALiBi models (BLOOM, MPT, Falcon with ``alibi``), T5, DeBERTa, XLNet and
+    BERT-style absolute embeddings.
+
+    Args:
+        source: ``config.json`` path, a model directory, or the parsed dict.
+        layer_type: for configs whose ``rope_parameters`` differ per layer type (transformers v5, e.g.
+            Gemma 3's ``full_attention`` / ``sliding_attention``), the layer type to import.
 
     Raises:
         ConfigError: the file cannot be read, or its positional scheme is not one posenc knows.
@@ -137,11 +162,12 @@ def from_hf_config(source: str | Path | Mapping[str, Any]) -> HFImport:
             "is it a transformer language model config?"
         )
     kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
-    if data.get("multi_query") and "n_head_kv" not in data:
-        kv_heads = 1
-    head_dim = first("head_dim", "d_kv")
+    if data.get("multi_query") and not data.get("new_decoder_architecture"):
+        kv_heads = 1  # Falcon's rule: multi-query means one kv head unless the new decoder architecture
+    head_dim = first("head_dim", "d_kv", "d_head")
     max_pos = first("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048)
-    causal = not bool(data.get("is_encoder_decoder")) and model_type not in ("bert", "roberta", "deberta-v2")
+    encoders = ("bert", "roberta", "deberta", "deberta-v2", "xlnet")
+    causal = not bool(data.get("is_encoder_decoder")) and model_type not in encoders
     config = AttentionConfig(
         hidden_size=int(hidden),
         num_heads=int(heads),
@@ -150,12 +176,14 @@ def from_hf_config(source: str | Path | Mapping[str, Any]) -> HFImport:
         causal=causal,
         max_position_embeddings=int(max_pos),
     )
-    scheme, params = _hf_scheme(data, model_type, config)
+    scheme, params = _hf_scheme(data, model_type, config, layer_type)
     return HFImport(config=config, scheme=scheme, params=params, model_type=model_type)
 
 
-def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig) -> tuple[str, dict[str, Any]]:
-    if data.get("alibi") or model_type in ("bloom", "mpt") or data.get("attn_config", {}).get("alibi"):
+def _hf_scheme(
+    data: Mapping[str, Any], model_type: str, config: AttentionConfig, layer_type: str | None
+) -> tuple[str, dict[str, Any]]:
+    if data.get("alibi") or model_type in ("bloom", "mpt") or (data.get("attn_config") or {}).get("alibi"):
         return "alibi", {}
     if model_type in ("t5", "mt5", "umt5", "longt5"):
         return "t5", {
@@ -163,10 +191,28 @@ def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig
             "max_distance": int(data.get("relative_attention_max_distance", 128)),
             "bidirectional": not config.causal,
         }
+    if model_type in ("deberta", "deberta-v2"):
+        return "deberta", _deberta_params(data, config)
+    if model_type == "xlnet":
+        return "transformer_xl", {}
     if model_type in ("bert", "roberta", "gpt2", "opt") or data.get("position_embedding_type") == "absolute":
         return "learned", {}
-    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
-    rope = dict(rope)
+    if model_type not in _ROPE_MODEL_TYPES and not any(data.get(key) is not None for key in _ROPE_KEYS):
+        raise ConfigError(
+            f"config.json (model_type {model_type!r}) names no positional scheme posenc can import; supported: "
+            f"{_SUPPORTED_FAMILIES}. Pick the scheme by hand: posenc export SCHEME --hidden-size ... (posenc list)."
+        )
+    rope = dict(data.get("rope_parameters") or data.get("rope_scaling") or {})
+    nested = sorted(key for key, value in rope.items() if isinstance(value, Mapping))
+    if nested:
+        if layer_type not in nested:
+            raise ConfigError(
+                f"config.json gives rope_parameters per layer type {nested}; choose one with "
+                f"layer_type= (Python) or --layer-type (CLI)."
+            )
+        rope = dict(rope[layer_type])
+    elif layer_type is not None:
+        raise ConfigError(f"layer_type {layer_type!r} given, but config.json has one rope_parameters for all layers.")
     theta = rope.get("rope_theta", data.get("rope_theta", data.get("rotary_emb_base", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     if rope_type not in _ROPE_TYPE_TO_SCHEME:
@@ -179,7 +225,7 @@ def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig
     params: dict[str, Any] = {"rope_theta": float(theta)}
     if partial is not None:
         params["partial_rotary_factor"] = float(partial)
-    if model_type in ("gptj", "codegen", "chatglm", "glm"):
+    if model_type in ("gptj", "codegen", "glm"):
         params["layout"] = "interleaved"
     # Scaling parameters are copied as given; type, theta and partial rotary were handled above.
     handled = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings"}
@@ -192,3 +238,20 @@ def _hf_scheme(data: Mapping[str, Any], model_type: str, config: AttentionConfig
             data.get("original_max_position_embeddings", config.max_position_embeddings)
         )
     return _ROPE_TYPE_TO_SCHEME[rope_type], params
+
+
+def _deberta_params(data: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:
+    """DeBERTa's relative-attention settings; posenc implements both c2p and p2c terms."""
+    kinds = data.get("pos_att_type") or []
+    kinds = kinds.split("|") if isinstance(kinds, str) else list(kinds)
+    if not data.get("relative_attention") or sorted(kinds) != ["c2p", "p2c"]:
+        raise ConfigError(
+            f"this DeBERTa config uses relative_attention={data.get('relative_attention')!r}, "
+            f"pos_att_type={kinds!r}; posenc's deberta scheme is relative attention with both c2p and p2c."
+        )
+    buckets = int(data.get("position_buckets", -1))
+    max_relative = int(data.get("max_relative_positions", -1))
+    return {
+        "position_buckets": max(buckets, 0),
+        "max_relative_positions": max_relative if max_relative > 0 else config.max_position_embeddings,
+    }

@@ -404,6 +404,8 @@ def run_demo(options: DemoOptions) -> dict[str, Any]:
     started = time.perf_counter()
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in ("bench", "parity"):  # a previous run's results must not appear in this run's report
+        shutil.rmtree(out / stale, ignore_errors=True)
     scratch = Path(tempfile.mkdtemp(prefix="posenc-demo-"))
     models = out / "models" if options.keep_models else scratch / "models"
     for folder in (models, out / "parity", scratch / "sweep"):

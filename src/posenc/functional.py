@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, PositionError
 
 __all__ = [
     "RANGE_REDUCTION_MAX_POSITION",
@@ -26,6 +26,7 @@ __all__ = [
     "apply_rope",
     "deberta_log_bucket",
     "exact_angles",
+    "is_tracing",
     "rope_cos_sin",
     "rope_inv_freq",
     "sinusoidal_inv_freq",
@@ -175,8 +176,8 @@ def _longrope_inv_freq(
             raise ConfigError(
                 f"longrope {key} must have rotary_dim // 2 = {rotary_dim // 2} entries, got {len(values)}."
             )
-        if any(float(v) <= 0 for v in values):
-            raise ConfigError(f"longrope {key} entries must be > 0.")
+        if not all(math.isfinite(float(v)) and float(v) > 0 for v in values):
+            raise ConfigError(f"longrope {key} entries must be finite numbers > 0.")
     factor = params.get("factor")
     if factor is None:
         factor = _require(params, "max_position_embeddings", "longrope") / original
@@ -256,7 +257,8 @@ def rope_inv_freq(
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
         raise ConfigError(f"unknown rope_type {rope_type!r}; valid rope_type values are {list(ROPE_TYPES)}.")
-    base = _positive(params.get("rope_theta", 10000.0) or 10000.0, "rope_theta")
+    theta = params.get("rope_theta")
+    base = _positive(10000.0 if theta is None else theta, "rope_theta")
     if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 1):
         raise ConfigError(f"seq_len must be a positive int (max position + 1), got {seq_len!r}.")
 
@@ -348,6 +350,16 @@ def split_turns(inv_freq: torch.Tensor) -> torch.Tensor:
     return torch.stack(pieces).to(torch.float32)
 
 
+def is_tracing() -> bool:
+    """True while torch traces, exports or compiles (eager-only checks must step aside then)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return True
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    if is_exporting is not None and is_exporting():
+        return True
+    return bool(torch.onnx.is_in_onnx_export())
+
+
 def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
     """Angles ``position * inv_freq`` reduced to ``[0, 2π]`` with float32 arithmetic only, error ~1e-6 rad.
 
@@ -364,10 +376,20 @@ def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tenso
 
     Raises:
         ConfigError: floating-point position ids (they would be truncated silently).
+        PositionError: |position| >= 2**24 in eager mode (the split is no longer exact; exported graphs
+            are checked by the runtime helpers instead).
     """
     if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
         raise ConfigError(f"position ids must be an integer tensor (int64), got {position_ids.dtype}.")
     pos = position_ids.to(torch.int64)
+    if not is_tracing() and pos.numel():
+        far = int(pos.abs().max())
+        if far >= RANGE_REDUCTION_MAX_POSITION:
+            raise PositionError(
+                f"position {far} is past 2**24 = {RANGE_REDUCTION_MAX_POSITION}, where float32 angles stop "
+                f"being exact; keep positions below it, or compute tables in float64 (table_dtype=torch.float64, "
+                f"eager PyTorch only)."
+            )
     high_i = torch.div(pos, _POSITION_SPLIT, rounding_mode="floor") * _POSITION_SPLIT
     high = high_i.to(torch.float32).unsqueeze(-1)
     low = (pos - high_i).to(torch.float32).unsqueeze(-1)

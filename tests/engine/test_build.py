@@ -15,7 +15,7 @@ from posenc.engine import build as build_module
 from posenc.engine import build_engine, engine_manifest_path
 from posenc.engine.matrix import MatrixCase
 from posenc.errors import BuildError, ConfigError
-from posenc.graphs.model_io import sha256_file
+from posenc.export.files import sha256_file
 from tests.graphs.artifacts import export_case, fused_case
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
@@ -134,3 +134,27 @@ def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
     report = check_parse(result.path)
     assert report.parsed is True, report.message
     assert report.layers["ROTARY_EMBEDDING"] == 1
+
+
+def test_an_output_path_that_cannot_be_written_leaves_no_manifest(export_cache, tmp_path) -> None:
+    from posenc.errors import ModelFileError
+
+    source = fused_case(export_cache, ROPE)
+    out = tmp_path / "rope.engine"
+    out.mkdir()  # a directory where the engine should go
+    with pytest.raises(ModelFileError, match=r"cannot write .*rope\.engine: it is a directory"):
+        build_engine(source, out, targets=["sm89"])
+    assert [p.name for p in tmp_path.iterdir()] == ["rope.engine"]  # no manifest, no temporary file
+    assert not list(out.iterdir())
+
+
+def test_a_stale_source_manifest_is_refused(export_cache, tmp_path) -> None:
+    from posenc.errors import ModelFileError
+    from posenc.export import manifest_path_for
+
+    source = fused_case(export_cache, ROPE)
+    copy = tmp_path / source.name
+    copy.write_bytes(source.read_bytes() + b"\x00")  # no longer the file its manifest hashed
+    manifest_path_for(copy).write_text(manifest_path_for(source).read_text())
+    with pytest.raises(ModelFileError, match="does not match its manifest"):
+        build_engine(copy, tmp_path / "rope.engine", targets=["sm89"])

@@ -104,6 +104,32 @@ def test_polar_rope_exports_and_matches_apply_rope(tmp_path) -> None:
     np.testing.assert_allclose(out, _apply_rope_reference(x2, pos2), atol=3e-5, rtol=1e-4)
 
 
+class RealToComplexCast(nn.Module):
+    """A real tensor cast to complex (imaginary part 0), rotated by e^{i angle}, and cast back to real."""
+
+    def forward(self, x: torch.Tensor, angle: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = x.to(torch.complex64) * torch.polar(torch.ones_like(angle), angle)
+        return torch.view_as_real(z), z.to(torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
+def test_casts_between_real_and_complex_export(tmp_path) -> None:
+    module = RealToComplexCast()
+    path = export_module(
+        module,
+        (torch.randn(2, 4), torch.randn(2, 4)),
+        tmp_path / "cast.onnx",
+        input_names=["x", "angle"],
+        output_names=["z", "real"],
+    )
+    _no_complex(path)
+    x, angle = torch.randn(2, 4), torch.randn(2, 4)
+    z, real = ort_session(path).run(None, {"x": x.numpy(), "angle": angle.numpy()})
+    expected_z, expected_real = module(x, angle)
+    np.testing.assert_allclose(z, expected_z.numpy(), atol=1e-6)
+    np.testing.assert_allclose(real, expected_real.numpy(), atol=1e-6)
+
+
 class ComplexExp(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))

@@ -112,3 +112,35 @@ def test_keep_mode_leaves_rope_decomposed(exported) -> None:
     result = optimize_file(exported, exported.with_name("k.onnx"), "ort-cpu", "keep")
     assert "fuse_rope" not in result.counts
     assert not any(n.op_type == "RotaryEmbedding" for n in result.model.graph)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "max_positions"),
+    [("bfloat16", None), ("float32", 4)],
+    ids=["bf16-emulated", "table-shorter-than-the-parity-feed"],
+)
+def test_parity_check_runs_bf16_graphs_and_short_tables(export_cache, tmp_path, dtype, max_positions) -> None:
+    from posenc import AttentionConfig
+    from posenc.export import export_onnx
+
+    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
+    source = export_onnx(
+        tmp_path / "rope.onnx", "rope", unit="op", config=config, dtype=dtype, max_positions=max_positions
+    ).path
+    result = optimize_file(source, tmp_path / "rope.ort.onnx", "ort-cpu")
+    assert result.counts["fuse_rope"] == 2
+    assert set(result.parity) == {"q_rot", "k_rot"}
+    assert load_manifest(result.path).dtype == dtype  # the new files verify against each other
+
+
+def test_optimized_files_are_readable_by_others_and_land_together(exported) -> None:
+    import os
+    import stat
+
+    out = exported.with_name("rope.ort.onnx")
+    optimize_file(exported, out, "ort-cpu")
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (out, manifest_path_for(out), out.with_name("rope.ort.weights.pt")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
+    assert not list(exported.parent.glob(".*.tmp"))

@@ -154,6 +154,31 @@ def test_only_a_split_into_halves_is_fused(split: int, fused: int) -> None:
     assert fuse_partial_rope(model) == 0
 
 
+@pytest.mark.parametrize(("tail_end", "fused"), [(2**63 - 1, 1), (D, 1), (D - 2, 0)])
+def test_partial_rotation_is_fused_only_when_the_tail_reaches_the_last_feature(tail_end: int, fused: int) -> None:
+    """``Concat(RoPE(x[..., :r]), x[..., r:e])`` equals a partial RotaryEmbedding only for e >= D."""
+    rotary = D // 2
+    cos, sin = _tables(16, rotary // 2)
+    ints = {name: numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+            {"zero": [0], "r": [rotary], "e": [tail_end], "ax": [-1], "one": [1]}.items()}  # fmt: skip
+    model = _model(
+        [helper.make_node("Slice", ["x", "zero", "r", "ax", "one"], ["head"]),
+         helper.make_node("RotaryEmbedding", ["head", "cos", "sin", "pos"], ["rope"]),
+         helper.make_node("Slice", ["x", "r", "e", "ax", "one"], ["tail"]),
+         helper.make_node("Concat", ["rope", "tail"], ["y"], axis=-1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, H, S, D]),
+         helper.make_tensor_value_info("pos", TensorProto.INT64, [B, S])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(cos, "cos"), numpy_helper.from_array(sin, "sin"), *ints.values()],
+    )  # fmt: skip
+    feed = {"x": np.random.default_rng(0).standard_normal((B, H, S, D)).astype(np.float32),
+            "pos": np.arange(B * S, dtype=np.int64).reshape(B, S) % 16}  # fmt: skip
+    before = ort_run(model, feed)[0]
+    graph_ops.infer_shapes(model)
+    assert fuse_partial_rope(model) == fused
+    np.testing.assert_allclose(ort_run(model, feed)[0], before, atol=1e-6)
+
+
 def test_fusions_are_skipped_below_opset_23() -> None:
     model = _model(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -91,3 +91,15 @@ def test_block_adds_the_bias_to_the_scaled_scores(causal: bool) -> None:
         scores = scores.masked_fill(j > i, float("-inf"))
     expected = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(2, 10, 32)
     torch.testing.assert_close(out, block.o_proj(expected))
+
+
+@covers("alibi")
+@pytest.mark.parametrize("causal", [True, False])
+def test_symmetry_follows_causality_unless_given(causal: bool) -> None:
+    """An encoder's ALiBi must not reward distant future keys: unset ``symmetric`` means ``not causal``."""
+    config = _config(4, causal)
+    positions = torch.arange(6).unsqueeze(0)
+    default = build_scheme("alibi", config).bias(None, None, positions, positions)
+    chosen = build_scheme("alibi", config, {"symmetric": not causal}).bias(None, None, positions, positions)
+    torch.testing.assert_close(default, chosen)
+    assert (default <= 0).all() if not causal else (default[..., 0, 1:] > 0).all()

@@ -76,3 +76,21 @@ def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:  # t
     engine = tmp_path / "t5.engine"
     build_engine(t5_op.path, engine, backend="tensorrt")
     assert main(["validate", str(t5_op.path), "--engine", str(engine), "--shape", "2,5,3"]) == 0
+
+
+def test_validate_bad_shapes_and_missing_cuda_are_clear_errors(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["validate", str(t5_op.path), "--seq", "0"]) == 2
+    assert "FeedShape.seq must be an int >= 1, got 0" in capsys.readouterr().err
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert main(["validate", str(t5_op.path), "--provider", "cuda"]) == 2
+        assert "has no CUDA provider" in capsys.readouterr().err
+
+
+def test_sweep_into_a_folder(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "sweeps"
+    folder.mkdir()
+    argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--per-bucket", "1"]
+    assert main([*argv, "--no-fp16-tables", "--max-position", "4096", "-o", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["sweep.json", "sweep.md"]

@@ -117,7 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="scheme(s); repeat or comma-separate (default: every registered scheme)",
     )
-    p.add_argument("--unit", action="append", metavar="UNIT", help=f"{' or '.join(UNITS)} (default: both)")
+    p.add_argument(
+        "--unit", action="append", metavar="UNIT", help=f"{' or '.join(UNITS)} (default: every unit the scheme exports)"
+    )
     p.add_argument(
         "--table-mode",
         choices=TABLE_MODE_CHOICES,

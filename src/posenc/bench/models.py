@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -82,15 +81,8 @@ class ModelStore:
             raise SkipCase(self._failures[key])
         if key not in self._optimized:
             source = self.exported(workload)
-            try:
-                graphs = importlib.import_module("posenc.graphs")
-            except ModuleNotFoundError:
-                self._failures[key] = "posenc.graphs (graph optimization) is not available in this installation"
-                raise SkipCase(self._failures[key]) from None
-            optimize_file = getattr(graphs, "optimize_file", None)
-            if optimize_file is None:
-                self._failures[key] = "posenc.graphs provides no optimize_file() in this installation"
-                raise SkipCase(self._failures[key])
+            from posenc.graphs import optimize_file
+
             destination = self.folder / f"{workload.key}.{target}.onnx"
             try:
                 notes = optimize_file(source, destination, target)
@@ -113,11 +105,8 @@ class ModelStore:
             source = self.optimized(workload, "trt")
         except SkipCase:
             source = self.exported(workload)
-        try:
-            engine = importlib.import_module("posenc.engine")
-        except ModuleNotFoundError:
-            self._failures[key] = "posenc.engine (TensorRT builds) is not available in this installation"
-            raise SkipCase(self._failures[key]) from None
+        from posenc import engine
+
         destination = self.folder / f"{workload.key}.engine"
         try:
             engine.build_engine(source, destination)

@@ -93,9 +93,6 @@ class Workload:
         """File-name identifier of this workload's graph (see :func:`workload_key`)."""
         return workload_key(self.scheme, self.unit, self.table_mode, self.config, self.max_positions)
 
-    def call_eager(self) -> Any:
-        return self.module(*self.inputs.values())
-
     def export(self, path: Path) -> Path:
         """Write the ONNX graph (dynamic batch, sequence and past: one export serves every shape).
 

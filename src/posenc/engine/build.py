@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -25,8 +26,8 @@ from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposa
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ModelFileError
-from posenc.graphs.manifests import read_raw_manifest
-from posenc.graphs.model_io import atomic_path, sha256_file, write_json_atomic
+from posenc.export.files import atomic_outputs, json_text, sha256_file
+from posenc.graphs.manifests import read_model_info
 
 ENGINE_FORMAT = "posenc.engine/1"
 _SOURCE_KEYS = ("scheme", "params", "unit", "table_mode", "dtype", "max_positions", "attention", "optimized")
@@ -120,7 +121,7 @@ def build_engine(
     onnx_path, output = Path(onnx_path), Path(output)
     trt_backend = load_backend(backend)
     chosen = resolve_targets(trt_backend, targets)
-    source_manifest = read_raw_manifest(onnx_path) if onnx_path.exists() else None
+    source_manifest = read_model_info(onnx_path).raw if onnx_path.exists() else None  # checks the hash
     dims = (source_manifest or {}).get("dynamic_dims")
     dim_profile = resolve_profile(dims, profile)
     configure_polygraphy(trt_backend)
@@ -153,10 +154,10 @@ def build_engine(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     manifest_path = engine_manifest_path(output)
-    with atomic_path(output) as tmp:
-        tmp.write_bytes(engine)
-        manifest["engine_sha256"] = sha256_file(tmp)
-        write_json_atomic(manifest_path, manifest)
+    manifest["engine_sha256"] = hashlib.sha256(engine).hexdigest()
+    with atomic_outputs(output, manifest_path) as (tmp_engine, tmp_manifest):  # the engine lands last
+        tmp_engine.write_bytes(engine)
+        tmp_manifest.write_text(json_text(manifest))
     return EngineResult(path=output, manifest_path=manifest_path, manifest=manifest)
 
 

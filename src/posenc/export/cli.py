@@ -37,7 +37,7 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
 
     scheme, params, base = args.scheme, {}, AttentionConfig()
     if args.hf_config:
-        imported = from_hf_config(args.hf_config)
+        imported = from_hf_config(args.hf_config, args.layer_type)
         base = imported.config
         if scheme is None or scheme == imported.scheme:
             scheme, params = imported.scheme, dict(imported.params)
@@ -118,7 +118,11 @@ def register(subparsers: Any) -> None:
         default="block",
         help="block (AttentionBlock, default), op (the positional op alone) or op-3d (RoPE on [B, S, H*D])",
     )
-    p.add_argument("--table-mode", choices=("precomputed", "dynamic"), default="precomputed")
+    p.add_argument(
+        "--table-mode",
+        choices=("precomputed", "dynamic"),
+        help="precomputed tables or in-graph computation (default: precomputed where the scheme has it)",
+    )
     p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16; position tables stay fp32")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"one of {list(SUPPORTED_OPSETS)}")
     p.add_argument("--max-positions", type=int, help="rows of precomputed tables (default: context length)")
@@ -130,6 +134,11 @@ def register(subparsers: Any) -> None:
     geometry.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
     geometry.add_argument("--max-position-embeddings", type=int, help="context length of the model")
     geometry.add_argument("--hf-config", metavar="config.json", help="take geometry, scheme and parameters from it")
+    geometry.add_argument(
+        "--layer-type",
+        metavar="NAME",
+        help="with --hf-config whose rope_parameters differ per layer type (e.g. full_attention): which one",
+    )
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")

@@ -239,7 +239,12 @@ def _h_to(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
     if dtype is None:
         return x.clone()
     if dtype.is_complex:
-        return x.to(_REAL_OF[dtype])
+        real = _REAL_OF[dtype]
+        if flags[0]:
+            return x.to(real)
+        return _pair(x.to(real), torch.zeros_like(x, dtype=real))  # real -> complex: imaginary part 0
+    if not flags[0]:
+        return x.to(dtype)
     return x[..., 0].to(dtype)  # complex -> real cast keeps the real part, as torch does
 
 

@@ -277,7 +277,12 @@ def _downgrade_opset(model: Any, opset: int) -> Any:
             axes = [int(a) for a in constants[node.input[1]].reshape(-1)]
             del node.input[1:]
             node.attribute.append(helper.make_attribute("axes", axes))
-    onnx.checker.check_model(converted)
+    try:
+        onnx.checker.check_model(converted)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(
+            f"the graph converted to opset {opset} is not valid: {_first_line(exc)}; use 18 or 23."
+        ) from exc
     return converted
 
 
@@ -292,7 +297,7 @@ def _build_inner(
     module: nn.Module | None,
     params: Mapping[str, Any] | None,
     config: AttentionConfig | None,
-    table_mode: TableMode | str,
+    table_mode: TableMode | str | None,
     max_positions: int | None,
     table_dtype: torch.dtype,
 ) -> nn.Module:
@@ -301,6 +306,11 @@ def _build_inner(
     if module is not None:
         if scheme is not None or params or config is not None:
             raise ConfigError("pass either a built module or a scheme name (with params, config), not both.")
+        if table_mode is not None or max_positions is not None or table_dtype != torch.float32:
+            raise ConfigError(
+                "table_mode, max_positions and table_dtype belong to building a scheme; a built module already "
+                "fixed them. Build it with them (build_scheme / AttentionBlock) and pass only the module."
+            )
         if not isinstance(module, (AttentionBlock, PositionalScheme)):
             raise ExportError(
                 f"export_onnx exports an AttentionBlock or a PositionalScheme, got {type(module).__name__}."
@@ -324,7 +334,7 @@ def export_onnx(
     unit: str = "block",
     params: Mapping[str, Any] | None = None,
     config: AttentionConfig | None = None,
-    table_mode: TableMode | str = TableMode.PRECOMPUTED,
+    table_mode: TableMode | str | None = None,
     dtype: str | torch.dtype = "float32",
     opset: int = DEFAULT_OPSET,
     max_positions: int | None = None,
@@ -342,7 +352,7 @@ def export_onnx(
         params: scheme parameter overrides.
         config: attention geometry (default :class:`AttentionConfig()`).
         table_mode: ``precomputed`` (tables of ``max_positions`` rows as initializers) or ``dynamic``
-            (tables computed in the graph from position ids).
+            (tables computed in the graph from position ids); default: ``precomputed`` where the scheme has it.
         dtype: fp32 / fp16 / bf16: weights and activation inputs; position tables stay ``table_dtype``.
         opset: 23 (default), 18 or 17.
         max_positions: rows of precomputed tables (default ``config.max_position_embeddings``).

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from posenc.errors import ModelFileError
 
 MANIFEST_SUFFIX = ".manifest.json"
 WEIGHTS_SUFFIX = ".weights.pt"
@@ -58,39 +62,66 @@ def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
 
     Each temporary file lives in its target's directory (so the final :func:`os.replace` is atomic on
     one filesystem). If the block raises, every temporary file is removed and no target is touched.
+    Targets are renamed last to first: list the main artifact first, so it appears only after its side
+    files (a reader that finds the new model also finds its new manifest).
 
     Example::
 
         with atomic_outputs("model.onnx", "model.manifest.json") as (tmp_model, tmp_manifest):
             tmp_model.write_bytes(data)
             tmp_manifest.write_text(text)
+
+    Raises:
+        ModelFileError: a target's directory cannot be created or written.
     """
     finals = [Path(t) for t in targets]
+    for final in finals:
+        if final.is_dir():
+            raise ModelFileError(f"cannot write {final}: it is a directory; give a file path.")
     temps: list[Path] = []
     try:
         for final in finals:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+            try:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise ModelFileError(f"cannot write {final} ({exc}); choose a writable output path.") from None
             os.close(fd)
             os.chmod(name, _FILE_MODE)  # mkstemp creates 0600; artifacts get the usual permissions
             temps.append(Path(name))
         yield list(temps)
-        for temp, final in zip(temps, finals, strict=True):
-            os.replace(temp, final)
+        landed: list[Path] = []
+        for temp, final in reversed(list(zip(temps, finals, strict=True))):
+            try:
+                os.replace(temp, final)
+            except OSError as exc:
+                for side in landed:  # side files of a main file that did not land would describe another file
+                    side.unlink(missing_ok=True)
+                raise ModelFileError(f"cannot write {final} ({exc}); choose a writable file path.") from None
+            landed.append(final)
     finally:
         for temp in temps:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
     with atomic_outputs(path) as (temp,):
-        temp.write_text(text)
+        temp.write_bytes(data)
     return Path(path)
 
 
-def leftover_temporaries(directory: str | os.PathLike[str], names: Sequence[str]) -> list[Path]:
-    """Temporary files that :func:`atomic_outputs` would have created for ``names`` (should be none)."""
-    folder = Path(directory)
-    return sorted(p for name in names for p in folder.glob(f".{name}.*.tmp"))
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file and a rename."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_text(payload: Any) -> str:
+    """The JSON form posenc writes: indented, keys sorted, newline-terminated."""
+    return json.dumps(payload, indent=2, sort_keys=True) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike[str], payload: Any) -> Path:
+    """Write ``payload`` as JSON (:func:`json_text`) to ``path`` atomically."""
+    return write_text_atomic(path, json_text(payload))

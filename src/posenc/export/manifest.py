@@ -253,7 +253,7 @@ class Manifest:
                 notes=tuple(data.get("notes", ())),
                 extras={k: v for k, v in data.items() if k not in _CORE_FIELDS},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelFileError(
                 f"the manifest lacks or has a malformed field ({exc!r}); re-export the model (`posenc export ...`)."
             ) from None

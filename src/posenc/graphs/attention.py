@@ -172,7 +172,3 @@ def fold_causal_into_mask(model: ir.Model) -> int:
     and-ed with it, additive masks get ``-inf`` where it forbids.
     """
     return _CAUSAL_RULES.apply_to_model(model)
-
-
-def attention_nodes(model: ir.Model) -> list[ir.Node]:
-    return [n for n in model.graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]

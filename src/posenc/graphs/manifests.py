@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from posenc.errors import ModelFileError
+from posenc.errors import ConfigError, ModelFileError
 from posenc.export import FeedShape, make_feed, manifest_path_for, weights_path_for
+from posenc.export.files import sha256_file
 from posenc.export.manifest import Manifest
-from posenc.graphs.model_io import sha256_file
 from posenc.schemes import DEFAULT_TOLERANCES, Tolerance
+from posenc.validate.tolerance import tolerance_for
 
 GRAPHS_FORMAT = "posenc.graphs/1"
 
@@ -65,15 +66,15 @@ class ModelInfo:
         return self.manifest.dtype if self.manifest is not None else "float32"
 
     def tolerance(self, output: str) -> Tolerance:
-        """The tolerance of ``output``: the scheme's (per output) when known, else the dtype default."""
+        """The tolerance of ``output`` in its own dtype: the scheme's when known, else the dtype default."""
+        dtype = self.dtype
         if self.manifest is not None:
+            dtype = next((o.dtype for o in self.manifest.outputs if o.name == output), dtype)
             try:
-                from posenc.validate import tolerance_for
-
-                return tolerance_for(self.manifest.scheme, self.manifest.dtype, output)
-            except Exception:  # validate not importable or scheme unknown here: fall back to the dtype
+                return tolerance_for(self.manifest.scheme, dtype, output)
+            except ConfigError:  # a scheme this posenc does not know (manifest from a newer version)
                 pass
-        return DEFAULT_TOLERANCES.get(self.dtype, DEFAULT_TOLERANCES["float32"])
+        return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
 
     def feed(self, session: Any, shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
         """Inputs for ``session``: the manifest's realistic feed, else random data of the graph's types."""
@@ -135,11 +136,11 @@ def read_model_info(onnx_path: str | Path) -> ModelInfo:
 
 
 def optimized_manifest(
-    info: ModelInfo, output: Path, source: Path, record: dict[str, Any], weights: Path | None
+    info: ModelInfo, onnx_sha256: str, source: Path, record: dict[str, Any], weights: Path | None
 ) -> dict[str, Any]:
-    """The manifest of an optimized model: the source's, re-hashed, plus the ``optimized`` record."""
+    """The manifest of an optimized model (bytes hashing to ``onnx_sha256``): the source's plus ``optimized``."""
     data: dict[str, Any] = dict(info.raw) if info.raw is not None else {"format": GRAPHS_FORMAT}
-    data["onnx_sha256"] = sha256_file(output)
+    data["onnx_sha256"] = onnx_sha256
     if weights is not None and "weights" in data:
         data["weights"] = {**data["weights"], "path": weights.name}
     previous = data.get("optimized")

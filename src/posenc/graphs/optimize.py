@@ -15,9 +15,10 @@ RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from posenc.errors import ConfigError, ModelFileError, ParityError
+from posenc.export.files import atomic_outputs, json_text
 from posenc.graphs import attention, fold, model_io, rope
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
@@ -190,10 +192,18 @@ def optimize_file(
     optimized = model_io.model_to_proto(result.model).SerializeToString()
     if check_parity and _runs_on_ort(result.model):
         result.parity = check_ort_parity(original, optimized, info)
-    result.path = model_io.write_bytes_atomic(output, optimized)
-    weights = _copy_weights(info, output)
-    payload = optimized_manifest(info, output, source, result.to_dict(), weights)
-    result.manifest_path = model_io.write_json_atomic(info.manifest_path_for(output), payload)
+    weights = info.weights_path if info.weights_path is not None and info.weights_path.exists() else None
+    new_weights = info.weights_path_for(output) if weights is not None else None
+    copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
+    manifest_path = info.manifest_path_for(output)
+    payload = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), source, result.to_dict(), new_weights)
+    # Model, manifest and weights land together (the model last), or none of them does.
+    with atomic_outputs(output, manifest_path, *([new_weights] if copy else [])) as temps:
+        temps[0].write_bytes(optimized)
+        temps[1].write_text(json_text(payload))
+        if copy:
+            shutil.copyfile(weights, temps[2])  # type: ignore[arg-type]
+    result.path, result.manifest_path = output, manifest_path
     return result
 
 
@@ -203,33 +213,46 @@ def _runs_on_ort(model: ir.Model) -> bool:
     return all(node.domain in known for node in model.graph)
 
 
-def _copy_weights(info: ModelInfo, output: Path) -> Path | None:
-    if info.weights_path is None or not info.weights_path.exists():
-        return None
-    target = info.weights_path_for(output)
-    if target.resolve() != info.weights_path.resolve():
-        with model_io.atomic_path(target) as tmp:
-            shutil.copyfile(info.weights_path, tmp)
-    return target
-
-
 def check_ort_parity(before: bytes, after: bytes, info: ModelInfo) -> dict[str, dict[str, float]]:
     """Run both serialized models on ONNX Runtime CPU with one feed; raise if an output moved.
+
+    bf16 graphs run emulated (:func:`posenc.validate.bf16.emulate_bf16`: float32 arithmetic, bf16 rounding),
+    since ONNX Runtime CPU has no bf16 kernels. The feed fits a short precomputed table.
 
     Returns:
         ``{output name: {"max_abs_diff", "atol", "rtol"}}``.
 
     Raises:
-        ParityError: ``|after - before| > atol + rtol * |before|`` somewhere.
+        ParityError: an output moved outside its tolerance (:func:`posenc.validate.tolerance.outside_tolerance`),
+            or ONNX Runtime cannot run one of the graphs (use ``--no-parity`` and validate on the target).
     """
     import onnxruntime as ort
 
+    from posenc.validate.tolerance import outside_tolerance
+
+    models = [before, after]
+    emulated = info.dtype == "bfloat16"
+    if emulated:
+        import onnx
+
+        from posenc.validate.bf16 import emulate_bf16
+
+        models = [emulate_bf16(onnx.load_from_string(m)).SerializeToString() for m in models]
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    sessions = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"]) for m in (before, after)]
-    feed = info.feed(sessions[0], PARITY_SHAPE)
-    names = [o.name for o in sessions[0].get_outputs()]
-    reference, optimized = (s.run(names, feed) for s in sessions)
+    try:
+        sessions = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"]) for m in models]
+        feed = info.feed(sessions[0], _parity_shape(info))
+        if emulated:  # bf16 values carried exactly as float32
+            feed = {k: v.astype(np.float32) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v
+                    for k, v in feed.items()}  # fmt: skip
+        names = [o.name for o in sessions[0].get_outputs()]
+        reference, optimized = (s.run(names, feed) for s in sessions)
+    except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidArgument, ...)
+        raise ParityError(
+            f"ONNX Runtime CPU could not run the graph before/after optimization ({type(exc).__name__}: "
+            f"{str(exc)[:300]}); nothing was written. Optimize with --no-parity and validate on the target."
+        ) from None
     report: dict[str, dict[str, float]] = {}
     for name, ref, got in zip(names, reference, optimized, strict=True):
         tol = info.tolerance(name)
@@ -237,10 +260,12 @@ def check_ort_parity(before: bytes, after: bytes, info: ModelInfo) -> dict[str, 
         if ref64.shape != got64.shape:
             raise ParityError(f"output {name!r} changed shape {ref64.shape} -> {got64.shape}; this is a pass bug.")
         diff = np.abs(got64 - ref64)
-        finite = np.isfinite(ref64)
-        bad = (~finite & (got64 != ref64)) | (finite & (diff > tol.atol + tol.rtol * np.abs(ref64)))
-        report[name] = {"max_abs_diff": float(diff[finite].max(initial=0.0)), "atol": tol.atol, "rtol": tol.rtol}
-        if bad.any():
+        report[name] = {
+            "max_abs_diff": float(diff[np.isfinite(ref64)].max(initial=0.0)),
+            "atol": tol.atol,
+            "rtol": tol.rtol,
+        }
+        if outside_tolerance(got64, ref64, tol).any():
             raise ParityError(
                 f"output {name!r} of the optimized graph differs from the original by "
                 f"{report[name]['max_abs_diff']:.3g} "
@@ -250,7 +275,11 @@ def check_ort_parity(before: bytes, after: bytes, info: ModelInfo) -> dict[str, 
     return report
 
 
-def pass_counts(manifest: Mapping[str, Any]) -> dict[str, int]:
-    """``{pass: count}`` recorded in an optimized model's manifest (empty when not optimized)."""
-    record = manifest.get("optimized") or {}
-    return {p["name"]: int(p["count"]) for p in record.get("passes", [])}
+def _parity_shape(info: ModelInfo) -> tuple[int, int, int]:
+    """:data:`PARITY_SHAPE`, shrunk to fit the manifest's precomputed table (past first, then seq)."""
+    batch, seq, past = PARITY_SHAPE
+    limit = info.manifest.max_positions if info.manifest is not None else None
+    if limit is not None:
+        seq = min(seq, limit)
+        past = min(past, limit - seq)
+    return batch, seq, past

@@ -153,9 +153,10 @@ def _copy_rotary(op, rope: ir.Value, x: ir.Value, **overrides: int):  # type: ig
     return op.RotaryEmbedding(x, *node.inputs[1:], **attributes)
 
 
-def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, a2, st2, s0) -> bool:  # type: ignore[no-untyped-def]
+def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, e2, a2, st2, s0) -> bool:  # type: ignore[no-untyped-def]
     node = rope.producer()
     rotary = mu.const_ints(r1)
+    tail_end = mu.const_ints(e2)
     return (
         mu.int_attr(node, "rotary_embedding_dim") == 0
         and mu.int_attr(node, "num_heads") == 0
@@ -169,6 +170,8 @@ def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, a2, st2, s0) -> bo
         and mu.is_ints(st2, [1])
         and mu.static_dim(x, -1) is not None
         and 0 < rotary[0] < mu.static_dim(x, -1)  # type: ignore[operator]
+        and tail_end is not None
+        and tail_end[0] >= mu.static_dim(x, -1)  # type: ignore[operator]  # the tail runs to the last feature
     )
 
 
@@ -183,8 +186,8 @@ class _PartialRotation(pattern.RewriteRuleClassBase):
         rope = op.RotaryEmbedding(head, _allow_other_inputs=True, _outputs=["rope"])
         return op.Concat(rope, op.Slice(x, r2, e2, a2, st2), axis=-1)
 
-    def check(self, context, x, rope, s0, r1, a1, st1, r2, a2, st2, **_):  # type: ignore[no-untyped-def]
-        if not _partial_ok(x, rope, r1, a1, st1, r2, a2, st2, s0):
+    def check(self, context, x, rope, s0, r1, a1, st1, r2, e2, a2, st2, **_):  # type: ignore[no-untyped-def]
+        if not _partial_ok(x, rope, r1, a1, st1, r2, e2, a2, st2, s0):
             return pattern.MatchResult().fail("not a rotation of the leading r features plus the untouched rest")
         return True
 
@@ -203,8 +206,8 @@ class _PartialRotationInFloat(pattern.RewriteRuleClassBase):
         rope = op.RotaryEmbedding(head, _allow_other_inputs=True, _outputs=["rope"])
         return op.Concat(op.Cast(rope, _outputs=["back"]), op.Slice(x, r2, e2, a2, st2), axis=-1)
 
-    def check(self, context, x, head, rope, back, s0, r1, a1, st1, r2, a2, st2, **_):  # type: ignore[no-untyped-def]
-        if mu.dtype(back) != mu.dtype(x) or not _partial_ok(x, rope, r1, a1, st1, r2, a2, st2, s0):
+    def check(self, context, x, head, rope, back, s0, r1, a1, st1, r2, e2, a2, st2, **_):  # type: ignore[no-untyped-def]
+        if mu.dtype(back) != mu.dtype(x) or not _partial_ok(x, rope, r1, a1, st1, r2, e2, a2, st2, s0):
             return pattern.MatchResult().fail("not a float32 rotation of the leading r features plus the rest")
         return True
 
@@ -299,8 +302,14 @@ class _HeadsMergedBack(pattern.RewriteRuleClassBase):
         producer = y.producer()
         if shape is None and producer is not None and producer.op_type == "RotaryEmbedding":
             shape = producer.inputs[0].shape  # a rotation keeps its input's shape
-        if shape is None or merged.shape is None or len(shape) != 3 or list(shape) != list(merged.shape):
+        if shape is None or merged.shape is None or len(shape) != 3 or len(merged.shape) != 3:
             return pattern.MatchResult().fail("the merge does not restore y's [B, S, H*D] shape", merged)
+        for dim_y, dim_merged in zip(shape.dims, merged.shape.dims, strict=True):
+            known = isinstance(dim_y, int) or dim_y.value is not None
+            if not known or (dim_y if isinstance(dim_y, int) else dim_y.value) != (
+                dim_merged if isinstance(dim_merged, int) else dim_merged.value
+            ):  # unknown dims are not equal to anything: the merge may not restore y's shape
+                return pattern.MatchResult().fail("the merge does not restore y's [B, S, H*D] shape", merged)
         return True
 
     def rewrite(self, op, y, **_):  # type: ignore[no-untyped-def]
@@ -518,16 +527,10 @@ def convert_contrib_rope(model: ir.Model) -> int:
     return count
 
 
-def rope_nodes(model: ir.Model) -> list[ir.Node]:
-    """Every standard RotaryEmbedding node of the main graph."""
-    return [n for n in model.graph if n.op_type == ROTARY and n.domain in ("", "ai.onnx")]
-
-
 __all__ = [
     "convert_contrib_rope",
     "fuse_partial_rope",
     "fuse_rope",
     "rope_for_tensorrt",
-    "rope_nodes",
     "rope_to_3d",
 ]

@@ -188,9 +188,14 @@ def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | P
     ]
     if bench_doc is not None and bench_doc.copy_bandwidth is not None:
         met = [t for t in bench_doc.targets if t["passed"]]
+        targets = (
+            f"{len(met)} of {len(bench_doc.targets)} targets met"
+            if bench_doc.targets
+            else "no targets at these shapes (the full demo and `posenc bench --suite targets` check them)"
+        )
         bullets.append(
             f"Benchmark: copy bandwidth {bench_doc.copy_bandwidth.bytes_per_s / 1e9:.1f} GB/s measured in the same "
-            f"run; {len(met)} of {len(bench_doc.targets)} targets met (see Latency)."
+            f"run; {targets} (see Latency)."
         )
     report.bullets(bullets)
 

@@ -84,7 +84,7 @@ def build_scheme(
     name: str,
     config: AttentionConfig,
     params: Mapping[str, Any] | None = None,
-    table_mode: TableMode | str = TableMode.PRECOMPUTED,
+    table_mode: TableMode | str | None = None,
     max_positions: int | None = None,
     table_dtype: torch.dtype = torch.float32,
 ) -> PositionalScheme:
@@ -94,7 +94,8 @@ def build_scheme(
         name: registered scheme name (see ``posenc list``).
         config: attention geometry.
         params: parameter overrides; defaults come from the spec.
-        table_mode: ``precomputed`` or ``dynamic`` (must be one the spec supports).
+        table_mode: ``precomputed`` or ``dynamic`` (must be one the spec supports); ``None``: ``precomputed``
+            where the scheme has it, else ``dynamic``.
         max_positions: rows of precomputed tables; defaults to ``config.max_position_embeddings``.
         table_dtype: dtype of position tables (float32 unless you are measuring what fp16 tables cost).
 
@@ -102,6 +103,8 @@ def build_scheme(
         ConfigError: unknown scheme or parameter, invalid value, unsupported table mode.
     """
     spec, cls = _lookup(name)
+    if table_mode is None:
+        table_mode = TableMode.PRECOMPUTED if TableMode.PRECOMPUTED in spec.table_modes else TableMode.DYNAMIC
     mode = TableMode.parse(table_mode)
     if mode not in spec.table_modes:
         raise ConfigError(

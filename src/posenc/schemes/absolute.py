@@ -115,7 +115,7 @@ class SinusoidalAbsolute(_Absolute):
     ``precomputed``: the table ``[max_positions, E]`` from :func:`posenc.functional.sinusoidal_table`
     (float64 angles, stored in ``table_dtype``). ``dynamic``: angles computed from the positions with
     float32-exact range reduction (:func:`posenc.functional.exact_angles`), or in float64 when
-    ``table_dtype`` is float64; no length limit, accurate to ~1e-6 at position 131072.
+    ``table_dtype`` is float64; no table limit, accurate to ~1e-6 rad below position 2**24.
     """
 
     def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]

@@ -18,7 +18,8 @@ class Alibi(PositionalScheme):
 
     def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
         super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.symmetric = bool(params["symmetric"])
+        symmetric = params["symmetric"]
+        self.symmetric = (not config.causal) if symmetric is None else bool(symmetric)
         slopes = PF.alibi_slopes(config.num_heads, dtype=torch.float64)
         if table_mode is TableMode.PRECOMPUTED:
             distance = torch.arange(-(max_positions - 1), max_positions, dtype=torch.float64)
@@ -44,7 +45,16 @@ Alibi.spec = SchemeSpec(
     title="ALiBi (attention with linear biases)",
     family="alibi",
     placement=Placement.SCORE,
-    params=(Param("symmetric", "bool", False, "False: m(j - i) for causal decoders; True: -m|i - j| for encoders"),),
+    params=(
+        Param(
+            "symmetric",
+            "bool",
+            None,
+            "False: m(j - i) for causal decoders; True: -m|i - j| for encoders; unset: True exactly when the "
+            "block is not causal",
+            optional=True,
+        ),
+    ),
     table_modes=frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC}),
     citation="Press et al., Train Short, Test Long: Attention with Linear Biases, ICLR 2022 (arXiv:2108.12409)",
     summary="Per-head linear distance penalty; slopes 2^(-8i/n), BLOOM's interleaving for other head counts.",

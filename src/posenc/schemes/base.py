@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError, PositionError
+from posenc.functional import is_tracing
 
 if TYPE_CHECKING:
     from posenc.config import AttentionConfig
@@ -36,7 +37,7 @@ class TableMode(str, enum.Enum):
     PRECOMPUTED = "precomputed"
     """Tables of ``max_positions`` rows are stored (initializers) and gathered by position ids."""
     DYNAMIC = "dynamic"
-    """Only small parameters are stored; tables are computed from position ids (no length limit)."""
+    """Only small parameters are stored; tables are computed from position ids (no table length limit)."""
 
     @classmethod
     def parse(cls, value: str | TableMode) -> TableMode:
@@ -363,16 +364,6 @@ class PositionalScheme(TableHolder):
         causal: bool,
     ) -> torch.Tensor:
         raise NotImplementedError
-
-
-def is_tracing() -> bool:
-    """True while torch traces, exports or compiles (eager-only checks must step aside then)."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return True
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
-    if is_exporting is not None and is_exporting():
-        return True
-    return bool(torch.onnx.is_in_onnx_export())
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 All of them share one cos/sin source (:class:`RotaryAngles` and its data-dependent variants): a
 precomputed float64-exact table gathered by position ids, or angles computed from the positions with
-float32-exact range reduction (:func:`posenc.functional.exact_angles`), so no length limit exists.
+float32-exact range reduction (:func:`posenc.functional.exact_angles`), exact up to position 2**24.
 """
 
 from __future__ import annotations
@@ -524,6 +524,7 @@ def _rope_tolerances() -> dict[str, Tolerance]:
 
 for _rope_type, _name, _title, _extra, _modes, _cite, _cases in _SCALINGS:
     _cls = type(f"Rotary_{_rope_type}", (Rotary,), {"rope_type": _rope_type, "__doc__": Rotary.__doc__})
+    globals()[_cls.__name__] = _cls  # a module-level name, so built schemes and blocks pickle (torch.save)
     _spec = SchemeSpec(
         name=_name,
         title=_title,

@@ -3,8 +3,9 @@
 ONNX Runtime's CPU provider has no bf16 kernels for most ops (MatMul, Softmax, ...), and its Python
 API cannot even feed bf16 arrays. posenc therefore checks a bf16 graph in two ways:
 
-1. structurally: ``onnx.checker`` (full check with shape inference) and the graph's inputs, outputs
-   and weights really are bfloat16 (:func:`check_bf16_structure`);
+1. structurally: ``onnx.checker`` (full check with shape inference) and the graph's activation inputs
+   and outputs really are bfloat16 (:func:`check_bf16_structure`; float32 position tables and the
+   float32 bias of score ops are expected and listed as notes);
 2. numerically, by emulation (:func:`emulate_bf16`): every bf16 value of the graph becomes float32,
    and each one is rounded to bf16 (``Cast(to=BFLOAT16)`` then ``Cast(to=FLOAT)``) right where the
    original graph produced it. Arithmetic then runs in float32 between bf16 rounding points, which is

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 VALIDATE_EPILOG = """\
@@ -32,13 +34,21 @@ exit status: 0 all series pass; 1 a series exceeds its tolerance (or fp16 roundi
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from posenc.errors import BackendUnavailable
+    from posenc.export.runtime import ort_providers
     from posenc.export.units import FeedShape
     from posenc.validate.parity import validate_onnx
 
     shapes = [FeedShape.parse(text) for text in args.shape]
     if args.batch is not None or args.seq is not None or args.past is not None:
-        shapes.append(FeedShape(args.batch or 1, args.seq or 1, args.past or 0))
+        batch, seq, past = (1 if args.batch is None else args.batch), (1 if args.seq is None else args.seq), args.past
+        shapes.append(FeedShape(batch, seq, 0 if past is None else past))
     providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+    if args.provider == "cuda" and "CUDAExecutionProvider" not in ort_providers():
+        raise BackendUnavailable(
+            "--provider cuda: this ONNX Runtime has no CUDA provider (needs onnxruntime-gpu and a GPU); "
+            "use --provider cpu or auto."
+        )
     runners: list[Any] = ["onnxrt"]
     if args.engine:
         from posenc.engine import engine_runner
@@ -76,7 +86,10 @@ def _sweep(args: argparse.Namespace) -> int:
         per_bucket=args.per_bucket,
         seed=args.seed,
     )
-    written = report.save(json_path=f"{args.output}.json", markdown=f"{args.output}.md")
+    prefix = Path(args.output)
+    if args.output.endswith(("/", os.sep)) or prefix.is_dir():  # a folder: OUT/sweep.json and OUT/sweep.md
+        prefix = prefix / "sweep"
+    written = report.save(json_path=f"{prefix}.json", markdown=f"{prefix}.md")
     print(report.to_markdown(), end="")
     for path in written:
         print(f"wrote {path}")
@@ -127,7 +140,9 @@ def register(subparsers: Any) -> None:
     s.add_argument("--max-position", type=int, default=131072)
     s.add_argument("--per-bucket", type=int, default=8, help="sampled positions per bucket")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("-o", "--output", required=True, help="output prefix: writes OUT.json and OUT.md")
+    s.add_argument(
+        "-o", "--output", required=True, help="output prefix: writes OUT.json and OUT.md (OUT/sweep.* for a folder)"
+    )
     s.set_defaults(func=_sweep)
 
 

@@ -4,8 +4,12 @@
 (:meth:`posenc.schemes.base.SchemeSpec.tolerance`) scaled by the per-output rule in
 :data:`OUTPUT_RULES`, where ``dtype`` is the dtype of that output tensor (not of the graph: a score op
 of an fp16 graph returns its bias in the float32 of its tables, and is held to float32 tolerance).
-A value passes when ``|got - ref| <= atol`` or ``|got - ref| <= rtol * |ref|`` (polygraphy
-``SimpleCompareFunc`` with ``check_error_stat="elemwise"``: an element fails only if it exceeds both).
+A value passes when ``|got - ref| <= atol`` or ``|got - ref| <= rtol * |ref|``: an element fails only if
+it exceeds both (:func:`outside_tolerance`; a non-finite reference must be matched exactly). Every check
+of posenc uses that function: the parity table, the position sweep and the graph passes' before/after
+check. ``posenc validate`` also runs polygraphy's ``SimpleCompareFunc`` (``check_error_stat="elemwise"``),
+which measures the relative error against the runtime's output instead of the reference; a row passes
+only when both agree.
 
 Per-output rules: :data:`OUTPUT_RULES` maps an output name to scales of the scheme tolerance (with
 the reason and the dtypes they apply to). It is empty today because the measurements do not call for
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from posenc.schemes import get_spec
@@ -72,3 +77,18 @@ def tolerances_for(
     for name, tol in (overrides or {}).items():
         result[name] = tol
     return result
+
+
+def outside_tolerance(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:
+    """Boolean mask (shape of ``ref``) of the elements of ``got`` that fail ``tol`` against ``ref``.
+
+    An element fails when ``|got - ref| > atol`` and ``|got - ref| > rtol * |ref|``, or when ``ref`` is not
+    finite and ``got`` differs from it (NaN matches NaN). A NaN in ``got`` against a finite ``ref`` fails.
+    """
+    got64, ref64 = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    finite = np.isfinite(ref64)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(got64 - ref64)
+        inside = (err <= tol.atol) | (err <= tol.rtol * np.abs(ref64))
+        same = (got64 == ref64) | (np.isnan(got64) & np.isnan(ref64))
+    return np.where(finite, ~inside, ~same)

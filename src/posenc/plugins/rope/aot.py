@@ -27,6 +27,7 @@ from posenc.plugins.rope.spec import (
     QKFormat,
     RopeKernelSpec,
     check_dtype,
+    parse_qk_format,
 )
 
 __all__ = [
@@ -331,7 +332,7 @@ def contiguous_scalar_args(
     Works on ints and on TensorRT shape expressions alike (only ``+``, ``*`` are used), so the TensorRT plugin
     computes its launch arguments symbolically with the same code the CPU tests check against torch strides.
     """
-    fmt = QKFormat(qk_format)
+    fmt = parse_qk_format(qk_format)
     if fmt is QKFormat.BHSD:
         _, Hq, S, D = q_shape
         Hkv = k_shape[1]
@@ -362,7 +363,7 @@ def contiguous_scalar_args(
 
 def launch_grid(qk_format: QKFormat | str, q_shape: Sequence[Any], k_shape: Sequence[Any], block_h: int) -> tuple:
     """``(B * S, cdiv(Hq, BLOCK_H) + cdiv(Hkv, BLOCK_H))`` on ints or TensorRT shape expressions."""
-    fmt = QKFormat(qk_format)
+    fmt = parse_qk_format(qk_format)
     if fmt is QKFormat.BHSD:
         B, Hq, S = q_shape[0], q_shape[1], q_shape[2]
         Hkv = k_shape[1]

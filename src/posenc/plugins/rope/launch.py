@@ -26,6 +26,7 @@ from posenc.plugins.rope.spec import (
     RopeKernelSpec,
     check_dtype,
     next_power_of_2,
+    parse_qk_format,
 )
 
 __all__ = ["check_rope_positions", "default_block", "freq_inputs", "load_kernel", "rope_qk"]
@@ -69,8 +70,8 @@ def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tup
             "max_position_embeddings) instead of precomputed frequencies."
         )
     if rope_type == "longrope":
+        short, factor = PF.rope_inv_freq(rotary_dim, params, seq_len=None)  # checks the longrope parameters
         original = int(params["original_max_position_embeddings"])
-        short, factor = PF.rope_inv_freq(rotary_dim, params, seq_len=None)
         long, _ = PF.rope_inv_freq(rotary_dim, params, seq_len=original + 1)
         turns = torch.stack((PF.split_turns(short), PF.split_turns(long)))
         return turns, {"attention_factor": factor, "longrope_original": original}
@@ -251,7 +252,7 @@ def rope_qk(
         PositionError: positions past the table (checked on the host before the launch).
         BackendUnavailable: triton missing, or CPU tensors without ``TRITON_INTERPRET=1``.
     """
-    fmt = QKFormat(qk_format) if not isinstance(qk_format, QKFormat) else qk_format
+    fmt = parse_qk_format(qk_format)
     B, S, Hq, Hkv = _check_qk(q, k, spec, fmt)
     cos, sin = _check_angle_inputs(spec, cos, sin, turns, B, S)
     if spec.angles.uses_positions:

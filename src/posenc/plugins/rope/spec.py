@@ -265,7 +265,7 @@ class RopeKernelSpec:
 
     def plugin_attributes(self, qk_format: QKFormat | str = QKFormat.BHSD) -> dict[str, int | float]:
         """The plugin node's attributes for this spec (the ONNX attribute names are the plugin field names)."""
-        fmt = _parse_enum(QKFormat, qk_format, "q/k format")
+        fmt = parse_qk_format(qk_format)
         attrs: dict[str, int | float] = {
             "interleaved": int(self.layout == "interleaved"),
             "rotary_dim": self.rotary_dim,
@@ -325,6 +325,11 @@ def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
     except ValueError:
         valid = [m.value for m in cls]  # type: ignore[attr-defined]
         raise ConfigError(f"unknown {what} {value!r}; use one of {valid}.") from None
+
+
+def parse_qk_format(value: QKFormat | str) -> QKFormat:
+    """``"bhsd"`` / ``"bshd"`` (or the enum) as :class:`QKFormat`; anything else is a :class:`ConfigError`."""
+    return _parse_enum(QKFormat, value, "q/k format")
 
 
 def split_float64(value: float) -> tuple[float, float]:
