@@ -11,7 +11,7 @@ in float32 (float64 for float64 hidden states) and returns the hidden states' dt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -72,7 +72,14 @@ class LearnedAbsolute(_Absolute):
 
     init_mean = 0.0
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         weight = torch.empty(max_positions, config.hidden_size, dtype=table_dtype)
         self.weight = nn.Parameter(nn.init.normal_(weight, mean=self.init_mean, std=_INIT_STD))
@@ -118,7 +125,14 @@ class SinusoidalAbsolute(_Absolute):
     ``table_dtype`` is float64; no table limit, accurate to ~1e-6 rad below position 2**24.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         _check_even_hidden(params, config)
         self.layout = params["layout"]
@@ -140,7 +154,7 @@ class SinusoidalAbsolute(_Absolute):
         return PF.sinusoidal_from_angles(angles, self.layout).to(self.table_dtype)
 
 
-def _check_even_hidden(params: dict[str, Any], config: AttentionConfig) -> None:
+def _check_even_hidden(params: Mapping[str, Any], config: AttentionConfig) -> None:
     if config.hidden_size % 2:
         raise ConfigError(
             f"sinusoidal needs an even hidden_size (sin/cos pairs), got {config.hidden_size}; use an even "
@@ -256,7 +270,14 @@ class Floater(_Absolute):
     weights define the real encoding.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         dim = config.hidden_size
         self.delta_t = float(params["delta_t"])

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from posenc import functional as PF
+from posenc.config import AttentionConfig
 from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
 
@@ -16,7 +20,14 @@ class Alibi(PositionalScheme):
     stores only the slopes. Shapes: q_pos ``[B, Sq]``, k_pos ``[B, Sk]`` -> bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         symmetric = params["symmetric"]
         self.symmetric = (not config.causal) if symmetric is None else bool(symmetric)
@@ -30,7 +41,7 @@ class Alibi(PositionalScheme):
     def _shape(self, distance: torch.Tensor) -> torch.Tensor:
         return -distance.abs() if self.symmetric else distance
 
-    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
         distance = relative_distance(q_pos, k_pos)  # j - i, [B, Sq, Sk]

@@ -256,7 +256,7 @@ class TableHolder(nn.Module):
         kept = self.__dict__.setdefault("_kept_dtype_buffers", set())
         kept.add(name)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> TableHolder:
         kept = self.__dict__.get("_kept_dtype_buffers", set())
         originals = {name: self._buffers[name] for name in kept if self._buffers.get(name) is not None}
         result = super()._apply(fn, recurse)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +40,14 @@ class Deberta(PositionalScheme):
     are projected; ``dynamic``: bucket magnitudes from a lookup table, sign applied (no float log, no limit).
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.position_buckets = int(params["position_buckets"])
         self.max_relative_positions = int(params["max_relative_positions"])
@@ -85,7 +94,7 @@ class Deberta(PositionalScheme):
             return index_by_distance(self.row_table, distance, self.max_positions)
         return self.graph_index(-distance)
 
-    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         compute = compute_dtype(q)
         rows = self.row_index(q_pos, k_pos)
         b, h, sq, sk, d = q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]

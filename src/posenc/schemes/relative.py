@@ -18,7 +18,8 @@ Distances follow :func:`posenc.schemes.base.relative_distance`: ``d = key_pos - 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,14 @@ class ShawRelative(PositionalScheme):
     Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]`` -> ``[B, H, Sq, D]``.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.max_relative_position = int(params["max_relative_position"])
         rows, d = 2 * self.max_relative_position + 1, config.head_dim
@@ -144,7 +152,15 @@ class ShawRelative(PositionalScheme):
             return index_by_distance(self.row_table, distance, self.max_positions)
         return self.clipped_index(distance)
 
-    def attend(self, q, k, v, q_pos, k_pos, causal):  # type: ignore[no-untyped-def]
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
         compute = compute_dtype(q)
         rows = self.row_index(q_pos, k_pos)  # [B, Sq, Sk]
         b, h, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -220,7 +236,14 @@ class TransformerXL(PositionalScheme):
     (float64 angles when ``table_dtype`` is float64).
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         h, d, hidden = config.num_heads, config.head_dim, config.hidden_size
         self.use_rel_shift = bool(params["rel_shift"])
@@ -290,7 +313,7 @@ class TransformerXL(PositionalScheme):
         b, h = scores.shape[:2]
         return torch.gather(scores, -1, column.unsqueeze(1).expand(b, h, sq, sk))
 
-    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
         compute = compute_dtype(q)

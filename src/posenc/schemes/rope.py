@@ -8,7 +8,7 @@ float32-exact range reduction (:func:`posenc.functional.exact_angles`), exact up
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -219,7 +219,7 @@ def _rope_params(rope_type: str, params: Mapping[str, Any], config: AttentionCon
     return out
 
 
-def _validate_rope(rope_type: str):  # type: ignore[no-untyped-def]
+def _validate_rope(rope_type: str) -> Callable[[dict[str, Any], AttentionConfig], None]:
     def check(params: dict[str, Any], config: AttentionConfig) -> None:
         r = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
         hf = _rope_params(rope_type, params, config)
@@ -269,7 +269,14 @@ class Rotary(PositionalScheme):
 
     rope_type = "default"
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.layout = params["layout"]
         self.rotary_dim = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
@@ -567,7 +574,14 @@ class ReRope(PositionalScheme):
 
     leaky = False
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.layout = params["layout"]
         self.window = int(params["window"])
@@ -606,7 +620,15 @@ class ReRope(PositionalScheme):
             scores = torch.where(distance <= -self.window, far_neg, scores)
         return scores / math.sqrt(self.config.head_dim)
 
-    def attend(self, q, k, v, q_pos, k_pos, causal):  # type: ignore[no-untyped-def]
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
         scores = self.scores(q, k, q_pos, k_pos, causal)
         mask = causal_mask(q_pos, k_pos) if causal else None
         return softmax_attention(scores, v.to(scores.dtype), mask).to(v.dtype)
@@ -683,7 +705,14 @@ class RopeLinearAttention(PositionalScheme):
     form. Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]``.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.layout = params["layout"]
         self.rotary_dim = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
@@ -699,7 +728,15 @@ class RopeLinearAttention(PositionalScheme):
         cos, sin = self.angles(pos)
         return PF.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
 
-    def attend(self, q, k, v, q_pos, k_pos, causal):  # type: ignore[no-untyped-def]
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -712,7 +749,9 @@ class RopeLinearAttention(PositionalScheme):
         out = (numerator @ vc) / denominator.sum(-1, keepdim=True)
         return out.to(v.dtype)
 
-    def attend_recurrent(self, q, k, v, position_ids):  # type: ignore[no-untyped-def]
+    def attend_recurrent(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         """Causal O(S) form: running sums of ``R_j φ(k_j) v_jᵀ`` and ``φ(k_j)`` (q, k, v share positions)."""
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         qf, kf, vc = self.feature_map(q.to(compute)), self.feature_map(k.to(compute)), v.to(compute)

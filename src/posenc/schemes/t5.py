@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -123,7 +126,14 @@ class T5Bias(PositionalScheme):
     bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         self.relative_bias = T5BucketBias(
             config.num_heads,
@@ -138,7 +148,7 @@ class T5Bias(PositionalScheme):
     def score_scale(self) -> float:
         return 1.0
 
-    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
         return self.relative_bias(q_pos, k_pos)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +26,14 @@ class Tupe(PositionalScheme):
     :meth:`bias` returns the two position terms. Shapes: positions ``[B, S]`` -> bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(self, config, params, table_mode, max_positions, table_dtype=torch.float32):  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        config: AttentionConfig,
+        params: Mapping[str, Any],
+        table_mode: TableMode,
+        max_positions: int,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__(config, params, table_mode, max_positions, table_dtype)
         hidden, width = config.hidden_size, config.num_heads * config.head_dim
         self.position_embeddings = nn.Parameter(torch.randn(max_positions, hidden) * 0.02)
@@ -53,7 +62,7 @@ class Tupe(PositionalScheme):
         projected = linear_in(F.embedding(positions, self.position_embeddings), layer, dtype)
         return projected.view(b, s, self.config.num_heads, self.config.head_dim).transpose(1, 2)
 
-    def bias(self, q, k, q_pos, k_pos):  # type: ignore[no-untyped-def]
+    def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
         compute = compute_dtype(q)
