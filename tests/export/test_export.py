@@ -10,7 +10,7 @@ import onnx
 import pytest
 import torch
 
-from posenc import AttentionBlock, ConfigError, ExportError, ModelFileError, PositionError, get_spec
+from posenc import AttentionBlock, ConfigError, ExportError, ModelFileError, PositionError, get_spec, scheme_names
 from posenc.export import (
     FeedShape,
     check_feed,
@@ -137,6 +137,20 @@ def test_older_opsets_export_and_match(opset: int, tmp_path) -> None:  # type: i
     model = onnx.load(str(result.path))
     assert model.opset_import[0].version == opset == result.manifest.opset
     assert validate_onnx(result.path, shapes=[FeedShape(2, 5, 70)]).passed
+
+
+def _in_graph_mode(name: str) -> str:
+    """``dynamic`` where the scheme has it (most ops in the graph), else ``precomputed``."""
+    return "dynamic" if any(m.value == "dynamic" for m in get_spec(name).table_modes) else "precomputed"
+
+
+@pytest.mark.parametrize("name", scheme_names())
+def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = export_onnx(
+        tmp_path / f"{name}.onnx", name, unit="block", config=SMALL, table_mode=_in_graph_mode(name), opset=17
+    )
+    assert onnx.load(str(result.path)).opset_import[0].version == 17
+    assert validate_onnx(result.path, shapes=[FeedShape(2, 5, 3)]).passed
 
 
 @pytest.mark.parametrize("opset", [13, 16, 19, 24])
