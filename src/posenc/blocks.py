@@ -14,6 +14,7 @@ from torch import nn
 
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
+from posenc.functional import is_tracing
 from posenc.schemes import build_scheme
 from posenc.schemes.base import (
     Placement,
@@ -58,8 +59,12 @@ class AttentionBlock(nn.Module):
         super().__init__()
         self.config = config
         if isinstance(scheme, PositionalScheme):
-            given = {"params": params, "table_mode": table_mode, "max_positions": max_positions}
-            given["table_dtype"] = table_dtype
+            given = {
+                "params": params,
+                "table_mode": table_mode,
+                "max_positions": max_positions,
+                "table_dtype": table_dtype,
+            }
             extra = [name for name, value in given.items() if value]
             if extra:
                 raise ConfigError(
@@ -93,7 +98,7 @@ class AttentionBlock(nn.Module):
         past = 0 if past_key is None else past_key.shape[2]
         if position_ids is None:
             position_ids = (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
-        elif not torch.compiler.is_compiling() and tuple(position_ids.shape) != (b, s):
+        elif not is_tracing() and tuple(position_ids.shape) != (b, s):  # eager only: export keeps [B, S]
             if tuple(position_ids.shape) != (1, s):
                 raise ConfigError(
                     f"position_ids have shape {tuple(position_ids.shape)}; hidden [B={b}, S={s}, E] needs "
