@@ -26,7 +26,7 @@ from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposa
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ModelFileError
-from posenc.export.files import atomic_outputs, json_text, sha256_file
+from posenc.export.files import atomic_outputs, json_text
 from posenc.graphs.manifests import read_model_info
 
 ENGINE_FORMAT = "posenc.engine/1"
@@ -121,7 +121,8 @@ def build_engine(
     onnx_path, output = Path(onnx_path), Path(output)
     trt_backend = load_backend(backend)
     chosen = resolve_targets(trt_backend, targets)
-    source_manifest = read_model_info(onnx_path).raw if onnx_path.exists() else None  # checks the hash
+    source = read_model_info(onnx_path)  # a manifest that no longer matches the file is an error
+    source_manifest = source.raw
     dims = (source_manifest or {}).get("dynamic_dims")
     dim_profile = resolve_profile(dims, profile)
     configure_polygraphy(trt_backend)
@@ -147,7 +148,7 @@ def build_engine(
         "timing_cache": str(cache_path) if cache_path else None,
         "timing_cache_note": "" if trt_backend.has_timing_cache else "TensorRT-RTX: not used (forces a GPU query)",
         "source_onnx": onnx_path.name,
-        "source_onnx_sha256": sha256_file(onnx_path),
+        "source_onnx_sha256": source.sha256,
         "source_manifest": {k: source_manifest[k] for k in _SOURCE_KEYS if source_manifest and k in source_manifest},
         "engine_bytes": len(engine),
         "build_seconds": round(seconds, 3),

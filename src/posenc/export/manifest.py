@@ -308,16 +308,25 @@ def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manif
             f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
             f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
         )
+    manifest = Manifest.from_dict(read_manifest_json(manifest_path))
+    if verify:
+        verify_files(manifest, onnx_path, manifest_path)
+    return manifest
+
+
+def read_manifest_json(manifest_path: Path) -> dict[str, Any]:
+    """The JSON object stored in ``manifest_path`` (any format: export, graphs or engine manifests).
+
+    Raises:
+        ModelFileError: the file is unreadable, not JSON, or not a JSON object.
+    """
     try:
         data = json.loads(manifest_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFileError(f"{manifest_path} is not readable JSON ({exc}); re-export the model.") from None
-    if not isinstance(data, Mapping):
+    if not isinstance(data, dict):
         raise ModelFileError(f"{manifest_path} does not hold a JSON object; re-export the model.")
-    manifest = Manifest.from_dict(data)
-    if verify:
-        verify_files(manifest, onnx_path, manifest_path)
-    return manifest
+    return data
 
 
 def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path) -> None:

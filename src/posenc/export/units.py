@@ -94,23 +94,23 @@ SAMPLE_SHAPE = FeedShape(batch=2, seq=4, past=3)
 # --------------------------------------------------------------------------------------------------
 
 
-class EmbeddingOp(nn.Module):
-    """``(hidden [B, S, E], position_ids [B, S]) -> hidden [B, S, E]``."""
+class _SchemeOp(nn.Module):
+    """An export wrapper whose forward calls one method of ``scheme`` with graph inputs."""
 
     def __init__(self, scheme: PositionalScheme) -> None:
         super().__init__()
         self.scheme = scheme
+
+
+class EmbeddingOp(_SchemeOp):
+    """``(hidden [B, S, E], position_ids [B, S]) -> hidden [B, S, E]``."""
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return self.scheme.embed(hidden, position_ids)
 
 
-class RotateOp(nn.Module):
+class RotateOp(_SchemeOp):
     """``(q [B, H, S, D], k [B, Hkv, S, D], position_ids [B, S]) -> (q_rot, k_rot)``."""
-
-    def __init__(self, scheme: PositionalScheme) -> None:
-        super().__init__()
-        self.scheme = scheme
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
@@ -118,16 +118,12 @@ class RotateOp(nn.Module):
         return self.scheme.rotate(q, k, position_ids)
 
 
-class RotateProjectionOp(nn.Module):
+class RotateProjectionOp(_SchemeOp):
     """``(q [B, S, H*D], k [B, S, Hkv*D], position_ids [B, S]) -> (q_rot, k_rot)`` in the projection layout.
 
     Splits heads, calls the scheme's :meth:`~posenc.schemes.base.PositionalScheme.rotate` and merges heads
     back (``posenc optimize --target ort-cpu`` turns that into two 3-D RotaryEmbedding nodes and nothing else).
     """
-
-    def __init__(self, scheme: PositionalScheme) -> None:
-        super().__init__()
-        self.scheme = scheme
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
@@ -143,23 +139,15 @@ class RotateProjectionOp(nn.Module):
         )
 
 
-class BiasOp(nn.Module):
+class BiasOp(_SchemeOp):
     """``(q [B, H, S, D], k [B, H, Sk, D], q_pos [B, S], k_pos [B, Sk]) -> bias [B|1, H, S, Sk]``."""
-
-    def __init__(self, scheme: PositionalScheme) -> None:
-        super().__init__()
-        self.scheme = scheme
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.scheme.bias(q, k, q_pos, k_pos)
 
 
-class AttendOp(nn.Module):
+class AttendOp(_SchemeOp):
     """``(q, k, v [B, H, *, D], q_pos [B, S], k_pos [B, Sk]) -> attn_out [B, H, S, D]`` (causal per config)."""
-
-    def __init__(self, scheme: PositionalScheme) -> None:
-        super().__init__()
-        self.scheme = scheme
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

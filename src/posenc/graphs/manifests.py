@@ -13,7 +13,6 @@ ONNX files without a manifest (models from elsewhere) still optimize; their new 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export import FeedShape, make_feed, manifest_path_for, weights_path_for
 from posenc.export.files import sha256_file
-from posenc.export.manifest import Manifest
+from posenc.export.manifest import Manifest, read_manifest_json
 from posenc.schemes import DEFAULT_TOLERANCES, Tolerance
 from posenc.validate.tolerance import tolerance_for
 
@@ -46,6 +45,8 @@ class ModelInfo:
     raw: dict[str, Any] | None
     manifest: Manifest | None
     manifest_file: Path
+    sha256: str | None = None
+    """Hex SHA-256 of the file (``None`` when it does not exist)."""
 
     @property
     def weights_path(self) -> Path | None:
@@ -109,36 +110,30 @@ def random_feed(session: Any, shape: tuple[int, int, int], seed: int = 0) -> dic
 def read_raw_manifest(onnx_path: str | Path) -> dict[str, Any] | None:
     """The manifest JSON beside ``onnx_path`` as a dict, or ``None`` when there is none."""
     path = manifest_path_for(onnx_path)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"{path} is not readable JSON ({exc}); re-export the model or delete the file.") from None
-    if not isinstance(data, dict):
-        raise ModelFileError(f"{path} does not hold a JSON object; re-export the model or delete the file.")
-    return data
+    return read_manifest_json(path) if path.exists() else None
 
 
 def read_model_info(onnx_path: str | Path) -> ModelInfo:
     """The file and its manifest; a manifest that no longer matches the file is an error."""
     path = Path(onnx_path)
     raw = read_raw_manifest(path)
+    digest = sha256_file(path) if path.exists() else None
     manifest = None
     if raw is not None and raw.get("format") != GRAPHS_FORMAT:
         manifest = Manifest.from_dict(raw)
-        if path.exists() and sha256_file(path) != manifest.onnx_sha256:
+        if digest is not None and digest != manifest.onnx_sha256:
             raise ModelFileError(
                 f"{path} does not match its manifest {manifest_path_for(path).name} (sha256 differs): the file was "
                 f"modified after export. Re-export it, or remove the stale manifest."
             )
-    return ModelInfo(path=path, raw=raw, manifest=manifest, manifest_file=manifest_path_for(path))
+    return ModelInfo(path=path, raw=raw, manifest=manifest, manifest_file=manifest_path_for(path), sha256=digest)
 
 
 def optimized_manifest(
-    info: ModelInfo, onnx_sha256: str, source: Path, record: dict[str, Any], weights: Path | None
+    info: ModelInfo, onnx_sha256: str, record: dict[str, Any], weights: Path | None
 ) -> dict[str, Any]:
-    """The manifest of an optimized model (bytes hashing to ``onnx_sha256``): the source's plus ``optimized``."""
+    """The manifest of a model optimized from ``info`` (bytes hashing to ``onnx_sha256``): the source's plus
+    the ``optimized`` record."""
     data: dict[str, Any] = dict(info.raw) if info.raw is not None else {"format": GRAPHS_FORMAT}
     data["onnx_sha256"] = onnx_sha256
     if weights is not None and "weights" in data:
@@ -146,8 +141,8 @@ def optimized_manifest(
     previous = data.get("optimized")
     data["optimized"] = {
         **record,
-        "source_onnx": source.name,
-        "source_sha256": sha256_file(source),
+        "source_onnx": info.path.name,
+        "source_sha256": info.sha256,
         **({"previous": previous} if previous else {}),
     }
     notes = list(data.get("notes", []))

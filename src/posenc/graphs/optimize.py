@@ -196,7 +196,7 @@ def optimize_file(
     new_weights = info.weights_path_for(output) if weights is not None else None
     copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
     manifest_path = info.manifest_path_for(output)
-    payload = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), source, result.to_dict(), new_weights)
+    payload = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), result.to_dict(), new_weights)
     # Model, manifest and weights land together (the model last), or none of them does.
     with atomic_outputs(output, manifest_path, *([new_weights] if copy else [])) as temps:
         temps[0].write_bytes(optimized)

@@ -72,16 +72,8 @@ class LearnedAbsolute(_Absolute):
 
     init_mean = 0.0
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        weight = torch.empty(max_positions, config.hidden_size, dtype=table_dtype)
+    def build(self) -> None:
+        weight = torch.empty(self.max_positions, self.config.hidden_size, dtype=self.table_dtype)
         self.weight = nn.Parameter(nn.init.normal_(weight, mean=self.init_mean, std=_INIT_STD))
 
     def rows(self, position_ids: torch.Tensor) -> torch.Tensor:
@@ -125,21 +117,15 @@ class SinusoidalAbsolute(_Absolute):
     ``table_dtype`` is float64; no table limit, accurate to ~1e-6 rad below position 2**24.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        _check_even_hidden(params, config)
-        self.layout = params["layout"]
-        dim, base = config.hidden_size, params["base"]
-        if table_mode is TableMode.PRECOMPUTED:
-            self.register_table("table", PF.sinusoidal_table(max_positions, dim, self.layout, base, table_dtype))
-        elif table_dtype == torch.float64:
+    def build(self) -> None:
+        _check_even_hidden(self.params, self.config)
+        self.layout = self.params["layout"]
+        dim, base = self.config.hidden_size, self.params["base"]
+        if self.table_mode is TableMode.PRECOMPUTED:
+            self.register_table(
+                "table", PF.sinusoidal_table(self.max_positions, dim, self.layout, base, self.table_dtype)
+            )
+        elif self.table_dtype == torch.float64:
             self.register_table("inv_freq", PF.sinusoidal_inv_freq(dim, base))
         else:
             self.register_table("turns", PF.split_turns(PF.sinusoidal_inv_freq(dim, base)))
@@ -254,7 +240,7 @@ class Floater(_Absolute):
     The table follows the weights:
 
     - ``table [max_positions, E]`` is a non-persistent buffer (not in the state dict; it is derived),
-      integrated in ``__init__``, after every ``load_state_dict`` and by :meth:`refresh_table`;
+      integrated in ``build``, after every ``load_state_dict`` and by :meth:`refresh_table`;
     - eager calls in training mode with autograd on (``module.train()``, grad mode, weights that require
       grad) integrate afresh up to the largest position of the call, so gradients reach p(0) and h; this
       costs ``4 * steps_per_position`` MLP evaluations per position, every call;
@@ -270,21 +256,13 @@ class Floater(_Absolute):
     weights define the real encoding.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        dim = config.hidden_size
-        self.delta_t = float(params["delta_t"])
-        self.steps_per_position = int(params["steps_per_position"])
+    def build(self) -> None:
+        dim = self.config.hidden_size
+        self.delta_t = float(self.params["delta_t"])
+        self.steps_per_position = int(self.params["steps_per_position"])
         self.initial = nn.Parameter(torch.randn(dim) * _INIT_STD)
-        self.dynamics = FloaterDynamics(dim, int(params["width"]))
-        self.register_table("table", torch.empty(0, dim, dtype=table_dtype), persistent=False)
+        self.dynamics = FloaterDynamics(dim, int(self.params["width"]))
+        self.register_table("table", torch.empty(0, dim, dtype=self.table_dtype), persistent=False)
         self._fingerprint: tuple[Any, ...] = ()
         self.register_load_state_dict_post_hook(_refresh_after_load)
         self.refresh_table()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from posenc import functional as PF
-from posenc.config import AttentionConfig
 from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
 
@@ -20,23 +16,15 @@ class Alibi(PositionalScheme):
     stores only the slopes. Shapes: q_pos ``[B, Sq]``, k_pos ``[B, Sk]`` -> bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        symmetric = params["symmetric"]
-        self.symmetric = (not config.causal) if symmetric is None else bool(symmetric)
-        slopes = PF.alibi_slopes(config.num_heads, dtype=torch.float64)
-        if table_mode is TableMode.PRECOMPUTED:
-            distance = torch.arange(-(max_positions - 1), max_positions, dtype=torch.float64)
-            self.register_table("table", (self._shape(distance).unsqueeze(-1) * slopes).to(table_dtype))
+    def build(self) -> None:
+        symmetric = self.params["symmetric"]
+        self.symmetric = (not self.config.causal) if symmetric is None else bool(symmetric)
+        slopes = PF.alibi_slopes(self.config.num_heads, dtype=torch.float64)
+        if self.table_mode is TableMode.PRECOMPUTED:
+            distance = torch.arange(-(self.max_positions - 1), self.max_positions, dtype=torch.float64)
+            self.register_table("table", (self._shape(distance).unsqueeze(-1) * slopes).to(self.table_dtype))
         else:
-            self.register_table("slopes", slopes.to(table_dtype))
+            self.register_table("slopes", slopes.to(self.table_dtype))
 
     def _shape(self, distance: torch.Tensor) -> torch.Tensor:
         return -distance.abs() if self.symmetric else distance

@@ -294,6 +294,11 @@ class PositionalScheme(TableHolder):
         self.table_mode = table_mode
         self.max_positions = max_positions
         self.table_dtype = table_dtype
+        self.build()
+
+    def build(self) -> None:
+        """Create the scheme's tables and parameters from ``config``, ``params``, ``table_mode``,
+        ``max_positions`` and ``table_dtype`` (set by ``__init__`` just before); schemes override it."""
 
     @property
     def placement(self) -> Placement:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -40,24 +38,16 @@ class Deberta(PositionalScheme):
     are projected; ``dynamic``: bucket magnitudes from a lookup table, sign applied (no float log, no limit).
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.position_buckets = int(params["position_buckets"])
-        self.max_relative_positions = int(params["max_relative_positions"])
+    def build(self) -> None:
+        self.position_buckets = int(self.params["position_buckets"])
+        self.max_relative_positions = int(self.params["max_relative_positions"])
         self.span = self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
-        hidden, width = config.hidden_size, config.num_heads * config.head_dim
+        hidden, width = self.config.hidden_size, self.config.num_heads * self.config.head_dim
         self.rel_embeddings = nn.Parameter(torch.randn(2 * self.span, hidden) * 0.02)
         self.pos_key_proj = nn.Linear(hidden, width)
         self.pos_query_proj = nn.Linear(hidden, width)
-        if table_mode is TableMode.PRECOMPUTED:
-            index = self.reference_index(-distance_range(max_positions))
+        if self.table_mode is TableMode.PRECOMPUTED:
+            index = self.reference_index(-distance_range(self.max_positions))
             self.first_row, self.num_rows = int(index.min()), int(index.max() - index.min()) + 1
             self.register_table("row_table", index - self.first_row)
         else:

@@ -18,8 +18,7 @@ Distances follow :func:`posenc.schemes.base.relative_distance`: ``d = key_pos - 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -122,21 +121,13 @@ class ShawRelative(PositionalScheme):
     Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]`` -> ``[B, H, Sq, D]``.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.max_relative_position = int(params["max_relative_position"])
-        rows, d = 2 * self.max_relative_position + 1, config.head_dim
+    def build(self) -> None:
+        self.max_relative_position = int(self.params["max_relative_position"])
+        rows, d = 2 * self.max_relative_position + 1, self.config.head_dim
         self.key_table = nn.Parameter(torch.randn(rows, d) * d**-0.5)
         self.value_table = nn.Parameter(torch.randn(rows, d) * d**-0.5)
-        if table_mode is TableMode.PRECOMPUTED:
-            self.register_table("row_table", self.clipped_index(distance_range(max_positions)))
+        if self.table_mode is TableMode.PRECOMPUTED:
+            self.register_table("row_table", self.clipped_index(distance_range(self.max_positions)))
 
     def clipped_index(self, distance: torch.Tensor) -> torch.Tensor:
         """Table row ``clip(d, -R, R) + R`` of each distance ``d = j - i`` (int64, same shape)."""
@@ -236,25 +227,17 @@ class TransformerXL(PositionalScheme):
     (float64 angles when ``table_dtype`` is float64).
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        h, d, hidden = config.num_heads, config.head_dim, config.hidden_size
-        self.use_rel_shift = bool(params["rel_shift"])
+    def build(self) -> None:
+        h, d, hidden = self.config.num_heads, self.config.head_dim, self.config.hidden_size
+        self.use_rel_shift = bool(self.params["rel_shift"])
         self.content_bias = nn.Parameter(torch.randn(h, d) * 0.02)  # u (XLNet r_w_bias)
         self.position_bias = nn.Parameter(torch.randn(h, d) * 0.02)  # v (XLNet r_r_bias)
         self.r_proj = nn.Linear(hidden, h * d, bias=False)  # W_R
         inv_freq = PF.sinusoidal_inv_freq(hidden)
-        if table_mode is TableMode.PRECOMPUTED:
-            angles = distance_range(max_positions).to(torch.float64).unsqueeze(-1) * inv_freq
-            self.register_table("r_table", PF.sinusoidal_from_angles(angles, "concat").to(table_dtype))
-        elif table_dtype == torch.float64:
+        if self.table_mode is TableMode.PRECOMPUTED:
+            angles = distance_range(self.max_positions).to(torch.float64).unsqueeze(-1) * inv_freq
+            self.register_table("r_table", PF.sinusoidal_from_angles(angles, "concat").to(self.table_dtype))
+        elif self.table_dtype == torch.float64:
             self.register_table("inv_freq", inv_freq)
         else:
             self.register_table("turns", PF.split_turns(inv_freq))

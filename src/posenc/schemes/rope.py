@@ -269,18 +269,12 @@ class Rotary(PositionalScheme):
 
     rope_type = "default"
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.layout = params["layout"]
-        self.rotary_dim = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
-        self.angles = build_rope_angles(self.rope_type, params, config, table_mode, max_positions, table_dtype)
+    def build(self) -> None:
+        self.layout = self.params["layout"]
+        self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
+        self.angles = build_rope_angles(
+            self.rope_type, self.params, self.config, self.table_mode, self.max_positions, self.table_dtype
+        )
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` (attention factor included)."""
@@ -574,24 +568,16 @@ class ReRope(PositionalScheme):
 
     leaky = False
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.layout = params["layout"]
-        self.window = int(params["window"])
-        self.rotary_dim = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
-        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": params["rope_theta"]})
-        inverse_k = 1.0 / params["factor"] if self.leaky else 0.0
+    def build(self) -> None:
+        self.layout = self.params["layout"]
+        self.window = int(self.params["window"])
+        self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
+        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
+        inverse_k = 1.0 / self.params["factor"] if self.leaky else 0.0
         shift = inv_freq * (self.window * (1.0 - inverse_k))
 
         def angles(freq: torch.Tensor, phase: torch.Tensor | None = None) -> RotaryAngles:
-            return RotaryAngles(freq, 1.0, table_mode, max_positions, table_dtype, phase=phase)
+            return RotaryAngles(freq, 1.0, self.table_mode, self.max_positions, self.table_dtype, phase=phase)
 
         self.near = angles(inv_freq)
         self.far_q = angles(inv_freq * inverse_k, shift)
@@ -705,19 +691,11 @@ class RopeLinearAttention(PositionalScheme):
     form. Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]``.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.layout = params["layout"]
-        self.rotary_dim = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
-        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": params["rope_theta"]})
-        self.angles = RotaryAngles(inv_freq, 1.0, table_mode, max_positions, table_dtype)
+    def build(self) -> None:
+        self.layout = self.params["layout"]
+        self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
+        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
+        self.angles = RotaryAngles(inv_freq, 1.0, self.table_mode, self.max_positions, self.table_dtype)
 
     @staticmethod
     def feature_map(x: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -98,6 +95,20 @@ class T5BucketBias(TableHolder):
                 ),
             )
 
+    @classmethod
+    def of_scheme(cls, scheme: PositionalScheme) -> T5BucketBias:
+        """The bias of a scheme with T5 bucket parameters (t5, tupe): its table mode and length, std E^-1/2."""
+        config, params = scheme.config, scheme.params
+        return cls(
+            config.num_heads,
+            params["bidirectional"],
+            params["num_buckets"],
+            params["max_distance"],
+            scheme.table_mode,
+            scheme.max_positions,
+            init_std=config.hidden_size**-0.5,
+        )
+
     def reference_bucket(self, distance: torch.Tensor) -> torch.Tensor:
         """Eager bucket ids of ``distance = key_pos - query_pos`` (the functional reference)."""
         return PF.t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
@@ -126,24 +137,8 @@ class T5Bias(PositionalScheme):
     bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        self.relative_bias = T5BucketBias(
-            config.num_heads,
-            params["bidirectional"],
-            params["num_buckets"],
-            params["max_distance"],
-            table_mode,
-            max_positions,
-            init_std=config.hidden_size**-0.5,
-        )
+    def build(self) -> None:
+        self.relative_bias = T5BucketBias.of_scheme(self)
 
     def score_scale(self) -> float:
         return 1.0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,32 +24,12 @@ class Tupe(PositionalScheme):
     :meth:`bias` returns the two position terms. Shapes: positions ``[B, S]`` -> bias ``[B, H, Sq, Sk]``.
     """
 
-    def __init__(
-        self,
-        config: AttentionConfig,
-        params: Mapping[str, Any],
-        table_mode: TableMode,
-        max_positions: int,
-        table_dtype: torch.dtype = torch.float32,
-    ) -> None:
-        super().__init__(config, params, table_mode, max_positions, table_dtype)
-        hidden, width = config.hidden_size, config.num_heads * config.head_dim
-        self.position_embeddings = nn.Parameter(torch.randn(max_positions, hidden) * 0.02)
+    def build(self) -> None:
+        hidden, width = self.config.hidden_size, self.config.num_heads * self.config.head_dim
+        self.position_embeddings = nn.Parameter(torch.randn(self.max_positions, hidden) * 0.02)
         self.pos_query_proj = nn.Linear(hidden, width, bias=False)  # U^Q
         self.pos_key_proj = nn.Linear(hidden, width, bias=False)  # U^K
-        self.relative_bias = (
-            T5BucketBias(
-                config.num_heads,
-                params["bidirectional"],
-                params["num_buckets"],
-                params["max_distance"],
-                table_mode,
-                max_positions,
-                init_std=config.hidden_size**-0.5,
-            )
-            if params["relative"]
-            else None
-        )
+        self.relative_bias = T5BucketBias.of_scheme(self) if self.params["relative"] else None
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.config.head_dim)
