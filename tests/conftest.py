@@ -16,6 +16,10 @@ torch.set_num_threads(1)
 # Geometry of the registry-driven matrices: small, grouped-query, head_dim 16, short context.
 SMALL = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
 
+# The official ONNX RotaryEmbedding node tests (provenance in PROVENANCE.txt there), kept with the tests so a
+# clean clone checks them too.
+CONFORMANCE = Path(__file__).parent / "data" / "onnx_rotary_embedding"
+
 
 def covers(*schemes: str) -> pytest.MarkDecorator:
     """Mark a test as a property test of these schemes (the registry check needs one per scheme)."""

@@ -1,29 +1,27 @@
 """The official ONNX RotaryEmbedding node tests, computed by posenc.functional.apply_rope.
 
 The 16 cases (and their ``_expanded`` twins, which inline the op as primitive nodes) come from the onnx
-repository's backend test data; see ``shared/conformance/onnx_rotary_embedding/PROVENANCE.txt``. Each case
+repository's backend test data; see ``tests/data/onnx_rotary_embedding/PROVENANCE.txt``. Each case
 has ``model.onnx`` and ``test_data_set_0/input_*.pb`` / ``output_0.pb``.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from posenc import functional as PF
+from tests.conftest import CONFORMANCE
 
 onnx = pytest.importorskip("onnx", reason="onnx reads the conformance protobufs (pip install onnx)")
 from onnx import numpy_helper  # noqa: E402
 
-CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "onnx_rotary_embedding"
-CASES = sorted(p.name for p in CONFORMANCE.glob("test_rotary_embedding*") if p.is_dir()) if CONFORMANCE.is_dir() else []
+CASES = sorted(p.name for p in CONFORMANCE.glob("test_rotary_embedding*") if p.is_dir())
 
-pytestmark = pytest.mark.skipif(
-    not CASES, reason=f"ONNX conformance data not found at {CONFORMANCE} (clone shared/ beside the repository)"
-)
+
+def test_the_conformance_data_is_in_the_repository() -> None:
+    assert len(CASES) == 16, f"expected the 16 ONNX RotaryEmbedding node tests in {CONFORMANCE}"
 
 
 def _attributes(case: str) -> dict[str, int]:

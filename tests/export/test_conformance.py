@@ -8,8 +8,6 @@ case's ``output_0``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -20,8 +18,8 @@ from torch import nn
 
 from posenc import functional as PF
 from posenc.export import export_module, ort_session
+from tests.conftest import CONFORMANCE
 
-CONFORMANCE = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "onnx_rotary_embedding"
 CASES = sorted(p.name for p in CONFORMANCE.glob("test_rotary_embedding*") if not p.name.endswith("_expanded"))
 
 
