@@ -39,7 +39,7 @@ def rope_block(tmp_path_factory):  # type: ignore[no-untyped-def]
 def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-untyped-def]
     m = rope_block.manifest
     assert rope_block.manifest_path.name == "model.manifest.json"
-    assert rope_block.weights_path.name == "model.weights.pt"
+    assert rope_block.weights_path.name == "model.weights.safetensors"
     assert m.onnx_sha256 == sha256_file(rope_block.path)
     assert m.weights["sha256"] == sha256_file(rope_block.weights_path)
     assert (m.scheme, m.unit, m.table_mode, m.dtype, m.table_dtype, m.opset) == (

@@ -23,7 +23,7 @@ CASE = MatrixCase("rope", "precomputed", "float32", "op", case="partial")
 @pytest.fixture
 def exported(export_cache, tmp_path):
     source = export_case(export_cache, CASE)
-    for path in (source, manifest_path_for(source), source.with_name(source.stem + ".weights.pt")):
+    for path in (source, manifest_path_for(source), source.with_name(source.stem + ".weights.safetensors")):
         shutil.copy(path, tmp_path / path.name)
     return tmp_path / source.name
 
@@ -141,6 +141,6 @@ def test_optimized_files_are_readable_by_others_and_land_together(exported) -> N
     optimize_file(exported, out, "ort-cpu")
     mask = os.umask(0)
     os.umask(mask)
-    for path in (out, manifest_path_for(out), out.with_name("rope.ort.weights.pt")):
+    for path in (out, manifest_path_for(out), out.with_name("rope.ort.weights.safetensors")):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
     assert not list(exported.parent.glob(".*.tmp"))

@@ -6,7 +6,7 @@ Public API (stable; the graph, engine, bench and demo stages build on it)::
 
     result = export_onnx("out/rope.onnx", "rope_yarn", unit="block", params={"factor": 8.0},
                          table_mode="dynamic", dtype="fp16", opset=23)
-    result.path, result.manifest_path, result.weights_path      # model.onnx, .manifest.json, .weights.pt
+    result.path, result.manifest_path, result.weights_path      # model.onnx, .manifest.json, .weights.safetensors
     manifest = load_manifest("out/rope.onnx")                  # verifies sha256 of model and weights
     feed = make_feed(manifest, FeedShape(batch=2, seq=7, past=5))   # realistic int64 position ids
     check_feed(manifest, feed)                                 # PositionError past a precomputed table
@@ -18,7 +18,7 @@ Public API (stable; the graph, engine, bench and demo stages build on it)::
 - :func:`export_module` (module, args, path, input_names, output_names, dynamic_dims, opset) -> Path:
   any module, no manifest (e.g. a complex-number RoPE; see :mod:`posenc.export.complex`).
 - :class:`Manifest`, :func:`load_manifest`; the JSON layout is documented in :mod:`posenc.export.manifest`.
-  Files: ``model.onnx`` -> ``model.manifest.json`` and ``model.weights.pt`` (``state_dict``) beside it.
+  Files: ``model.onnx`` -> ``model.manifest.json`` and ``model.weights.safetensors`` (``state_dict``) beside it.
 - :func:`check_feed`, :func:`make_feed`, :func:`run_onnx`, :func:`ort_session`, :func:`load_eager`
   (rebuild the eager module from manifest + weights; float64 for the reference).
 - Constants: :data:`SUPPORTED_OPSETS` (17, 18, 23), :data:`DEFAULT_OPSET` (23), :data:`SAMPLE_SHAPE`.

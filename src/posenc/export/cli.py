@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import ConfigError
+from posenc.export.files import describe_weights
 
 EPILOG = """\
 examples:
+  posenc export --hf-model ckpt/ --layer 3 -o out/layer3.onnx       # a checkpoint's layer with its weights
+  posenc export --hf-model ckpt/ --layer 5 --layer-type decoder --table-mode dynamic --dtype fp16 -o out/dec5.onnx
   posenc export --scheme rope -o out/rope.onnx
   posenc export --scheme rope_yarn --param factor=8 --param original_max_position_embeddings=4096 \\
       --table-mode dynamic --dtype fp16 -o out/yarn_fp16.onnx
@@ -17,8 +20,10 @@ examples:
   posenc export --hf-config config.json --dtype bf16 --max-positions 8192 -o out/model_attn.onnx
   posenc export --scheme rope_dynamic --table-mode dynamic --opset 18 -o out/ntk_opset18.onnx
 
-Writes OUT, OUT's manifest (model.onnx -> model.manifest.json) and weights (model.weights.pt) together;
-a failed export leaves none of them. Then: `posenc validate OUT`.
+Writes OUT, OUT's manifest (model.onnx -> model.manifest.json) and weights (model.weights.safetensors)
+together; a failed export leaves none of them. The manifest records where the weights came from: the
+checkpoint's layer (tensor names and sha256) with --hf-model, else random weights with their --seed.
+Then: `posenc validate OUT` (and `--against-hf CKPT` for a checkpoint's layer).
 exit status: 0 written; 2 invalid options or export failure (the message says what to change)."""
 
 
@@ -60,24 +65,59 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
     return config, scheme, params
 
 
+_CHECKPOINT_FIXED = ("scheme", "hf_config", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "causal")
+
+
+def _export_checkpoint(args: argparse.Namespace) -> Any:
+    """Export layer ``--layer`` of the ``--hf-model`` checkpoint with its own weights."""
+    from posenc.checkpoints import load_layer
+    from posenc.export import export_onnx
+
+    given = [name for name in _CHECKPOINT_FIXED if getattr(args, name) not in (None, False)]
+    if given or args.param or args.max_position_embeddings is not None:
+        flags = [f"--{name.replace('_', '-')}" for name in given] + (["--param"] if args.param else [])
+        flags = flags or ["--max-position-embeddings"]
+        raise ConfigError(
+            f"--hf-model takes geometry, scheme and parameters from the checkpoint; drop {', '.join(flags)}."
+        )
+    loaded = load_layer(args.hf_model, 0 if args.layer is None else args.layer, args.layer_type)
+    block = loaded.block(args.table_mode, args.max_positions)
+    module = block if args.unit == "block" else block.scheme
+    return export_onnx(
+        args.output,
+        unit=args.unit,
+        dtype=args.dtype,
+        opset=args.opset,
+        module=module,
+        optimize=not args.no_optimize,
+        provenance=loaded.provenance(),
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     from posenc.export import export_onnx
 
-    config, scheme, params = _geometry(args)
-    if scheme is None:
-        raise ConfigError("give --scheme NAME (see `posenc list`) or --hf-config config.json.")
-    result = export_onnx(
-        args.output,
-        scheme,
-        unit=args.unit,
-        params=params,
-        config=config,
-        table_mode=args.table_mode,
-        dtype=args.dtype,
-        opset=args.opset,
-        max_positions=args.max_positions,
-        optimize=not args.no_optimize,
-    )
+    if args.hf_model is not None:
+        result = _export_checkpoint(args)
+    else:
+        if args.layer is not None:
+            raise ConfigError("--layer selects a layer of --hf-model; give --hf-model DIR too.")
+        config, scheme, params = _geometry(args)
+        if scheme is None:
+            raise ConfigError("give --hf-model DIR, --scheme NAME (see `posenc list`) or --hf-config config.json.")
+        result = export_onnx(
+            args.output,
+            scheme,
+            unit=args.unit,
+            params=params,
+            config=config,
+            table_mode=args.table_mode,
+            dtype=args.dtype,
+            opset=args.opset,
+            max_positions=args.max_positions,
+            optimize=not args.no_optimize,
+            seed=args.seed,
+        )
     m = result.manifest
     if args.json:
         print(m.to_json(), end="")
@@ -86,6 +126,7 @@ def _run(args: argparse.Namespace) -> int:
     limit = f"max_positions {m.max_positions}" if m.max_positions is not None else "no position limit"
     print(f"wrote {result.path} ({size / 1024:.1f} KiB, sha256 {m.onnx_sha256[:16]})")
     print(f"  manifest {result.manifest_path}; weights {result.weights_path}")
+    print(f"  weights: {describe_weights(m.weights.get('source', {}))}")
     print(f"  {m.scheme} | unit {m.unit} | {m.dtype} (tables {m.table_dtype}) | {m.table_mode}, {limit}", end="")
     print(f" | opset {m.opset}")
     for label, specs in (("inputs ", m.inputs), ("outputs", m.outputs)):
@@ -133,12 +174,23 @@ def register(subparsers: Any) -> None:
     geometry.add_argument("--head-dim", type=int)
     geometry.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
     geometry.add_argument("--max-position-embeddings", type=int, help="context length of the model")
-    geometry.add_argument("--hf-config", metavar="config.json", help="take geometry, scheme and parameters from it")
     geometry.add_argument(
+        "--hf-config", metavar="config.json", help="take geometry, scheme and parameters from it (random weights)"
+    )
+    checkpoint = p.add_argument_group("a checkpoint's layer with its own weights")
+    checkpoint.add_argument(
+        "--hf-model",
+        metavar="DIR",
+        help="local Hugging Face checkpoint folder (config.json + *.safetensors or pytorch_model.bin); never downloads",
+    )
+    checkpoint.add_argument("--layer", type=int, help="layer index (default 0)")
+    checkpoint.add_argument(
         "--layer-type",
         metavar="NAME",
-        help="with --hf-config whose rope_parameters differ per layer type (e.g. full_attention): which one",
+        help="stack or layer type where the model has several (T5: encoder/decoder; Gemma 3: sliding_attention/"
+        "full_attention); with --hf-config: which per-layer-type rope_parameters",
     )
+    p.add_argument("--seed", type=int, default=0, help="seed of random weights when no --hf-model is given (default 0)")
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")

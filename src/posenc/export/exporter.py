@@ -5,7 +5,10 @@ The path of one export::
     module (.to(dtype), tables stay float32) -> torch.export (dynamic batch/seq/past, samples >= 2)
       -> complex-to-real rewrite when needed (posenc.export.complex)
       -> torch.onnx.export(dynamo=True, opset 23 | 18 | 17) -> drop unread inputs
-      -> model.onnx + model.weights.pt + model.manifest.json, written atomically together
+      -> model.onnx + model.weights.safetensors + model.manifest.json, written atomically together
+
+Weights are never silently random: the manifest's ``weights.source`` says where they came from (a checkpoint's
+layer with every tensor's name and sha256, ``random`` with the seed, or a module the caller built).
 """
 
 from __future__ import annotations
@@ -31,11 +34,19 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.export.complex import realify_complex
-from posenc.export.files import atomic_outputs, manifest_path_for, sha256_file, weights_path_for
+from posenc.export.files import (
+    RANDOM_WEIGHTS,
+    WEIGHTS_FORMAT,
+    atomic_outputs,
+    manifest_path_for,
+    save_weights,
+    sha256_file,
+    weights_path_for,
+)
 from posenc.export.manifest import DimRange, Manifest, TensorSpec, _jsonable, dtype_name, torch_dtype
 from posenc.export.units import SAMPLE_SHAPE, UNITS, ExportUnit, make_unit
 from posenc.schemes import build_scheme, get_spec
-from posenc.schemes.base import PositionalScheme, TableMode
+from posenc.schemes.base import PositionalScheme, TableMode, table_keys
 
 SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23)
 DEFAULT_OPSET = 23
@@ -63,7 +74,7 @@ class ExportResult:
         path: the ONNX file.
         manifest: its :class:`Manifest` (also written to :attr:`manifest_path`).
         manifest_path: ``<stem>.manifest.json`` beside the model.
-        weights_path: ``<stem>.weights.pt`` (the module's ``state_dict``) beside the model.
+        weights_path: ``<stem>.weights.safetensors`` (the module's ``state_dict``) beside the model.
     """
 
     path: Path
@@ -341,11 +352,13 @@ def export_onnx(
     table_dtype: torch.dtype = torch.float32,
     module: nn.Module | None = None,
     optimize: bool = True,
+    seed: int = 0,
+    provenance: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Export a scheme's positional op or a whole :class:`AttentionBlock` to ONNX, with manifest and weights.
 
     Args:
-        path: the ONNX file to write; ``<stem>.manifest.json`` and ``<stem>.weights.pt`` go beside it.
+        path: the ONNX file to write; ``<stem>.manifest.json`` and ``<stem>.weights.safetensors`` go beside it.
         scheme: registered scheme name (see ``posenc list``); or give ``module``.
         unit: ``"block"`` (AttentionBlock), ``"op"`` (the scheme's op alone) or ``"op-3d"`` (a rotary op on
             the projection layout ``[B, S, H*D]``), see :mod:`posenc.export.units`.
@@ -359,6 +372,9 @@ def export_onnx(
         table_dtype: dtype of position tables (float32; float16 only to measure what it costs).
         module: an already built (e.g. trained) AttentionBlock or PositionalScheme instead of a name.
         optimize: run the onnxscript optimizer on the graph.
+        seed: seed of the fresh random weights of a block or scheme built from a name (recorded in the manifest).
+        provenance: where ``module``'s weights came from, recorded as the manifest's ``weights.source`` (e.g.
+            :meth:`posenc.checkpoints.LoadedLayer.provenance`); default ``{"kind": "module", ...}``.
 
     Returns:
         :class:`ExportResult` with the written paths and the manifest.
@@ -374,7 +390,12 @@ def export_onnx(
         print(result.manifest.inputs)
     """
     opset = check_opset(opset)
-    inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be an int >= 0, got {seed!r}.")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
+    source = _weights_source(module, seed, provenance)
     spec = (inner.scheme if isinstance(inner, AttentionBlock) else inner).spec  # type: ignore[union-attr]
     dtype = check_dtype(dtype, spec.name)
     activation = torch_dtype(dtype)
@@ -395,16 +416,30 @@ def export_onnx(
         opset=opset,
         optimize=optimize,
     )
-    return _write_artifacts(Path(path), model, export_unit, notes, opset)
+    return _write_artifacts(Path(path), model, export_unit, notes, opset, source)
 
 
-def _write_artifacts(path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int) -> ExportResult:
+def _weights_source(module: nn.Module | None, seed: int, provenance: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The manifest's ``weights.source``: checkpoint provenance, the random seed, or the caller's module."""
+    if provenance is not None:
+        if module is None:
+            raise ConfigError("provenance describes a built module's weights; pass it together with module=.")
+        return _jsonable(dict(provenance))
+    if module is None:
+        return {"kind": RANDOM_WEIGHTS, "seed": seed}
+    return {"kind": "module", "class": f"{type(module).__module__}.{type(module).__qualname__}"}
+
+
+def _write_artifacts(
+    path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int, source: dict[str, Any]
+) -> ExportResult:
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
     data = model.SerializeToString()
     with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
         tmp_model.write_bytes(data)
-        torch.save({k: v.detach().cpu() for k, v in unit.inner.state_dict().items()}, tmp_weights)
-        manifest = _manifest(model, unit, notes, opset, hashlib.sha256(data).hexdigest(), weights_path, tmp_weights)
+        save_weights(unit.inner.state_dict(), tmp_weights)
+        digest = hashlib.sha256(data).hexdigest()
+        manifest = _manifest(model, unit, notes, opset, digest, weights_path, tmp_weights, source)
         manifest.save(tmp_manifest)
     return ExportResult(path, manifest, manifest_path, weights_path)
 
@@ -432,7 +467,14 @@ def _dim_ranges(unit: ExportUnit, limit: int | None) -> dict[str, DimRange]:
 
 
 def _manifest(
-    model: Any, unit: ExportUnit, notes: list[str], opset: int, onnx_sha: str, weights_path: Path, tmp_weights: Path
+    model: Any,
+    unit: ExportUnit,
+    notes: list[str],
+    opset: int,
+    onnx_sha: str,
+    weights_path: Path,
+    tmp_weights: Path,
+    source: dict[str, Any],
 ) -> Manifest:
     scheme = unit.scheme
     spec = scheme.spec
@@ -462,20 +504,15 @@ def _manifest(
         weights={
             "path": weights_path.name,
             "sha256": sha256_file(tmp_weights),
-            "format": "torch.save(state_dict)",
-            "tables": sorted(_table_keys(unit.inner)),
+            "format": WEIGHTS_FORMAT,
+            "tables": sorted(table_keys(unit.inner)),
+            "source": source,
         },
         source=_source_info(unit.inner),
         versions=library_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
     )
-
-
-def _table_keys(module: nn.Module) -> set[str]:
-    from posenc.export.runtime import _table_buffers
-
-    return _table_buffers(module)
 
 
 def _source_info(inner: nn.Module) -> dict[str, Any]:

@@ -11,14 +11,19 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc.errors import ModelFileError
 
 MANIFEST_SUFFIX = ".manifest.json"
-WEIGHTS_SUFFIX = ".weights.pt"
+WEIGHTS_SUFFIX = ".weights.safetensors"
+WEIGHTS_FORMAT = "safetensors"
+LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
+"""Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
+RANDOM_WEIGHTS = "random"
+"""``weights.source.kind`` of fresh random weights (a scheme or block built from its name, seeded)."""
 
 
 def _umask() -> int:
@@ -42,9 +47,53 @@ def manifest_path_for(onnx_path: str | os.PathLike[str]) -> Path:
 
 
 def weights_path_for(onnx_path: str | os.PathLike[str]) -> Path:
-    """``model.onnx`` -> ``model.weights.pt`` (same directory)."""
+    """``model.onnx`` -> ``model.weights.safetensors`` (same directory)."""
     stem = _stem(onnx_path)
     return stem.with_name(stem.name + WEIGHTS_SUFFIX)
+
+
+def describe_weights(source: Mapping[str, Any]) -> str:
+    """One line saying where a model's weights came from (its manifest's ``weights.source``)."""
+    kind = source.get("kind")
+    if kind == "checkpoint":
+        where = f"layer {source.get('layer')}" + (f" ({source['layer_type']})" if source.get("layer_type") else "")
+        count = len(source.get("tensors", {}))
+        return f"checkpoint {source.get('checkpoint')} {where}, {count} tensors (names and sha256 in the manifest)"
+    if kind == RANDOM_WEIGHTS:
+        return (
+            f"RANDOM (seed {source.get('seed')}): not a trained model; export a checkpoint's layer with --hf-model DIR"
+        )
+    if kind == "module":
+        return f"from a module built by the caller ({source.get('class')})"
+    return "unrecorded (exported by an older posenc)"
+
+
+def save_weights(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write a ``state_dict`` as safetensors (tied tensors are stored once per key; no pickle)."""
+    from safetensors.torch import save_file
+
+    tensors = {key: value.detach().cpu().contiguous().clone() for key, value in state.items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict[str, Any]:
+    """Read a weights file written by :func:`save_weights` (or a legacy ``torch.save`` one, weights only).
+
+    Raises:
+        ModelFileError: unreadable, corrupt, or an unknown format.
+    """
+    try:
+        if weights_format == WEIGHTS_FORMAT:
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(path), device="cpu"))
+        if weights_format == LEGACY_WEIGHTS_FORMAT:
+            import torch
+
+            return dict(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as exc:
+        raise ModelFileError(f"cannot read weights {path} ({type(exc).__name__}); re-export the model.") from None
+    raise ModelFileError(f"weights {path} have unknown format {weights_format!r}; re-export the model.")
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:

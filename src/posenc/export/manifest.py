@@ -16,8 +16,12 @@ read it instead of asking the user again. Fields (JSON keys):
 ``inputs``, ``outputs``    list of ``{"name", "dtype", "shape", "layout", "role"}`` in graph order;
                            shapes use the dim names above (outputs may hold expressions like ``past + seq``)
 ``onnx_sha256``            sha256 of the ONNX file's bytes
-``weights``                ``{"path", "sha256", "format"}``: the module's ``state_dict`` (torch.save) beside
-                           the model, from which ``posenc validate`` rebuilds the eager reference
+``weights``                ``{"path", "sha256", "format", "tables", "source"}``: the module's ``state_dict``
+                           (safetensors) beside the model, from which ``posenc validate`` rebuilds the eager
+                           reference; ``tables`` lists the position-table keys (recomputed, not copied);
+                           ``source`` says where the weights came from: ``{"kind": "checkpoint", "checkpoint",
+                           "model_type", "family", "layer", "layer_type", "tensors": {name: sha256}}``,
+                           ``{"kind": "random", "seed"}`` or ``{"kind": "module", "class"}``
 ``source``                 ``{"module", "posenc_sha256"}``: the exported class and a hash of the posenc
                            sources it runs
 ``versions``               torch, onnx, onnxruntime, onnxscript, polygraphy, posenc, python

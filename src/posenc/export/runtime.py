@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
-from posenc.export.files import manifest_path_for
+from posenc.export.files import LEGACY_WEIGHTS_FORMAT, load_weights_file, manifest_path_for
 from posenc.export.manifest import Manifest, load_manifest, torch_dtype, weights_file
 from posenc.export.units import NUMPY_DTYPES, make_unit
+from posenc.schemes.base import table_keys
 
 # --------------------------------------------------------------------------------------------------
 # Feed checks
@@ -197,15 +198,6 @@ def run_onnx(
 # --------------------------------------------------------------------------------------------------
 
 
-def _table_buffers(module: nn.Module) -> set[str]:
-    """State-dict keys of position tables (buffers registered with ``register_table``)."""
-    keys = set()
-    for prefix, sub in module.named_modules():
-        for name in sub.__dict__.get("_kept_dtype_buffers", ()):
-            keys.add(f"{prefix}.{name}" if prefix else name)
-    return keys
-
-
 def build_eager(
     manifest: Manifest,
     *,
@@ -261,7 +253,7 @@ def load_weights(
     target = module.state_dict()
     wrapped = any(k.startswith("scheme.") for k in target) and not any(k.startswith("scheme.") for k in state)
     prefix = "scheme." if wrapped else ""
-    tables = _table_buffers(module)
+    tables = table_keys(module)
     saved_tables = set(saved_tables or ())
     missing = [k for k in target if k not in tables and k.removeprefix(prefix) not in state]
     unexpected = [k for k in state if k not in saved_tables and prefix + k not in target]
@@ -304,10 +296,7 @@ def load_eager(
     path = Path(path)
     manifest_path = path if path.name.endswith(".manifest.json") else manifest_path_for(path)
     weights = weights_file(manifest, manifest_path)
-    try:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ModelFileError(f"cannot read weights {weights} ({type(exc).__name__}); re-export the model.") from None
+    state = load_weights_file(weights, str(manifest.weights.get("format", LEGACY_WEIGHTS_FORMAT)))
     module = build_eager(manifest, dtype=dtype)
     load_weights(module, state, manifest.weights.get("tables"))
     return module, manifest

@@ -404,3 +404,15 @@ def softmax_attention(scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
         s = s.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(s, dim=-1).to(v.dtype)
     return probs @ v
+
+
+def table_keys(module: nn.Module) -> set[str]:
+    """``state_dict`` keys of position tables (buffers registered with :meth:`TableHolder.register_table`).
+
+    Tables are functions of the scheme parameters: loaders and rebuilds compute their own instead of copying them.
+    """
+    keys = set()
+    for prefix, sub in module.named_modules():
+        for name in sub.__dict__.get("_kept_dtype_buffers", ()):
+            keys.add(f"{prefix}.{name}" if prefix else name)
+    return keys

@@ -14,7 +14,7 @@ examples:
   posenc validate out/yarn_fp16.onnx --batch 2 --seq 1 --past 511 --runs parity.runs.json
   posenc validate out/rope.trt.onnx --engine out/rope.engine      # GPU + tensorrt: TrtRunner joins the comparison
 
-Reads the manifest beside the model (model.manifest.json) and the weights (model.weights.pt), rebuilds
+Reads the manifest beside the model (model.manifest.json) and the weights (model.weights.safetensors), rebuilds
 the eager module in float64 (tables recomputed in float64), feeds both realistic inputs (position ids
 past + arange(seq)) and compares every output with polygraphy (ONNX Runtime; CUDA provider when present;
 with --engine also polygraphy's TrtRunner on each engine, which needs an NVIDIA GPU and datacenter tensorrt).

@@ -1,0 +1,6 @@
+"""Model families posenc loads checkpoints of; each module registers its :class:`~posenc.checkpoints.family.Family`.
+
+To add a family, add a module here and import it below (see :mod:`posenc.checkpoints.family`).
+"""
+
+from posenc.checkpoints.families import llama  # noqa: F401

@@ -1,0 +1,174 @@
+"""What a model family is to posenc: how one layer of its checkpoint becomes an :class:`AttentionBlock`.
+
+A :class:`Family` holds, in one place, everything posenc knows about a transformers ``model_type``:
+
+- ``geometry``: ``config.json`` (as the transformers config object) -> :class:`LayerPlan` (attention geometry,
+  scheme, scheme parameters) for one layer;
+- ``weights``: a table of :class:`Rule` s mapping checkpoint tensors (names relative to the layer's attention
+  module, or to the model root) onto the block's ``state_dict`` keys, with a transform where the layouts differ
+  (fused qkv, Gemma's ``1 + w`` norms, ...);
+- ``reference``: how to build and call the checkpoint's own transformers attention module for that layer
+  (:mod:`posenc.checkpoints.reference`), the reference every parity claim about a real model is made against.
+
+Adding a family = one module in :mod:`posenc.checkpoints.families` that calls :func:`register` with these three
+pieces, plus a test that builds a tiny seeded checkpoint with transformers and proves the block equals it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from posenc.checkpoints.reference import TransformersReference
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """One layer of a checkpoint as posenc builds it.
+
+    Attributes:
+        config: attention geometry (and block features: biases, norms, scale, window, ...).
+        scheme: registered scheme name (``posenc list``).
+        params: scheme parameters.
+        layer: the layer index within its stack.
+        layer_type: the stack or kind of the layer (``decoder``, ``encoder``, ``sliding_attention``, ...), or None.
+        decoder: True when the layer is used with a KV cache (decode steps make sense).
+    """
+
+    config: AttentionConfig
+    scheme: str
+    params: dict[str, Any]
+    layer: int
+    layer_type: str | None = None
+    decoder: bool = True
+
+
+Transform = Callable[[Sequence[torch.Tensor], LayerPlan], Sequence[torch.Tensor]]
+"""``(checkpoint tensors in rule order, plan) -> block tensors in rule order``."""
+
+
+def same(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
+    """The identity transform: the checkpoint tensors are the block's."""
+    return tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Block keys filled from checkpoint tensors.
+
+    Attributes:
+        targets: block ``state_dict`` keys produced (e.g. ``("q_proj.weight",)``).
+        sources: checkpoint tensor names relative to the layer's attention module (``"q_proj.weight"``), or to
+            the model root when they start with ``"/"`` (``"/encoder.block.0.layer.0.SelfAttention..."``);
+            ``{layer}`` is replaced by the layer index.
+        transform: maps the source tensors to the target tensors (default: identity).
+        when: the rule applies only if this returns True for the plan (e.g. biases present).
+    """
+
+    targets: tuple[str, ...]
+    sources: tuple[str, ...]
+    transform: Transform = same
+    when: Callable[[LayerPlan], bool] = lambda plan: True
+
+
+def rename(*pairs: tuple[str, str], when: Callable[[LayerPlan], bool] = lambda plan: True) -> list[Rule]:
+    """One identity :class:`Rule` per ``(block key, checkpoint name)`` pair."""
+    return [Rule((target,), (source,), same, when) for target, source in pairs]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A transformers model family (see the module docstring).
+
+    Attributes:
+        name: posenc's name of the family (``llama``).
+        model_types: the ``config.json`` ``model_type`` values it reads.
+        title: human name (``Llama, Mistral``) for errors and docs.
+        layer_prefixes: where a layer's attention module lives, relative to the model root, with ``{layer}`` and,
+            for multi-stack models, ``{stack}`` (e.g. ``("layers.{layer}.self_attn.",)``).
+        roots: prefixes of the model root in the checkpoint (``"model."`` when saved from ``...ForCausalLM``,
+            ``""`` when saved from the base model); the first one whose layer tensors exist is used.
+        geometry: ``(hf_config, layer, layer_type) -> LayerPlan``.
+        rules: the weight table.
+        reference: ``(hf_config, plan, checkpoint tensors by rule name, angles, dtype) -> TransformersReference``
+            (see :mod:`posenc.checkpoints.reference`).
+        layer_types: the stacks/kinds a user may choose with ``layer_type`` (empty: one kind).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    title: str
+    layer_prefixes: tuple[str, ...]
+    roots: tuple[str, ...]
+    geometry: Callable[[Any, int, str | None], LayerPlan]
+    rules: tuple[Rule, ...]
+    reference: Callable[[Any, LayerPlan, Mapping[str, torch.Tensor], str, torch.dtype], TransformersReference]
+    layer_types: tuple[str, ...] = ()
+
+    def prefix(self, plan: LayerPlan) -> str:
+        """The layer prefix (relative to the root) of ``plan``'s layer."""
+        stack = plan.layer_type or ""
+        templates = [p for p in self.layer_prefixes if "{stack}" not in p or stack]
+        return templates[0].format(layer=plan.layer, stack=stack)
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Register ``family`` for its model types; a model type claimed twice raises."""
+    for model_type in family.model_types:
+        if model_type in _FAMILIES:
+            raise ConfigError(f"model_type {model_type!r} is already claimed by family {_FAMILIES[model_type].name!r}.")
+    for model_type in family.model_types:
+        _FAMILIES[model_type] = family
+    return family
+
+
+def supported_model_types() -> list[str]:
+    """Every ``model_type`` posenc loads checkpoints of, sorted."""
+    _load_families()
+    return sorted(_FAMILIES)
+
+
+def all_families() -> list[Family]:
+    """Registered families, in registration order, each once."""
+    _load_families()
+    return list(dict.fromkeys(_FAMILIES.values()))
+
+
+def family_for(model_type: str) -> Family:
+    """The family of a ``model_type``; unknown ones raise with the supported list."""
+    _load_families()
+    try:
+        return _FAMILIES[model_type]
+    except KeyError:
+        raise ConfigError(
+            f"model_type {model_type!r} is not supported for checkpoint loading; supported model types: "
+            f"{', '.join(sorted(_FAMILIES))}. For other models export a scheme by hand (posenc export --scheme ...)."
+        ) from None
+
+
+def _load_families() -> None:
+    importlib.import_module("posenc.checkpoints.families")  # family modules register on import
+
+
+__all__ = [
+    "Family",
+    "LayerPlan",
+    "Rule",
+    "all_families",
+    "family_for",
+    "register",
+    "rename",
+    "same",
+    "supported_model_types",
+]

@@ -1,0 +1,200 @@
+"""One layer of a checkpoint -> posenc's :class:`~posenc.blocks.AttentionBlock` (and its transformers reference).
+
+``load_layer(folder_or_model, layer=N)`` reads the config, finds the family of its ``model_type``, plans the
+layer (geometry, scheme, parameters), reads exactly the tensors the family's weight table names for that layer,
+transforms them onto the block's ``state_dict`` keys and records their provenance (checkpoint, layer, tensor
+names and sha256). Memory follows one layer, not the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+
+from posenc.blocks import AttentionBlock
+from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, supported_model_types
+from posenc.checkpoints.reference import TransformersReference, hf_config
+from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.errors import ConfigError
+from posenc.schemes.base import TableMode, table_keys
+
+PROVENANCE_KIND = "checkpoint"
+
+
+@dataclasses.dataclass
+class LoadedLayer:
+    """A checkpoint layer read for posenc.
+
+    Attributes:
+        family: the model family.
+        plan: geometry, scheme, parameters and layer of the block.
+        state: block ``state_dict`` entries (parameters and non-table buffers) from the checkpoint.
+        tensors: the checkpoint tensors read, by their names in the family's weight table (relative to the
+            layer's attention module; ``/``-prefixed ones relative to the model root).
+        names: full checkpoint names of those tensors (same keys as ``tensors``).
+        location: the checkpoint folder (or ``<in-memory ...>``).
+        hf: the transformers config object.
+        model_type: ``config.json``'s ``model_type``.
+    """
+
+    family: Family
+    plan: LayerPlan
+    state: dict[str, torch.Tensor]
+    tensors: dict[str, torch.Tensor]
+    names: dict[str, str]
+    location: str
+    hf: Any
+    model_type: str
+
+    def block(
+        self,
+        table_mode: TableMode | str | None = None,
+        max_positions: int | None = None,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> AttentionBlock:
+        """The layer as an :class:`AttentionBlock` holding the checkpoint's weights (float32 parameters).
+
+        Raises:
+            ConfigError: a tensor's shape does not fit the geometry the config describes.
+        """
+        block = AttentionBlock(
+            self.plan.config, self.plan.scheme, self.plan.params, table_mode, max_positions, table_dtype
+        )
+        load_state(block, self.state, self.location)
+        return block.eval()
+
+    def reference(self, angles: str = "native", dtype: torch.dtype = torch.float32) -> TransformersReference:
+        """The checkpoint's own transformers attention module for this layer (see :mod:`.reference`)."""
+        return self.family.reference(self.hf, self.plan, self.tensors, angles, dtype)
+
+    def provenance(self) -> dict[str, Any]:
+        """Where the weights came from, for the manifest: checkpoint, layer and every tensor's name and sha256."""
+        return {
+            "kind": PROVENANCE_KIND,
+            "checkpoint": self.location,
+            "model_type": self.model_type,
+            "family": self.family.name,
+            "layer": self.plan.layer,
+            "layer_type": self.plan.layer_type,
+            "tensors": {self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
+        }
+
+
+def load_layer(model_or_folder: Any, layer: int = 0, layer_type: str | None = None) -> LoadedLayer:
+    """Read layer ``layer`` of a checkpoint folder or in-memory transformers model.
+
+    Args:
+        model_or_folder: a local checkpoint folder (config.json + safetensors / bin) or a transformers model.
+        layer: the layer index (within its stack for encoder-decoder models).
+        layer_type: the stack or layer type where the model has several (``encoder``/``decoder`` for T5,
+            ``sliding_attention``/``full_attention`` for Gemma 3); must agree with the layer where it is fixed.
+
+    Raises:
+        ConfigError: not a local folder (e.g. a hub id), unsupported model_type (the message lists the supported
+            ones), layer out of range, unknown layer type, tensors that do not fit the config.
+        ModelFileError: config without weights, a missing shard, a missing or unreadable tensor.
+        BackendUnavailable: transformers is not installed.
+    """
+    with CheckpointSource.open(model_or_folder) as source:
+        model_type = source.config.get("model_type")
+        if not model_type:
+            raise ConfigError(
+                f"{source.location}/config.json has no model_type; posenc loads checkpoints of: "
+                f"{', '.join(supported_model_types())}."
+            )
+        family = family_for(str(model_type))
+        hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        if family.layer_types and layer_type is not None and layer_type not in family.layer_types:
+            raise ConfigError(
+                f"{model_type} has layer types {list(family.layer_types)}, not {layer_type!r}; pass one of them."
+            )
+        plan = family.geometry(hf, layer, layer_type)
+        rules = [rule for rule in family.rules if rule.when(plan)]
+        root = _root(source, family, plan, rules)
+        tensors: dict[str, torch.Tensor] = {}
+        names: dict[str, str] = {}
+        state: dict[str, torch.Tensor] = {}
+        for rule in rules:
+            inputs = []
+            for relative in rule.sources:
+                full = _full_name(root, family.prefix(plan), relative, plan)
+                tensors[relative] = source.tensor(full)
+                names[relative] = full
+                inputs.append(tensors[relative])
+            outputs = list(rule.transform(inputs, plan))
+            if len(outputs) != len(rule.targets):
+                raise ConfigError(f"family {family.name}: rule for {rule.targets} produced {len(outputs)} tensors.")
+            for target, value in zip(rule.targets, outputs, strict=True):
+                state[target] = value
+        return LoadedLayer(family, plan, state, tensors, names, source.location, hf, str(model_type))
+
+
+def _full_name(root: str, prefix: str, relative: str, plan: LayerPlan) -> str:
+    if relative.startswith("/"):
+        return root + relative[1:].format(layer=plan.layer, stack=plan.layer_type or "")
+    return root + prefix + relative.format(layer=plan.layer, stack=plan.layer_type or "")
+
+
+def _root(source: CheckpointSource, family: Family, plan: LayerPlan, rules: list[Rule]) -> str:
+    """The model-root prefix under which this checkpoint stores the layer (``model.`` or ``""``, ...)."""
+    probe = next(s for rule in rules for s in rule.sources if not s.startswith("/"))
+    for root in family.roots:
+        if source.has(_full_name(root, family.prefix(plan), probe, plan)):
+            return root
+    tried = [_full_name(root, family.prefix(plan), probe, plan) for root in family.roots]
+    raise ConfigError(
+        f"checkpoint {source.location} has no tensor {' or '.join(repr(t) for t in tried)} for layer {plan.layer}; "
+        f"its config says model_type {source.config.get('model_type')!r} but its weights are laid out otherwise."
+    )
+
+
+def load_state(block: torch.nn.Module, state: dict[str, torch.Tensor], location: str) -> None:
+    """Copy ``state`` into ``block``; every parameter must be given, with the shape the geometry implies.
+
+    Raises:
+        ConfigError: a missing block parameter, an unexpected key, or a tensor whose shape does not fit.
+    """
+    target = block.state_dict()
+    tables = table_keys(block)
+    missing = sorted(k for k in target if k not in tables and k not in state)
+    unexpected = sorted(k for k in state if k not in target)
+    if missing or unexpected:
+        raise ConfigError(
+            f"the tensors read from {location} do not fill the block (missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}); the checkpoint does not match its config.json."
+        )
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(target[key].shape):
+            raise ConfigError(
+                f"tensor for {key!r} in {location} has shape {list(value.shape)}, but the config.json geometry needs "
+                f"{list(target[key].shape)}; the weights do not belong to this config."
+            )
+    block.load_state_dict({**target, **{k: v.to(target[k].dtype) for k, v in state.items()}})
+
+
+def block_from_hf(
+    model_or_folder: Any,
+    layer: int = 0,
+    *,
+    layer_type: str | None = None,
+    table_mode: TableMode | str | None = None,
+    max_positions: int | None = None,
+) -> tuple[AttentionBlock, LoadedLayer]:
+    """``(block, loaded)``: layer ``layer`` of a checkpoint as an AttentionBlock with its weights, and what was read.
+
+    Example::
+
+        block, loaded = block_from_hf("checkpoints/llama", layer=3)
+        out, k, v = block(hidden)                      # the layer's attention, posenc's implementation
+        ref = loaded.reference()                       # the checkpoint's own transformers module
+    """
+    if isinstance(model_or_folder, (str, os.PathLike)) and not str(model_or_folder):
+        raise ConfigError("give a checkpoint folder (config.json + weights).")
+    loaded = load_layer(model_or_folder, layer, layer_type)
+    return loaded.block(table_mode, max_positions), loaded
+
+
+__all__ = ["LoadedLayer", "block_from_hf", "load_layer", "load_state"]

@@ -1,0 +1,150 @@
+"""Shared by the rotary decoder families: a layer's plan from its config, and the reference that calls
+``XxxAttention(hidden, position_embeddings=(cos, sin), attention_mask, past_key_values)``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.family import LayerPlan
+from posenc.checkpoints.reference import (
+    TransformersReference,
+    attention_mask,
+    cached,
+    hf_class,
+    key_positions,
+    load_module,
+    prefilled_cache,
+)
+from posenc.config import AttentionConfig, from_hf_config
+from posenc.errors import ConfigError
+from posenc.schemes import build_scheme, get_spec
+from posenc.schemes.base import TableMode
+
+
+def check_layer(layer: int, count: int, what: str = "layers") -> int:
+    """``layer`` if ``0 <= layer < count``, else a ConfigError naming the valid range."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < count:
+        raise ConfigError(f"layer {layer!r} is out of range: the checkpoint has {count} {what} (0 .. {count - 1}).")
+    return layer
+
+
+def layer_kind(hf: Any, layer: int, layer_type: str | None) -> str | None:
+    """The ``layer_types[layer]`` entry of configs that have one; a contradicting ``layer_type`` raises."""
+    kinds = getattr(hf, "layer_types", None)
+    kind = kinds[layer] if kinds else None
+    if layer_type is not None and layer_type != kind:
+        valid = sorted(set(kinds)) if kinds else []
+        raise ConfigError(
+            f"layer {layer} is a {kind or 'plain'} layer, not {layer_type!r}"
+            + (f"; this model's layer types are {valid}." if valid else "; this model has one layer type.")
+        )
+    return kind
+
+
+def sliding_window_of(hf: Any, kind: str | None) -> int | None:
+    """The attention window of a layer: ``sliding_window`` for sliding layers (or every layer of models that
+    have no layer types but a window, such as Mistral); ``None`` for full attention."""
+    window = getattr(hf, "sliding_window", None)
+    if not window:
+        return None
+    if kind is None:
+        return int(window)
+    return int(window) if kind == "sliding_attention" else None
+
+
+def decoder_plan(hf: Any, layer: int, layer_type: str | None, **features: Any) -> LayerPlan:
+    """The plan of one rotary decoder layer: geometry from ``hf``, the RoPE scheme and parameters as
+    :func:`posenc.config.from_hf_config` imports them (per layer type where the model has several), and the
+    block features given (only non-default ones are passed on, e.g. ``qkv_bias=True``)."""
+    check_layer(layer, int(hf.num_hidden_layers))
+    kind = layer_kind(hf, layer, layer_type)
+    data = hf.to_dict()
+    rope = data.get("rope_parameters") or {}
+    nested = any(isinstance(value, Mapping) for value in rope.values())
+    imported = from_hf_config(data, kind if nested else None)
+    window = sliding_window_of(hf, kind)
+    fields = dict(imported.config.to_dict(), causal=True)
+    fields.update({k: v for k, v in features.items() if v not in (False, None, "none")})
+    if window is not None:
+        fields["sliding_window"] = window
+    return LayerPlan(
+        config=AttentionConfig.from_dict(fields),
+        scheme=imported.scheme,
+        params=dict(imported.params),
+        layer=layer,
+        layer_type=kind,
+        decoder=True,
+    )
+
+
+def float64_scheme(plan: LayerPlan) -> Any:
+    """posenc's scheme of ``plan`` with float64 angles (dynamic tables where the scheme has them)."""
+    modes = get_spec(plan.scheme).table_modes
+    mode = TableMode.DYNAMIC if TableMode.DYNAMIC in modes else TableMode.PRECOMPUTED
+    return build_scheme(plan.scheme, plan.config, plan.params, mode, table_dtype=torch.float64)
+
+
+class RotaryReference(TransformersReference):
+    """A Llama-convention attention module with its model's rotary module (or float64 angles).
+
+    Shapes: cos/sin handed to the module are ``[B, S, r]`` (``cat(freqs, freqs)``, half layout), in its dtype.
+    """
+
+    def __init__(
+        self, attention: nn.Module, rotary: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype
+    ) -> None:
+        super().__init__(plan, angles, dtype)
+        self.attention = attention
+        self.rotary = rotary
+        self.module_name = type(attention).__name__
+        self.exact = float64_scheme(plan) if angles == "float64" else None
+        self._pass_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
+
+    @classmethod
+    def build(
+        cls,
+        hf: Any,
+        plan: LayerPlan,
+        tensors: Mapping[str, torch.Tensor],
+        module: str,
+        prefix: str,
+        angles: str = "native",
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryReference:
+        """``models.<module>.modeling_<module>.<prefix>Attention`` loaded with the layer's ``tensors``."""
+        path = f"models.{module}.modeling_{module}.{prefix}"
+        attention = hf_class(f"{path}Attention")(hf, layer_idx=plan.layer)
+        load_module(attention, tensors, "", dtype)
+        rotary = hf_class(f"{path}RotaryEmbedding")(hf)
+        return cls(attention, rotary, plan, angles, dtype)
+
+    def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.exact is not None:
+            cos, sin = self.exact.cos_sin(position_ids)
+            return torch.cat((cos, cos), dim=-1).to(self.dtype), torch.cat((sin, sin), dim=-1).to(self.dtype)
+        if self._pass_layer_type:
+            return tuple(self.rotary(hidden, position_ids, self.plan.layer_type))
+        return tuple(self.rotary(hidden, position_ids))
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key: torch.Tensor | None,
+        past_value: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer = self.plan.layer
+        cache = prefilled_cache(layer, past_key, past_value)
+        past = 0 if past_key is None else past_key.shape[2]
+        config = self.plan.config
+        window = getattr(config, "sliding_window", None)
+        mask = attention_mask(position_ids, key_positions(position_ids, past), config.causal, window, self.dtype)
+        cos, sin = self.position_embeddings(hidden, position_ids)
+        out = self.attention(hidden, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=cache)[0]
+        key, value = cached(cache, layer)
+        return out, key, value

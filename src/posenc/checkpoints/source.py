@@ -1,0 +1,247 @@
+"""Reading a Hugging Face checkpoint lazily: its ``config.json`` and, one tensor at a time, its weights.
+
+A checkpoint is a local folder (``config.json`` beside ``model.safetensors``, or sharded ``*.safetensors``
+with ``model.safetensors.index.json``, or a legacy ``pytorch_model.bin`` / sharded ``pytorch_model-*.bin``
+with ``pytorch_model.bin.index.json``), or an in-memory ``transformers`` model. Tensors are read by name
+through ``safetensors.safe_open`` (or a memory-mapped ``torch.load(weights_only=True)`` for ``.bin`` files),
+so exporting one layer reads that layer's bytes and not the model's. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.errors import ConfigError, ModelFileError
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """Hex sha256 of a tensor's raw bytes in its stored dtype (row-major), for provenance records."""
+    data = tensor.detach().contiguous().cpu().reshape(-1)
+    return hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+class CheckpointSource:
+    """One checkpoint's config and lazily read tensors.
+
+    Build it with :meth:`from_folder` (a local checkpoint folder) or :meth:`from_model` (an in-memory
+    ``transformers`` model). Use it as a context manager, or call :meth:`close`, to release open files.
+
+    Attributes:
+        config: the parsed ``config.json`` (a dict).
+        location: the folder, or ``"<in-memory ClassName>"``.
+    """
+
+    def __init__(self, config: Mapping[str, Any], location: str) -> None:
+        self.config = dict(config)
+        self.location = location
+        self._files: dict[str, Path] = {}  # tensor name -> file holding it (folders)
+        self._memory: dict[str, torch.Tensor] = {}  # tensor name -> tensor (in-memory models)
+        self._open: dict[Path, Any] = {}
+        self._stack = ExitStack()
+        self.hf_model: Any = None
+        """The in-memory transformers model this source was made from, if any."""
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike[str]) -> CheckpointSource:
+        """A local checkpoint folder; refuses hub ids, missing folders, configs without weights, missing shards.
+
+        Raises:
+            ConfigError: ``folder`` is not a local folder (e.g. a hub id), or its config.json is unusable.
+            ModelFileError: no weights, a missing shard, or an unreadable index.
+        """
+        path = Path(folder)
+        if not path.exists():
+            hint = (
+                f"{str(folder)!r} looks like a Hugging Face hub id; posenc never downloads: run "
+                f"`hf download {folder} --local-dir DIR` (or `huggingface-cli download`) and pass DIR."
+                if _looks_like_hub_id(str(folder))
+                else f"checkpoint folder {path} does not exist; pass a downloaded checkpoint folder "
+                f"(config.json + *.safetensors)."
+            )
+            raise ConfigError(hint)
+        if not path.is_dir():
+            raise ConfigError(
+                f"{path} is a file, not a checkpoint folder; pass the folder that holds config.json and the "
+                f"weights (*.safetensors or pytorch_model.bin)."
+            )
+        config = _read_config(path / "config.json")
+        source = cls(config, str(path))
+        source._files = _weight_files(path)
+        return source
+
+    @classmethod
+    def from_model(cls, model: Any) -> CheckpointSource:
+        """An in-memory ``transformers`` model (``PreTrainedModel``): its config and state_dict."""
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(config, "to_dict") or not hasattr(model, "state_dict"):
+            raise ConfigError(
+                f"expected a transformers PreTrainedModel (with .config and .state_dict()), got "
+                f"{type(model).__name__}; pass the model or a checkpoint folder."
+            )
+        source = cls(config.to_dict(), f"<in-memory {type(model).__name__}>")
+        source._memory = dict(model.state_dict())
+        source.hf_model = model
+        return source
+
+    @classmethod
+    def open(cls, model_or_folder: Any) -> CheckpointSource:
+        """:meth:`from_model` for a transformers model, :meth:`from_folder` for a path."""
+        if isinstance(model_or_folder, CheckpointSource):
+            return model_or_folder
+        if isinstance(model_or_folder, (str, os.PathLike)):
+            return cls.from_folder(model_or_folder)
+        return cls.from_model(model_or_folder)
+
+    # -- tensors ---------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """Every tensor name of the checkpoint (read from the index or file headers, not the data)."""
+        return sorted(self._memory) if self._memory else sorted(self._files)
+
+    def has(self, name: str) -> bool:
+        return name in self._memory or name in self._files
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as stored (its dtype, on CPU); only its bytes are read.
+
+        Raises:
+            ModelFileError: no such tensor, or its file cannot be read.
+        """
+        if name in self._memory:
+            return self._memory[name].detach()
+        if name not in self._files:
+            raise ModelFileError(f"checkpoint {self.location} has no tensor {name!r}; is it the model you meant?")
+        path = self._files[name]
+        try:
+            if path.suffix == ".safetensors":
+                return self._handle(path).get_tensor(name)
+            return self._bin(path)[name]
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:  # safetensors raises SafetensorError(Exception)
+            raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
+        except Exception as exc:
+            raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
+
+    def _handle(self, path: Path) -> Any:
+        from safetensors import safe_open
+
+        if path not in self._open:
+            try:
+                self._open[path] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            except Exception as exc:
+                raise ModelFileError(f"cannot open {path} ({exc}); the file may be truncated or corrupt.") from None
+        return self._open[path]
+
+    def _bin(self, path: Path) -> Mapping[str, torch.Tensor]:
+        if path not in self._open:
+            try:  # mmap: tensors are paged in when read, so memory follows what is used
+                self._open[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:
+                raise ModelFileError(
+                    f"cannot read {path} as a weights-only PyTorch checkpoint ({type(exc).__name__}); posenc "
+                    f"never unpickles code. Convert it to safetensors or re-save it with save_pretrained."
+                ) from None
+        return self._open[path]  # type: ignore[no-any-return]  # torch.load returns Any
+
+    def close(self) -> None:
+        self._stack.close()
+        self._open.clear()
+
+    def __enter__(self) -> CheckpointSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+# --------------------------------------------------------------------------------------------------
+# Folder layout
+# --------------------------------------------------------------------------------------------------
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "/", "~"))
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(
+            f"{path.parent} has no config.json; a checkpoint folder holds config.json beside its weights "
+            f"(save_pretrained writes both)."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}); pass a Hugging Face checkpoint folder.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a config.json.")
+    return data
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> file, from the index (sharded) or the single weights file's header."""
+    for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
+        index = folder / index_name
+        if index.is_file():
+            return _from_index(folder, index)
+    single = folder / "model.safetensors"
+    if single.is_file():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(single), framework="pt", device="cpu") as handle:
+                return dict.fromkeys(handle.keys(), single)
+        except Exception as exc:
+            raise ModelFileError(f"cannot open {single} ({exc}); the file may be truncated or corrupt.") from None
+    legacy = folder / "pytorch_model.bin"
+    if legacy.is_file():
+        try:
+            state = torch.load(legacy, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:
+            raise ModelFileError(
+                f"cannot read {legacy} as a weights-only PyTorch checkpoint ({type(exc).__name__}); posenc never "
+                f"unpickles code. Convert it to safetensors or re-save it with save_pretrained."
+            ) from None
+        return dict.fromkeys(state, legacy)
+    raise ModelFileError(
+        f"{folder} has config.json but no weights (model.safetensors, sharded *.safetensors with "
+        f"{SAFETENSORS_INDEX}, or pytorch_model.bin); download the weights into the same folder."
+    )
+
+
+def _from_index(folder: Path, index: Path) -> dict[str, Path]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = {str(name): folder / str(file) for name, file in weight_map.items()}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelFileError(f"{index} is not a valid shard index ({exc!r}); re-download the checkpoint.") from None
+    root = folder.resolve()
+    for file in sorted(set(files.values())):
+        if root not in file.resolve().parents:
+            raise ModelFileError(f"{index} names {file.name!r}, outside {folder}; refusing to read it.")
+    missing = sorted({file.name for file in files.values() if not file.is_file()})
+    if missing:
+        raise ModelFileError(
+            f"{index.name} names shard(s) {missing[:3]}{' ...' if len(missing) > 3 else ''} that are missing from "
+            f"{folder}; download every shard of the checkpoint."
+        )
+    return files
+
+
+__all__ = ["CheckpointSource", "tensor_sha256"]
