@@ -1,0 +1,91 @@
+"""GPT-J: interleaved RoPE (``rotate_every_two``) on the first ``rotary_dim`` features, applied inside the module.
+
+``GPTJAttention`` gathers sin/cos from its own ``embed_positions`` buffer (``cat(sin, cos)`` of float32 angles,
+``max_position_embeddings`` rows, base 10000) by ``position_ids``; the float64 rendering replaces that buffer by
+the same table computed with float64 angles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
+from posenc.checkpoints.reference import (
+    TransformersReference,
+    attention_mask,
+    cached,
+    hf_class,
+    key_positions,
+    load_module,
+    prefilled_cache,
+)
+from posenc.checkpoints.rotary import decoder_plan, float64_scheme
+
+
+def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
+    return decoder_plan(hf, layer, layer_type)
+
+
+RULES: tuple[Rule, ...] = tuple(
+    rename(
+        ("q_proj.weight", "q_proj.weight"),
+        ("k_proj.weight", "k_proj.weight"),
+        ("v_proj.weight", "v_proj.weight"),
+        ("o_proj.weight", "out_proj.weight"),
+    )
+)
+
+
+class GPTJReference(TransformersReference):
+    """``GPTJAttention(hidden, layer_past, attention_mask, position_ids)`` of the layer."""
+
+    module_name = "GPTJAttention"
+
+    def __init__(self, attention: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
+        super().__init__(plan, angles, dtype)
+        self.attention = attention
+        if angles == "float64":
+            rows = attention.embed_positions.shape[0]
+            cos, sin = float64_scheme(plan).cos_sin(torch.arange(rows))
+            attention.embed_positions = torch.cat((sin, cos), dim=-1).to(dtype)
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        past_key: torch.Tensor | None,
+        past_value: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layer = self.plan.layer
+        cache = prefilled_cache(layer, past_key, past_value)
+        past = 0 if past_key is None else past_key.shape[2]
+        mask = attention_mask(position_ids, key_positions(position_ids, past), True, None, self.dtype)
+        out = self.attention(hidden, layer_past=cache, attention_mask=mask, position_ids=position_ids)[0]
+        key, value = cached(cache, layer)
+        return out, key, value
+
+
+def reference(
+    hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
+) -> GPTJReference:
+    attention = hf_class("models.gptj.modeling_gptj.GPTJAttention")(hf, layer_idx=plan.layer)
+    load_module(attention, tensors, "", dtype)
+    return GPTJReference(attention, plan, angles, dtype)
+
+
+GPTJ = register(
+    Family(
+        name="gptj",
+        model_types=("gptj",),
+        title="GPT-J",
+        layer_prefixes=("h.{layer}.attn.",),
+        roots=("transformer.", ""),
+        geometry=geometry,
+        rules=RULES,
+        reference=reference,
+    )
+)
