@@ -1,0 +1,118 @@
+"""Family parity harness: export a checkpoint's layer through the CLI, run it on ONNX Runtime, and compare it with
+the checkpoint's own transformers attention module (computed here with plain numpy, independently of posenc's
+comparison code).
+
+Claims checked, per table mode:
+- short positions (prefill, and for decoders a decode step and a prefill after a cache): ONNX Runtime fp32 output
+  within 1e-5 of transformers' module (fp32, its own angles);
+- positions near the context length: within 1e-5 of the same module fed float64 angles, and within
+  transformers' own fp32-angle error (|module fp32 - module float64|) + 1e-5 of the module with its own angles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posenc.checkpoints import load_layer
+from posenc.cli import main
+from posenc.export import FeedShape, load_manifest, make_feed, ort_session, run_onnx
+
+ATOL = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One checkpoint layer to prove: where it is and what to check."""
+
+    folder: Path
+    layer: int = 0
+    layer_type: str | None = None
+    table_modes: tuple[str, ...] = ("precomputed", "dynamic")
+    long: bool = True
+    """Check positions near the context length (rotary and bias schemes; learned tables stop at their end)."""
+
+
+SHORT = (FeedShape(2, 7, 0),)
+DECODE = (FeedShape(2, 1, 9), FeedShape(1, 5, 4))
+
+
+def _torch_inputs(feed: dict[str, np.ndarray]) -> list[torch.Tensor]:
+    return [
+        torch.from_numpy(np.ascontiguousarray(feed[name]))
+        for name in ("hidden", "position_ids", "past_key", "past_value")
+    ]
+
+
+def _errors(got: dict[str, np.ndarray], want: tuple[torch.Tensor, ...]) -> dict[str, float]:
+    names = ("out", "present_key", "present_value")
+    return {
+        n: float(np.abs(got[n].astype(np.float64) - w.double().numpy()).max()) for n, w in zip(names, want, strict=True)
+    }
+
+
+def export_layer(case: Case, folder: Path, table_mode: str) -> Path:
+    """``posenc export --hf-model`` of the case's layer; asserts the CLI succeeded."""
+    out = folder / f"{case.layer_type or 'layer'}{case.layer}-{table_mode}.onnx"
+    args = [
+        "export",
+        "--hf-model",
+        str(case.folder),
+        "--layer",
+        str(case.layer),
+        "--table-mode",
+        table_mode,
+        "-o",
+        str(out),
+    ]
+    if case.layer_type:
+        args += ["--layer-type", case.layer_type]
+    assert main(args) == 0
+    return out
+
+
+def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Positions ``end - seq .. end - 1``, no cache."""
+    feed = make_feed(manifest, FeedShape(batch, seq, 0), seed=seed)
+    feed["position_ids"] = np.repeat(np.arange(end - seq, end, dtype=np.int64)[None], batch, axis=0)
+    return feed
+
+
+def check_case(case: Case, tmp_path: Path) -> dict[str, dict[str, float]]:
+    """Run every claim of the module docstring for ``case``; returns the measured errors by check."""
+    loaded = load_layer(case.folder, case.layer, case.layer_type)
+    native = loaded.reference("native", torch.float32)
+    exact = loaded.reference("float64", torch.float64)
+    measured: dict[str, dict[str, float]] = {}
+    for mode in case.table_modes:
+        path = export_layer(case, tmp_path, mode)
+        manifest = load_manifest(path)
+        assert manifest.weights["source"]["kind"] == "checkpoint"
+        session = ort_session(path)
+        shapes = SHORT + (DECODE if loaded.plan.decoder else ())
+        for shape in shapes:
+            feed = make_feed(manifest, shape, seed=shape.seq + shape.past)
+            errors = _errors(run_onnx(path, feed, manifest=manifest, session=session), native(*_torch_inputs(feed)))
+            measured[f"{mode} {shape.label}"] = errors
+            assert max(errors.values()) <= ATOL, (mode, shape, errors)
+        if case.long:
+            end = loaded.plan.config.max_position_embeddings
+            feed = long_feed(manifest, 2, 4, end)
+            got = run_onnx(path, feed, manifest=manifest, session=session)
+            inputs = _torch_inputs(feed)
+            vs_exact = _errors(got, exact(*inputs))
+            assert max(vs_exact.values()) <= ATOL, (mode, "long vs float64 angles", vs_exact)
+            own = native(*inputs)
+            fp32_angles = _errors(
+                {n: o.double().numpy() for n, o in zip(("out", "present_key", "present_value"), own, strict=True)},
+                exact(*inputs),
+            )
+            vs_native = _errors(got, own)
+            for name, error in vs_native.items():
+                assert error <= fp32_angles[name] + ATOL, (mode, name, error, fp32_angles[name])
+            measured[f"{mode} long vs fp64 angles"] = vs_exact
+            measured[f"{mode} long vs own angles"] = vs_native
+    return measured
