@@ -55,6 +55,18 @@ def _gptj(folder: Path) -> Case:
     return Case(tiny.save_tiny(GPTJForCausalLM, config, folder), layer=1)
 
 
+def _phi3_longrope(folder: Path) -> Case:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    half = int(16 * 0.75) // 2  # rotary dim 12 of head_dim 16
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": 4096, "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [1.0 + 2.0 * i for i in range(half)]}  # fmt: skip
+    config = Phi3Config(**{**tiny.TINY, "max_position_embeddings": LONG_CONTEXT, "rope_parameters": rope,
+                           "pad_token_id": None, "bos_token_id": None, "eos_token_id": None})  # fmt: skip
+    return Case(tiny.save_tiny(Phi3ForCausalLM, config, folder), layer=1)
+
+
 def _t5(stack: str, layer: int) -> Callable[[Path], Case]:
     def build(folder: Path) -> Case:
         from transformers import T5Config, T5ForConditionalGeneration
@@ -73,6 +85,7 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "qwen2-yarn-qkv-bias": _qwen2_yarn,
     "mistral": _mistral,
     "gptj-interleaved-partial": _gptj,
+    "phi3-longrope-partial-fused-qkv": _phi3_longrope,
     "t5-encoder-layer1": _t5("encoder", 1),
     "t5-decoder-layer2": _t5("decoder", 2),
 }
