@@ -83,12 +83,13 @@ class LoadedLayer:
         }
 
 
-def load_layer(model_or_folder: Any, layer: int = 0, layer_type: str | None = None) -> LoadedLayer:
+def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str | None = None) -> LoadedLayer:
     """Read layer ``layer`` of a checkpoint folder or in-memory transformers model.
 
     Args:
         model_or_folder: a local checkpoint folder (config.json + safetensors / bin) or a transformers model.
-        layer: the layer index (within its stack for encoder-decoder models).
+        layer: the layer index (within its stack for encoder-decoder models); default: the first layer of
+            ``layer_type`` where the config lists layer types, else 0.
         layer_type: the stack or layer type where the model has several (``encoder``/``decoder`` for T5,
             ``sliding_attention``/``full_attention`` for Gemma 3); must agree with the layer where it is fixed.
 
@@ -111,7 +112,7 @@ def load_layer(model_or_folder: Any, layer: int = 0, layer_type: str | None = No
             raise ConfigError(
                 f"{model_type} has layer types {list(family.layer_types)}, not {layer_type!r}; pass one of them."
             )
-        plan = family.geometry(hf, layer, layer_type)
+        plan = family.geometry(hf, first_layer(hf, layer_type) if layer is None else layer, layer_type)
         rules = [rule for rule in family.rules if rule.when(plan)]
         root = _root(source, family, plan, rules)
         tensors: dict[str, torch.Tensor] = {}
@@ -130,6 +131,14 @@ def load_layer(model_or_folder: Any, layer: int = 0, layer_type: str | None = No
             for target, value in zip(rule.targets, outputs, strict=True):
                 state[target] = value
         return LoadedLayer(family, plan, state, tensors, names, source.location, hf, str(model_type))
+
+
+def first_layer(hf: Any, layer_type: str | None) -> int:
+    """The first layer whose ``layer_types`` entry is ``layer_type`` (0 when either is absent)."""
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    if layer_type is None or layer_type not in kinds:
+        return 0
+    return kinds.index(layer_type)
 
 
 def _full_name(root: str, prefix: str, relative: str, plan: LayerPlan) -> str:
@@ -177,7 +186,7 @@ def load_state(block: torch.nn.Module, state: dict[str, torch.Tensor], location:
 
 def block_from_hf(
     model_or_folder: Any,
-    layer: int = 0,
+    layer: int | None = None,
     *,
     layer_type: str | None = None,
     table_mode: TableMode | str | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc.checkpoints.family import LayerPlan
+from posenc.checkpoints.family import LayerPlan, Rule, Transform, rename, same
 from posenc.checkpoints.reference import (
     TransformersReference,
     attention_mask,
@@ -80,6 +80,29 @@ def decoder_plan(hf: Any, layer: int, layer_type: str | None, **features: Any) -
         layer_type=kind,
         decoder=True,
     )
+
+
+PROJECTION_RULES: tuple[Rule, ...] = (
+    *rename(("q_proj.weight", "q_proj.weight"), ("k_proj.weight", "k_proj.weight"), ("v_proj.weight", "v_proj.weight")),
+    *rename(("o_proj.weight", "o_proj.weight")),
+    *rename(
+        ("q_proj.bias", "q_proj.bias"),
+        ("k_proj.bias", "k_proj.bias"),
+        ("v_proj.bias", "v_proj.bias"),
+        when=lambda plan: plan.config.qkv_bias,
+    ),
+    # TODO(merge blockfeat): plan.config.out_bias
+    *rename(("o_proj.bias", "o_proj.bias"), when=lambda plan: getattr(plan.config, "out_bias", False)),
+)
+"""Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj`` modules (and their biases), named as in the block."""
+
+
+def norm_rules(transform: Transform = same) -> tuple[Rule, ...]:
+    """Per-head q/k RMSNorm weights (``q_norm``/``k_norm``), through ``transform`` (e.g. Gemma's ``1 + w``)."""
+    return tuple(
+        Rule((target,), (target,), transform, when=lambda plan: getattr(plan.config, "qk_norm", "none") != "none")
+        for target in ("q_norm.weight", "k_norm.weight")
+    )  # TODO(merge blockfeat): plan.config.qk_norm
 
 
 def float64_scheme(plan: LayerPlan) -> Any:

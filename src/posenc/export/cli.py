@@ -80,7 +80,7 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
         raise ConfigError(
             f"--hf-model takes geometry, scheme and parameters from the checkpoint; drop {', '.join(flags)}."
         )
-    loaded = load_layer(args.hf_model, 0 if args.layer is None else args.layer, args.layer_type)
+    loaded = load_layer(args.hf_model, args.layer, args.layer_type)
     block = loaded.block(args.table_mode, args.max_positions)
     module = block if args.unit == "block" else block.scheme
     return export_onnx(
@@ -183,7 +183,9 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="local Hugging Face checkpoint folder (config.json + *.safetensors or pytorch_model.bin); never downloads",
     )
-    checkpoint.add_argument("--layer", type=int, help="layer index (default 0)")
+    checkpoint.add_argument(
+        "--layer", type=int, help="layer index (default: 0, or the first layer of --layer-type where layers differ)"
+    )
     checkpoint.add_argument(
         "--layer-type",
         metavar="NAME",

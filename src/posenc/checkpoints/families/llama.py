@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from posenc.checkpoints import rotary
-from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
+from posenc.checkpoints.family import Family, LayerPlan, Rule, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,24 +52,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     )
 
 
-RULES: tuple[Rule, ...] = (
-    *rename(("q_proj.weight", "q_proj.weight"), ("k_proj.weight", "k_proj.weight"), ("v_proj.weight", "v_proj.weight")),
-    *rename(("o_proj.weight", "o_proj.weight")),
-    *rename(
-        ("q_proj.bias", "q_proj.bias"),
-        ("k_proj.bias", "k_proj.bias"),
-        ("v_proj.bias", "v_proj.bias"),
-        when=lambda plan: plan.config.qkv_bias,
-    ),
-    *rename(
-        ("o_proj.bias", "o_proj.bias"), when=lambda plan: getattr(plan.config, "out_bias", False)
-    ),  # TODO(merge blockfeat)
-    *rename(
-        ("q_norm.weight", "q_norm.weight"),
-        ("k_norm.weight", "k_norm.weight"),
-        when=lambda plan: getattr(plan.config, "qk_norm", "none") != "none",  # TODO(merge blockfeat)
-    ),
-)
+RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules())
 
 
 def reference(
