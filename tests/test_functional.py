@@ -160,6 +160,115 @@ def test_rope_inv_freq_matches_hugging_face(
     assert factor == pytest.approx(expected_factor, rel=1e-12)
 
 
+@covers("rope_yarn")
+def test_yarn_with_deepseek_mscales_and_no_truncation_matches_hugging_face() -> None:
+    """DeepSeek-style mscale / mscale_all_dim with truncate=False (fractional correction range).
+
+    transformers computes the ramp weights in float32 (error ~1e-7 each); with factor 40 a weight error moves a
+    blended frequency by up to ~1e-7 of its extrapolated value, so the bound is 1e-6 of that value.
+    """
+    params = {"rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
+              "mscale_all_dim": 1.0, "truncate": False, "beta_fast": 24.0, "beta_slow": 2.0}  # fmt: skip
+    expected, expected_factor = hf_inv_freq("yarn", 64, 163840, params)
+    got, factor = PF.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params})
+    extrapolated, _ = PF.rope_inv_freq(64, {"rope_theta": 10000.0})
+    assert ((got - expected.double()).abs() <= 1e-6 * extrapolated).all()
+    assert factor == pytest.approx(expected_factor, rel=1e-12)
+    assert factor == pytest.approx((0.1 * 0.707 * math.log(40.0) + 1) / (0.1 * math.log(40.0) + 1), rel=1e-12)
+    truncated, _ = PF.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params,
+                                         "truncate": True})  # fmt: skip
+    assert not torch.allclose(got, truncated, rtol=1e-6, atol=0)
+
+
+_LENGTH_DEPENDENT = {
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16, "partial_rotary_factor": 0.5},
+    "longrope": {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+                 "short_factor": _SHORT[:8], "long_factor": _LONG[:8]},
+}  # fmt: skip
+
+
+@covers("rope_dynamic", "rope_longrope")
+@pytest.mark.parametrize("name", list(_LENGTH_DEPENDENT))
+def test_length_dependent_types_take_a_tensor_length_inside_an_exported_program(name: str) -> None:
+    """One definition: the eager int path and the traced tensor path agree at lengths the trace never saw."""
+    params = _LENGTH_DEPENDENT[name]
+
+    class Frequencies(torch.nn.Module):
+        def forward(self, positions: torch.Tensor) -> torch.Tensor:
+            return PF.rope_inv_freq(16, params, seq_len=positions.max() + 1)[0]
+
+    sample = torch.arange(5).unsqueeze(0)
+    program = torch.export.export(Frequencies(), (sample,), dynamic_shapes=({1: torch.export.Dim("seq")},))
+    for length in (5, 16, 17, 100, 4000):
+        got = program.module()(torch.arange(length).unsqueeze(0))
+        expected, _ = PF.rope_inv_freq(16, params, seq_len=length)
+        torch.testing.assert_close(got, expected, rtol=1e-14, atol=0)
+        eager, _ = PF.rope_inv_freq(16, params, seq_len=torch.tensor(length))
+        torch.testing.assert_close(eager, expected, rtol=1e-14, atol=0)
+    with pytest.raises(ConfigError, match="tensor seq_len must hold one integer"):
+        PF.rope_inv_freq(16, params, seq_len=torch.tensor(5.0))
+
+
+@covers("rope_llama3")
+def test_llama3_bands_meet_at_their_edges() -> None:
+    """Llama 3.1's rule per frequency (wavelength < L/high kept, > L/low divided by the factor, a linear blend in
+    1/wavelength between), with both band edges placed exactly on wavelengths of the spectrum: the blend equals
+    the neighbouring band there (continuity), and every other frequency follows its band."""
+    r, theta, factor = 64, 10000.0, 8.0
+    default, _ = PF.rope_inv_freq(r, {"rope_theta": theta})
+    wavelength = [2 * math.pi / f for f in default.tolist()]
+    original = wavelength[20]  # low_freq_factor 1: the low edge L / low is wavelength 20 exactly
+    high = original / wavelength[10]  # the high edge L / high is wavelength 10 (to the last bit or so)
+    params = {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0,
+              "high_freq_factor": high, "original_max_position_embeddings": original}  # fmt: skip
+    got, scale = PF.rope_inv_freq(r, params)
+    assert scale == 1.0
+    assert got[20].item() == pytest.approx(default[20].item() / factor, rel=1e-12)
+    assert got[10].item() == pytest.approx(default[10].item(), rel=1e-12)
+    for i, (freq, wave) in enumerate(zip(default.tolist(), wavelength, strict=True)):
+        if i < 10:
+            assert got[i].item() == freq, i
+        elif i > 20:
+            assert got[i].item() == pytest.approx(freq / factor, rel=1e-14), i
+        else:
+            smooth = (original / wave - 1.0) / (high - 1.0)
+            assert got[i].item() == pytest.approx((1 - smooth) * freq / factor + smooth * freq, rel=1e-12), i
+            assert freq / factor - 1e-18 <= got[i].item() <= freq + 1e-18
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"rope_type": "yarn", "rope_theta": 1.0, "factor": 4.0, "original_max_position_embeddings": 64},
+         r"rope_theta > 1"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": -1.0},
+         "beta_fast must be"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0},
+         "original_max_position_embeddings must be"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 0.0},
+         "attention_factor must be"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+          "mscale_all_dim": -10.0}, "both terms > 0"),
+        ({"rope_type": "longrope", "original_max_position_embeddings": 1, "factor": 4.0, "short_factor": [1.0] * 4,
+          "long_factor": [2.0] * 4}, r"ln\(1\) = 0"),
+        ({"rope_type": "longrope", "original_max_position_embeddings": 8, "factor": 4.0, "short_factor": "1,2,3,4",
+          "long_factor": [2.0] * 4}, "short_factor must be a list"),
+        ({"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 0}, "max_position_embeddings must be"),
+        ({"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 10.5}, "must be an int >= 1"),
+        ({"rope_type": "truncation", "truncation_a": "x", "truncation_c": 0.1, "truncation_beta": 0.05},
+         "truncation_a must be a number"),
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": -1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}, "low_freq_factor must be"),
+    ],
+    ids=["yarn-theta-1", "yarn-beta", "yarn-original-0", "yarn-attention-0", "yarn-mscale", "longrope-original-1",
+         "longrope-string", "dynamic-max-0", "dynamic-max-fraction", "truncation-string", "llama3-low"],
+)  # fmt: skip
+def test_degenerate_parameters_raise_config_errors(params: dict[str, Any], message: str) -> None:
+    """Values whose formulas divide by zero or take log of <= 0 upstream (ZeroDivisionError, math domain error)."""
+    with pytest.raises(ConfigError, match=message):
+        PF.rope_inv_freq(8, params)
+
+
 def test_dynamic_changes_frequencies_only_above_max_position_embeddings() -> None:
     params = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 1024}
     base, _ = PF.rope_inv_freq(64)

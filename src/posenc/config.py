@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from posenc import rope_types
 from posenc.errors import ConfigError
-from posenc.functional import ROPE_PARAMETER_KEYS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +86,6 @@ class HFImport:
     scheme: str
     params: dict[str, Any]
     model_type: str
-
-
-_ROPE_TYPE_TO_SCHEME = {
-    "default": "rope",
-    "linear": "rope_linear",
-    "dynamic": "rope_dynamic",
-    "yarn": "rope_yarn",
-    "longrope": "rope_longrope",
-    "llama3": "rope_llama3",
-}
 
 
 # Model types whose configs use RoPE even when they name no rope key (transformers' defaults apply).
@@ -214,10 +204,11 @@ def _hf_scheme(
     elif layer_type is not None:
         raise ConfigError(f"layer_type {layer_type!r} given, but config.json has one rope_parameters for all layers.")
     theta = rope.get("rope_theta", data.get("rope_theta", data.get("rotary_emb_base", 10000.0)))
-    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-    if rope_type not in _ROPE_TYPE_TO_SCHEME:
+    rope_type = rope_types.rope_type_name(rope)
+    rope_type_to_scheme = rope_types.transformers_schemes()  # the registered types transformers defines
+    if rope_type not in rope_type_to_scheme:
         raise ConfigError(
-            f"rope_type {rope_type!r} in config.json is not supported; supported: {sorted(_ROPE_TYPE_TO_SCHEME)}."
+            f"rope_type {rope_type!r} in config.json is not supported; supported: {sorted(rope_type_to_scheme)}."
         )
     partial = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", data.get("rotary_pct")))
     if partial is None and data.get("rotary_dim"):
@@ -229,15 +220,17 @@ def _hf_scheme(
         params["layout"] = "interleaved"
     # Scaling parameters are copied as given; type, theta and partial rotary were handled above.
     handled = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings"}
-    keep = sorted(ROPE_PARAMETER_KEYS - handled)
+    keep = sorted(rope_types.parameter_keys() - handled)
     for key in keep:
         if rope.get(key) is not None:
             params[key] = rope[key]
-    if rope_type in ("yarn", "longrope", "llama3") and "original_max_position_embeddings" not in params:
+    if "original_max_position_embeddings" in rope_types.get(rope_type).param_names and (
+        "original_max_position_embeddings" not in params
+    ):
         params["original_max_position_embeddings"] = int(
             data.get("original_max_position_embeddings", config.max_position_embeddings)
         )
-    return _ROPE_TYPE_TO_SCHEME[rope_type], params
+    return rope_type_to_scheme[rope_type], params
 
 
 def _deberta_params(data: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:

@@ -15,19 +15,21 @@ from typing import Any
 
 import torch
 
+from posenc import rope_types as RT
 from posenc.errors import ConfigError, PositionError
 
 __all__ = [
     "RANGE_REDUCTION_MAX_POSITION",
     "ROPE_LAYOUTS",
-    "ROPE_PARAMETER_KEYS",
-    "ROPE_TYPES",
+    "ROPE_PARAMETER_KEYS",  # noqa: F822 (module __getattr__: follows the rope_types registry)
+    "ROPE_TYPES",  # noqa: F822
     "alibi_slopes",
     "apply_rope",
     "deberta_log_bucket",
     "exact_angles",
     "is_tracing",
     "rope_cos_sin",
+    "rope_frequency_sets",
     "rope_inv_freq",
     "sinusoidal_inv_freq",
     "sinusoidal_table",
@@ -35,45 +37,18 @@ __all__ = [
     "t5_relative_bucket",
 ]
 
-ROPE_TYPES: tuple[str, ...] = (
-    "default",
-    "linear",
-    "ntk",
-    "dynamic",
-    "yarn",
-    "longrope",
-    "llama3",
-    "truncation",
-)
-"""Valid ``rope_type`` values. All but ``ntk`` and ``truncation`` follow Hugging Face transformers;
-``ntk`` is static NTK-aware scaling and ``truncation`` is base truncation (see :func:`rope_inv_freq`)."""
-
 ROPE_LAYOUTS: tuple[str, ...] = ("half", "interleaved")
 
-ROPE_PARAMETER_KEYS: frozenset[str] = frozenset(
-    {
-        "rope_type",
-        "type",  # legacy Hugging Face spelling of rope_type
-        "rope_theta",
-        "factor",
-        "original_max_position_embeddings",
-        "max_position_embeddings",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "attention_factor",
-        "truncate",
-        "short_factor",
-        "long_factor",
-        "low_freq_factor",
-        "high_freq_factor",
-        "partial_rotary_factor",
-        "truncation_a",
-        "truncation_c",
-        "truncation_beta",
-    }
-)
+
+def __getattr__(name: str) -> Any:
+    """``ROPE_TYPES`` (valid ``rope_type`` values) and ``ROPE_PARAMETER_KEYS`` (valid ``rope_parameters`` keys)
+    follow the :mod:`posenc.rope_types` registry, so they include types registered after import."""
+    if name == "ROPE_TYPES":
+        return tuple(RT.names())
+    if name == "ROPE_PARAMETER_KEYS":
+        return RT.parameter_keys()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Exact range reduction: positions are split at this power of two, frequencies into 12-bit pieces.
 _POSITION_SPLIT = 4096
@@ -87,26 +62,6 @@ RANGE_REDUCTION_MAX_POSITION = _POSITION_SPLIT * _POSITION_SPLIT
 # --------------------------------------------------------------------------------------------------
 
 
-def _require(params: Mapping[str, Any], key: str, rope_type: str) -> Any:
-    value = params.get(key)
-    if value is None:
-        raise ConfigError(
-            f"rope_type={rope_type!r} needs {key!r} in its parameters; add it (Hugging Face "
-            f"rope_parameters use the same name)."
-        )
-    return value
-
-
-def _positive(value: Any, key: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key} must be a number, got {value!r}.") from None
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(f"{key} must be a finite number > 0, got {value!r}.")
-    return number
-
-
 def _check_rotary_dim(rotary_dim: Any) -> int:
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
         raise ConfigError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}.")
@@ -117,126 +72,34 @@ def _check_rotary_dim(rotary_dim: Any) -> int:
     return rotary_dim
 
 
-def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
-    return 1.0 / (base**exponents)
-
-
-def _yarn_attention_factor(factor: float, params: Mapping[str, Any]) -> float:
-    def get_mscale(scale: float, mscale: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-    mscale = params.get("mscale")
-    mscale_all_dim = params.get("mscale_all_dim")
-    if mscale and mscale_all_dim:
-        return float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
-    return get_mscale(factor)
-
-
-def _yarn_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> tuple[torch.Tensor, float]:
-    original = int(
-        params.get("original_max_position_embeddings") or _require(params, "max_position_embeddings", "yarn")
-    )
-    factor = params.get("factor")
-    if factor is None:
-        max_pos = _require(params, "max_position_embeddings", "yarn")
-        factor = max_pos / original
-    factor = _positive(factor, "factor")
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = _yarn_attention_factor(factor, params)
-    beta_fast = params.get("beta_fast") or 32
-    beta_slow = params.get("beta_slow") or 1
-    truncate = params.get("truncate", True)
-
-    def correction_dim(num_rotations: float) -> float:
-        return (rotary_dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, rotary_dim - 1)
-    if low == high:
-        high += 0.001  # the reference implementation's guard against a zero-width ramp
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    extrapolation_weight = 1 - ramp
-    pos_freqs = base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
-    return inv_freq, float(attention_factor)
-
-
-def _longrope_inv_freq(
-    rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: int | None
-) -> tuple[torch.Tensor, float]:
-    original = int(_require(params, "original_max_position_embeddings", "longrope"))
-    short = _require(params, "short_factor", "longrope")
-    long = _require(params, "long_factor", "longrope")
-    for key, values in (("short_factor", short), ("long_factor", long)):
-        if len(values) != rotary_dim // 2:
+def _check_seq_len(seq_len: int | torch.Tensor | None) -> None:
+    if isinstance(seq_len, torch.Tensor):
+        if seq_len.dtype.is_floating_point or seq_len.dtype == torch.bool or seq_len.numel() != 1:
             raise ConfigError(
-                f"longrope {key} must have rotary_dim // 2 = {rotary_dim // 2} entries, got {len(values)}."
+                f"a tensor seq_len must hold one integer (max position + 1), got {seq_len.dtype} {list(seq_len.shape)}."
             )
-        if not all(math.isfinite(float(v)) and float(v) > 0 for v in values):
-            raise ConfigError(f"longrope {key} entries must be finite numbers > 0.")
-    factor = params.get("factor")
-    if factor is None:
-        factor = _require(params, "max_position_embeddings", "longrope") / original
-    factor = _positive(factor, "factor")
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    chosen = long if seq_len is not None and seq_len > original else short
-    ext = torch.tensor([float(v) for v in chosen], dtype=torch.float64)
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
-    return 1.0 / (ext * base**exponents), float(attention_factor)
-
-
-def _llama3_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> torch.Tensor:
-    factor = _positive(_require(params, "factor", "llama3"), "factor")
-    low = _positive(_require(params, "low_freq_factor", "llama3"), "low_freq_factor")
-    high = _positive(_require(params, "high_freq_factor", "llama3"), "high_freq_factor")
-    old_len = _positive(
-        _require(params, "original_max_position_embeddings", "llama3"), "original_max_position_embeddings"
-    )
-    if high <= low:
-        raise ConfigError(f"llama3 needs high_freq_factor > low_freq_factor, got {high} <= {low}.")
-    inv_freq = _default_inv_freq(rotary_dim, base)
-    low_wavelen, high_wavelen = old_len / low, old_len / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def _truncation_inv_freq(rotary_dim: int, base: float, params: Mapping[str, Any]) -> torch.Tensor:
-    a = float(_require(params, "truncation_a", "truncation"))
-    c = float(_require(params, "truncation_c", "truncation"))
-    beta = float(_require(params, "truncation_beta", "truncation"))
-    if not 0 <= a < c:
-        raise ConfigError(f"base truncation needs 0 <= truncation_a < truncation_c, got a={a}, c={c}.")
-    if not a < beta < c:
-        raise ConfigError(f"base truncation needs truncation_a < truncation_beta < truncation_c, got {beta}.")
-    theta = _default_inv_freq(rotary_dim, base)
-    middle = torch.full_like(theta, beta)
-    return torch.where(theta >= c, theta, torch.where(theta > a, middle, torch.zeros_like(theta)))
+    elif seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 1):
+        raise ConfigError(f"seq_len must be a positive int (max position + 1), got {seq_len!r}.")
 
 
 def rope_inv_freq(
-    rotary_dim: int, params: Mapping[str, Any] | None = None, *, seq_len: int | None = None
+    rotary_dim: int, params: Mapping[str, Any] | None = None, *, seq_len: int | torch.Tensor | None = None
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies of RoPE for a ``rope_type`` and its parameters.
+
+    Checks the keys every type shares, then calls the type's function from the :mod:`posenc.rope_types` registry.
 
     Args:
         rotary_dim: number of rotated dimensions r (even). ``partial_rotary_factor`` is the caller's
             business: pass ``int(head_dim * partial_rotary_factor)``.
         params: Hugging Face ``rope_parameters`` / ``rope_scaling`` dict (``rope_type``, ``rope_theta``,
             ``factor``, ...). It may also carry ``max_position_embeddings`` (the model's context length).
-            ``rope_type`` values: default, linear, ntk (static NTK-aware: base * factor**(r/(r-2))),
+            ``rope_type`` values (``ROPE_TYPES``): default, linear, ntk (static NTK-aware: base * factor**(r/(r-2))),
             dynamic, yarn, longrope, llama3, truncation (base truncation with ``truncation_a``,
-            ``truncation_c``, ``truncation_beta``: θ_i kept if θ_i >= c, set to β if a < θ_i < c, 0 if θ_i <= a).
-        seq_len: current length (max position + 1) for the data-dependent types ``dynamic`` and ``longrope``.
+            ``truncation_c``, ``truncation_beta``: θ_i kept if θ_i >= c, set to β if a < θ_i < c, 0 if θ_i <= a),
+            and any type registered since.
+        seq_len: current length (max position + 1) for the length-dependent types ``dynamic`` and ``longrope``:
+            an int, or a 0-d integer tensor (inside a traced graph the result is then computed in the graph).
 
     Returns:
         ``(inv_freq, attention_factor)``: float64 ``[r // 2]`` and the float multiplied into cos and sin.
@@ -251,49 +114,53 @@ def rope_inv_freq(
     """
     rotary_dim = _check_rotary_dim(rotary_dim)
     params = dict(params or {})
-    unknown = sorted(set(params) - ROPE_PARAMETER_KEYS)
+    keys = RT.parameter_keys()
+    unknown = sorted(set(params) - keys)
     if unknown:
-        raise ConfigError(f"unknown RoPE parameter(s) {unknown}; valid keys are {sorted(ROPE_PARAMETER_KEYS)}.")
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    if rope_type not in ROPE_TYPES:
-        raise ConfigError(f"unknown rope_type {rope_type!r}; valid rope_type values are {list(ROPE_TYPES)}.")
+        raise ConfigError(f"unknown RoPE parameter(s) {unknown}; valid keys are {sorted(keys)}.")
+    entry = RT.get(RT.rope_type_name(params))
     theta = params.get("rope_theta")
-    base = _positive(10000.0 if theta is None else theta, "rope_theta")
-    if seq_len is not None and (isinstance(seq_len, bool) or int(seq_len) < 1):
-        raise ConfigError(f"seq_len must be a positive int (max position + 1), got {seq_len!r}.")
+    base = RT.positive(10000.0 if theta is None else theta, "rope_theta")
+    _check_seq_len(seq_len)
+    return entry.inv_freq(rotary_dim, base, params, seq_len)
 
-    if rope_type == "default":
-        return _default_inv_freq(rotary_dim, base), 1.0
-    if rope_type == "linear":
-        factor = _positive(_require(params, "factor", rope_type), "factor")
-        return _default_inv_freq(rotary_dim, base) / factor, 1.0
-    if rope_type == "ntk":
-        factor = _positive(_require(params, "factor", rope_type), "factor")
-        if rotary_dim <= 2:
-            raise ConfigError("ntk scaling needs rotary_dim > 2 (its exponent is r / (r - 2)).")
-        return _default_inv_freq(rotary_dim, base * factor ** (rotary_dim / (rotary_dim - 2))), 1.0
-    if rope_type == "dynamic":
-        factor = _positive(_require(params, "factor", rope_type), "factor")
-        max_pos = int(_require(params, "max_position_embeddings", rope_type))
-        if rotary_dim <= 2:
-            raise ConfigError("dynamic NTK scaling needs rotary_dim > 2 (its exponent is r / (r - 2)).")
-        length = max(int(seq_len) if seq_len is not None else max_pos, max_pos)
-        scaled_base = base * ((factor * length / max_pos) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
-        return _default_inv_freq(rotary_dim, scaled_base), 1.0
-    if rope_type == "yarn":
-        return _yarn_inv_freq(rotary_dim, base, params)
-    if rope_type == "longrope":
-        return _longrope_inv_freq(rotary_dim, base, params, seq_len)
-    if rope_type == "llama3":
-        return _llama3_inv_freq(rotary_dim, base, params), 1.0
-    return _truncation_inv_freq(rotary_dim, base, params), 1.0
+
+def rope_frequency_sets(
+    rotary_dim: int, params: Mapping[str, Any] | None = None
+) -> tuple[tuple[int, ...], list[tuple[torch.Tensor, float]]]:
+    """Every frequency set a ``rope_type`` uses, and the lengths at which it switches between them.
+
+    Static types have one set. A type whose frequencies switch with the current length L (LongRoPE) has one set
+    per interval: set 0 for L <= points[0], set i for points[i-1] < L <= points[i], the last for L > points[-1]
+    (:func:`posenc.rope_types.switch_at` is the rule).
+
+    Returns:
+        ``(points, sets)``: ascending switch lengths (empty for static types) and ``len(points) + 1`` pairs
+        ``(inv_freq float64 [r // 2], attention_factor)``, each from :func:`rope_inv_freq`.
+
+    Raises:
+        ConfigError: bad parameters, or a type that depends on L continuously (dynamic NTK): evaluate
+            :func:`rope_inv_freq` with ``seq_len`` instead.
+    """
+    entry = RT.get(RT.rope_type_name(params))
+    first = rope_inv_freq(rotary_dim, params)  # validates the parameters
+    if not entry.length_dependent:
+        return (), [first]
+    if entry.switch_points is None:
+        raise ConfigError(
+            f"rope_type {entry.name!r} depends continuously on the current length, so it has no finite set of "
+            f"frequencies; evaluate rope_inv_freq(..., seq_len=L) per length (a 0-d tensor inside a graph)."
+        )
+    points = tuple(sorted(entry.switch_points(dict(params or {}))))
+    lengths = (points[0], *(point + 1 for point in points))
+    return points, [rope_inv_freq(rotary_dim, params, seq_len=length) for length in lengths]
 
 
 def sinusoidal_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
     """Frequencies 1 / base**(2i/dim) of the sinusoidal encoding, float64 ``[dim // 2]``."""
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
         raise ConfigError(f"sinusoidal dim must be an even int >= 2, got {dim!r}.")
-    return _default_inv_freq(dim, _positive(base, "base"))
+    return RT.default_inv_freq(dim, RT.positive(base, "base"))
 
 
 # --------------------------------------------------------------------------------------------------

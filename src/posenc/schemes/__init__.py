@@ -6,7 +6,7 @@ one module (or one section of a family module) that calls :func:`register`, plus
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -37,12 +37,17 @@ __all__ = [
     "scheme_class",
     "scheme_names",
     "specs",
+    "unregister",
 ]
 
-_REGISTRY: dict[str, tuple[SchemeSpec, type[PositionalScheme]]] = {}
+SchemeFactory = Callable[..., PositionalScheme]
+"""A scheme module class, or a callable with its constructor's signature (e.g. ``functools.partial`` of one class
+that serves several schemes, like ``Rotary(rope_type=...)``)."""
+
+_REGISTRY: dict[str, tuple[SchemeSpec, SchemeFactory]] = {}
 
 
-def register(spec: SchemeSpec, cls: type[PositionalScheme]) -> None:
+def register(spec: SchemeSpec, cls: SchemeFactory) -> None:
     """Register ``cls`` under ``spec.name``; a second registration of the same name raises."""
     if spec.name in _REGISTRY:
         raise ConfigError(f"scheme {spec.name!r} is already registered; scheme names must be unique.")
@@ -51,6 +56,12 @@ def register(spec: SchemeSpec, cls: type[PositionalScheme]) -> None:
     if "default" not in spec.cases:
         raise ConfigError(f"scheme {spec.name!r} must list a 'default' case.")
     _REGISTRY[spec.name] = (spec, cls)
+
+
+def unregister(name: str) -> None:
+    """Remove a registered scheme (a derived registration that goes away, e.g. a rope_type registered for a test)."""
+    _lookup(name)
+    del _REGISTRY[name]
 
 
 def scheme_names() -> list[str]:
@@ -63,7 +74,7 @@ def specs() -> list[SchemeSpec]:
     return [_REGISTRY[name][0] for name in scheme_names()]
 
 
-def _lookup(name: str) -> tuple[SchemeSpec, type[PositionalScheme]]:
+def _lookup(name: str) -> tuple[SchemeSpec, SchemeFactory]:
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -75,8 +86,8 @@ def get_spec(name: str) -> SchemeSpec:
     return _lookup(name)[0]
 
 
-def scheme_class(name: str) -> type[PositionalScheme]:
-    """The module class registered under ``name``."""
+def scheme_class(name: str) -> SchemeFactory:
+    """The module class (or constructor) registered under ``name``."""
     return _lookup(name)[1]
 
 

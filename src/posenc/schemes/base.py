@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 
 from posenc.errors import ConfigError, PositionError
 from posenc.functional import is_tracing
+from posenc.params import Param
 
 if TYPE_CHECKING:
     from posenc.config import AttentionConfig
@@ -70,92 +70,6 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "float16": Tolerance(atol=4e-3, rtol=4e-3),
     "bfloat16": Tolerance(atol=3e-2, rtol=3e-2),
 }
-
-_KINDS = ("int", "float", "bool", "str", "floats", "dict")
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    """One scheme parameter: name, kind, default, meaning and validation."""
-
-    name: str
-    kind: str
-    default: Any
-    doc: str
-    choices: tuple[Any, ...] | None = None
-    minimum: float | None = None
-    exclusive_minimum: bool = False
-    maximum: float | None = None
-    optional: bool = False
-    """``None`` is an allowed value (meaning: derived from other parameters)."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"Param {self.name}: kind must be one of {_KINDS}")
-
-    def coerce(self, value: Any, scheme: str) -> Any:
-        """Convert ``value`` (possibly a CLI string) to this parameter's kind and validate it."""
-        where = f"{scheme}: parameter {self.name!r}"
-        if value is None:
-            if self.optional:
-                return None
-            raise ConfigError(f"{where} may not be None; give a {self.kind} ({self.doc}).")
-        try:
-            value = self._convert(value)
-        except (TypeError, ValueError, json.JSONDecodeError):
-            raise ConfigError(f"{where} must be a {self.kind}, got {value!r} ({self.doc}).") from None
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{where} must be one of {list(self.choices)}, got {value!r}.")
-        numbers = value if self.kind == "floats" else [value] if self.kind in ("int", "float") else []
-        for number in numbers:
-            if isinstance(number, float) and not math.isfinite(number):
-                raise ConfigError(f"{where} must be finite, got {number!r}.")
-            if self.minimum is not None:
-                too_small = number <= self.minimum if self.exclusive_minimum else number < self.minimum
-                if too_small:
-                    op = ">" if self.exclusive_minimum else ">="
-                    raise ConfigError(f"{where} must be {op} {self.minimum}, got {number!r}.")
-            if self.maximum is not None and number > self.maximum:
-                raise ConfigError(f"{where} must be <= {self.maximum}, got {number!r}.")
-        return value
-
-    def _convert(self, value: Any) -> Any:
-        if self.kind == "int":
-            if isinstance(value, bool):
-                raise TypeError
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if self.kind == "float":
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        if self.kind == "bool":
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered in ("1", "true", "yes", "on"):
-                    return True
-                if lowered in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            if not isinstance(value, (bool, int)):
-                raise TypeError
-            return bool(value)
-        if self.kind == "str":
-            if not isinstance(value, str):
-                raise TypeError
-            return value
-        if self.kind == "floats":
-            if isinstance(value, str):
-                value = json.loads(value) if value.strip().startswith("[") else value.split(",")
-            if not isinstance(value, Sequence):
-                raise TypeError
-            return tuple(float(v) for v in value)
-        if isinstance(value, str):
-            value = json.loads(value)
-        if not isinstance(value, Mapping):
-            raise TypeError
-        return dict(value)
 
 
 @dataclasses.dataclass(frozen=True)

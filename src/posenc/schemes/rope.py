@@ -7,17 +7,20 @@ float32-exact range reduction (:func:`posenc.functional.exact_angles`), exact up
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from posenc import functional as PF
+from posenc import rope_types as RT
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import register
+from posenc.schemes import get_spec, register, unregister
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -31,7 +34,7 @@ from posenc.schemes.base import (
 )
 
 _BOTH = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
-ROFORMER = "Su et al., RoFormer: Enhanced Transformer with Rotary Position Embedding, arXiv:2104.09864 (2021)"
+ROFORMER = str(RT.ROFORMER)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,63 +93,58 @@ class RotaryAngles(TableHolder):
         return cos.to(self.table_dtype), sin.to(self.table_dtype)
 
 
-class LongRopeAngles(TableHolder):
-    """LongRoPE: short factors while ``max(position) + 1 <= original_max_position_embeddings``, long after.
+class SwitchedAngles(TableHolder):
+    """Frequencies that switch with the current length L = max(position) + 1 (LongRoPE's short/long factors).
 
-    The switch is computed in the graph from the positions of the call (Hugging Face semantics: one
-    choice for the whole batch), so an exported graph switches factor sets by itself.
+    One :class:`RotaryAngles` per set of :func:`posenc.functional.rope_frequency_sets`; the call's L picks one with
+    :func:`posenc.rope_types.switch_at` (the type's own rule; one choice for the whole batch, like Hugging Face),
+    computed in the graph, so an exported graph switches frequency sets by itself.
     """
 
-    def __init__(self, short: RotaryAngles, long: RotaryAngles, original_max_position_embeddings: int) -> None:
+    def __init__(self, sets: list[RotaryAngles], switch_points: tuple[int, ...]) -> None:
         super().__init__()
-        self.short = short
-        self.long = long
-        self.original = int(original_max_position_embeddings)
+        if len(sets) != len(switch_points) + 1:
+            raise ConfigError(
+                f"{len(switch_points)} switch points need {len(switch_points) + 1} sets, got {len(sets)}."
+            )
+        self.sets = nn.ModuleList(sets)
+        self.switch_points = tuple(int(point) for point in switch_points)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        use_long = (position_ids.max() + 1) > self.original
-        cos_s, sin_s = self.short(position_ids)
-        cos_l, sin_l = self.long(position_ids)
-        return torch.where(use_long, cos_l, cos_s), torch.where(use_long, sin_l, sin_s)
+        """``position_ids [...]`` int64 -> ``(cos, sin)`` each ``[..., r/2]`` of the set the length selects."""
+        length = position_ids.max() + 1
+        cos, sin = self.sets[0](position_ids)
+        for point, source in zip(self.switch_points, list(self.sets)[1:], strict=True):
+            cos_above, sin_above = source(position_ids)
+            cos, sin = RT.switch_at(length, point, cos, cos_above), RT.switch_at(length, point, sin, sin_above)
+        return cos, sin
 
 
-class DynamicNtkAngles(TableHolder):
-    """Dynamic NTK: the base grows with the current length ``L = max(position) + 1`` (in the graph).
+class LengthAngles(TableHolder):
+    """Frequencies that depend continuously on the current length L = max(position) + 1 (dynamic NTK).
 
-    ``base' = base * (factor * L / M - (factor - 1)) ** (r / (r - 2))`` with ``L = max(L, M)``, M the
-    model's ``max_position_embeddings``. Frequencies are computed in float64 and split for exact float32
-    angles. Stateless: equals Hugging Face's cached update whenever the length only grows (prefill, decode).
+    The rope type's own function runs on L as a 0-d tensor (:func:`posenc.functional.rope_inv_freq` with a tensor
+    ``seq_len``), in float64, inside the graph; angles are float32-exact (:func:`posenc.functional.exact_angles`)
+    or float64. Stateless: equals Hugging Face's cached update whenever the length only grows (prefill, decode).
     """
 
-    def __init__(
-        self,
-        rotary_dim: int,
-        base: float,
-        factor: float,
-        max_position_embeddings: int,
-        table_dtype: torch.dtype,
-    ) -> None:
+    def __init__(self, rotary_dim: int, rope_parameters: Mapping[str, Any], table_dtype: torch.dtype) -> None:
         super().__init__()
+        self.rotary_dim = rotary_dim
+        self.rope_parameters = dict(rope_parameters)
         self.table_dtype = table_dtype
-        self.base = float(base)
-        self.factor = float(factor)
-        self.max_len = int(max_position_embeddings)
-        self.power = rotary_dim / (rotary_dim - 2)
-        self.register_table("exponents", torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
-
-    def inv_freq(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """float64 ``[r/2]`` frequencies for the length these positions imply."""
-        length = (position_ids.max() + 1).to(torch.float64).clamp(min=self.max_len)
-        scaled = self.base * (self.factor * length / self.max_len - (self.factor - 1)) ** self.power
-        return 1.0 / torch.pow(scaled, self.exponents)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.inv_freq(position_ids)
+        """``position_ids [...]`` int64 -> ``(cos, sin)`` each ``[..., r/2]`` in ``table_dtype``."""
+        inv_freq, factor = PF.rope_inv_freq(self.rotary_dim, self.rope_parameters, seq_len=position_ids.max() + 1)
         if self.table_dtype == torch.float64:
             angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq
         else:
             angles = PF.exact_angles(position_ids, PF.split_turns(inv_freq))
-        return torch.cos(angles).to(self.table_dtype), torch.sin(angles).to(self.table_dtype)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos.to(self.table_dtype), sin.to(self.table_dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,38 +190,36 @@ def rotary_dim_of(head_dim: int, partial_rotary_factor: float) -> int:
     return r
 
 
-def _rope_params(rope_type: str, params: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:
-    """Hugging Face style rope_parameters for :func:`posenc.functional.rope_inv_freq`, defaults filled."""
-    r = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
+def rotary_width(rope_type: str, head_dim: int, partial_rotary_factor: float) -> int:
+    """Width the type's frequencies span: the rotated slice int(D * p) (``slice`` types, see
+    :attr:`posenc.rope_types.RopeType.partial_rotary`) or the whole head dim (``proportional`` types)."""
+    proportional = RT.get(rope_type).partial_rotary == "proportional"
+    return rotary_dim_of(head_dim, 1.0 if proportional else partial_rotary_factor)
+
+
+def rope_parameters(rope_type: str, params: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:
+    """Hugging Face ``rope_parameters`` for :func:`posenc.functional.rope_inv_freq` from a RoPE scheme's resolved
+    parameters; what the scheme left as ``None`` comes from the geometry (:attr:`RopeType.geometry_defaults`)."""
+    entry = RT.get(rope_type)
     out: dict[str, Any] = {
-        "rope_type": rope_type,
+        "rope_type": entry.name,
         "rope_theta": params["rope_theta"],
         "max_position_embeddings": config.max_position_embeddings,
     }
-    for key, value in params.items():
-        if key in PF.ROPE_PARAMETER_KEYS and key not in ("partial_rotary_factor", "rope_theta") and value is not None:
-            out[key] = value
-    if rope_type in ("yarn", "llama3") and out.get("original_max_position_embeddings") is None:
-        out["original_max_position_embeddings"] = config.max_position_embeddings
-    if rope_type == "longrope":
-        if out.get("original_max_position_embeddings") is None:
-            out["original_max_position_embeddings"] = max(1, config.max_position_embeddings // 4)
-        factor = out.get("factor") or config.max_position_embeddings / out["original_max_position_embeddings"]
-        half = r // 2
-        if out.get("short_factor") is None:
-            out["short_factor"] = [1.0] * half
-        if out.get("long_factor") is None:
-            out["long_factor"] = [max(factor, 1.0) ** (i / max(half - 1, 1)) for i in range(half)]
-        out["short_factor"] = list(out["short_factor"])
-        out["long_factor"] = list(out["long_factor"])
+    if entry.partial_rotary == "proportional":
+        out["partial_rotary_factor"] = params["partial_rotary_factor"]
+    out.update({name: params[name] for name in entry.param_names if params.get(name) is not None})
+    if entry.geometry_defaults is not None:
+        width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
+        derived = entry.geometry_defaults(out, width)
+        out.update({key: value for key, value in derived.items() if out.get(key) is None})
     return out
 
 
 def _validate_rope(rope_type: str) -> Callable[[dict[str, Any], AttentionConfig], None]:
     def check(params: dict[str, Any], config: AttentionConfig) -> None:
-        r = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
-        hf = _rope_params(rope_type, params, config)
-        PF.rope_inv_freq(r, hf, seq_len=config.max_position_embeddings)
+        width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
+        PF.rope_inv_freq(width, rope_parameters(rope_type, params, config), seq_len=config.max_position_embeddings)
 
     return check
 
@@ -236,42 +232,50 @@ def build_rope_angles(
     max_positions: int,
     table_dtype: torch.dtype,
 ) -> TableHolder:
-    """The cos/sin source for a RoPE scaling type (static, LongRoPE switching or dynamic NTK)."""
-    r = rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
-    hf = _rope_params(rope_type, params, config)
-    if rope_type == "dynamic":
+    """The cos/sin source of a ``rope_type``: static, switching between frequency sets, or length-continuous."""
+    entry = RT.get(rope_type)
+    width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
+    hf = rope_parameters(rope_type, params, config)
+    if entry.continuous:
         if table_mode is not TableMode.DYNAMIC:
-            raise ConfigError("dynamic NTK depends on the current length; it exists only in table mode 'dynamic'.")
-        return DynamicNtkAngles(r, hf["rope_theta"], hf["factor"], config.max_position_embeddings, table_dtype)
-    if rope_type == "longrope":
-        original = int(hf["original_max_position_embeddings"])
-        short_f, short_af = PF.rope_inv_freq(r, hf, seq_len=None)
-        long_f, long_af = PF.rope_inv_freq(r, hf, seq_len=original + 1)
-        return LongRopeAngles(
-            RotaryAngles(short_f, short_af, table_mode, max_positions, table_dtype),
-            RotaryAngles(long_f, long_af, table_mode, max_positions, table_dtype),
-            original,
-        )
-    inv_freq, attention_factor = PF.rope_inv_freq(r, hf)
-    return RotaryAngles(inv_freq, attention_factor, table_mode, max_positions, table_dtype)
+            raise ConfigError(
+                f"rope_type {rope_type!r} depends on the current length; it exists only in table mode 'dynamic'."
+            )
+        return LengthAngles(width, hf, table_dtype)
+    points, sets = PF.rope_frequency_sets(width, hf)
+    sources = [RotaryAngles(freq, factor, table_mode, max_positions, table_dtype) for freq, factor in sets]
+    return SwitchedAngles(sources, points) if points else sources[0]
 
 
 # --------------------------------------------------------------------------------------------------
-# RoPE (qk placement)
+# RoPE (qk placement): one class, parameterised by the rope_type
 # --------------------------------------------------------------------------------------------------
 
 
 class Rotary(PositionalScheme):
     """RoPE: rotate q and k by position-dependent angles so that ⟨R_m q, R_n k⟩ depends on m - n only.
 
-    Shapes: q ``[B, H, S, D]``, k ``[B, Hkv, S, D]``, position_ids ``[B, S]``; cos/sin ``[B, S, r/2]``.
+    The frequencies are those of one registered ``rope_type`` (:mod:`posenc.rope_types`); every ``rope*`` scheme
+    is this class. Shapes: q ``[B, H, S, D]``, k ``[B, Hkv, S, D]``, position_ids ``[B, S]``; cos/sin ``[B, S, r/2]``.
     """
 
-    rope_type = "default"
+    def __init__(self, *args: Any, rope_type: str = "default", **kwargs: Any) -> None:
+        """:class:`PositionalScheme`'s arguments, plus the registered ``rope_type`` whose frequencies it uses."""
+        self.rope_type = rope_type  # a name, not the entry: built modules pickle (torch.save) and stay small
+        super().__init__(*args, **kwargs)
+
+    @property
+    def spec(self) -> SchemeSpec:  # type: ignore[override]
+        return get_spec(RT.get(self.rope_type).scheme)
 
     def build(self) -> None:
+        axes = RT.get(self.rope_type).position_axes
+        if axes != 1:
+            raise ConfigError(
+                f"rope_type {self.rope_type!r} takes {axes}-axis position ids; RoPE schemes take [B, S] ids only."
+            )
         self.layout = self.params["layout"]
-        self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
+        self.rotary_dim = rotary_width(self.rope_type, self.config.head_dim, self.params["partial_rotary_factor"])
         self.angles = build_rope_angles(
             self.rope_type, self.params, self.config, self.table_mode, self.max_positions, self.table_dtype
         )
@@ -290,231 +294,6 @@ class Rotary(PositionalScheme):
         )
 
 
-_ROPE_CASES = {
-    "default": {},
-    "interleaved": {"layout": "interleaved"},
-    "partial": {"partial_rotary_factor": 0.5},
-    "interleaved_partial": {"layout": "interleaved", "partial_rotary_factor": 0.5},
-}
-
-_SCALINGS: tuple[tuple[str, str, str, tuple[Param, ...], frozenset[TableMode], str, dict[str, Any]], ...] = (
-    (
-        "default",
-        "rope",
-        "RoPE",
-        (),
-        _BOTH,
-        "Rotary position embedding; the standard of Llama, GPT-NeoX, GPT-J, Qwen, Mistral.",
-        {},
-    ),
-    (
-        "linear",
-        "rope_linear",
-        "RoPE + linear position interpolation (PI)",
-        (
-            Param(
-                "factor",
-                "float",
-                4.0,
-                "positions are divided by this factor",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-        ),
-        _BOTH,
-        "Chen et al. (2023) position interpolation: inv_freq / factor.",
-        {},
-    ),
-    (
-        "ntk",
-        "rope_ntk",
-        "RoPE + static NTK-aware scaling",
-        (
-            Param(
-                "factor",
-                "float",
-                4.0,
-                "context extension k; base *= k^(r/(r-2))",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-        ),
-        _BOTH,
-        "NTK-aware scaled RoPE (bloc97, 2023): the base grows so the lowest frequency is interpolated by k.",
-        {},
-    ),
-    (
-        "dynamic",
-        "rope_dynamic",
-        "RoPE + dynamic NTK scaling (in-graph)",
-        (Param("factor", "float", 2.0, "scaling factor of dynamic NTK", minimum=0, exclusive_minimum=True),),
-        frozenset({TableMode.DYNAMIC}),
-        "Dynamic NTK (emozilla, 2023): the base is recomputed from the current length inside the graph.",
-        {},
-    ),
-    (
-        "yarn",
-        "rope_yarn",
-        "RoPE + YaRN",
-        (
-            Param(
-                "factor",
-                "float",
-                4.0,
-                "context extension factor s (None: max_position_embeddings / original_max_position_embeddings)",
-                minimum=0,
-                exclusive_minimum=True,
-                optional=True,
-            ),
-            Param(
-                "original_max_position_embeddings",
-                "int",
-                None,
-                "pretraining context (default: the config's max_position_embeddings)",
-                minimum=1,
-                optional=True,
-            ),
-            Param(
-                "beta_fast",
-                "float",
-                32.0,
-                "rotations above which dims extrapolate",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param(
-                "beta_slow",
-                "float",
-                1.0,
-                "rotations below which dims interpolate",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param("mscale", "float", None, "DeepSeek mscale (numerator of attention_factor)", optional=True),
-            Param("mscale_all_dim", "float", None, "DeepSeek mscale_all_dim (denominator)", optional=True),
-            Param(
-                "attention_factor",
-                "float",
-                None,
-                "cos/sin multiplier (default 0.1 ln s + 1)",
-                optional=True,
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param("truncate", "bool", True, "floor/ceil the correction range (Hugging Face default)"),
-        ),
-        _BOTH,
-        "Peng et al., YaRN: Efficient Context Window Extension of Large Language Models, arXiv:2309.00071.",
-        {"deepseek_mscale": {"mscale": 0.707, "mscale_all_dim": 0.707, "factor": 40.0}},
-    ),
-    (
-        "longrope",
-        "rope_longrope",
-        "RoPE + LongRoPE (short/long factors switched in-graph)",
-        (
-            Param(
-                "factor",
-                "float",
-                None,
-                "scaling factor (default max_position_embeddings / original)",
-                optional=True,
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param(
-                "original_max_position_embeddings",
-                "int",
-                None,
-                "switch point: long factors when max(position)+1 exceeds it (default max_pos // 4)",
-                optional=True,
-                minimum=1,
-            ),
-            Param(
-                "short_factor",
-                "floats",
-                None,
-                "r/2 per-frequency divisors below the switch (default 1)",
-                optional=True,
-            ),
-            Param(
-                "long_factor",
-                "floats",
-                None,
-                "r/2 per-frequency divisors above (default ramp 1..factor)",
-                optional=True,
-            ),
-            Param(
-                "attention_factor",
-                "float",
-                None,
-                "cos/sin multiplier (default sqrt(1 + ln f / ln orig))",
-                optional=True,
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-        ),
-        _BOTH,
-        "Ding et al., LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens, arXiv:2402.13753.",
-        {},
-    ),
-    (
-        "llama3",
-        "rope_llama3",
-        "RoPE + Llama-3 frequency bands",
-        (
-            Param("factor", "float", 8.0, "divisor of low frequencies", minimum=0, exclusive_minimum=True),
-            Param("low_freq_factor", "float", 1.0, "low-frequency band edge", minimum=0, exclusive_minimum=True),
-            Param(
-                "high_freq_factor",
-                "float",
-                4.0,
-                "high-frequency band edge",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param(
-                "original_max_position_embeddings",
-                "int",
-                None,
-                "pretraining context (default: the config's max_position_embeddings)",
-                optional=True,
-                minimum=1,
-            ),
-        ),
-        _BOTH,
-        "Meta Llama 3.1 RoPE scaling (Dubey et al., The Llama 3 Herd of Models, arXiv:2407.21783).",
-        {"short_context": {"original_max_position_embeddings": 64}},
-    ),
-    (
-        "truncation",
-        "rope_truncation",
-        "RoPE + base truncation",
-        (
-            Param("truncation_a", "float", 1e-3, "θ_i <= a are set to 0 (lowest frequencies)", minimum=0),
-            Param(
-                "truncation_c",
-                "float",
-                0.1,
-                "θ_i >= c are kept (highest frequencies)",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-            Param(
-                "truncation_beta",
-                "float",
-                0.01,
-                "θ_i in (a, c) become this fixed small value β",
-                minimum=0,
-                exclusive_minimum=True,
-            ),
-        ),
-        _BOTH,
-        "Base truncation (Pal et al., Giraffe, arXiv:2308.10882; RUC LLM survey §5.4).",
-        {},
-    ),
-)
-
-
 def _rope_tolerances() -> dict[str, Tolerance]:
     return {
         "float32": Tolerance(atol=3e-5, rtol=1e-4),
@@ -523,33 +302,38 @@ def _rope_tolerances() -> dict[str, Tolerance]:
     }
 
 
-for _rope_type, _name, _title, _extra, _modes, _cite, _cases in _SCALINGS:
-    _cls = type(f"Rotary_{_rope_type}", (Rotary,), {"rope_type": _rope_type, "__doc__": Rotary.__doc__})
-    globals()[_cls.__name__] = _cls  # a module-level name, so built schemes and blocks pickle (torch.save)
-    _spec = SchemeSpec(
-        name=_name,
-        title=_title,
+_FAMILY_CASES = {"default": {}, "partial": {"partial_rotary_factor": 0.5}, "interleaved": {"layout": "interleaved"}}
+
+
+def rope_scheme_spec(entry: RT.RopeType) -> SchemeSpec:
+    """The scheme of a ``rope_type``: the RoPE family's parameters and cases plus the type's own."""
+    own = str(entry.citation)
+    return SchemeSpec(
+        name=entry.scheme,
+        title=entry.title,
         family="rope",
         placement=Placement.QK,
-        params=(*_COMMON, *_extra),
-        table_modes=_modes,
-        citation=f"{ROFORMER}; {_cite}" if _rope_type != "default" else ROFORMER,
-        summary=_cite if _rope_type != "default" else "Rotary position embedding (rotate q and k).",
+        params=(*_COMMON, *entry.params),
+        table_modes=frozenset(TableMode(mode) for mode in entry.table_modes),
+        citation=ROFORMER if own == ROFORMER else f"{ROFORMER}; {own}",
+        summary=entry.summary,
         tolerances=_rope_tolerances(),
-        cases={**_ROPE_CASES, **_cases}
-        if _rope_type == "default"
-        else {
-            "default": {},
-            "partial": {"partial_rotary_factor": 0.5},
-            "interleaved": {"layout": "interleaved"},
-            **_cases,
-        },
-        validate=_validate_rope(_rope_type),
-        length_dependent=_rope_type in ("dynamic", "longrope"),
-        verified_against="Hugging Face transformers modeling_rope_utils (ROPE_INIT_FUNCTIONS), ONNX RotaryEmbedding-23",
+        cases={**_FAMILY_CASES, **entry.cases},
+        validate=_validate_rope(entry.name),
+        length_dependent=entry.length_dependent,
+        verified_against=entry.reference,
     )
-    _cls.spec = _spec
-    register(_spec, _cls)
+
+
+def _add_scheme(entry: RT.RopeType) -> None:
+    register(rope_scheme_spec(entry), functools.partial(Rotary, rope_type=entry.name))
+
+
+def _remove_scheme(entry: RT.RopeType) -> None:
+    unregister(entry.scheme)
+
+
+RT.watch(_add_scheme, _remove_scheme)  # every rope_type, now and registered later, is a scheme
 
 
 # --------------------------------------------------------------------------------------------------

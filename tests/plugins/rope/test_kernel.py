@@ -10,11 +10,15 @@ import math
 import pytest
 import torch
 
+from posenc import AttentionConfig, get_spec
 from posenc import functional as PF
+from posenc import rope_types as RT
 from posenc.errors import ConfigError, PositionError
 from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
 from posenc.schemes.base import DEFAULT_TOLERANCES
+from posenc.schemes.rope import rope_parameters
 from tests.plugins.rope.reference import naive_rotation, positions_of, rotate_reference, row_inv_freq
+from tests.test_rope_types import toy_entry
 
 pytest.importorskip("triton", reason="the RoPE kernel needs triton")
 
@@ -161,6 +165,22 @@ def test_static_scaling_types_in_kernel(name: str) -> None:
     _check(k_out, rotate_reference(k, pos, inv_freq, factor, layout, D), "float32")
 
 
+@pytest.mark.parametrize("rope_type", [name for name in RT.names() if not RT.get(name).continuous])
+def test_every_registered_type_with_finite_frequency_sets_runs_in_kernel(rope_type: str) -> None:
+    """From the registry: a type's scheme defaults -> freq_inputs -> the kernel, against rope_inv_freq per row
+    (rows on both sides of a switch, if the type has one). New types are covered without editing this test."""
+    config = AttentionConfig(hidden_size=64, num_heads=HQ, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
+    spec_params = get_spec(RT.get(rope_type).scheme).resolve({}, config)
+    params = rope_parameters(rope_type, spec_params, config)
+    q, k = _qk()
+    pos = torch.tensor([[0, 3, 9], [60, 61, 62]])
+    turns, kwargs = freq_inputs(D, params)
+    q_out, k_out = rope_qk(q, k, RopeKernelSpec("freq", D, D, "half", **kwargs), turns=turns, positions=pos)
+    inv_rows, factor = row_inv_freq(D, params, pos)
+    _check(q_out, rotate_reference(q, pos, inv_rows, factor, "half", D), "float32")
+    _check(k_out, rotate_reference(k, pos, inv_rows, factor, "half", D), "float32")
+
+
 def test_longrope_switches_per_row() -> None:
     params = {
         "rope_type": "longrope",
@@ -277,6 +297,22 @@ def test_bad_arguments_are_rejected(change: dict, message: str) -> None:
 def test_dynamic_type_is_not_a_static_frequency_set() -> None:
     with pytest.raises(ConfigError, match=r"AngleSource\.NTK"):
         freq_inputs(D, {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
+
+
+def test_frequency_sets_the_kernel_cannot_take_are_refused() -> None:
+    """Two switch points, or sets with different attention factors: the kernel has one switch and one factor."""
+
+    def two_switches(rotary_dim: int, base: float, params: dict, seq_len: object) -> tuple[torch.Tensor, float]:
+        inv_freq = RT.default_inv_freq(rotary_dim, base)
+        return RT.switch_at(seq_len, 8, RT.switch_at(seq_len, 4, inv_freq, inv_freq / 2), inv_freq / 3), 1.0
+
+    entry = toy_entry("toy_two_switches", two_switches, length_dependent=True, switch_points=lambda params: (4, 8))
+    with RT.registered(entry):
+        points, sets = PF.rope_frequency_sets(D, {"rope_type": entry.name})
+        assert points == (4, 8)
+        torch.testing.assert_close(sets[1][0] * 2, sets[0][0])
+        with pytest.raises(ConfigError, match="at most one switch"):
+            freq_inputs(D, {"rope_type": entry.name})
 
 
 def test_empty_sequence_is_a_no_op() -> None:

@@ -85,7 +85,12 @@ def _ntk_turns(
     POWER_HI: tl.constexpr,
     POWER_LO: tl.constexpr,
 ):
-    """Dynamic NTK: ``pos * inv_freq(L) / 2π`` mod 1 in float64, L = max(length, max_position_embeddings)."""
+    """Dynamic NTK: ``pos * inv_freq(L) / 2π`` mod 1 in float64, L = max(length, max_position_embeddings).
+
+    :func:`posenc.rope_types.dynamic_ntk_base` in log2 form (Triton tensors have no float64 ``**``): log2 θ' =
+    log2 θ + POWER · log2(factor · L / M − (factor − 1)); the constants come from :meth:`RopeKernelSpec.constexprs`
+    (POWER = ``ntk_exponent(r)``) and tests/plugins/rope check the result against ``rope_inv_freq``.
+    """
     factor = _f64(NTK_FACTOR_HI, NTK_FACTOR_LO)
     seq = tl.maximum(length, NTK_MAX_POS).to(tl.float64)
     scale = factor * seq / NTK_MAX_POS - (factor - 1.0)

@@ -15,10 +15,12 @@ from typing import Any
 import torch
 
 from posenc import functional as PF
+from posenc import rope_types as RT
 from posenc.errors import BackendUnavailable, ConfigError, PositionError
 from posenc.plugins.rope.aot import launch_grid
 from posenc.plugins.rope.spec import (
     ACTIVATION_DTYPES,
+    NTK_ROPE_TYPE,
     TABLE_DTYPES,
     AngleSource,
     PositionMode,
@@ -51,32 +53,40 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-    """In-kernel frequency input for a static scaling type (or LongRoPE's two sets).
+    """In-kernel frequency input of a ``rope_type`` with a finite set of frequencies (every type but continuous
+    length-dependent ones), from :func:`posenc.functional.rope_frequency_sets`.
 
     Args:
         rotary_dim: r.
-        params: Hugging Face ``rope_parameters`` (see :func:`posenc.functional.rope_inv_freq`). ``dynamic`` is
-            not static: use ``AngleSource.NTK`` instead.
+        params: Hugging Face ``rope_parameters`` (see :func:`posenc.functional.rope_inv_freq`). ``dynamic`` depends
+            on the length continuously: use ``AngleSource.NTK`` instead.
 
     Returns:
-        ``(turns, spec_kwargs)``: float32 ``[3, r/2]`` (``[2, 3, r/2]`` for longrope: short then long set) and the
-        :class:`RopeKernelSpec` keyword arguments ``attention_factor`` and ``longrope_original``.
+        ``(turns, spec_kwargs)``: float32 ``[3, r/2]`` (``[2, 3, r/2]`` for a type that switches sets at one length,
+        LongRoPE: the set up to the switch, then the one beyond) and the :class:`RopeKernelSpec` keyword arguments
+        ``attention_factor`` and ``longrope_original`` (the switch length, 0 for one set).
+
+    Raises:
+        ConfigError: bad parameters, a continuously length-dependent type, more than one switch, or sets with
+            different attention factors (the kernel takes one).
     """
-    params = dict(params or {})
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    if rope_type == "dynamic":
-        raise ConfigError(
-            "dynamic NTK depends on each sequence's length; use AngleSource.NTK (rope_theta, factor, "
-            "max_position_embeddings) instead of precomputed frequencies."
+    entry = RT.get(RT.rope_type_name(params))
+    if entry.continuous:
+        remedy = (
+            "use AngleSource.NTK (rope_theta, factor, max_position_embeddings) instead of precomputed frequencies"
+            if entry.name == NTK_ROPE_TYPE
+            else "the kernel has no in-kernel form of it: pass cos/sin computed per call (AngleSource.CACHE)"
         )
-    if rope_type == "longrope":
-        short, factor = PF.rope_inv_freq(rotary_dim, params, seq_len=None)  # checks the longrope parameters
-        original = int(params["original_max_position_embeddings"])
-        long, _ = PF.rope_inv_freq(rotary_dim, params, seq_len=original + 1)
-        turns = torch.stack((PF.split_turns(short), PF.split_turns(long)))
-        return turns, {"attention_factor": factor, "longrope_original": original}
-    inv_freq, factor = PF.rope_inv_freq(rotary_dim, params)
-    return PF.split_turns(inv_freq), {"attention_factor": factor, "longrope_original": 0}
+        raise ConfigError(f"rope_type {entry.name!r} depends on each sequence's length; {remedy}.")
+    points, sets = PF.rope_frequency_sets(rotary_dim, params)
+    factors = {factor for _, factor in sets}
+    if len(points) > 1 or len(factors) > 1:
+        raise ConfigError(
+            f"rope_type {entry.name!r} switches at {list(points)} with attention factors {sorted(factors)}; the "
+            f"kernel takes at most one switch and one attention factor. Pass cos/sin per call (AngleSource.CACHE)."
+        )
+    turns = torch.stack([PF.split_turns(inv_freq) for inv_freq, _ in sets]) if points else PF.split_turns(sets[0][0])
+    return turns, {"attention_factor": sets[0][1], "longrope_original": points[0] if points else 0}
 
 
 def default_block(num_q_heads: int, num_kv_heads: int, rotary_dim: int, num_tokens: int) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import onnx
 import onnx.parser
 
+from posenc import rope_types as RT
 from posenc.errors import ExportError
 from posenc.plugins.rope.spec import PLUGIN_NAMESPACE, AngleSource, QKFormat, RopeKernelSpec
 
@@ -143,27 +144,83 @@ _FREQ = """
     factor_f = Constant <value_float: float = @attention_factor> ()
 """
 
-_NTK = """
+
+class _Symbol:
+    """A float64 value of an ONNX function body under construction: arithmetic on it appends ONNX nodes.
+
+    It has the operators and ``clamp(min=...)`` that :func:`posenc.rope_types.dynamic_ntk_base` uses, so the twin
+    writes that formula's nodes by evaluating the one Python definition instead of restating it.
+    """
+
+    def __init__(self, lines: list[str], name: str) -> None:
+        self.lines = lines
+        self.name = name
+
+    def _node(self, op: str, *operands: _Symbol | float) -> _Symbol:
+        names = [self._lift(x).name for x in operands]
+        out = _Symbol(self.lines, f"ntk_{len(self.lines)}")
+        self.lines.append(f"    {out.name} = {op} ({', '.join(names)})")
+        return out
+
+    def _lift(self, value: _Symbol | float) -> _Symbol:
+        if isinstance(value, _Symbol):
+            return value
+        const = _Symbol(self.lines, f"ntk_{len(self.lines)}")
+        self.lines.append(f"    {const.name} = Constant <value = double[1] {{{float(value)!r}}}> ()")
+        return const
+
+    def __add__(self, other: _Symbol | float) -> _Symbol:
+        return self._node("Add", self, other)
+
+    def __sub__(self, other: _Symbol | float) -> _Symbol:
+        return self._node("Sub", self, other)
+
+    def __rsub__(self, other: float) -> _Symbol:
+        return self._node("Sub", other, self)
+
+    def __mul__(self, other: _Symbol | float) -> _Symbol:
+        return self._node("Mul", self, other)
+
+    def __rmul__(self, other: float) -> _Symbol:
+        return self._node("Mul", other, self)
+
+    def __truediv__(self, other: _Symbol | float) -> _Symbol:
+        return self._node("Div", self, other)
+
+    def __rtruediv__(self, other: float) -> _Symbol:
+        return self._node("Div", other, self)
+
+    def __pow__(self, other: _Symbol | float) -> _Symbol:
+        return self._node("Pow", self, other)
+
+    def clamp(self, min: _Symbol | float) -> _Symbol:
+        return self._node("Max", self, min)
+
+
+def _ntk_base_lines() -> str:
+    """ONNX text for ``base = dynamic_ntk_base(θ, factor, length, M, r)`` over the node's attributes, all float64."""
+    lines: list[str] = []
+    theta, factor, length, trained, rot = (
+        _Symbol(lines, name) for name in ("theta_d", "factor_d", "length_d", "trained_d", "rot_d")
+    )
+    base = RT.dynamic_ntk_base(theta, factor, length, trained, rot)
+    return "\n".join(lines) + f"\n    base = Identity ({base.name})\n"
+
+
+_NTK = (
+    """
     rot_n = Constant <value_int: int = @rotary_dim> ()
     trained = Constant <value_int: int = @max_position_embeddings> ()
-    clamped = Max (length, trained)
-    length_d = Cast <to = 11> (clamped)
+    length_d = Cast <to = 11> (length)
     trained_d = Cast <to = 11> (trained)
     factor_c = Constant <value_float: float = @factor> ()
     factor_d = Cast <to = 11> (factor_c)
     theta_c = Constant <value_float: float = @rope_theta> ()
     theta_d = Cast <to = 11> (theta_c)
-    one_d = Constant <value = double[1] {1.0}> ()
-    ratio = Div (length_d, trained_d)
-    grown = Mul (factor_d, ratio)
-    factor_m1 = Sub (factor_d, one_d)
-    scale = Sub (grown, factor_m1)
     rot_d = Cast <to = 11> (rot_n)
-    rot_m2 = Sub (rot_n, two)
-    rot_m2_d = Cast <to = 11> (rot_m2)
-    power = Div (rot_d, rot_m2_d)
-    scale_pow = Pow (scale, power)
-    base = Mul (theta_d, scale_pow)
+"""
+    + _ntk_base_lines()
+    + """    one_d = Constant <value = double[1] {1.0}> ()
     even = Range (zero, rot_n, two)
     even_d = Cast <to = 11> (even)
     exponents = Div (even_d, rot_d)
@@ -174,6 +231,7 @@ _NTK = """
     row_turns = Div (inv_freq, two_pi_d)
     factor_f = Constant <value_float: float = 1.0> ()
 """
+)
 
 _ANGLES_FROM_TURNS = """
     pos_d = Cast <to = 11> (pos)

@@ -26,12 +26,14 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from posenc import rope_types as RT
 from posenc.errors import ConfigError
-from posenc.functional import RANGE_REDUCTION_MAX_POSITION, ROPE_LAYOUTS
+from posenc.functional import RANGE_REDUCTION_MAX_POSITION, ROPE_LAYOUTS, rope_inv_freq
 
 __all__ = [
     "ACTIVATION_DTYPES",
     "MAX_HEAD_DIM",
+    "NTK_ROPE_TYPE",
     "PLUGIN_NAMESPACE",
     "PLUGIN_VERSION",
     "TABLE_DTYPES",
@@ -51,6 +53,9 @@ MAX_HEAD_DIM = 1024
 
 ACTIVATION_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 TABLE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+NTK_ROPE_TYPE = "dynamic"
+"""The ``rope_type`` whose frequencies ``AngleSource.NTK`` computes in the kernel (from each row's length)."""
 
 TACTICS: Mapping[int, tuple[int, int]] = {1: (2, 1), 2: (4, 1), 3: (8, 2), 4: (16, 4), 5: (32, 8)}
 """TensorRT tactic id -> (heads per program ``BLOCK_H``, warps). TensorRT times them and keeps the fastest."""
@@ -196,15 +201,7 @@ class RopeKernelSpec:
                     f"longrope_original must be an int >= 0 (0 = one frequency set), got {self.longrope_original!r}."
                 )
         if self.angles is AngleSource.NTK:
-            _finite_positive(self.rope_theta, "rope_theta", "the RoPE base")
-            _finite_positive(self.factor, "factor", "the dynamic NTK scaling factor")
-            if not _is_int(self.max_position_embeddings) or self.max_position_embeddings < 1:
-                raise ConfigError(
-                    f"dynamic NTK needs max_position_embeddings >= 1 (the trained context), "
-                    f"got {self.max_position_embeddings!r}."
-                )
-            if self.rotary_dim <= 2:
-                raise ConfigError("dynamic NTK needs rotary_dim > 2 (its exponent is r / (r - 2)).")
+            rope_inv_freq(self.rotary_dim, self.rope_parameters())  # the rope_type's own validation
 
     # ------------------------------------------------------------------------------------------------
     # derived sizes
@@ -223,6 +220,15 @@ class RopeKernelSpec:
     def plugin_name(self) -> str:
         return self.angles.plugin_name
 
+    def rope_parameters(self) -> dict[str, Any]:
+        """``NTK``: the Hugging Face ``rope_parameters`` of the ``rope_type`` the kernel computes in-kernel."""
+        return {
+            "rope_type": NTK_ROPE_TYPE,
+            "rope_theta": self.rope_theta,
+            "factor": self.factor,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+
     @property
     def max_exact_position(self) -> int:
         """Largest position whose in-kernel angle is float32-exact (FREQ); tables have their own length."""
@@ -232,12 +238,13 @@ class RopeKernelSpec:
         """Compile-time constants of the Triton kernel for this spec.
 
         Float constants that the kernel uses in float64 (dynamic NTK) are passed as exact float32 hi/lo pairs,
-        because Triton materializes Python floats as float32.
+        because Triton materializes Python floats as float32. The dynamic-NTK constants are those of
+        :func:`posenc.rope_types.dynamic_ntk_base`: θ, factor, M and the exponent ``ntk_exponent(r)``.
         """
         if not _is_int(block_h) or block_h < 1 or block_h & (block_h - 1):
             raise ConfigError(f"block_h must be a power of two >= 1, got {block_h!r}.")
         log2_theta = math.log2(self.rope_theta) if self.angles is AngleSource.NTK else 0.0
-        power = self.rotary_dim / (self.rotary_dim - 2) if self.rotary_dim > 2 else 0.0
+        power = RT.ntk_exponent(self.rotary_dim) if self.rotary_dim > 2 else 0.0
         consts: dict[str, Any] = {
             "ANGLES": _ANGLE_CODES[self.angles],
             "POSITIONS": _POSITION_CODES[self.positions],
