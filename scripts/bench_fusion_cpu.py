@@ -34,6 +34,7 @@ from posenc import AttentionConfig, build_scheme, get_spec
 from posenc.export import export_module, export_onnx
 from posenc.graphs import optimize_file
 from posenc.schemes.base import Placement
+from posenc.validate import check_ort_parity
 
 
 class ProjectedRotation(nn.Module):
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> dict:
                 dynamic_dims=[{0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}],
             )
             for unit, source, shape in (("op", op.path, (b, h, s, d)), ("proj", proj, (b, s, h * d))):
-                fused = optimize_file(source, folder / f"{unit}_{layout}.ort.onnx", "ort-cpu")
+                fused = optimize_file(source, folder / f"{unit}_{layout}.ort.onnx", "ort-cpu", check=check_ort_parity)
                 feed = {
                     "q": rng.standard_normal(shape, dtype=np.float32),
                     "k": rng.standard_normal(shape, dtype=np.float32),

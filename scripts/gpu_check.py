@@ -64,7 +64,9 @@ def check_case(case: Any, folder: Path, skip_parity: bool, backend: str = "tenso
     row: dict[str, Any] = {"case": case.id}
     started = time.perf_counter()
     try:
-        onnx_path = graph_for(case, folder, CONFIG)
+        from posenc.validate import check_ort_parity
+
+        onnx_path = graph_for(case, folder, CONFIG, check=check_ort_parity)
         targets = ["sm89"] if backend == "tensorrt_rtx" else None
         engine = build_engine(onnx_path, folder / f"{case.id}.engine", targets=targets, backend=backend)
         row.update(build="ok", build_seconds=engine.manifest["build_seconds"], layers=engine.manifest["layers"])

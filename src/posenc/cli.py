@@ -84,6 +84,17 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def optimize_parity_check(before: bytes, after: bytes, info: object) -> dict[str, dict[str, float]]:
+    """The before/after check of ``posenc optimize``: :func:`posenc.validate.check_ort_parity`.
+
+    Composed here because ``posenc.graphs`` sits below ``posenc.validate`` and does not import it; imported on
+    use so that ``posenc --help`` does not load ONNX Runtime or polygraphy.
+    """
+    from posenc.validate.compare import check_ort_parity
+
+    return check_ort_parity(before, after, info)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posenc",
@@ -112,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_show)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    sub.choices["optimize"].set_defaults(parity_check=optimize_parity_check)
     return parser
 
 

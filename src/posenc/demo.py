@@ -168,8 +168,10 @@ def run_pipeline_job(job: PipelineJob) -> dict[str, Any]:
     def optimize(target: str) -> Callable[[], dict[str, Any]]:
         def run() -> dict[str, Any]:
             from posenc.graphs import optimize_file
+            from posenc.validate import check_ort_parity
 
-            result = optimize_file(paths["exported"], folder / f"{job.stem}.{target}.onnx", target)
+            output = folder / f"{job.stem}.{target}.onnx"
+            result = optimize_file(paths["exported"], output, target, check=check_ort_parity)
             paths[target] = result.path
             return {"path": str(result.path), "counts": result.counts, "passes": result.to_dict()["passes"]}
 

@@ -126,9 +126,10 @@ def test_inspect_reports_the_node_tensorrt_cannot_parse(tmp_path, capsys) -> Non
 def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
     from posenc.engine import check_parse
     from posenc.graphs import optimize_file
+    from posenc.validate import check_ort_parity
 
     source = _contrib_rope(tmp_path / "contrib.onnx")
-    result = optimize_file(source, tmp_path / "contrib.trt.onnx", "trt")
+    result = optimize_file(source, tmp_path / "contrib.trt.onnx", "trt", check=check_ort_parity)
     assert result.counts["convert_contrib_rope"] == 1
     assert result.parity is not None  # random feed of the graph's own types: no manifest here
     report = check_parse(result.path)

@@ -15,6 +15,7 @@ import pytest
 from posenc.engine.matrix import MatrixCase, build_case, matrix_cases
 from posenc.errors import PosencError
 from posenc.schemes import Placement, get_spec
+from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
@@ -51,7 +52,7 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
 @pytest.mark.parametrize("case", OP_CASES + BLOCK_CASES, ids=lambda c: c.id)
 def test_engine_builds_ahead_of_time(export_cache, case: MatrixCase) -> None:
     try:
-        result = build_case(case, export_cache, SMALL, targets=["sm89"])
+        result = build_case(case, export_cache, SMALL, targets=["sm89"], check=check_ort_parity)
     except PosencError as exc:
         if case.id in UNSUPPORTED:
             return

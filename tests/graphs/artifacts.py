@@ -9,6 +9,7 @@ import torch
 
 import posenc.functional as PF
 from posenc.engine.matrix import MatrixCase, exported, graph_for
+from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
 
 
@@ -17,7 +18,8 @@ def export_case(folder: Path, case: MatrixCase) -> Path:
 
 
 def fused_case(folder: Path, case: MatrixCase, target: str = "trt") -> Path:
-    return graph_for(MatrixCase(**{**case.__dict__, "graph": "fused"}), folder, SMALL, target)
+    fused = MatrixCase(**{**case.__dict__, "graph": "fused"})
+    return graph_for(fused, folder, SMALL, target, check=check_ort_parity)
 
 
 def count_rotations(path: Path, feed: dict[str, np.ndarray]) -> tuple[int, list[torch.Tensor]]:

@@ -62,9 +62,10 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
 def test_plugin_mode_replaces_the_rotation_pair(export_cache, tmp_path) -> None:
     pytest.importorskip("posenc.graphs.rope_plugin", reason="the RoPE plugin pass is not available")
     from posenc.graphs import optimize_file
+    from posenc.validate import check_ort_parity
 
     source = export_case(export_cache, BLOCKS[0])
-    result = optimize_file(source, tmp_path / "plugin.onnx", "trt", "plugin")
+    result = optimize_file(source, tmp_path / "plugin.onnx", "trt", "plugin", check=check_ort_parity)
     assert result.counts["fuse_rope"] == 2
     assert result.counts["rope_plugin"] == 1
     assert not nodes(result.model, "RotaryEmbedding")

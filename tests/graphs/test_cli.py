@@ -15,6 +15,7 @@ from posenc.errors import ConfigError, ModelFileError, ParityError
 from posenc.export import load_manifest, manifest_path_for
 from posenc.graphs import optimize as optimize_module
 from posenc.graphs import optimize_file
+from posenc.validate import check_ort_parity
 from tests.graphs.artifacts import export_case
 
 CASE = MatrixCase("rope", "precomputed", "float32", "op", case="partial")
@@ -97,7 +98,7 @@ def test_parity_failure_writes_nothing(exported, monkeypatch) -> None:
     monkeypatch.setattr(optimize_module.rope, "rope_for_tensorrt", wrong)
     out = exported.with_name("bad.onnx")
     with pytest.raises(ParityError, match="differs from the original"):
-        optimize_file(exported, out, "trt")
+        optimize_file(exported, out, "trt", check=check_ort_parity)
     assert not out.exists()
     assert not manifest_path_for(out).exists()
 
@@ -127,7 +128,7 @@ def test_parity_check_runs_bf16_graphs_and_short_tables(export_cache, tmp_path, 
     source = export_onnx(
         tmp_path / "rope.onnx", "rope", unit="op", config=config, dtype=dtype, max_positions=max_positions
     ).path
-    result = optimize_file(source, tmp_path / "rope.ort.onnx", "ort-cpu")
+    result = optimize_file(source, tmp_path / "rope.ort.onnx", "ort-cpu", check=check_ort_parity)
     assert result.counts["fuse_rope"] == 2
     assert set(result.parity) == {"q_rot", "k_rot"}
     assert load_manifest(result.path).dtype == dtype  # the new files verify against each other

@@ -22,8 +22,8 @@ def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:  #
     argv += ["--report", str(report), "--json", str(data), "--runs", str(runs)]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "| 2, 3, 1 | onnxrt-cpu | bias |" in text
-    assert "| 1, 5, 7 | onnxrt-cpu | bias |" in text
+    assert "| 2, 3, 1 | eager-fp64 | onnxrt-cpu | bias |" in text
+    assert "| 1, 5, 7 | eager-fp64 | onnxrt-cpu | bias |" in text
     assert report.read_text() in text
     assert json.loads(data.read_text())["passed"] is True
     assert runs.exists()

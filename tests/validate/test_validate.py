@@ -42,7 +42,7 @@ def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:  #
     assert all((r.atol, r.rtol) == (tol.atol, tol.rtol) for r in report.rows)
     assert all(r.max_abs <= tol.atol for r in report.rows)
     markdown = report.to_markdown()
-    assert "| 3, 5, 2 | onnxrt-cpu | k_rot |" in markdown
+    assert "| 3, 5, 2 | eager-fp64 | onnxrt-cpu | k_rot |" in markdown
     assert "PASS" in markdown
     written = report.save(tmp_path / "r.md", tmp_path / "r.json", tmp_path / "r.runs.json")
     assert [p.name for p in written] == ["r.md", "r.json", "r.runs.json"]

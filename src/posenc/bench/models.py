@@ -82,10 +82,11 @@ class ModelStore:
         if key not in self._optimized:
             source = self.exported(workload)
             from posenc.graphs import optimize_file
+            from posenc.validate import check_ort_parity
 
             destination = self.folder / f"{workload.key}.{target}.onnx"
             try:
-                notes = optimize_file(source, destination, target)
+                notes = optimize_file(source, destination, target, check=check_ort_parity)
             except PosencError as exc:
                 self._failures[key] = f"optimization for {target} failed: {exc}"
                 raise SkipCase(self._failures[key]) from None

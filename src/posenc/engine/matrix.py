@@ -13,9 +13,13 @@ import fcntl
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posenc.config import AttentionConfig
 from posenc.schemes import Placement, get_spec, specs
+
+if TYPE_CHECKING:
+    from posenc.graphs.optimize import ParityCheck
 
 GRAPHS: tuple[str, ...] = ("decomposed", "fused")
 DTYPES: tuple[str, ...] = ("float16", "float32")
@@ -108,8 +112,18 @@ def exported(case: MatrixCase, folder: str | os.PathLike[str], config: Attention
     return path
 
 
-def graph_for(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig, target: str = "trt") -> Path:
-    """The ONNX file of ``case``: the export itself (decomposed) or its ``posenc optimize`` output (fused)."""
+def graph_for(
+    case: MatrixCase,
+    folder: str | os.PathLike[str],
+    config: AttentionConfig,
+    target: str = "trt",
+    check: ParityCheck | None = None,
+) -> Path:
+    """The ONNX file of ``case``: the export itself (decomposed) or its ``posenc optimize`` output (fused).
+
+    ``check``: the before/after parity check of the optimization (e.g. :func:`posenc.validate.check_ort_parity`;
+    the engine layer does not import ``posenc.validate``, so callers pass it).
+    """
     from posenc.graphs.optimize import optimize_file
 
     source = exported(case, folder, config)
@@ -118,7 +132,7 @@ def graph_for(case: MatrixCase, folder: str | os.PathLike[str], config: Attentio
     path = source.with_name(f"{source.stem}.{target}.onnx")
     with _locked(path):
         if not path.exists():
-            optimize_file(source, path, target)
+            optimize_file(source, path, target, check=check)
     return path
 
 
@@ -129,10 +143,12 @@ def build_case(
     targets: Sequence[str] | None = ("sm89",),
     backend: str | None = None,
     profile: Sequence[str] | None = None,
+    check: ParityCheck | None = None,
 ):  # type: ignore[no-untyped-def]
-    """Export (+ optimize) and build ``case``; returns :class:`posenc.engine.EngineResult`."""
+    """Export (+ optimize, with the parity ``check`` of :func:`graph_for`) and build ``case``; returns
+    :class:`posenc.engine.EngineResult`."""
     from posenc.engine.build import build_engine
 
-    onnx_path = graph_for(case, folder, config)
+    onnx_path = graph_for(case, folder, config, check=check)
     engine = Path(folder) / f"{case.id}.engine"
     return build_engine(onnx_path, engine, targets=targets, backend=backend, profile=profile)

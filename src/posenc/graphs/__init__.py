@@ -3,8 +3,9 @@
 Public API::
 
     from posenc.graphs import optimize_file, optimize_model, inspect_model
+    from posenc.validate import check_ort_parity                           # the before/after check
 
-    result = optimize_file("rope.onnx", "rope.trt.onnx", target="trt")    # + rope.trt.manifest.json
+    result = optimize_file("rope.onnx", "rope.trt.onnx", target="trt", check=check_ort_parity)
     result.counts            # {"fold_constants": 3, "fuse_rope": 2, "fuse_partial_rope": 0, ...}
     report = inspect_model("rope.trt.onnx")                                # ops, bytes, fusions, TRT parse
 
@@ -12,6 +13,8 @@ Each pass rewrites an ``onnx_ir.Model`` in place with onnxscript's pattern rewri
 count: :func:`fold_constants`, :func:`convert_contrib_rope`, :func:`fuse_rope`, :func:`fuse_partial_rope`,
 :func:`rope_to_3d` (ONNX Runtime CPU layout), :func:`rope_for_tensorrt`, :func:`fuse_attention`,
 :func:`fold_causal_into_mask`. :func:`optimize_model` chains them per target (``ort-cpu``, ``trt``).
+:func:`optimize_file` checks parity before/after with the caller's ``check`` (``posenc optimize`` passes
+:func:`posenc.validate.check_ort_parity`; this layer does not import ``posenc.validate``).
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_FOLD_LIMIT": "posenc.graphs.choices",
     "InspectReport": "posenc.graphs.inspect",
     "OptimizeResult": "posenc.graphs.optimize",
+    "ParityCheck": "posenc.graphs.optimize",
     "PassRecord": "posenc.graphs.optimize",
     "ROPE_MODES": "posenc.graphs.choices",
     "TARGETS": "posenc.graphs.choices",
-    "check_ort_parity": "posenc.graphs.optimize",
     "cleanup": "posenc.graphs.fold",
     "convert_contrib_rope": "posenc.graphs.rope",
     "fold_causal_into_mask": "posenc.graphs.attention",

@@ -1,4 +1,8 @@
-"""``posenc optimize`` and ``posenc inspect``."""
+"""``posenc optimize`` and ``posenc inspect``.
+
+The parity check of ``posenc optimize`` comes from :mod:`posenc.cli` (``parity_check`` default of the
+subcommand, :func:`posenc.validate.check_ort_parity`), since the graph layer does not import validate.
+"""
 
 from __future__ import annotations
 
@@ -28,9 +32,8 @@ def _optimize(args: argparse.Namespace) -> int:
     from posenc.graphs.optimize import optimize_file
 
     output = Path(args.output) if args.output else _default_output(Path(args.model), args.target)
-    result = optimize_file(
-        args.model, output, args.target, args.rope, check_parity=not args.no_parity, fold_limit=args.fold_limit
-    )
+    check = None if args.no_parity else args.parity_check
+    result = optimize_file(args.model, output, args.target, args.rope, check=check, fold_limit=args.fold_limit)
     if args.json:
         print(json.dumps({**result.to_dict(), "path": str(result.path), "manifest": str(result.manifest_path)}))
         return 0
@@ -86,7 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-parity", action="store_true", help="skip the ONNX Runtime check before/after")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
-    p.set_defaults(func=_optimize)
+    # parity_check: the before/after check (posenc.graphs.optimize.ParityCheck). posenc.cli sets it to
+    # posenc.validate's; this layer does not import posenc.validate.
+    p.set_defaults(func=_optimize, parity_check=None)
 
     p = subparsers.add_parser(
         "inspect",

@@ -7,7 +7,8 @@ added by later stages survive) and adds an ``optimized`` record::
                   "passes": [{"name": "fuse_rope", "count": 2}, ...], "parity": {...}}
 
 ONNX files without a manifest (models from elsewhere) still optimize; their new manifest holds only the
-``optimized`` record (format ``posenc.graphs/1``) and parity then uses random feeds and dtype tolerances.
+``optimized`` record (format ``posenc.graphs/1``); the parity check (the caller's, see
+:data:`posenc.graphs.optimize.ParityCheck`) then uses random feeds and dtype tolerances.
 """
 
 from __future__ import annotations
@@ -16,25 +17,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from posenc.errors import ConfigError, ModelFileError
-from posenc.export import FeedShape, make_feed, manifest_path_for, weights_path_for
+from posenc.errors import ModelFileError
+from posenc.export import manifest_path_for, weights_path_for
 from posenc.export.files import sha256_file
 from posenc.export.manifest import Manifest, read_manifest_json
-from posenc.schemes import DEFAULT_TOLERANCES, Tolerance
-from posenc.validate.tolerance import tolerance_for
 
 GRAPHS_FORMAT = "posenc.graphs/1"
-
-_ORT_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(bool)": np.bool_,
-}
 
 
 @dataclasses.dataclass
@@ -65,46 +53,6 @@ class ModelInfo:
     @property
     def dtype(self) -> str:
         return self.manifest.dtype if self.manifest is not None else "float32"
-
-    def tolerance(self, output: str) -> Tolerance:
-        """The tolerance of ``output`` in its own dtype: the scheme's when known, else the dtype default."""
-        dtype = self.dtype
-        if self.manifest is not None:
-            dtype = next((o.dtype for o in self.manifest.outputs if o.name == output), dtype)
-            try:
-                return tolerance_for(self.manifest.scheme, dtype, output)
-            except ConfigError:  # a scheme this posenc does not know (manifest from a newer version)
-                pass
-        return DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
-
-    def feed(self, session: Any, shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
-        """Inputs for ``session``: the manifest's realistic feed, else random data of the graph's types."""
-        if self.manifest is not None:
-            batch, seq, past = shape
-            return make_feed(self.manifest, FeedShape(batch=batch, seq=seq, past=past))
-        return random_feed(session, shape)
-
-
-def random_feed(session: Any, shape: tuple[int, int, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for an ONNX Runtime session; symbolic dims get ``seq`` (``batch`` for the first axis).
-
-    Integer inputs get ``arange`` rows (position-id-like), floats standard-normal values.
-    """
-    batch, seq, _ = shape
-    rng = np.random.default_rng(seed)
-    feed: dict[str, np.ndarray] = {}
-    for spec in session.get_inputs():
-        dims = [d if isinstance(d, int) else (batch if axis == 0 else seq) for axis, d in enumerate(spec.shape)]
-        np_type = _ORT_TYPES.get(spec.type)
-        if np_type is None:
-            raise ModelFileError(f"input {spec.name!r} has type {spec.type}, which posenc cannot feed; pass a feed.")
-        if np.issubdtype(np_type, np.integer):
-            feed[spec.name] = np.broadcast_to(np.arange(dims[-1] if dims else 1), dims).astype(np_type).copy()
-        elif np_type is np.bool_:
-            feed[spec.name] = np.ones(dims, dtype=bool)
-        else:
-            feed[spec.name] = rng.standard_normal(dims).astype(np_type)
-    return feed
 
 
 def read_raw_manifest(onnx_path: str | Path) -> dict[str, Any] | None:

@@ -10,6 +10,9 @@ Targets:
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
+
+The before/after parity check is the caller's :data:`ParityCheck` (``posenc optimize`` passes
+:func:`posenc.validate.check_ort_parity`): this layer sits below ``posenc.validate`` and does not import it.
 """
 
 from __future__ import annotations
@@ -22,18 +25,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
-from posenc.errors import ConfigError, ModelFileError, ParityError
+from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.graphs import attention, fold, model_io, rope
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
 
 MIN_FUSION_OPSET = 23
-PARITY_SHAPE = (2, 5, 0)
-"""(batch, seq, past) of the parity feed: sizes unlike the export sample, so dynamic dims are exercised."""
+
+ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, dict[str, float]]]
+"""``check(before, after, info) -> {output: {"max_abs_diff", "atol", "rtol"}}``: runs the serialized models
+before and after optimization and raises :class:`~posenc.errors.ParityError` when an output moved.
+posenc's is :func:`posenc.validate.check_ort_parity` (ONNX Runtime CPU; the graph layer does not import
+``posenc.validate``, so callers pass it in)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +165,7 @@ def optimize_model(
 
 
 # --------------------------------------------------------------------------------------------------
-# Files: load, optimize, check parity on ONNX Runtime CPU, write model + manifest atomically
+# Files: load, optimize, check parity with the caller's check, write model + manifest atomically
 # --------------------------------------------------------------------------------------------------
 
 
@@ -169,7 +175,7 @@ def optimize_file(
     target: str,
     rope_mode: str = "fused",
     *,
-    check_parity: bool = True,
+    check: ParityCheck | None = None,
     fold_limit: int = DEFAULT_FOLD_LIMIT,
 ) -> OptimizeResult:
     """Optimize an ONNX file for ``target`` and write it with its manifest (and weights) beside it.
@@ -177,10 +183,15 @@ def optimize_file(
     The manifest of ``source`` (from ``posenc export``) is carried over with the new hash and an
     ``optimized`` record (target, rope mode, each pass and its match count, parity before/after).
 
+    Args:
+        check: the before/after parity check (e.g. :func:`posenc.validate.check_ort_parity`, which
+            ``posenc optimize`` uses unless ``--no-parity``); run when the optimized graph has only
+            ONNX Runtime domains. ``None``: no check (``result.parity`` stays ``None``).
+
     Raises:
         ModelFileError: ``source`` is missing or not ONNX; ``output`` equals ``source``.
-        ParityError: the optimized graph's outputs differ from the original's on ONNX Runtime CPU by more
-            than the scheme's tolerance (nothing is written then).
+        ParityError: raised by ``check`` (e.g. the optimized graph's outputs differ from the original's on
+            ONNX Runtime CPU by more than the scheme's tolerance); nothing is written then.
     """
     source, output = Path(source), Path(output)
     if source.resolve() == output.resolve():
@@ -190,8 +201,8 @@ def optimize_file(
     original = model_io.model_to_proto(model).SerializeToString()
     result = optimize_model(model, target, rope_mode, fold_limit)
     optimized = model_io.model_to_proto(result.model).SerializeToString()
-    if check_parity and _runs_on_ort(result.model):
-        result.parity = check_ort_parity(original, optimized, info)
+    if check is not None and _runs_on_ort(result.model):
+        result.parity = check(original, optimized, info)
     weights = info.weights_path if info.weights_path is not None and info.weights_path.exists() else None
     new_weights = info.weights_path_for(output) if weights is not None else None
     copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
@@ -211,75 +222,3 @@ def _runs_on_ort(model: ir.Model) -> bool:
     """False when a node is in a domain ONNX Runtime cannot run without extra registration."""
     known = {"", "ai.onnx", "com.microsoft"} | {f.domain for f in model.functions.values()}
     return all(node.domain in known for node in model.graph)
-
-
-def check_ort_parity(before: bytes, after: bytes, info: ModelInfo) -> dict[str, dict[str, float]]:
-    """Run both serialized models on ONNX Runtime CPU with one feed; raise if an output moved.
-
-    bf16 graphs run emulated (:func:`posenc.validate.bf16.emulate_bf16`: float32 arithmetic, bf16 rounding),
-    since ONNX Runtime CPU has no bf16 kernels. The feed fits a short precomputed table.
-
-    Returns:
-        ``{output name: {"max_abs_diff", "atol", "rtol"}}``.
-
-    Raises:
-        ParityError: an output moved outside its tolerance (:func:`posenc.validate.tolerance.outside_tolerance`),
-            or ONNX Runtime cannot run one of the graphs (use ``--no-parity`` and validate on the target).
-    """
-    import onnxruntime as ort
-
-    from posenc.validate.tolerance import outside_tolerance
-
-    models = [before, after]
-    emulated = info.dtype == "bfloat16"
-    if emulated:
-        import onnx
-
-        from posenc.validate.bf16 import emulate_bf16
-
-        models = [emulate_bf16(onnx.load_from_string(m)).SerializeToString() for m in models]
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        sessions = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"]) for m in models]
-        feed = info.feed(sessions[0], _parity_shape(info))
-        if emulated:  # bf16 values carried exactly as float32
-            feed = {k: v.astype(np.float32) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v
-                    for k, v in feed.items()}  # fmt: skip
-        names = [o.name for o in sessions[0].get_outputs()]
-        reference, optimized = (s.run(names, feed) for s in sessions)
-    except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidArgument, ...)
-        raise ParityError(
-            f"ONNX Runtime CPU could not run the graph before/after optimization ({type(exc).__name__}: "
-            f"{str(exc)[:300]}); nothing was written. Optimize with --no-parity and validate on the target."
-        ) from None
-    report: dict[str, dict[str, float]] = {}
-    for name, ref, got in zip(names, reference, optimized, strict=True):
-        tol = info.tolerance(name)
-        ref64, got64 = np.asarray(ref, dtype=np.float64), np.asarray(got, dtype=np.float64)
-        if ref64.shape != got64.shape:
-            raise ParityError(f"output {name!r} changed shape {ref64.shape} -> {got64.shape}; this is a pass bug.")
-        diff = np.abs(got64 - ref64)
-        report[name] = {
-            "max_abs_diff": float(diff[np.isfinite(ref64)].max(initial=0.0)),
-            "atol": tol.atol,
-            "rtol": tol.rtol,
-        }
-        if outside_tolerance(got64, ref64, tol).any():
-            raise ParityError(
-                f"output {name!r} of the optimized graph differs from the original by "
-                f"{report[name]['max_abs_diff']:.3g} "
-                f"(tolerance atol={tol.atol:g}, rtol={tol.rtol:g}) on ONNX Runtime CPU; nothing was written. "
-                f"Use --rope keep to skip the RoPE fusion, and report the graph."
-            )
-    return report
-
-
-def _parity_shape(info: ModelInfo) -> tuple[int, int, int]:
-    """:data:`PARITY_SHAPE`, shrunk to fit the manifest's precomputed table (past first, then seq)."""
-    batch, seq, past = PARITY_SHAPE
-    limit = info.manifest.max_positions if info.manifest is not None else None
-    if limit is not None:
-        seq = min(seq, limit)
-        past = min(past, limit - seq)
-    return batch, seq, past

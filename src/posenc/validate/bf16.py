@@ -12,12 +12,20 @@ API cannot even feed bf16 arrays. posenc therefore checks a bf16 graph in two wa
    how bf16 kernels behave (fp32 accumulation, bf16 storage). ONNX Runtime CPU runs the emulated
    graph; polygraphy compares it with the float64 eager reference at the scheme's bf16 tolerance.
 
+:func:`prepare_for_ort` is the one entry point every ONNX Runtime comparison goes through (``posenc
+validate``, the position sweep, the before/after check of ``posenc optimize``): it leaves other graphs
+alone, and for a bf16 graph returns the emulated model and its feeds with bf16 inputs carried (exactly)
+as float32.
+
 Native bf16 execution is checked on TensorRT (GPU machines; ``posenc`` engine stage), whose
 precision follows the graph's dtypes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,3 +121,77 @@ def check_bf16_structure(model: Any) -> list[str]:
         if elem not in (_BF16, onnx.TensorProto.INT64):
             findings.append(f"{value.name} is {onnx.TensorProto.DataType.Name(elem)}, not BFLOAT16")
     return findings
+
+
+EMULATION_NOTE = (
+    "bf16: ONNX Runtime CPU has no bf16 kernels; the graph ran with float32 arithmetic and bf16 rounding "
+    "at every bf16 value (posenc.validate.bf16). Native bf16 runs on TensorRT."
+)
+
+
+@dataclasses.dataclass
+class OrtModel:
+    """A model and its feeds, ready for ONNX Runtime CPU.
+
+    Attributes:
+        model: the path or serialized bytes ONNX Runtime loads (``SessionFromOnnx`` takes either).
+        feeds: the feeds, bf16 inputs as float32 when ``emulated``.
+        emulated: the graph is bf16 and runs emulated (:func:`emulate_bf16`).
+        notes: structural findings and how the graph ran (empty for other graphs).
+    """
+
+    model: str | bytes
+    feeds: list[dict[str, np.ndarray]]
+    emulated: bool = False
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        """``"bf16-emulated"`` or ``"numeric"``."""
+        return "bf16-emulated" if self.emulated else "numeric"
+
+
+def is_bf16(model: Any) -> bool:
+    """True when an ``onnx.ModelProto`` has a bfloat16 input, output or initializer."""
+    values = [*model.graph.input, *model.graph.output]
+    return any(v.type.tensor_type.elem_type == _BF16 for v in values) or any(
+        init.data_type == _BF16 for init in model.graph.initializer
+    )
+
+
+def load_proto(model: str | os.PathLike[str] | bytes) -> Any:
+    """The ``onnx.ModelProto`` of a path or of serialized bytes."""
+    import onnx
+
+    return onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
+
+
+def prepare_for_ort(
+    model: str | os.PathLike[str] | bytes,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    *,
+    proto: Any = None,
+    check_structure: bool = False,
+) -> OrtModel:
+    """``model`` and ``feeds`` as ONNX Runtime CPU can run them: unchanged, or bf16-emulated.
+
+    Args:
+        model: path or serialized ONNX model.
+        feeds: ``{input name: array}`` per run, in the graph's dtypes (bf16 arrays for bf16 inputs).
+        proto: ``model`` already parsed (``onnx.ModelProto``), to save loading it again.
+        check_structure: for bf16 graphs, also run :func:`check_bf16_structure` (findings become notes).
+
+    Returns:
+        :class:`OrtModel`.
+    """
+    proto = proto if proto is not None else load_proto(model)
+    source = model if isinstance(model, bytes) else str(model)
+    if not is_bf16(proto):
+        return OrtModel(source, [dict(feed) for feed in feeds])
+    notes = check_bf16_structure(proto) if check_structure else []
+    bf16_inputs = {v.name for v in proto.graph.input if v.type.tensor_type.elem_type == _BF16}
+    carried = [
+        {name: (np.asarray(a).astype(np.float32) if name in bf16_inputs else a) for name, a in feed.items()}
+        for feed in feeds
+    ]
+    return OrtModel(emulate_bf16(proto).SerializeToString(), carried, emulated=True, notes=[*notes, EMULATION_NOTE])

@@ -1,10 +1,10 @@
-"""Parity of an exported model against the float64 eager reference, through polygraphy.
+"""Parity of an exported model against its references (default: the float64 eager posenc reference).
 
-For each :class:`~posenc.export.FeedShape` the feed (realistic position ids, random activations in
-the graph dtype) goes through the runners (ONNX Runtime, or any polygraphy runner such as a
-``TrtRunner``) and through :class:`~posenc.validate.runners.EagerTorchRunner`; ``Comparator.run``
-collects the outputs and ``Comparator.compare_accuracy`` with ``SimpleCompareFunc`` (per-output
-atol/rtol from :mod:`posenc.validate.tolerance`, ``check_error_stat="elemwise"``) decides.
+A thin user of :mod:`posenc.validate.compare`: shapes and feeds from :mod:`posenc.validate.feeds`
+(realistic position ids, random activations in the graph dtype), bf16 graphs through
+:func:`posenc.validate.bf16.prepare_for_ort`, the runtimes under test (ONNX Runtime, or any polygraphy
+runner such as a ``TrtRunner``) as candidates, and :func:`~posenc.validate.compare.compare` for the
+rows and the verdict (:func:`posenc.validate.tolerance.outside_tolerance`).
 """
 
 from __future__ import annotations
@@ -16,78 +16,47 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from posenc.errors import BackendUnavailable, ConfigError
+from posenc.errors import ConfigError
 from posenc.export.files import write_text_atomic
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_feed, check_model_file, load_eager, ort_providers
-from posenc.export.units import FeedShape, make_feed
+from posenc.export.runtime import check_model_file, load_eager, ort_providers
+from posenc.export.units import FeedShape
 from posenc.schemes.base import Tolerance
-from posenc.validate.runners import REFERENCE_NAME, EagerTorchRunner, onnxrt_runner, session_from_onnx
-from posenc.validate.tolerance import outside_tolerance, tolerances_for
+from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
+from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
+from posenc.validate.runners import ort_runner
+from posenc.validate.tolerance import tolerances_for
 
-DEFAULT_SHAPES: tuple[FeedShape, ...] = (
-    FeedShape(batch=1, seq=1, past=0),
-    FeedShape(batch=3, seq=7, past=0),
-    FeedShape(batch=2, seq=1, past=9),
-    FeedShape(batch=2, seq=13, past=5),
-)
-"""Shapes other than the export sample (2, 4, 3): one token, odd prefill with batch 3, decode after 9
-cached tokens, a prefill longer than the sample after 5 cached tokens."""
+__all__ = [
+    "DEFAULT_SHAPES",
+    "EAGER",
+    "OutputParity",
+    "ParityReport",
+    "default_shapes",
+    "validate_onnx",
+]
 
+OutputParity = ComparisonRow
+"""One output at one shape against one reference (the name parity reports used before the rows named
+their reference)."""
 
-def default_shapes(manifest: Manifest) -> list[FeedShape]:
-    """:data:`DEFAULT_SHAPES`, shrunk (past first, then seq) to fit a short precomputed table."""
-    limit = manifest.max_positions
-    if limit is None:
-        return list(DEFAULT_SHAPES)
-    shapes: list[FeedShape] = []
-    for shape in DEFAULT_SHAPES:
-        seq = min(shape.seq, limit)
-        fitted = FeedShape(shape.batch, seq, min(shape.past, limit - seq))
-        if fitted not in shapes:
-            shapes.append(fitted)
-    return shapes
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputParity:
-    """One output at one shape: the largest errors against the reference and the verdict."""
-
-    shape: FeedShape
-    runner: str
-    output: str
-    max_abs: float
-    max_rel: float
-    atol: float
-    rtol: float
-    passed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": dataclasses.asdict(self.shape),
-            "runner": self.runner,
-            "output": self.output,
-            "max_abs_error": self.max_abs,
-            "max_rel_error": self.max_rel,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "passed": self.passed,
-        }
+EAGER = "eager"
+"""``validate_onnx(references=...)`` name of the float64 eager posenc reference (rebuilt from the manifest
+and weights beside the model; runner name :data:`~posenc.validate.runners.REFERENCE_NAME`)."""
 
 
 @dataclasses.dataclass
-class ParityReport:
-    """Result of :func:`validate_onnx`.
+class ParityReport(Verdict):
+    """Result of :func:`validate_onnx` (``passed`` / ``failures()``: see :class:`~posenc.validate.compare.Verdict`).
 
     Attributes:
         model: path of the ONNX file.
         manifest: its manifest.
-        rows: one :class:`OutputParity` per (shape, runner, output).
+        rows: one :class:`OutputParity` per (shape, reference, runner, output).
         mode: ``"numeric"``, or ``"bf16-emulated"`` (see :mod:`posenc.validate.bf16`).
         notes: remarks of the exporter, the bf16 emulation and structural checks.
-        run_results: polygraphy ``RunResults`` of all shapes (reference first).
+        run_results: polygraphy ``RunResults`` of all shapes (references first, one iteration per shape).
+        references: the references the rows name (description, overrides, informational or not).
     """
 
     model: str
@@ -96,13 +65,7 @@ class ParityReport:
     mode: str = "numeric"
     notes: list[str] = dataclasses.field(default_factory=list)
     run_results: Any = None
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.rows) and all(row.passed for row in self.rows)
-
-    def failures(self) -> list[OutputParity]:
-        return [row for row in self.rows if not row.passed]
+    references: list[Reference] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
@@ -113,7 +76,7 @@ class ParityReport:
             "dtype": m.dtype,
             "table_mode": m.table_mode,
             "opset": m.opset,
-            "reference": REFERENCE_NAME,
+            "references": [ref.to_dict() for ref in self.references],
             "mode": self.mode,
             "passed": self.passed,
             "rows": [row.to_dict() for row in self.rows],
@@ -121,22 +84,31 @@ class ParityReport:
         }
 
     def to_markdown(self) -> str:
-        """A Markdown table: per shape and output, max abs/rel error, tolerance and verdict."""
+        """A Markdown table: per shape, reference, runner and output, max abs/rel error, tolerance and verdict."""
         m = self.manifest
         verdict = "PASS" if self.passed else "FAIL"
         lines = [
             f"### Parity: {m.scheme} ({m.unit}, {m.dtype}, {m.table_mode}, opset {m.opset}) — {verdict}",
             "",
-            f"Model `{self.model}` against {REFERENCE_NAME} (float64 eager PyTorch on CPU), mode: {self.mode}.",
+            f"Model `{self.model}`, mode: {self.mode}. References:",
             "",
-            "| shape (B, S, P) | runner | output | max abs error | max rel error | atol | rtol | result |",
-            "|---|---|---|---:|---:|---:|---:|---|",
+            *[
+                f"- `{ref.name}`: {ref.description}{' (informational: not part of the verdict)' * ref.informational}"
+                for ref in self.references
+            ],
+            "",
+            "| shape (B, S, P) | reference | runner | output | max abs error | max rel error | atol | rtol | result |",
+            "|---|---|---|---|---:|---:|---:|---:|---|",
         ]
         for row in self.rows:
             s = row.shape
+            shape = f"{s.batch}, {s.seq}, {s.past}" if s is not None else f"feed {row.feed}"
+            result = "pass" if row.passed else "**FAIL**"
+            if row.informational:
+                result = "info: " + ("within" if row.passed else "beyond") + " tolerance"
             lines.append(
-                f"| {s.batch}, {s.seq}, {s.past} | {row.runner} | {row.output} | {row.max_abs:.3e} | "
-                f"{row.max_rel:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {'pass' if row.passed else '**FAIL**'} |"
+                f"| {shape} | {row.reference} | {row.runner} | {row.output} | {row.max_abs:.3e} | "
+                f"{row.max_rel:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {result} |"
             )
         if self.notes:
             lines += ["", *[f"- {note}" for note in self.notes]]
@@ -161,17 +133,6 @@ class ParityReport:
         return written
 
 
-def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
-    got64, ref64 = got.astype(np.float64), ref.astype(np.float64)
-    if got64.size == 0:
-        return 0.0
-    denom = np.abs(ref64)
-    err = np.abs(got64 - ref64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(denom > 0, err / np.where(denom > 0, denom, 1.0), np.where(err > 0, np.inf, 0.0))
-    return float(rel.max())
-
-
 def validate_onnx(
     path: str | os.PathLike[str],
     *,
@@ -182,19 +143,24 @@ def validate_onnx(
     seed: int = 0,
     manifest: Manifest | None = None,
     quiet: bool = True,
+    references: Sequence[Reference | str] = (EAGER,),
 ) -> ParityReport:
-    """Compare an exported model with its float64 eager reference at several shapes.
+    """Compare an exported model with its references at several shapes.
 
     Args:
         path: the ONNX file; its manifest and weights must lie beside it.
         shapes: feed sizes (default :func:`default_shapes`: S = 1, odd S, S longer than the export
             sample, decode with past > 0, batch > 1).
-        runners: ``"onnxrt"`` and/or polygraphy runner instances (e.g. a ``TrtRunner``) to compare.
+        runners: the candidates: ``"onnxrt"`` and/or polygraphy runner instances (e.g. a ``TrtRunner``
+            from :func:`posenc.engine.engine_runner`).
         providers: ONNX Runtime providers (default: CUDA when present, then CPU).
-        tolerances: per-output overrides of the tolerance policy.
+        tolerances: per-output overrides of the tolerance policy (a reference's own overrides win for its rows).
         seed: seed of the random activations.
         manifest: an already loaded manifest (default: read and hash-verified from beside ``path``).
         quiet: silence polygraphy's logging.
+        references: :data:`EAGER` (the float64 eager posenc reference, built from the manifest and weights)
+            and/or :class:`~posenc.validate.compare.Reference` instances, e.g. a
+            :class:`~posenc.validate.runners.TorchModuleRunner` around another implementation.
 
     Returns:
         :class:`ParityReport` (``.passed``, ``.to_markdown()``, ``.save(...)``).
@@ -203,11 +169,9 @@ def validate_onnx(
         ModelFileError: missing/corrupt ONNX file, manifest or weights, or hash mismatch.
         PositionError: a shape reaches past the precomputed table.
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
+        ConfigError: no shapes, no references, or an unknown runner / reference name.
     """
-    import onnx
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
-    from polygraphy.comparator.struct import RunResults
-    from polygraphy.logger import G_LOGGER
+    from posenc.validate.bf16 import prepare_for_ort
 
     path = Path(path)
     check_model_file(path)
@@ -215,62 +179,34 @@ def validate_onnx(
     shapes = list(shapes) if shapes is not None else default_shapes(manifest)
     if not shapes:
         raise ConfigError("validate_onnx needs at least one FeedShape.")
-    reference, _ = load_eager(path, manifest=manifest)
-    notes: list[str] = list(manifest.notes)
-    providers = list(providers or ort_providers())
-    mode = "numeric"
-    emulated = manifest.dtype == "bfloat16"
-    model_source: str | bytes = str(path)
-    if emulated:
-        from posenc.validate.bf16 import check_bf16_structure, emulate_bf16
-
-        proto = onnx.load(str(path))
-        notes += check_bf16_structure(proto)
-        model_source = emulate_bf16(proto).SerializeToString()
-        mode = "bf16-emulated"
-        notes.append(
-            "bf16: ONNX Runtime CPU has no bf16 kernels; the graph ran with float32 arithmetic and bf16 rounding "
-            "at every bf16 value (posenc.validate.bf16). Native bf16 runs on TensorRT."
-        )
-    feeds = [_feed(manifest, shape, seed + i, emulated) for i, shape in enumerate(shapes)]
-    for feed in feeds:
-        check_feed(manifest, _as_graph_dtypes(manifest, feed) if emulated else feed)
+    if not references:
+        raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
+    prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
+    refs = [_reference(ref, path, manifest, prepared.feeds[0]) for ref in references]
+    candidates = _candidates(runners, prepared.model, list(providers or ort_providers()), quiet)
     tols = tolerances_for(manifest.scheme, {o.name: o.dtype for o in manifest.outputs}, tolerances)
-    compare = SimpleCompareFunc(
-        atol={name: t.atol for name, t in tols.items()},
-        rtol={name: t.rtol for name, t in tols.items()},
-        check_error_stat="elemwise",
+    comparison = compare(refs, candidates, prepared.feeds, tols, shapes=shapes, quiet=quiet)
+    return ParityReport(
+        str(path),
+        manifest,
+        comparison.rows,
+        mode=prepared.mode,
+        notes=[*manifest.notes, *prepared.notes],
+        run_results=comparison.run_results,
+        references=refs,
     )
-    merged: dict[str, list[Any]] = {}
-    rows: list[OutputParity] = []
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL if quiet else G_LOGGER.INFO):
-        backends = _backends(runners, model_source, providers)
-        for shape, feed in zip(shapes, feeds, strict=True):
-            feed_dtypes = {k: v.dtype for k, v in feed.items()}
-            eager = EagerTorchRunner(reference, manifest, shape, feed_dtypes)
-            results = Comparator.run([eager, *backends], data_loader=[feed])
-            for name, iterations in results.items():
-                merged.setdefault(name, []).extend(iterations)
-            accuracy = Comparator.compare_accuracy(results, compare_func=compare)
-            rows += _rows(shape, results, accuracy, tols)
-    run_results = RunResults(list(merged.items()))
-    return ParityReport(str(path), manifest, rows, mode=mode, notes=notes, run_results=run_results)
 
 
-def _feed(manifest: Manifest, shape: FeedShape, seed: int, emulated: bool) -> dict[str, np.ndarray]:
-    feed = make_feed(manifest, shape, seed=seed)
-    if emulated:  # bf16 values carried as float32 (exact)
-        feed = {k: (v.astype(np.float32) if v.dtype.kind not in "iu" else v) for k, v in feed.items()}
-    return feed
+def _reference(ref: Reference | str, path: Path, manifest: Manifest, feed: Mapping[str, Any]) -> Reference:
+    if isinstance(ref, Reference):
+        return ref
+    if ref == EAGER:
+        module, _ = load_eager(path, manifest=manifest)
+        return eager_reference(module, manifest, feed)
+    raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
 
 
-def _as_graph_dtypes(manifest: Manifest, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from posenc.export.units import NUMPY_DTYPES
-
-    return {k: v.astype(NUMPY_DTYPES[manifest.input(k).dtype]) for k, v in feed.items()}
-
-
-def _backends(runners: Sequence[Any], model: str | bytes, providers: Sequence[str]) -> list[Any]:
+def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str], quiet: bool) -> list[Any]:
     from polygraphy.backend.base import BaseRunner
 
     built = []
@@ -278,41 +214,7 @@ def _backends(runners: Sequence[Any], model: str | bytes, providers: Sequence[st
         if isinstance(runner, BaseRunner):
             built.append(runner)
         elif runner == "onnxrt":
-            try:
-                session = session_from_onnx(model, providers)
-            except Exception as exc:
-                text = str(exc)
-                if "NOT_IMPLEMENTED" in text:
-                    raise BackendUnavailable(f"ONNX Runtime lacks a kernel for this graph: {text[:300]}") from None
-                raise
-            label = "onnxrt-cuda" if providers and providers[0].startswith("CUDA") else "onnxrt-cpu"
-            built.append(onnxrt_runner(session, name=label))
+            built.append(ort_runner(model, providers, quiet=quiet))
         else:
             raise ConfigError(f"unknown runner {runner!r}; use 'onnxrt' or a polygraphy BaseRunner instance.")
     return built
-
-
-def _rows(shape: FeedShape, results: Any, accuracy: Any, tols: Mapping[str, Tolerance]) -> list[OutputParity]:
-    reference = dict(results.items())[REFERENCE_NAME][0]
-    rows = []
-    pairs = [item for result in accuracy for item in result.items()]
-    for (name0, name1), iterations in pairs:
-        other = name1 if name0 == REFERENCE_NAME else name0
-        got = dict(results.items())[other][0]
-        for output, verdict in iterations[0].items():
-            tol = tols[output]
-            ref, out = np.asarray(reference[output]), np.asarray(got[output])
-            max_abs = float(np.abs(out.astype(np.float64) - ref).max()) if ref.size else 0.0
-            rows.append(
-                OutputParity(
-                    shape=shape,
-                    runner=other,
-                    output=output,
-                    max_abs=max_abs,
-                    max_rel=_relative_error(out, ref),
-                    atol=tol.atol,
-                    rtol=tol.rtol,
-                    passed=bool(verdict) and not outside_tolerance(out, ref, tol).any(),
-                )
-            )
-    return rows

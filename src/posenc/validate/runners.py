@@ -1,16 +1,21 @@
-"""polygraphy runners: eager PyTorch (float64 reference on CPU) and ONNX Runtime.
+"""polygraphy runners of posenc comparisons: PyTorch callables (the float64 eager reference) and ONNX Runtime.
 
-:class:`EagerTorchRunner` rebuilds nothing itself: it is given the unit module (float64 weights and
-float64 tables, see :func:`posenc.export.load_eager`) and the manifest, upcasts each feed to float64
-(position ids stay int64) and returns float64 outputs named like the graph's. polygraphy's own
-``PytRunner`` moves tensors to CUDA, so it cannot serve as a CPU reference.
+- :class:`TorchModuleRunner`: any PyTorch callable ``fn(feed) -> {output name: Tensor | ndarray}`` as a
+  polygraphy runner (CPU, no autograd). This is the slot for references from outside posenc, e.g. the
+  checkpoint's own transformers attention module.
+- :class:`EagerTorchRunner`: the float64 eager posenc reference. It is given the unit module (float64
+  weights and tables, see :func:`posenc.export.load_eager`) and the manifest, upcasts each feed to float64
+  (position ids stay int64) and returns float64 outputs named like the graph's. polygraphy's own
+  ``PytRunner`` moves tensors to CUDA, so it cannot serve as a CPU reference.
+- :func:`ort_runner`: polygraphy's ``OnnxrtRunner`` on a ``SessionFromOnnx`` session.
+- TensorRT: :func:`posenc.engine.engine_runner` returns polygraphy's ``TrtRunner`` (GPU machines).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,20 +24,91 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.common import TensorMetadata
 
+from posenc.errors import BackendUnavailable, ConfigError
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import reference_inputs
-from posenc.export.units import FeedShape, _size
+from posenc.export.units import NUMPY_DTYPES, FeedShape, _size
 
 REFERENCE_NAME = "eager-fp64"
+REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
+
+TorchFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
+"""``fn(feed) -> {output name: torch.Tensor | numpy array}``; the feed maps graph input names to arrays."""
 
 
-class EagerTorchRunner(BaseRunner):
-    """Runs the eager module on CPU in float64 for the feeds of one :class:`FeedShape`.
+def feed_metadata(feed: Mapping[str, np.ndarray]) -> TensorMetadata:
+    """polygraphy input metadata of a feed: its names and dtypes, every dim dynamic."""
+    meta = TensorMetadata()
+    for name, array in feed.items():
+        meta.add(name, np.asarray(array).dtype, tuple(f"{name}_{axis}" for axis in range(np.ndim(array))))
+    return meta
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        if value.dtype == torch.bfloat16:  # numpy has no bf16: float32 holds it exactly
+            value = value.to(torch.float32)
+        return np.ascontiguousarray(value.numpy())
+    return np.ascontiguousarray(np.asarray(value))
+
+
+class TorchModuleRunner(BaseRunner):
+    """A PyTorch callable as a polygraphy runner (CPU, under ``torch.no_grad()``).
 
     Args:
-        module: the eager unit module (float64), inputs in graph order.
+        fn: ``fn(feed) -> {output name: Tensor | ndarray}``; ``feed`` maps graph input names to numpy arrays.
+        name: runner name (the ``reference`` / ``runner`` column of comparison rows).
+        output_names: outputs to keep, in this order (default: every output ``fn`` returns). A name ``fn``
+            does not return raises :class:`ConfigError`.
+        input_metadata: polygraphy ``TensorMetadata`` of the inputs (polygraphy casts each feed to it).
+            ``None``: :func:`posenc.validate.compare.compare` sets it from its feeds (:func:`feed_metadata`).
+    """
+
+    def __init__(
+        self,
+        fn: TorchFn,
+        name: str,
+        output_names: Sequence[str] | None = None,
+        input_metadata: TensorMetadata | None = None,
+    ) -> None:
+        super().__init__(name=name, prefix="torch-runner")
+        self.fn = fn
+        self.output_names = list(output_names) if output_names is not None else None
+        self.input_metadata = input_metadata
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        if self.input_metadata is None:
+            raise ConfigError(
+                f"runner {self.name!r} has no input metadata; pass input_metadata= (e.g. feed_metadata(feed)) "
+                f"or run it through posenc.validate.compare.compare, which sets it from the feeds."
+            )
+        return self.input_metadata
+
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        start = time.perf_counter()
+        with torch.no_grad():
+            outputs = self.fn(feed_dict)
+        names = self.output_names if self.output_names is not None else list(outputs)
+        missing = [n for n in names if n not in outputs]
+        if missing:
+            raise ConfigError(
+                f"runner {self.name!r} returned outputs {list(outputs)}, not {missing}; "
+                f"return every name in output_names."
+            )
+        result = OrderedDict((n, _to_numpy(outputs[n])) for n in names)
+        self.inference_time = time.perf_counter() - start
+        return result
+
+
+class EagerTorchRunner(TorchModuleRunner):
+    """The float64 eager posenc reference: the unit module of a manifest, on CPU.
+
+    Args:
+        module: the eager unit module (float64), inputs in graph order (:func:`posenc.export.load_eager`).
         manifest: the exported model's manifest (input/output names, dims).
-        shape: the feed sizes; input metadata reports these concrete shapes (polygraphy needs them).
+        shape: when given, input metadata reports these concrete sizes; ``None`` keeps the manifest's
+            symbolic dims (one runner then serves feeds of every shape).
         feed_dtypes: numpy dtype of each input as fed (defaults to the manifest's dtypes).
         name: runner name in polygraphy results.
     """
@@ -41,38 +117,26 @@ class EagerTorchRunner(BaseRunner):
         self,
         module: torch.nn.Module,
         manifest: Manifest,
-        shape: FeedShape,
+        shape: FeedShape | None = None,
         feed_dtypes: Mapping[str, Any] | None = None,
         name: str = REFERENCE_NAME,
     ) -> None:
-        super().__init__(name=name, prefix="eager-runner")
         self.module = module
         self.manifest = manifest
         self.shape = shape
         self.feed_dtypes = dict(feed_dtypes or {})
-
-    def get_input_metadata_impl(self) -> TensorMetadata:
-        from posenc.export.units import NUMPY_DTYPES
-
         meta = TensorMetadata()
-        for spec in self.manifest.inputs:
+        for spec in manifest.inputs:
             dtype = self.feed_dtypes.get(spec.name, NUMPY_DTYPES.get(spec.dtype, np.float32))
-            meta.add(spec.name, dtype, tuple(_size(d, self.shape) for d in spec.shape))
-        return meta
+            dims = tuple(_size(d, shape) for d in spec.shape) if shape is not None else tuple(spec.shape)
+            meta.add(spec.name, dtype, dims)
+        super().__init__(self._run, name, manifest.output_names, meta)
 
-    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
-        start = time.perf_counter()
-        inputs = reference_inputs(self.manifest, feed_dict, torch.float64)
-        with torch.no_grad():
-            outputs = self.module(*inputs)
+    def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        outputs = self.module(*reference_inputs(self.manifest, feed, torch.float64))
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        result = OrderedDict(
-            (name, np.ascontiguousarray(value.detach().to(torch.float64).numpy()))
-            for name, value in zip(self.manifest.output_names, outputs, strict=True)
-        )
-        self.inference_time = time.perf_counter() - start
-        return result
+        return {name: value.to(torch.float64) for name, value in zip(self.manifest.output_names, outputs, strict=True)}
 
 
 def onnxrt_runner(session_or_loader: Any, name: str = "onnxrt") -> OnnxrtRunner:
@@ -85,3 +149,31 @@ def session_from_onnx(model: str | bytes, providers: Sequence[str]) -> Any:
     from polygraphy.backend.onnxrt import SessionFromOnnx
 
     return SessionFromOnnx(model, providers=list(providers))()
+
+
+def ort_runner(
+    model: str | bytes, providers: Sequence[str] = ("CPUExecutionProvider",), name: str = "", quiet: bool = True
+) -> OnnxrtRunner:
+    """An :class:`OnnxrtRunner` whose session is created now, so that a graph ONNX Runtime cannot load fails here.
+
+    Args:
+        model: path or serialized model (e.g. :attr:`posenc.validate.bf16.OrtModel.model`).
+        providers: ONNX Runtime providers in order of preference.
+        name: runner name (default ``onnxrt-cuda`` when CUDA comes first, else ``onnxrt-cpu``).
+        quiet: silence polygraphy's logging while the session is created.
+
+    Raises:
+        BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
+    """
+    from polygraphy.logger import G_LOGGER
+
+    try:
+        with G_LOGGER.verbosity(G_LOGGER.CRITICAL if quiet else G_LOGGER.INFO):
+            session = session_from_onnx(model, providers)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = str(exc)
+        if "NOT_IMPLEMENTED" in text:
+            raise BackendUnavailable(f"ONNX Runtime lacks a kernel for this graph: {text[:300]}") from None
+        raise
+    label = name or ("onnxrt-cuda" if providers and providers[0].startswith("CUDA") else "onnxrt-cpu")
+    return onnxrt_runner(session, name=label)

@@ -1,5 +1,8 @@
 """Error against position: exported positional ops run by ONNX Runtime vs the float64 eager reference.
 
+Running and the tolerance verdict go through :func:`posenc.validate.compare.compare`; the per-position
+statistics below are computed here from the outputs it collected.
+
 For each scheme (default: every scheme acting on q/k, scores or attention, i.e. the RoPE family and the
 relative schemes), each table mode, each graph dtype and each table dtype, the scheme's op is exported
 (``precomputed`` with ``max_position + 1`` rows), and positions sampled in buckets
@@ -38,11 +41,14 @@ from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export.files import write_text_atomic
 from posenc.export.manifest import Manifest, dtype_name
-from posenc.export.runtime import check_feed, load_eager, ort_session, reference_inputs
+from posenc.export.runtime import check_feed, load_eager, ort_providers
 from posenc.export.units import NUMPY_DTYPES, slots_from_manifest
 from posenc.schemes import get_spec, specs
-from posenc.schemes.base import Placement, TableMode, Tolerance
-from posenc.validate.tolerance import outside_tolerance, tolerance_for
+from posenc.schemes.base import Placement, TableMode
+from posenc.validate.bf16 import prepare_for_ort
+from posenc.validate.compare import compare, eager_reference
+from posenc.validate.runners import ort_runner
+from posenc.validate.tolerance import tolerance_for
 
 MAX_POSITION = 131072
 DEFAULT_BUCKETS: tuple[tuple[int, int], ...] = ((0, 1024), (1024, 8192), (8192, 32768), (32768, MAX_POSITION + 1))
@@ -265,10 +271,6 @@ def _per_position(manifest: Manifest, outputs: list[np.ndarray], references: lis
     return max_abs, max_rel, max_ulps, rounding_ok
 
 
-def _within_tolerance(outputs: list[np.ndarray], references: list[np.ndarray], tol: Tolerance) -> bool:
-    return not any(outside_tolerance(g, r, tol).any() for g, r in zip(outputs, references, strict=True))
-
-
 def sweep_model(
     path: str | os.PathLike[str],
     positions_per_bucket: Sequence[np.ndarray],
@@ -277,21 +279,28 @@ def sweep_model(
     case: str = "default",
     seed: int = 0,
 ) -> SweepSeries:
-    """Sweep one exported op (``posenc.export.export_onnx(..., unit="op")``) over the given positions."""
+    """Sweep one exported op (``posenc.export.export_onnx(..., unit="op")``) over the given positions.
+
+    One feed per bucket goes through :func:`posenc.validate.compare.compare` (the float64 eager reference
+    against ONNX Runtime CPU); a bucket is within tolerance when all its rows pass, and the per-position
+    statistics are computed from the outputs the comparison collected.
+    """
     reference, manifest = load_eager(path)
-    session = ort_session(path)
     # An op's outputs share one dtype (a score op's bias is in its tables' float32 even in fp16 graphs).
     tol = tolerance_for(manifest.scheme, manifest.outputs[0].dtype, manifest.outputs[0].name)
+    feeds = [_sweep_feed(manifest, positions, seed + index) for index, positions in enumerate(positions_per_bucket)]
+    for feed in feeds:
+        check_feed(manifest, feed)
+    prepared = prepare_for_ort(path, feeds)
+    eager = eager_reference(reference, manifest, prepared.feeds[0])
+    candidate = ort_runner(prepared.model, ort_providers())
+    comparison = compare([eager], [candidate], prepared.feeds, dict.fromkeys(manifest.output_names, tol))
     points: list[SweepPoint] = []
     stats: list[BucketStats] = []
     for index, ((lo, hi), positions) in enumerate(zip(buckets, positions_per_bucket, strict=True)):
-        feed = _sweep_feed(manifest, positions, seed + index)
-        check_feed(manifest, feed)
-        outputs = session.run(None, feed)
-        with torch.no_grad():
-            expected = reference(*reference_inputs(manifest, feed, torch.float64))
-        expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-        refs = [e.numpy() for e in expected]
+        got, expected = comparison.outputs(candidate.name, index), comparison.outputs(eager.name, index)
+        outputs = [got[name] for name in manifest.output_names]
+        refs = [expected[name] for name in manifest.output_names]
         max_abs, max_rel, max_ulps, rounding_ok = _per_position(manifest, outputs, refs, len(positions))
         points += [
             SweepPoint(int(p), float(a), float(r), float(u))
@@ -305,7 +314,7 @@ def sweep_model(
                 max_abs=float(max_abs.max()),
                 max_rel=float(max_rel.max()),
                 max_ulps=float(max_ulps.max()),
-                within_tolerance=_within_tolerance(outputs, refs, tol),
+                within_tolerance=all(row.passed for row in comparison.rows if row.feed == index),
                 within_rounding=bool(rounding_ok.all()),
             )
         )

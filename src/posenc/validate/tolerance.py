@@ -7,9 +7,11 @@ of an fp16 graph returns its bias in the float32 of its tables, and is held to f
 A value passes when ``|got - ref| <= atol`` or ``|got - ref| <= rtol * |ref|``: an element fails only if
 it exceeds both (:func:`outside_tolerance`; a non-finite reference must be matched exactly). Every check
 of posenc uses that function: the parity table, the position sweep and the graph passes' before/after
-check. ``posenc validate`` also runs polygraphy's ``SimpleCompareFunc`` (``check_error_stat="elemwise"``),
-which measures the relative error against the runtime's output instead of the reference; a row passes
-only when both agree.
+check, all through :func:`posenc.validate.compare.compare`. (polygraphy's ``SimpleCompareFunc`` is not used
+for verdicts: it measures the relative error against the runtime's output instead of the reference.)
+
+Models without a manifest, or of a scheme this posenc does not know, get the per-dtype defaults
+:data:`posenc.schemes.DEFAULT_TOLERANCES` (:func:`tolerances_of`).
 
 Per-output rules: :data:`OUTPUT_RULES` maps an output name to scales of the scheme tolerance (with
 the reason and the dtypes they apply to). It is empty today because the measurements do not call for
@@ -26,11 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from posenc.schemes import get_spec
+from posenc.errors import ConfigError
+from posenc.export.manifest import Manifest, dtype_name
+from posenc.schemes import DEFAULT_TOLERANCES, get_spec
 from posenc.schemes.base import SchemeSpec, Tolerance
 
 
@@ -77,6 +82,37 @@ def tolerances_for(
     for name, tol in (overrides or {}).items():
         result[name] = tol
     return result
+
+
+def tolerances_of(
+    manifest: Manifest | None, model: Any = None, overrides: Mapping[str, Tolerance] | None = None
+) -> dict[str, Tolerance]:
+    """``{output: Tolerance}`` of a model: its manifest's scheme per output dtype (:func:`tolerances_for`).
+
+    Without a manifest, or for a scheme this posenc does not know (a manifest from a newer version), each
+    output of ``model`` (an ``onnx.ModelProto``) gets :data:`posenc.schemes.DEFAULT_TOLERANCES` of its dtype.
+    """
+    if manifest is not None:
+        outputs: dict[str, Any] = {o.name: o.dtype for o in manifest.outputs}
+        try:
+            return tolerances_for(manifest.scheme, outputs, overrides)
+        except ConfigError:
+            pass
+    else:
+        from onnx import helper
+
+        if model is None:
+            raise ConfigError("tolerances_of needs a manifest or the ONNX model (for its output dtypes).")
+        outputs = {}
+        for value in model.graph.output:
+            try:
+                outputs[value.name] = dtype_name(str(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)))
+            except (KeyError, ValueError, TypeError, ConfigError):
+                outputs[value.name] = "float32"
+    result = {
+        name: DEFAULT_TOLERANCES.get(str(dtype), DEFAULT_TOLERANCES["float32"]) for name, dtype in outputs.items()
+    }
+    return {**result, **(overrides or {})}
 
 
 def outside_tolerance(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:

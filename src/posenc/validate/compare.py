@@ -1,0 +1,334 @@
+"""The one comparison path of posenc: references against candidates, through polygraphy.
+
+Every numeric check of posenc runs here: ``posenc validate`` (:func:`posenc.validate.validate_onnx`), the
+position sweep (:mod:`posenc.validate.sweep`) and the before/after check of ``posenc optimize``
+(:func:`check_ort_parity`, handed to :func:`posenc.graphs.optimize_file` by its callers, because the
+graph layer does not import this one).
+
+The path, step by step:
+
+1. **Shapes and feeds** (:mod:`posenc.validate.feeds`): one shape type, :class:`posenc.export.FeedShape`
+   ``(batch, seq, past)``, shrunk to a short precomputed table by one rule (:func:`~posenc.validate.feeds.fit_shapes`);
+   feeds from the manifest (:func:`posenc.export.make_feed`, realistic position ids, checked against the
+   table) or, for a model without one, random feeds of the graph's inputs (:func:`~posenc.validate.feeds.random_feed`).
+2. **bf16** (:func:`posenc.validate.bf16.prepare_for_ort`): a bf16 graph runs on ONNX Runtime CPU emulated
+   (float32 arithmetic, bf16 rounding where the graph stores bf16), its bf16 inputs carried as float32.
+3. **Runners** (:mod:`posenc.validate.runners`), all polygraphy ``BaseRunner``s: the float64 eager posenc
+   reference (:class:`~posenc.validate.runners.EagerTorchRunner`), any PyTorch callable
+   (:class:`~posenc.validate.runners.TorchModuleRunner`), ONNX Runtime (:func:`~posenc.validate.runners.ort_runner`,
+   polygraphy's ``OnnxrtRunner`` on ``SessionFromOnnx``) and TensorRT (:func:`posenc.engine.engine_runner`,
+   polygraphy's ``TrtRunner``).
+4. **Running and collecting**: polygraphy's ``Comparator.run`` runs every runner on every feed; its
+   ``RunResults`` are kept (``posenc validate --runs`` saves them; polygraphy reloads them).
+5. **Verdict** (:func:`compare`): every candidate against every :class:`Reference`, per feed and per
+   output, by the one tolerance rule :func:`posenc.validate.tolerance.outside_tolerance` (an element fails
+   only beyond both ``atol`` and ``rtol * |reference|``). polygraphy's ``SimpleCompareFunc`` is not part of
+   the verdict: its relative error divides by the runtime's output, not by the reference, so it would be a
+   second, slightly different rule. Each :class:`ComparisonRow` names its reference and candidate.
+
+References versus candidates. A :class:`Reference` is a runner plus a human description, optional
+per-output tolerance overrides, and an ``informational`` flag (rows against it are reported but left out of
+the verdict, e.g. "error against transformers' own float32 angles at long positions"). Candidates are the
+runtimes under test. A new reference plugs in as a :class:`~posenc.validate.runners.TorchModuleRunner`
+wrapping a callable from feed dict (graph input names) to ``{output name: tensor}``. Rows cover the
+outputs a reference returns, so it may cover a subset of the graph's outputs; an output a candidate lacks,
+or returns in another shape, fails with an infinite error. Parity reports list each reference with its
+description and name it in a ``reference`` column of every row::
+
+    from posenc.validate import EAGER, Reference, TorchModuleRunner, validate_onnx
+
+    hf = Reference(TorchModuleRunner(fn, "hf-llama-fp32", ["out"]),      # fn(feed) -> {"out": tensor}
+                   "transformers LlamaAttention, checkpoint weights, fp32",
+                   tolerances={"out": Tolerance(atol=1e-4, rtol=1e-4)})
+    report = validate_onnx("block.onnx", references=[EAGER, hf])      # rows against both, one verdict
+
+or, below :func:`~posenc.validate.validate_onnx`, ``compare(references, candidates, feeds, tolerances, shapes=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from posenc.errors import ConfigError, ParityError
+from posenc.export.units import FeedShape
+from posenc.schemes.base import Tolerance
+from posenc.validate.runners import REFERENCE_DESCRIPTION, EagerTorchRunner, TorchModuleRunner, feed_metadata
+from posenc.validate.tolerance import outside_tolerance
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """A runner whose outputs candidates are held to.
+
+    Attributes:
+        runner: a polygraphy ``BaseRunner`` (its ``name`` fills the ``reference`` column).
+        description: what it is, for reports (e.g. "float64 eager posenc reference (CPU)").
+        tolerances: per-output overrides of the comparison's tolerances, for rows against this reference.
+        informational: rows against it are reported but do not count towards the verdict.
+    """
+
+    runner: Any
+    description: str
+    tolerances: Mapping[str, Tolerance] = dataclasses.field(default_factory=dict)
+    informational: bool = False
+
+    @property
+    def name(self) -> str:
+        return str(self.runner.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "informational": self.informational,
+            "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in self.tolerances.items()},
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparisonRow:
+    """One output of one candidate against one reference on one feed: largest errors, tolerance, verdict.
+
+    ``max_abs`` / ``max_rel`` are taken where the reference is finite (elsewhere it must be matched exactly);
+    ``max_rel`` divides by ``|reference|``. A missing output or a shape mismatch gives ``inf`` and fails.
+    """
+
+    shape: FeedShape | None
+    reference: str
+    runner: str
+    output: str
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+    passed: bool
+    informational: bool = False
+    feed: int = 0
+    """Index of the feed (the position in ``shapes`` / ``feeds``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shape": dataclasses.asdict(self.shape) if self.shape is not None else None,
+            "reference": self.reference,
+            "runner": self.runner,
+            "output": self.output,
+            "max_abs_error": self.max_abs,
+            "max_rel_error": self.max_rel,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "passed": self.passed,
+            "informational": self.informational,
+        }
+
+
+class Verdict:
+    """The verdict over ``self.rows``: rows against informational references are left out."""
+
+    rows: list[ComparisonRow]
+
+    @property
+    def passed(self) -> bool:
+        """Every row that counts (against a non-informational reference) passed, and there is one."""
+        counted = [row for row in self.rows if not row.informational]
+        return bool(counted) and all(row.passed for row in counted)
+
+    def failures(self) -> list[ComparisonRow]:
+        """Failed rows that count towards the verdict."""
+        return [row for row in self.rows if not row.passed and not row.informational]
+
+
+@dataclasses.dataclass
+class Comparison(Verdict):
+    """Result of :func:`compare`: rows, the references used, and polygraphy's ``RunResults``."""
+
+    rows: list[ComparisonRow]
+    references: list[Reference]
+    run_results: Any
+
+    def outputs(self, runner: str, feed: int = 0) -> dict[str, np.ndarray]:
+        """``{output name: array}`` that ``runner`` returned for feed number ``feed``."""
+        for name, iterations in self.run_results.items():
+            if name == runner:
+                return dict(iterations[feed].items())
+        raise ConfigError(f"no runner {runner!r} in this comparison; runners: {list(self.run_results.keys())}.")
+
+
+def eager_reference(module: Any, manifest: Any, feed: Mapping[str, np.ndarray]) -> Reference:
+    """The float64 eager posenc reference (:class:`~posenc.validate.runners.EagerTorchRunner`) for feeds like
+    ``feed`` (its input dtypes, e.g. float32 for the bf16 inputs of an emulated graph).
+
+    Args:
+        module: the float64 unit module (:func:`posenc.export.load_eager`).
+        manifest: the model's manifest.
+        feed: one feed as it will be run.
+    """
+    dtypes = {name: np.asarray(array).dtype for name, array in feed.items()}
+    return Reference(EagerTorchRunner(module, manifest, feed_dtypes=dtypes), REFERENCE_DESCRIPTION)
+
+
+def compare(
+    references: Sequence[Reference],
+    candidates: Sequence[Any],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    tolerances: Mapping[str, Tolerance],
+    *,
+    shapes: Sequence[FeedShape | None] | None = None,
+    quiet: bool = True,
+) -> Comparison:
+    """Run references and candidates on every feed (polygraphy ``Comparator.run``) and compare.
+
+    Args:
+        references: what the candidates are held to (at least one).
+        candidates: polygraphy runners under test (at least one).
+        feeds: ``{graph input name: array}`` per run.
+        tolerances: ``{output name: Tolerance}`` for every output a reference returns (a reference's own
+            ``tolerances`` take precedence for its rows).
+        shapes: the :class:`FeedShape` of each feed, for the rows (``None`` entries for other feeds).
+        quiet: silence polygraphy's logging.
+
+    Returns:
+        :class:`Comparison`; rows ordered by feed, reference, candidate, then the reference's outputs.
+
+    Raises:
+        ConfigError: no reference, candidate or feed; only informational references; two runners share a
+            name; ``shapes`` does not match ``feeds``; an output has no tolerance.
+    """
+    from polygraphy.comparator import Comparator
+    from polygraphy.logger import G_LOGGER
+
+    shapes = list(shapes) if shapes is not None else [None] * len(feeds)
+    if not references or not candidates or not feeds:
+        raise ConfigError("a comparison needs at least one reference, one candidate and one feed.")
+    if all(ref.informational for ref in references):
+        raise ConfigError("every reference is informational, so nothing would decide the verdict; add one that counts.")
+    if len(shapes) != len(feeds):
+        raise ConfigError(f"{len(shapes)} shapes for {len(feeds)} feeds; give one shape per feed.")
+    runners = [ref.runner for ref in references] + list(candidates)
+    names = [r.name for r in runners]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"runner names must be unique in a comparison, got {names}; pass name= to the runners.")
+    for runner in runners:
+        if isinstance(runner, TorchModuleRunner) and runner.input_metadata is None:
+            runner.input_metadata = feed_metadata(feeds[0])
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL if quiet else G_LOGGER.INFO):
+        results = Comparator.run(runners, data_loader=[dict(feed) for feed in feeds])
+    collected = dict(results.items())
+    rows = []
+    for index, shape in enumerate(shapes):
+        for ref in references:
+            expected = dict(collected[ref.name][index].items())
+            for candidate in candidates:
+                got = dict(collected[candidate.name][index].items())
+                for output in expected:
+                    tol = ref.tolerances.get(output) or tolerances.get(output)
+                    if tol is None:
+                        raise ConfigError(
+                            f"no tolerance for output {output!r} of reference {ref.name!r}; "
+                            f"give it in tolerances= or in the reference's tolerances."
+                        )
+                    rows.append(_row(shape, index, ref, candidate.name, output, got.get(output), expected[output], tol))
+    return Comparison(rows=rows, references=list(references), run_results=results)
+
+
+def _row(
+    shape: FeedShape | None,
+    index: int,
+    reference: Reference,
+    runner: str,
+    output: str,
+    got: np.ndarray | None,
+    expected: np.ndarray,
+    tol: Tolerance,
+) -> ComparisonRow:
+    ref64 = np.asarray(expected, dtype=np.float64)
+    if got is None or np.shape(got) != ref64.shape:
+        max_abs = max_rel = float("inf")
+        passed = False
+    else:
+        got64 = np.asarray(got, dtype=np.float64)
+        finite = np.isfinite(ref64)
+        err = np.abs(got64 - ref64)[finite]
+        scale = np.abs(ref64)[finite]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(scale > 0, err / np.where(scale > 0, scale, 1.0), np.where(err > 0, np.inf, 0.0))
+        max_abs = float(err.max(initial=0.0))
+        max_rel = float(rel.max(initial=0.0))
+        passed = not bool(outside_tolerance(got64, ref64, tol).any())
+    return ComparisonRow(
+        shape=shape,
+        reference=reference.name,
+        runner=runner,
+        output=output,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        atol=tol.atol,
+        rtol=tol.rtol,
+        passed=passed,
+        informational=reference.informational,
+        feed=index,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The before/after check of `posenc optimize` (passed to posenc.graphs.optimize_file by its callers)
+# --------------------------------------------------------------------------------------------------
+
+
+def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, dict[str, float]]:
+    """Run both serialized models on ONNX Runtime CPU with one feed; raise if an output moved.
+
+    The graph before optimization is the reference, the optimized graph the candidate; the feed is
+    :data:`~posenc.validate.feeds.OPTIMIZE_CHECK_SHAPE` fitted to a short table (manifest feed, else random
+    of the graph's inputs); bf16 graphs run emulated; tolerances follow the manifest's scheme per output
+    dtype (the dtype defaults of :data:`posenc.schemes.DEFAULT_TOLERANCES` without a manifest).
+
+    Args:
+        before, after: the serialized models.
+        info: :class:`posenc.graphs.manifests.ModelInfo` of the source file (its manifest, if any).
+
+    Returns:
+        ``{output name: {"max_abs_diff", "atol", "rtol"}}``.
+
+    Raises:
+        ParityError: an output moved outside its tolerance, or ONNX Runtime cannot run one of the graphs
+            (use ``--no-parity`` and validate on the target).
+    """
+    from posenc.validate.bf16 import load_proto, prepare_for_ort
+    from posenc.validate.feeds import OPTIMIZE_CHECK_SHAPE, fit_shapes, model_feeds
+    from posenc.validate.runners import ort_runner
+    from posenc.validate.tolerance import tolerances_of
+
+    manifest = info.manifest
+    proto = load_proto(before)
+    shapes = fit_shapes([OPTIMIZE_CHECK_SHAPE], manifest.max_positions if manifest is not None else None)
+    feeds = model_feeds(shapes, manifest=manifest, model=proto)
+    tols = tolerances_of(manifest, proto)
+    try:
+        prepared = [prepare_for_ort(model, feeds) for model in (before, after)]
+        reference = Reference(ort_runner(prepared[0].model, name="before"), "the graph before optimization, ORT CPU")
+        comparison = compare([reference], [ort_runner(prepared[1].model, name="after")], prepared[0].feeds, tols)
+    except Exception as exc:  # onnxruntime and polygraphy raise their own exception types
+        raise ParityError(
+            f"ONNX Runtime CPU could not run the graph before/after optimization ({type(exc).__name__}: "
+            f"{str(exc)[:300]}); nothing was written. Optimize with --no-parity and validate on the target."
+        ) from None
+    expected, got = comparison.outputs("before"), comparison.outputs("after")
+    report: dict[str, dict[str, float]] = {}
+    for row in comparison.rows:
+        if row.output not in got or got[row.output].shape != expected[row.output].shape:
+            found = got[row.output].shape if row.output in got else "nothing"
+            raise ParityError(
+                f"output {row.output!r} changed shape {expected[row.output].shape} -> {found}; this is a pass bug."
+            )
+        report[row.output] = {"max_abs_diff": row.max_abs, "atol": row.atol, "rtol": row.rtol}
+        if not row.passed:
+            raise ParityError(
+                f"output {row.output!r} of the optimized graph differs from the original by {row.max_abs:.3g} "
+                f"(tolerance atol={row.atol:g}, rtol={row.rtol:g}) on ONNX Runtime CPU; nothing was written. "
+                f"Use --rope keep to skip the RoPE fusion, and report the graph."
+            )
+    return report

@@ -1,0 +1,128 @@
+"""Feeds for comparisons: which shapes, and the input arrays of each.
+
+One shape type, :class:`posenc.export.FeedShape` ``(batch, seq, past)``, and one shrink rule for short
+precomputed tables (:func:`fit_shapes`: ``seq`` first capped at the table, then ``past`` at what is left).
+Feeds come from one of two builders, chosen by :func:`model_feeds`:
+
+- with a manifest: :func:`posenc.export.make_feed` (realistic int64 position ids ``past + arange(seq)``,
+  standard-normal activations in the graph dtype), checked against the manifest
+  (:func:`posenc.export.check_feed`: a position past a precomputed table raises ``PositionError``);
+- without one (an ONNX file from elsewhere): :func:`random_feed` from the graph's declared inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from posenc.errors import ConfigError, ModelFileError
+from posenc.export.manifest import Manifest
+from posenc.export.runtime import check_feed
+from posenc.export.units import FeedShape, make_feed
+
+DEFAULT_SHAPES: tuple[FeedShape, ...] = (
+    FeedShape(batch=1, seq=1, past=0),
+    FeedShape(batch=3, seq=7, past=0),
+    FeedShape(batch=2, seq=1, past=9),
+    FeedShape(batch=2, seq=13, past=5),
+)
+"""Shapes other than the export sample (2, 4, 3): one token, odd prefill with batch 3, decode after 9
+cached tokens, a prefill longer than the sample after 5 cached tokens."""
+
+OPTIMIZE_CHECK_SHAPE = FeedShape(batch=2, seq=5, past=0)
+"""The feed of the before/after check of ``posenc optimize``: sizes unlike the export sample, so dynamic
+dims are exercised."""
+
+
+def fit_shapes(shapes: Sequence[FeedShape], max_positions: int | None) -> list[FeedShape]:
+    """``shapes`` shrunk to fit a precomputed table of ``max_positions`` rows (``seq`` first, then ``past``).
+
+    Duplicates that the shrinking creates are dropped; ``max_positions=None`` (no table limit) keeps all.
+    """
+    if max_positions is None:
+        return list(shapes)
+    fitted: list[FeedShape] = []
+    for shape in shapes:
+        seq = min(shape.seq, max_positions)
+        candidate = FeedShape(shape.batch, seq, min(shape.past, max_positions - seq))
+        if candidate not in fitted:
+            fitted.append(candidate)
+    return fitted
+
+
+def default_shapes(manifest: Manifest | None) -> list[FeedShape]:
+    """:data:`DEFAULT_SHAPES`, shrunk to fit the manifest's precomputed table."""
+    return fit_shapes(DEFAULT_SHAPES, manifest.max_positions if manifest is not None else None)
+
+
+def model_feeds(
+    shapes: Sequence[FeedShape],
+    *,
+    manifest: Manifest | None = None,
+    model: Any = None,
+    seed: int = 0,
+) -> list[dict[str, np.ndarray]]:
+    """One feed per shape (activations seeded ``seed + index``).
+
+    Args:
+        shapes: the feed sizes.
+        manifest: the model's manifest; its feeds are realistic and checked against it.
+        model: the ``onnx.ModelProto``, for manifest-less models (random feeds of its declared inputs).
+        seed: seed of the first feed.
+
+    Returns:
+        ``[{input name: array}]`` in the order of ``shapes``; arrays in the graph's dtypes (bf16 graphs
+        get ``ml_dtypes.bfloat16`` arrays; :func:`posenc.validate.bf16.prepare_for_ort` converts them).
+
+    Raises:
+        PositionError: a shape reaches past the manifest's precomputed table.
+        ConfigError: neither ``manifest`` nor ``model`` is given.
+    """
+    if manifest is not None:
+        feeds = [make_feed(manifest, shape, seed=seed + i) for i, shape in enumerate(shapes)]
+        for feed in feeds:
+            check_feed(manifest, feed)
+        return feeds
+    if model is None:
+        raise ConfigError("model_feeds needs a manifest (realistic feeds) or the ONNX model (random feeds).")
+    return [random_feed(model, shape, seed=seed + i) for i, shape in enumerate(shapes)]
+
+
+def random_feed(model: Any, shape: FeedShape, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for the declared inputs of an ``onnx.ModelProto`` (a model without a manifest).
+
+    Symbolic dims get ``shape.seq`` (``shape.batch`` on the first axis). Integer inputs get ``arange`` rows
+    (position-id-like), booleans ``True``, floats standard-normal values in the input's dtype.
+
+    Raises:
+        ModelFileError: an input has a type posenc cannot feed.
+    """
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    initializers = {init.name for init in model.graph.initializer}
+    feed: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (shape.batch if axis == 0 else shape.seq)
+            for axis, d in enumerate(tensor.shape.dim)
+        ]
+        try:
+            np_type = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+        except (KeyError, ValueError, TypeError):
+            np_type = None
+        if np_type is None or (np_type.kind not in "iufb" and tensor.elem_type != TensorProto.BFLOAT16):
+            name = TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "unknown"
+            raise ModelFileError(f"input {value.name!r} has type {name}, which posenc cannot feed; pass a feed.")
+        if np_type.kind in "iu":
+            feed[value.name] = np.broadcast_to(np.arange(dims[-1] if dims else 1), dims).astype(np_type).copy()
+        elif np_type.kind == "b":
+            feed[value.name] = np.ones(dims, dtype=bool)
+        else:
+            feed[value.name] = rng.standard_normal(dims).astype(np.float32).astype(np_type)
+    return feed
