@@ -52,37 +52,62 @@ UNITS: tuple[str, ...] = ("op", "op-3d", "block")
 
 @dataclasses.dataclass(frozen=True)
 class FeedShape:
-    """Sizes of one call: ``batch`` rows, ``seq`` new tokens, ``past`` cached tokens before them."""
+    """Sizes of one call: ``batch`` rows, ``seq`` new tokens, ``past`` cached tokens before them.
+
+    The cached tokens sit at positions ``0 .. past - 1`` and the new ones at ``start .. start + seq - 1``;
+    ``start`` defaults to ``past`` (a contiguous sequence). A larger ``start`` reaches far positions (near a
+    model's context length) without a cache that long.
+    """
 
     batch: int
     seq: int
     past: int = 0
+    start: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("batch", 1), ("seq", 1), ("past", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"FeedShape.{name} must be an int >= {low}, got {value!r}.")
+        if self.start is not None and (
+            isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < self.past
+        ):
+            raise ConfigError(
+                f"FeedShape.start must be an int >= past ({self.past}): new tokens follow the cache; got {self.start!r}."
+            )
 
     @property
     def kv_seq(self) -> int:
         return self.past + self.seq
 
     @property
+    def first(self) -> int:
+        """Position of the first new token."""
+        return self.past if self.start is None else self.start
+
+    @property
+    def last(self) -> int:
+        """Largest position of the call."""
+        return self.first + self.seq - 1
+
+    @property
     def label(self) -> str:
-        return f"B={self.batch} S={self.seq} P={self.past}"
+        at = "" if self.start is None else f" @{self.start}"
+        return f"B={self.batch} S={self.seq} P={self.past}{at}"
 
     @classmethod
     def parse(cls, text: str) -> FeedShape:
-        """``"2,7,5"`` or ``"2x7x5"`` (batch, seq, past; past optional)."""
-        parts = text.replace("x", ",").split(",")
+        """``"2,7,5"`` or ``"2x7x5"`` (batch, seq, past; past optional), optionally ``@START`` (``"1,4,0@32764"``)."""
+        body, _, start = text.partition("@")
+        parts = body.replace("x", ",").split(",")
         try:
             numbers = [int(p) for p in parts if p.strip()]
+            first = int(start) if start.strip() else None
         except ValueError:
-            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST] integers, e.g. 2,7,5.") from None
+            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST][@START] integers, e.g. 2,7,5.") from None
         if len(numbers) not in (2, 3):
-            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST], e.g. 2,7,5.")
-        return cls(*numbers)
+            raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST][@START], e.g. 2,7,5 or 1,4,0@32764.")
+        return cls(*numbers, start=first)  # type: ignore[misc]  # 2 or 3 ints, checked above
 
 
 SAMPLE_SHAPE = FeedShape(batch=2, seq=4, past=3)
@@ -356,14 +381,13 @@ def _size(dim: int | str, shape: FeedShape) -> int:
 
 
 def positions_for(shape: FeedShape, kind: str, position_limit: int | None = None) -> np.ndarray:
-    """Realistic int64 position ids: ``past + arange(seq)`` per row (queries) or ``arange(past + seq)`` (keys).
+    """Realistic int64 position ids: ``start + arange(seq)`` per row (queries), or the cache's ``arange(past)``
+    followed by the queries' (keys).
 
     ``position_limit`` wraps positions into ``[0, limit)`` (only for tracing samples of tiny tables).
     """
-    if kind == "pos_k":
-        row = np.arange(shape.kv_seq, dtype=np.int64)
-    else:
-        row = shape.past + np.arange(shape.seq, dtype=np.int64)
+    queries = shape.first + np.arange(shape.seq, dtype=np.int64)
+    row = np.concatenate((np.arange(shape.past, dtype=np.int64), queries)) if kind == "pos_k" else queries
     if position_limit is not None:
         row = row % position_limit
     return np.repeat(row[None, :], shape.batch, axis=0)

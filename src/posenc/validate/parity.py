@@ -103,6 +103,8 @@ class ParityReport(Verdict):
         for row in self.rows:
             s = row.shape
             shape = f"{s.batch}, {s.seq}, {s.past}" if s is not None else f"feed {row.feed}"
+            if s is not None and s.start is not None:
+                shape += f" @{s.start}"
             result = "pass" if row.passed else "**FAIL**"
             if row.informational:
                 result = "info: " + ("within" if row.passed else "beyond") + " tolerance"
