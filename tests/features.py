@@ -41,6 +41,8 @@ class FeatureCase:
     params: Mapping[str, Any]
     table_mode: str
     dtype: str
+    slow: bool = False
+    """Redundant for parity: its options are exported by another case (``make test-slow`` runs it)."""
 
     @property
     def id(self) -> str:
@@ -85,8 +87,9 @@ FEATURE_CASES = [
         {"share_att_key": True, "pos_att_type": "p2c", "position_buckets": 8, "max_relative_positions": 16},
         "dynamic",
         "float32",
+        slow=True,
     ),
-    FeatureCase("shaw_local", "shaw", LOCAL, {"max_relative_position": 3}, "dynamic", "float32"),
+    FeatureCase("shaw_local", "shaw", LOCAL, {"max_relative_position": 3}, "dynamic", "float32", slow=True),
     FeatureCase("rerope_local", "rerope", LOCAL, {"window": 3}, "precomputed", "float16"),
 ]
 """Every option in fp32 and fp16 and in both table modes where its scheme has them."""

@@ -11,7 +11,9 @@ from posenc.validate.parity import default_shapes
 from tests.features import FEATURE_CASES, FeatureCase, exported_feature
 
 
-@pytest.mark.parametrize("case", FEATURE_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in FEATURE_CASES]
+)
 def test_feature_block_matches_the_float64_reference(export_cache, case: FeatureCase) -> None:
     path = exported_feature(export_cache, case)
     manifest = load_manifest(path)
