@@ -53,6 +53,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def decode_in_steps(block: torch.nn.Module, x: torch.Tensor, prefill: int) -> torch.Tensor:
+    """``block``'s outputs for ``x [B, S, E]``: a prefill of ``prefill`` tokens, then one token per step (KV cache)."""
+    out, k, v = block(x[:, :prefill])
+    pieces = [out]
+    for t in range(prefill, x.shape[1]):
+        step, k, v = block(x[:, t : t + 1], past_key=k, past_value=v)
+        pieces.append(step)
+    return torch.cat(pieces, dim=1)
+
+
 @pytest.fixture
 def small_config() -> AttentionConfig:
     return SMALL

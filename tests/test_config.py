@@ -107,7 +107,8 @@ def test_gpt_j_is_interleaved_partial_rope_like_transformers() -> None:
     ("data", "scheme", "params", "causal"),
     [
         (BLOOM, "alibi", {}, True),
-        ({"model_type": "falcon", "hidden_size": 256, "num_attention_heads": 8, "alibi": True}, "alibi", {}, True),
+        ({"model_type": "falcon", "hidden_size": 256, "num_attention_heads": 8, "alibi": True}, "alibi",
+         {"scaled": True, "bf16_rounding": True}, True),
         ({"model_type": "mpt", "d_model": 256, "n_heads": 8, "max_seq_len": 2048, "attn_config": {"alibi": True}},
          "alibi", {}, True),
         (T5, "t5", {"num_buckets": 32, "max_distance": 128, "bidirectional": True}, False),
@@ -204,10 +205,18 @@ def test_encoder_relative_models_import_their_schemes() -> None:
                   "position_buckets": 256, "max_relative_positions": -1}  # fmt: skip
     imported = from_hf_config(deberta_v3)
     assert (imported.scheme, imported.config.causal) == ("deberta", False)
-    assert imported.params == {"position_buckets": 256, "max_relative_positions": 512}
+    assert imported.params == {"position_buckets": 256, "max_relative_positions": 512, "pos_att_type": "c2p|p2c",
+                               "share_att_key": False, "rel_norm": False, "rel_norm_eps": 1e-7}  # fmt: skip
     build_scheme(imported.scheme, imported.config, imported.params, max_positions=16)
-    with pytest.raises(ConfigError, match="both c2p and p2c"):
-        from_hf_config({**deberta_v3, "pos_att_type": "c2p"})
+    v3_base = {**deberta_v3, "share_att_key": True, "norm_rel_ebd": "layer_norm", "layer_norm_eps": 1e-6,
+               "pos_att_type": "p2c|c2p"}  # microsoft/deberta-v3-base's settings  # fmt: skip
+    params = from_hf_config(v3_base).params
+    assert (params["share_att_key"], params["rel_norm"], params["rel_norm_eps"]) == (True, True, 1e-6)
+    assert from_hf_config({**deberta_v3, "pos_att_type": "c2p"}).params["pos_att_type"] == "c2p"
+    with pytest.raises(ConfigError, match="c2p and/or p2c terms"):
+        from_hf_config({**deberta_v3, "pos_att_type": ["c2p", "p2p"]})
+    with pytest.raises(ConfigError, match="c2p and/or p2c terms"):
+        from_hf_config({**deberta_v3, "relative_attention": False})
     xlnet = {"model_type": "xlnet", "d_model": 1024, "n_head": 16, "d_head": 64}
     imported = from_hf_config(xlnet)
     assert (imported.scheme, imported.config.head_dim, imported.config.causal) == ("transformer_xl", 64, False)
@@ -221,7 +230,11 @@ def test_models_without_a_known_scheme_are_refused() -> None:
     imported = from_hf_config({"model_type": "newlm", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 5e5})
     assert (imported.scheme, imported.params) == ("rope", {"rope_theta": 5e5})
     mpt = {"model_type": "mpt", "d_model": 64, "n_heads": 4, "attn_config": None}
-    assert from_hf_config(mpt).scheme == "alibi"
+    assert (from_hf_config(mpt).scheme, from_hf_config(mpt).params) == ("alibi", {})
+    mpt_bias_max = {**mpt, "attn_config": {"alibi": True, "alibi_bias_max": 6}}
+    assert from_hf_config(mpt_bias_max).params == {"alibi_bias_max": 6.0}
+    falcon_rw = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4, "alibi": True}
+    assert from_hf_config(falcon_rw).params == {"scaled": True, "bf16_rounding": True}  # as build_alibi_tensor
 
 
 def test_per_layer_type_rope_parameters_need_a_choice() -> None:
@@ -243,3 +256,43 @@ def test_flags_must_be_booleans() -> None:
         AttentionConfig(causal="no")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="qkv_bias must be True or False"):
         AttentionConfig(qkv_bias=1)  # type: ignore[arg-type]
+
+
+def test_attention_options_default_to_plain_attention_and_round_trip() -> None:
+    cfg = AttentionConfig()
+    assert (cfg.out_bias, cfg.attn_scale, cfg.logit_softcap, cfg.sliding_window, cfg.qk_norm) == (
+        False, None, None, None, "none"
+    )  # fmt: skip
+    gemma = AttentionConfig(attn_scale=1 / 16, logit_softcap=50, sliding_window=4096, qk_norm="rms", out_bias=True)
+    assert isinstance(gemma.logit_softcap, float)
+    assert gemma.logit_softcap == 50.0
+    assert AttentionConfig.from_dict(gemma.to_dict()) == gemma
+    old_manifest = {k: v for k, v in cfg.to_dict().items() if k in ("hidden_size", "num_heads", "causal")}
+    assert AttentionConfig.from_dict(old_manifest) == cfg  # manifests written before these fields still load
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("attn_scale", 0.0, r"attn_scale must be a finite number > 0 \(the multiplier"),
+        ("attn_scale", -0.125, "attn_scale must be a finite number > 0"),
+        ("attn_scale", float("nan"), "attn_scale must be a finite number > 0"),
+        ("attn_scale", True, "attn_scale must be a finite number > 0"),
+        ("logit_softcap", 0, r"logit_softcap must be a finite number > 0 .*or None for none"),
+        ("logit_softcap", -30.0, "logit_softcap must be a finite number > 0"),
+        ("logit_softcap", float("inf"), "logit_softcap must be a finite number > 0"),
+        ("logit_softcap", "50", "logit_softcap must be a finite number > 0"),
+        ("sliding_window", 0, r"sliding_window must be an int >= 1 .* or None"),
+        ("sliding_window", -4, "sliding_window must be an int >= 1"),
+        ("sliding_window", 4.0, "sliding_window must be an int >= 1"),
+        ("sliding_window", True, "sliding_window must be an int >= 1"),
+        ("qk_norm", "layer", r"qk_norm must be one of \['none', 'rms'\]"),
+        ("qk_norm", None, r"qk_norm must be one of"),
+        ("qk_norm_eps", 0.0, "qk_norm_eps must be a finite number > 0"),
+        ("qk_norm_eps", None, "qk_norm_eps must be a finite number > 0"),
+        ("out_bias", 1, "out_bias must be True or False"),
+    ],
+)
+def test_attention_options_refuse_bad_values(field: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        AttentionConfig(**{field: value})

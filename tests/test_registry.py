@@ -12,7 +12,7 @@ import tests.schemes
 from posenc import AttentionBlock, AttentionConfig, ConfigError, build_scheme, get_spec, scheme_names, specs
 from posenc.schemes import Param, Placement, SchemeSpec, TableMode, register
 from posenc.schemes.base import PositionalScheme
-from tests.conftest import SMALL
+from tests.conftest import SMALL, decode_in_steps
 
 CASES = [
     pytest.param(spec.name, mode, case, id=f"{spec.name}-{mode.value}-{case}")
@@ -117,12 +117,7 @@ def test_decode_with_cache_equals_full_recompute(name: str, mode: TableMode, cas
     _, block = _pair(name, mode, case)
     x = torch.randn(2, 12, SMALL.hidden_size, dtype=torch.float64)
     full, _, _ = block(x)
-    out, k, v = block(x[:, :7])
-    pieces = [out]
-    for t in range(7, 12):
-        step, k, v = block(x[:, t : t + 1], past_key=k, past_value=v)
-        pieces.append(step)
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(decode_in_steps(block, x, 7), full, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("name", [s.name for s in specs() if s.name != "nope" and s.placement is not Placement.NONE])

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from posenc.config import AttentionConfig
@@ -20,17 +21,41 @@ from posenc.schemes.base import (
     Placement,
     PositionalScheme,
     TableMode,
-    causal_mask,
+    attention_mask,
     repeat_kv,
+    soft_cap,
     softmax_attention,
 )
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm over the last axis (``head_dim``) of q or k (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``).
+
+    ``x · rsqrt(mean(x²) + eps) · weight`` computed in float32 (float64 for float64 input) and cast back to the
+    input's dtype. ``weight [D]`` starts at ones. Gemma's ``(1 + w)`` form is stored as ``1 + w`` (the checkpoint
+    loader adds the one). Shapes: ``[..., D] -> [..., D]``.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        normed = F.rms_norm(x.to(compute), self.weight.shape, self.weight.to(compute), self.eps)
+        return normed.to(x.dtype)  # ONNX opset 23: one RMSNormalization in float32 between two casts
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
 class AttentionBlock(nn.Module):
     """Multi-head (grouped-query) attention with a positional scheme plugged in where it acts.
 
     Args:
-        config: geometry (hidden size, heads, kv heads, head dim, causal, context length).
+        config: geometry (hidden size, heads, kv heads, head dim, causal, context length) and the attention options
+            (projection biases, score scale, logit soft-cap, sliding window, q/k RMSNorm).
         scheme: registered scheme name or an already built :class:`PositionalScheme`.
         params: scheme parameter overrides (when ``scheme`` is a name).
         table_mode: ``precomputed`` or ``dynamic`` (default: ``precomputed`` where the scheme has it).
@@ -45,6 +70,15 @@ class AttentionBlock(nn.Module):
         with presents ``[B, Hkv, P + S, D]``. Cached keys sit at positions ``0 .. P - 1``, new keys at
         ``position_ids`` (so the causal mask and relative distances follow the ids you pass).
         For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
+
+    Computation: ``q, k, v`` from ``q_proj``/``k_proj``/``v_proj`` (bias when ``config.qkv_bias``), then
+    ``q_norm``/``k_norm`` (``config.qk_norm="rms"``), then the scheme; scores ``q·kᵀ · scale`` (+ bias of a
+    ``score`` scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality and
+    ``config.sliding_window``, softmax in float32, ``@ v``, heads merged, ``o_proj`` (bias when ``config.out_bias``).
+
+    State dict keys: ``q_proj.*``, ``k_proj.*``, ``v_proj.*``, ``o_proj.*`` (``.bias`` as configured),
+    ``q_norm.weight`` / ``k_norm.weight`` ``[D]`` with ``qk_norm="rms"``, and ``scheme.*``. A DeBERTa scheme with
+    ``share_att_key`` uses ``q_proj`` / ``k_proj`` for its position terms (no ``scheme.pos_*_proj`` keys).
     """
 
     def __init__(
@@ -84,7 +118,10 @@ class AttentionBlock(nn.Module):
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(h * d, e, bias=False)
+        self.o_proj = nn.Linear(h * d, e, bias=config.out_bias)
+        self.q_norm = HeadRMSNorm(d, config.qk_norm_eps) if config.qk_norm == "rms" else None
+        self.k_norm = HeadRMSNorm(d, config.qk_norm_eps) if config.qk_norm == "rms" else None
+        self.scheme.share_projections(self.q_proj, self.k_proj)
 
     def forward(
         self,
@@ -113,8 +150,11 @@ class AttentionBlock(nn.Module):
         placement = self.scheme.placement
 
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
-        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         if placement is Placement.QK:
             q, k = self.scheme.rotate(q, k, position_ids)
@@ -130,10 +170,12 @@ class AttentionBlock(nn.Module):
             out = self.scheme.attend(q, k, v, position_ids, key_positions, cfg.causal)
         else:
             scores = (q @ k.transpose(-1, -2)) * self.scheme.score_scale()
+            compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
             if placement is Placement.SCORE:
-                compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
                 scores = scores.to(compute) + self.scheme.bias(q, k, position_ids, key_positions).to(compute)
-            mask = causal_mask(position_ids, key_positions) if cfg.causal else None
+            if cfg.logit_softcap is not None:
+                scores = soft_cap(scores.to(compute), cfg.logit_softcap)
+            mask = attention_mask(position_ids, key_positions, cfg.causal, cfg.sliding_window)
             out = softmax_attention(scores, v, mask)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
         return self.o_proj(out), present_key, present_value

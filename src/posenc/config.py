@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc import rope_types
 from posenc.errors import ConfigError
+
+QK_NORMS: tuple[str, ...] = ("none", "rms")
+"""Values of :attr:`AttentionConfig.qk_norm`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +28,21 @@ class AttentionConfig:
         causal: decoder (causal) or encoder (bidirectional) attention.
         max_position_embeddings: the model's context length; default ``max_positions`` of tables.
         qkv_bias: whether the q/k/v projections carry a bias.
+        out_bias: whether the output projection ``o_proj`` carries a bias (GPT-NeoX ``dense``, BLOOM, BERT's
+            output dense, BART/Marian ``out_proj``, Falcon with ``bias``, Llama/Qwen with ``attention_bias``).
+        attn_scale: the multiplier of ``q·kᵀ``; ``None`` keeps the scheme's own (``1/√D``; T5 1; DeBERTa
+            ``1/√(D·(1 + terms))``; TUPE ``1/√(2D)``). Gemma: ``query_pre_attn_scalar ** -0.5``. Every score
+            path honours it (the block's, and the schemes that scale position terms or scores themselves).
+        logit_softcap: Gemma 2's ``cap · tanh(scores / cap)``, applied after scaling and after any score bias,
+            before the mask (``attn_logit_softcapping``); ``None``: no cap.
+        sliding_window: local attention of ``w`` keys: causal blocks let query position ``i`` see key position
+            ``j`` iff ``i - w < j <= i`` (transformers' ``sliding_window_overlay``: ``kv_idx > q_idx - w``);
+            bidirectional blocks iff ``|i - j| < w`` (the attention module's window, e.g. ModernBERT's
+            ``config.sliding_window + 1``). ``None``: no window.
+        qk_norm: ``"rms"``: per-head RMSNorm over ``head_dim`` on q and k right after the projections, before
+            the scheme acts (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``), with learned weights ``q_norm.weight``,
+            ``k_norm.weight`` ``[head_dim]`` on the block; ``"none"``: no norm.
+        qk_norm_eps: the epsilon inside that RMSNorm's square root.
     """
 
     hidden_size: int = 256
@@ -33,9 +52,15 @@ class AttentionConfig:
     causal: bool = True
     max_position_embeddings: int = 2048
     qkv_bias: bool = False
+    out_bias: bool = False
+    attn_scale: float | None = None
+    logit_softcap: float | None = None
+    sliding_window: int | None = None
+    qk_norm: str = "none"
+    qk_norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("causal", "qkv_bias"):
+        for name in ("causal", "qkv_bias", "out_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}.")
         for name in ("hidden_size", "num_heads", "max_position_embeddings"):
@@ -60,6 +85,34 @@ class AttentionConfig:
             raise ConfigError(
                 f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}; grouped-query attention "
                 f"needs each kv head to serve a whole number of query heads."
+            )
+        self._check_attention_options()
+
+    def _check_attention_options(self) -> None:
+        for name, meaning in (
+            ("attn_scale", "the multiplier of q·kᵀ, e.g. query_pre_attn_scalar ** -0.5"),
+            ("logit_softcap", "the cap of cap·tanh(scores / cap), e.g. Gemma 2's attn_logit_softcapping"),
+            ("qk_norm_eps", "the RMSNorm epsilon, e.g. rms_norm_eps"),
+        ):
+            value = getattr(self, name)
+            if value is None and name != "qk_norm_eps":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                unset = "" if name == "qk_norm_eps" else ", or None for none"
+                raise ConfigError(
+                    f"AttentionConfig.{name} must be a finite number > 0 ({meaning}{unset}), got {value!r}."
+                )
+            object.__setattr__(self, name, float(value))
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(
+                f"AttentionConfig.sliding_window must be an int >= 1 (keys a query sees, itself included) or None "
+                f"for full attention, got {window!r}."
+            )
+        if self.qk_norm not in QK_NORMS:
+            raise ConfigError(
+                f"AttentionConfig.qk_norm must be one of {list(QK_NORMS)} (per-head RMSNorm of q and k, or none), "
+                f"got {self.qk_norm!r}."
             )
 
     @property
@@ -173,8 +226,14 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
 def _hf_scheme(
     data: Mapping[str, Any], model_type: str, config: AttentionConfig, layer_type: str | None
 ) -> tuple[str, dict[str, Any]]:
-    if data.get("alibi") or model_type in ("bloom", "mpt") or (data.get("attn_config") or {}).get("alibi"):
-        return "alibi", {}
+    attn_config = data.get("attn_config") or {}
+    if data.get("alibi") or model_type in ("bloom", "mpt") or attn_config.get("alibi"):
+        params: dict[str, Any] = {}
+        if model_type in ("falcon", "RefinedWeb", "RefinedWebModel"):
+            params.update(scaled=True, bf16_rounding=True)  # Falcon: (q·k + alibi)·scale, alibi made in bfloat16
+        if attn_config.get("alibi_bias_max") is not None:
+            params["alibi_bias_max"] = float(attn_config["alibi_bias_max"])  # MPT
+        return "alibi", params
     if model_type in ("t5", "mt5", "umt5", "longt5"):
         return "t5", {
             "num_buckets": int(data.get("relative_attention_num_buckets", 32)),
@@ -234,17 +293,22 @@ def _hf_scheme(
 
 
 def _deberta_params(data: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:
-    """DeBERTa's relative-attention settings; posenc implements both c2p and p2c terms."""
+    """DeBERTa-v2/v3 relative-attention settings (transformers' ``DisentangledSelfAttention``)."""
     kinds = data.get("pos_att_type") or []
-    kinds = kinds.split("|") if isinstance(kinds, str) else list(kinds)
-    if not data.get("relative_attention") or sorted(kinds) != ["c2p", "p2c"]:
+    kinds = [kind.strip() for kind in (kinds.split("|") if isinstance(kinds, str) else kinds)]
+    if not data.get("relative_attention") or not kinds or not set(kinds) <= {"c2p", "p2c"}:
         raise ConfigError(
             f"this DeBERTa config uses relative_attention={data.get('relative_attention')!r}, "
-            f"pos_att_type={kinds!r}; posenc's deberta scheme is relative attention with both c2p and p2c."
+            f"pos_att_type={kinds!r}; posenc's deberta scheme is relative attention with c2p and/or p2c terms."
         )
     buckets = int(data.get("position_buckets", -1))
     max_relative = int(data.get("max_relative_positions", -1))
+    norms = [part.strip() for part in str(data.get("norm_rel_ebd", "none")).lower().split("|")]
     return {
         "position_buckets": max(buckets, 0),
         "max_relative_positions": max_relative if max_relative > 0 else config.max_position_embeddings,
+        "pos_att_type": "|".join(kind for kind in ("c2p", "p2c") if kind in kinds),
+        "share_att_key": bool(data.get("share_att_key", False)),
+        "rel_norm": "layer_norm" in norms,
+        "rel_norm_eps": float(data.get("layer_norm_eps", 1e-7)),
     }

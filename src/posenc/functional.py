@@ -157,9 +157,13 @@ def rope_frequency_sets(
 
 
 def sinusoidal_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Frequencies 1 / base**(2i/dim) of the sinusoidal encoding, float64 ``[dim // 2]``."""
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2:
-        raise ConfigError(f"sinusoidal dim must be an even int >= 2, got {dim!r}.")
+    """Frequencies ``1 / base**(2i/dim)`` of the sinusoidal encoding, float64 ``[ceil(dim / 2)]``.
+
+    An odd ``dim`` has one more sine than cosines, so it gets ``(dim + 1) / 2`` frequencies (the exponent keeps
+    the odd ``dim`` as its denominator, as Marian's and XLM's tables do).
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ConfigError(f"sinusoidal dim must be a positive int, got {dim!r}.")
     return RT.default_inv_freq(dim, RT.positive(base, "base"))
 
 
@@ -333,8 +337,11 @@ def sinusoidal_table(
 ) -> torch.Tensor:
     """Sinusoidal position table of Vaswani et al.
 
-    ``interleaved``: ``PE[t, 2i] = sin(t / base**(2i/dim))``, ``PE[t, 2i+1] = cos(...)``.
-    ``concat``: ``PE[t] = [sin(t·ω_0..), cos(t·ω_0..)]`` (tensor2tensor / Transformer-XL order).
+    ``interleaved``: ``PE[t, 2i] = sin(t / base**(2i/dim))``, ``PE[t, 2i+1] = cos(...)`` (XLM's
+    ``create_sinusoidal_embeddings``; an odd ``dim`` ends on a sine).
+    ``concat``: ``PE[t] = [sin(t·ω_0..), cos(t·ω_0..)]`` (tensor2tensor / Transformer-XL order; Marian's
+    ``MarianSinusoidalPositionalEmbedding``: an odd ``dim`` has ``(dim + 1) / 2`` sines, then ``(dim - 1) / 2``
+    cosines). ``ω_i = base**(-2i/dim)``.
 
     Returns:
         ``[num_positions, dim]`` in ``dtype`` (angles in float64).
@@ -345,15 +352,20 @@ def sinusoidal_table(
         raise ConfigError(f"num_positions must be a positive int, got {num_positions!r}.")
     inv_freq = sinusoidal_inv_freq(dim, base)
     angles = torch.arange(num_positions, dtype=torch.float64).unsqueeze(-1) * inv_freq
-    return sinusoidal_from_angles(angles, layout).to(dtype)
+    return sinusoidal_from_angles(angles, layout, dim).to(dtype)
 
 
-def sinusoidal_from_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
-    """Arrange sin/cos of ``angles [..., dim // 2]`` into ``[..., dim]`` in the given layout."""
+def sinusoidal_from_angles(angles: torch.Tensor, layout: str, dim: int | None = None) -> torch.Tensor:
+    """Arrange sin/cos of ``angles [..., ceil(dim / 2)]`` into ``[..., dim]`` in the given layout.
+
+    ``dim`` defaults to twice the angles' width; an odd ``dim`` drops the last cosine.
+    """
     sin, cos = torch.sin(angles), torch.cos(angles)
+    odd = dim is not None and dim % 2 == 1
     if layout == "concat":
-        return torch.cat((sin, cos), dim=-1)
-    return torch.stack((sin, cos), dim=-1).flatten(-2)
+        return torch.cat((sin, cos[..., :-1] if odd else cos), dim=-1)
+    pairs = torch.stack((sin, cos), dim=-1).flatten(-2)
+    return pairs[..., :-1] if odd else pairs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -361,22 +373,28 @@ def sinusoidal_from_angles(angles: torch.Tensor, layout: str) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 
-def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """ALiBi head slopes: ``2**(-8i/n)`` for n a power of two; BLOOM's interleaving otherwise.
+def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, *, bias_max: float = 8.0) -> torch.Tensor:
+    """ALiBi head slopes: ``2**(-bias_max·i/n)``, ``i = 1..n``, for n a power of two (the paper's bias_max is 8).
 
-    Returns:
-        ``[num_heads]``.
+    Other head counts take the slopes of the power of two ``c`` below n, then every other slope of ``2c``
+    (``2**(-bias_max·j/(2c))`` for odd ``j``) until n: the ALiBi paper's code, BLOOM and Falcon. MPT's order
+    (transformers' ``build_mpt_alibi_tensor``: the ``2c`` slopes at even positions, then those at odd ones, cut
+    at n) is the same sequence, so one function serves all three; MPT's ``alibi_bias_max`` is ``bias_max``.
+
+    Slopes are computed in float64 and cast to ``dtype``. Returns ``[num_heads]``.
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ConfigError(f"num_heads must be a positive int, got {num_heads!r}.")
+    bias_max = RT.positive(bias_max, "bias_max")
+
+    def powers(count: int, exponents: torch.Tensor) -> torch.Tensor:
+        return 2.0 ** (-(bias_max / count) * exponents.to(torch.float64))
+
     closest = 2 ** math.floor(math.log2(num_heads))
-    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
-    slopes = base ** torch.arange(1, closest + 1, dtype=torch.float64)
+    slopes = powers(closest, torch.arange(1, closest + 1))
     if closest != num_heads:
-        extra_base = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
         remaining = min(closest, num_heads - closest)
-        extra = extra_base ** torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.float64)
-        slopes = torch.cat((slopes, extra))
+        slopes = torch.cat((slopes, powers(2 * closest, torch.arange(1, 1 + 2 * remaining, 2))))
     return slopes.to(dtype)
 
 

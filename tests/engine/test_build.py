@@ -16,6 +16,7 @@ from posenc.engine import build_engine, engine_manifest_path
 from posenc.engine.matrix import MatrixCase
 from posenc.errors import BuildError, ConfigError
 from posenc.export.files import sha256_file
+from tests.features import ENGINE_CASES, optimized_feature
 from tests.graphs.artifacts import export_case, fused_case
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
@@ -159,3 +160,14 @@ def test_a_stale_source_manifest_is_refused(export_cache, tmp_path) -> None:
     manifest_path_for(copy).write_text(manifest_path_for(source).read_text())
     with pytest.raises(ModelFileError, match="does not match its manifest"):
         build_engine(copy, tmp_path / "rope.engine", targets=["sm89"])
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.id)
+def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:  # type: ignore[no-untyped-def]
+    """q/k norm + soft-cap + window + biases, scaled bf16-rounded ALiBi, BERT embeddings, odd sinusoids and shared
+    DeBERTa projections each build (the soft-capped attention decomposed: TensorRT's Attention cannot soft-cap)."""
+    source = optimized_feature(export_cache, case, "trt")
+    result = build_engine(source, tmp_path / "block.engine", targets=["sm89"], profile=["seq=1:8:16"])
+    layers = result.manifest["layers"]
+    assert layers.get("ATTENTION_OUTPUT", 0) == case.fused_attention_expected["trt"]
+    assert result.manifest["engine_bytes"] > 0

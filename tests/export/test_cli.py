@@ -18,7 +18,7 @@ def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> No
     assert "posenc validate" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi.manifest.json", "alibi.onnx", "alibi.weights.safetensors"]
     manifest = load_manifest(out)
-    assert manifest.params == {"symmetric": True}
+    assert manifest.params == {"symmetric": True, "scaled": False, "bf16_rounding": False, "alibi_bias_max": 8.0}
     assert manifest.attention["num_heads"] == 6
     assert manifest.attention["head_dim"] == 16
     assert manifest.dtype == "float16"
@@ -64,3 +64,29 @@ def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type
     assert main(["export", "-o", out]) == 2
     assert "--scheme" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_t5_direction_follows_causal_unless_given(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A T5 config exported as a causal (decoder) block gets unidirectional buckets; --param still wins."""
+    from posenc.cli import build_parser
+    from posenc.export.cli import _geometry
+
+    config = {"model_type": "t5", "d_model": 64, "num_heads": 4, "d_kv": 16, "is_encoder_decoder": True,
+              "relative_attention_num_buckets": 16, "relative_attention_max_distance": 32}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "t5.onnx"
+    base = ["export", "--hf-config", str(path), "-o", str(out)]
+    assert main([*base, "--unit", "op", "--causal", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["attention"]["causal"], printed["params"]["bidirectional"]) == (True, False)
+    parser = build_parser()
+    for extra, causal, bidirectional in (
+        ([], False, True),  # the encoder as imported
+        (["--causal", "--param", "bidirectional=true"], True, "true"),  # the user's choice wins (coerced later)
+        (["--no-causal"], False, True),
+    ):
+        geometry, scheme, params = _geometry(parser.parse_args(base + extra))
+        assert (scheme, geometry.causal, params["bidirectional"]) == ("t5", causal, bidirectional), extra
+    geometry, _, params = _geometry(parser.parse_args([*base, "--scheme", "alibi", "--causal"]))
+    assert "bidirectional" not in params  # another scheme than the imported one takes no T5 parameters

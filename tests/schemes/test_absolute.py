@@ -136,13 +136,7 @@ def test_sinusoidal_dynamic_stays_accurate_at_long_positions() -> None:
 
 
 @covers("sinusoidal")
-def test_sinusoidal_rejects_odd_hidden_and_bad_parameters() -> None:
-    odd = AttentionConfig(hidden_size=9, num_heads=3, max_position_embeddings=16)
-    with pytest.raises(ConfigError, match="even hidden_size") as info:
-        build_scheme("sinusoidal", odd)
-    assert "learned" in str(info.value)
-    with pytest.raises(ConfigError, match="even hidden_size"):
-        AttentionBlock(odd, "sinusoidal", table_mode="dynamic")
+def test_sinusoidal_rejects_bad_parameters() -> None:
     with pytest.raises(ConfigError, match="one of"):
         build_scheme("sinusoidal", SMALL, {"layout": "half"})
     with pytest.raises(ConfigError, match="must be >"):
@@ -243,6 +237,133 @@ def test_multiplicative_multiplies_elementwise() -> None:
     expected = torch.stack([torch.stack([hidden[b, s] * table[positions[b, s]] for s in range(7)]) for b in range(2)])
     torch.testing.assert_close(scheme.embed(hidden, positions), expected, atol=0, rtol=0)
     assert scheme.embed(torch.zeros(2, 7, E), positions).abs().max() == 0  # a product, not a sum
+
+
+# --------------------------------------------------------------------------------------------------
+# BERT / RoBERTa / BART embeddings (position offset, token type, LayerNorm)
+# --------------------------------------------------------------------------------------------------
+
+
+def _transformers():  # type: ignore[no-untyped-def]
+    return pytest.importorskip("transformers", reason="transformers' embeddings are the reference")
+
+
+@covers("learned")
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_learned_equals_bert_and_roberta_embeddings(family: str) -> None:
+    """inputs_embeds + token_type_embeddings[0] + position_embeddings[p (+ padding_idx + 1)], then LayerNorm."""
+    transformers = _transformers()
+    geometry = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 40, "layer_norm_eps": 1e-12,
+                "hidden_dropout_prob": 0.0, "vocab_size": 10, "type_vocab_size": 2}  # fmt: skip
+    if family == "bert":
+        from transformers.models.bert.modeling_bert import BertEmbeddings as Embeddings
+
+        hf_config, offset = transformers.BertConfig(**geometry), 0
+    else:
+        from transformers.models.roberta.modeling_roberta import RobertaEmbeddings as Embeddings
+
+        hf_config, offset = transformers.RobertaConfig(**{**geometry, "max_position_embeddings": 42}, pad_token_id=1), 2
+    hf = Embeddings(hf_config).eval()
+    with torch.no_grad():
+        for parameter in (hf.position_embeddings.weight, hf.token_type_embeddings.weight, hf.LayerNorm.bias):
+            parameter.normal_()
+        hf.LayerNorm.weight.normal_(mean=1.0, std=0.3)
+    params = {"position_offset": offset, "token_type": True, "embedding_norm": True, "norm_eps": 1e-12}
+    scheme = build_scheme("learned", SMALL, params, max_positions=40)
+    scheme.load_state_dict({
+        "weight": hf.position_embeddings.weight,  # all rows, the offset ones included
+        "token_type_embedding": hf.token_type_embeddings.weight[0],
+        "embedding_norm.weight": hf.LayerNorm.weight,
+        "embedding_norm.bias": hf.LayerNorm.bias,
+    })  # fmt: skip
+    assert scheme.weight.shape == (40 + offset, E)
+    x = torch.randn(2, 23, E)
+    with torch.no_grad():
+        expected = hf(inputs_embeds=x)
+        got = scheme.embed(x, torch.arange(23).expand(2, 23))
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-6)
+    with torch.no_grad():  # a decode step at positions 30..32 against explicit position ids (+ offset)
+        expected = hf(inputs_embeds=x[:, :3], position_ids=torch.arange(30, 33).expand(2, 3) + offset)
+        got = scheme.embed(x[:, :3], torch.arange(30, 33).expand(2, 3))
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-6)
+
+
+@covers("learned")
+def test_learned_equals_bart_positions_and_layernorm_embedding() -> None:
+    """BART: BartLearnedPositionalEmbedding (offset 2) added to the inputs, then layernorm_embedding."""
+    _transformers()
+    from transformers.models.bart.modeling_bart import BartLearnedPositionalEmbedding
+
+    positions = BartLearnedPositionalEmbedding(40, E)
+    norm = torch.nn.LayerNorm(E, eps=1e-5)
+    with torch.no_grad():
+        positions.weight.normal_()
+        norm.weight.normal_(mean=1.0, std=0.3)
+        norm.bias.normal_()
+    scheme = build_scheme("learned", SMALL, {"position_offset": 2, "embedding_norm": True, "norm_eps": 1e-5},
+                          max_positions=40)  # fmt: skip
+    scheme.load_state_dict(
+        {"weight": positions.weight, **{f"embedding_norm.{k}": v for k, v in norm.state_dict().items()}}
+    )
+    x = torch.randn(2, 5, E)
+    with torch.no_grad():
+        expected = norm(x + positions(x[..., 0], past_key_values_length=7))
+        got = scheme.embed(x, torch.arange(7, 12).expand(2, 5))
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-6)
+
+
+@covers("learned")
+def test_learned_options_are_named_state_dict_entries_and_validated() -> None:
+    scheme = build_scheme("learned", SMALL, {"position_offset": 2, "token_type": True, "embedding_norm": True},
+                          max_positions=10)  # fmt: skip
+    assert {k: tuple(v.shape) for k, v in scheme.state_dict().items()} == {
+        "weight": (12, E), "token_type_embedding": (E,), "embedding_norm.weight": (E,), "embedding_norm.bias": (E,)
+    }  # fmt: skip
+    scheme.embed(torch.zeros(1, 1, E), _positions([9]))  # row 11, the last one
+    with pytest.raises(PositionError, match="past the precomputed table of 10 rows"):
+        scheme.embed(torch.zeros(1, 1, E), _positions([10]))  # positions stay 0-based: 10 rows serve 0..9
+    assert set(build_scheme("learned", SMALL).state_dict()) == {"weight"}
+    with pytest.raises(ConfigError, match="'position_offset' must be >= 0"):
+        build_scheme("learned", SMALL, {"position_offset": -1})
+    with pytest.raises(ConfigError, match="'norm_eps' must be > 0"):
+        build_scheme("learned", SMALL, {"embedding_norm": True, "norm_eps": 0})
+
+
+# --------------------------------------------------------------------------------------------------
+# Odd widths: Marian (concat) and XLM (interleaved) tables
+# --------------------------------------------------------------------------------------------------
+
+
+@covers("sinusoidal")
+@pytest.mark.parametrize("dim", [7, 63, 64])
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+@pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
+def test_sinusoidal_equals_marian_and_xlm_tables_for_odd_and_even_widths(dim: int, layout: str, mode: str) -> None:
+    _transformers()
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+    from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
+
+    if layout == "concat":
+        expected = MarianSinusoidalPositionalEmbedding(50, dim).create_weight()
+    else:
+        expected = create_sinusoidal_embeddings(50, dim, torch.empty(50, dim))
+    config = AttentionConfig(hidden_size=dim, num_heads=1, head_dim=8, max_position_embeddings=50)
+    scheme = build_scheme("sinusoidal", config, {"layout": layout}, mode)
+    got = _encoding(scheme, torch.arange(50).unsqueeze(0))[0].float()
+    torch.testing.assert_close(got, expected, atol=2e-6 if mode == "dynamic" else 1e-7, rtol=0)
+    torch.testing.assert_close(sinusoidal_table(50, dim, layout), expected, atol=1e-7, rtol=0)
+
+
+@covers("sinusoidal")
+def test_odd_width_block_runs_and_decodes_like_a_full_recompute() -> None:
+    config = AttentionConfig(hidden_size=63, num_heads=4, head_dim=16, max_position_embeddings=32)
+    block = AttentionBlock(config, "sinusoidal", {"layout": "concat"}, "dynamic").double()
+    x = torch.randn(2, 9, 63, dtype=torch.float64)
+    full, _, _ = block(x)
+    _, k, v = block(x[:, :5])
+    step, _, _ = block(x[:, 5:], past_key=k, past_value=v)
+    torch.testing.assert_close(step, full[:, 5:])
+    assert full.shape == (2, 9, 63)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -52,8 +53,8 @@ def test_magnitude_lookup_raises_when_the_function_never_saturates() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Seed 004 eqs. 4-6 (Shaw et al.), one (b, h, i) at a time, float64."""
+def _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal: bool, scale=None, cap=None, window=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Seed 004 eqs. 4-6 (Shaw et al.), one (b, h, i) at a time, float64; optional scale, soft-cap and window."""
     r = scheme.params["max_relative_position"]
     a_k, a_v = scheme.key_table.detach().double(), scheme.value_table.detach().double()
     b_, h_, sq, d = q.shape
@@ -65,8 +66,11 @@ def _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal: bool) -> torch.Tensor:  #
                 for j in range(k.shape[2]):
                     row = min(max(int(k_pos[b, j] - q_pos[b, i]), -r), r) + r
                     rows.append(row)
-                    e = float(q[b, h, i] @ (k[b, h, j] + a_k[row])) / math.sqrt(d)
-                    logits.append(-math.inf if causal and k_pos[b, j] > q_pos[b, i] else e)
+                    e = float(q[b, h, i] @ (k[b, h, j] + a_k[row])) * (scale or 1 / math.sqrt(d))
+                    e = cap * math.tanh(e / cap) if cap else e
+                    distance = int(q_pos[b, i] - k_pos[b, j])
+                    hidden = (causal and distance < 0) or (window is not None and abs(distance) >= window)
+                    logits.append(-math.inf if hidden else e)
                 alpha = torch.softmax(torch.tensor(logits, dtype=torch.float64), dim=0)
                 out[b, h, i] = sum(alpha[j] * (v[b, h, j] + a_v[rows[j]]) for j in range(k.shape[2]))
     return out
@@ -81,6 +85,18 @@ def test_shaw_matches_naive_loop(mode: str, radius: int, causal: bool) -> None:
     q, k, v = _qkv(2, 5, 9)
     got = scheme.attend(q, k, v, q_pos, k_pos, causal)
     torch.testing.assert_close(got, _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal), atol=1e-12, rtol=1e-12)
+
+
+@covers("shaw")
+@pytest.mark.parametrize("causal", [True, False])
+def test_shaw_honours_scale_soft_cap_and_window(causal: bool) -> None:
+    config = dataclasses.replace(CONFIG, attn_scale=0.9, logit_softcap=1.5, sliding_window=3)
+    scheme = build_scheme("shaw", config, {"max_relative_position": 2}, "dynamic", table_dtype=torch.float64).double()
+    q_pos, k_pos = _decode_positions(2, 4, 5)
+    q, k, v = _qkv(2, 5, 9)
+    got = scheme.attend(q, k, v, q_pos, k_pos, causal)
+    expected = _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal, scale=0.9, cap=1.5, window=3)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
 
 
 @covers("shaw")

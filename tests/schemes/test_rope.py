@@ -7,6 +7,7 @@ computed per (i, j), and eq. 29 of seed 004 computed per query with explicit loo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -357,6 +358,25 @@ def test_rerope_scores_equal_naive_relative_rotation(
         out = scheme.attend(q_rows, k, k, q_pos, k_pos, causal)
         weights = torch.softmax(expected.masked_fill(~allowed, float("-inf")), dim=-1)
         torch.testing.assert_close(out, weights @ k, atol=1e-10, rtol=1e-10)
+
+
+@covers("rerope", "leaky_rerope")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_rerope_honours_scale_soft_cap_and_sliding_window(causal: bool) -> None:
+    config = dataclasses.replace(CONFIG, attn_scale=0.6, logit_softcap=2.0, sliding_window=5)
+    scheme = build_scheme("leaky_rerope", config, {"window": 3, "factor": 2.5}, "dynamic", table_dtype=torch.float64)
+    q, k, v = (torch.randn(2, 4, 12, 16, dtype=torch.float64) for _ in range(3))
+    positions = torch.arange(12).expand(2, 12)
+
+    def g(t: int) -> float:
+        return seed_g(t, 3, 7, 13)  # k = (13 - 3) / (7 - 3) = 2.5
+
+    scores = naive_rerope_scores(q, k, positions, positions, g, "half", 16) * math.sqrt(16) * 0.6
+    scores = 2.0 * torch.tanh(scores / 2.0)
+    i, j = torch.arange(12).view(-1, 1), torch.arange(12).view(1, -1)
+    visible = ((j <= i) & (i - j < 5)) if causal else ((i - j).abs() < 5)
+    expected = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+    torch.testing.assert_close(scheme.attend(q, k, v, positions, positions, causal), expected, atol=1e-10, rtol=1e-10)
 
 
 @covers("rerope", "leaky_rerope")

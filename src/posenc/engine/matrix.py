@@ -83,7 +83,8 @@ def matrix_cases(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<path>.lock`` (parallel test workers export or optimize each file once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -98,7 +99,7 @@ def exported(case: MatrixCase, folder: str | os.PathLike[str], config: Attention
     from posenc.export import export_onnx
 
     path = Path(folder) / f"{case.export_id}.onnx"
-    with _locked(path):
+    with locked(path):
         if not path.exists():
             export_onnx(
                 path,
@@ -130,7 +131,7 @@ def graph_for(
     if case.graph == "decomposed":
         return source
     path = source.with_name(f"{source.stem}.{target}.onnx")
-    with _locked(path):
+    with locked(path):
         if not path.exists():
             optimize_file(source, path, target, check=check)
     return path

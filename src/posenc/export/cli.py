@@ -61,6 +61,8 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
         fields["head_dim"] = None  # derive from the new sizes
     fields.update({k: v for k, v in overrides.items() if v is not None})
     config = AttentionConfig.from_dict(fields)
+    if "bidirectional" in params and scheme == "t5":
+        params["bidirectional"] = not config.causal  # imported from the config's causality; --causal may change it
     params.update(_parse_params(args.param))
     return config, scheme, params
 

@@ -6,11 +6,15 @@ posenc's :class:`~posenc.AttentionBlock` exports attention as
 
 where ``* scale`` is absent for schemes that do not scale scores (T5), the ``Cast`` pair appears for
 fp16/bf16 graphs (softmax in float32), ``bias`` for score-placement schemes (ALiBi, T5, the relative
-schemes), ``allowed`` for causal blocks (a boolean mask computed from the position ids), and ``k``/``v``
-may be grouped-query heads repeated with ``Unsqueeze/Expand/Reshape``.
+schemes), ``allowed`` for causal or sliding-window blocks (a boolean mask computed from the position ids),
+and ``k``/``v`` may be grouped-query heads repeated with ``Unsqueeze/Expand/Reshape``. A block with
+``logit_softcap`` has ``Mul(Tanh(Div(scores, cap)), cap)`` after the ``Cast`` (and after the bias).
 The fused op receives the un-repeated ``k``/``v`` (it handles grouped heads itself), the bias as additive
-``attn_mask`` with the causal mask folded in as ``-inf``, and ``softmax_precision=FLOAT`` when the graph
-computed the softmax in float32 (ONNX Runtime target only).
+``attn_mask`` with the causal mask folded in as ``-inf``, the scale (``attn_scale`` or the scheme's) as
+``scale``, and ``softmax_precision=FLOAT`` when the graph computed the softmax in float32 (ONNX Runtime
+target only). A soft-cap becomes the ``softcap`` attribute only when ``softcap=True`` (ONNX Runtime; TensorRT's
+parser rejects it) and no score bias is present (``Attention`` caps before adding its mask, posenc after the
+bias), otherwise the attention stays decomposed.
 """
 
 from __future__ import annotations
@@ -46,13 +50,15 @@ def _unrepeated(value: ir.Value) -> ir.Value:
 class _SoftmaxAttention(pattern.RewriteRuleClassBase):
     """One variant of the exported attention (with or without float32 softmax, bias, boolean mask)."""
 
-    def __init__(self, scaled: bool, wide: bool, biased: bool, masked: bool, softmax_precision: bool) -> None:
-        parts = [p for p, on in (("scaled", scaled), ("f32", wide), ("bias", biased), ("mask", masked)) if on]
-        super().__init__(name="attention" + "".join(f"_{p}" for p in parts))
-        self.scaled, self.wide, self.biased, self.masked = scaled, wide, biased, masked
+    def __init__(
+        self, scaled: bool, wide: bool, biased: bool, masked: bool, capped: bool, softmax_precision: bool
+    ) -> None:
+        flags = (("scaled", scaled), ("f32", wide), ("bias", biased), ("cap", capped), ("mask", masked))
+        super().__init__(name="attention" + "".join(f"_{p}" for p, on in flags if on))
+        self.scaled, self.wide, self.biased, self.masked, self.capped = scaled, wide, biased, masked, capped
         self.softmax_precision = softmax_precision
 
-    def pattern(self, op, q, k, v, scale, bias, allowed, fill):  # type: ignore[no-untyped-def]
+    def pattern(self, op, q, k, v, scale, bias, cap, cap_again, allowed, fill):  # type: ignore[no-untyped-def]
         scores = op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2]))
         if self.scaled:
             scores = op.Mul(scores, scale)
@@ -60,6 +66,8 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             scores = op.Cast(scores, _outputs=["wide"])
         if self.biased:
             scores = op.Add(scores, bias)
+        if self.capped:
+            scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap_again)
         if self.masked:
             scores = op.Where(op.Not(allowed), fill, scores)
         probs = op.Softmax(scores, axis=-1)
@@ -67,12 +75,16 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             probs = op.Cast(probs, _outputs=["narrow"])
         return op.MatMul(probs, v)
 
-    def check(self, context, q, k, v, scale=None, bias=None, allowed=None, fill=None, wide=None, narrow=None, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, q, k, v, scale=None, bias=None, allowed=None, fill=None, wide=None, narrow=None, **kw):  # type: ignore[no-untyped-def]
         result = pattern.MatchResult()
         if not all(mu.rank(t) == 4 for t in (q, k, v)):
             return result.fail("q, k, v are not [B, H, S, D]", q)
         if self.scaled and mu.const_scalar(scale) is None:
             return result.fail("the score scale is not a constant scalar", scale)
+        if self.capped:
+            cap, again = mu.const_scalar(kw.get("cap")), mu.const_scalar(kw.get("cap_again"))
+            if cap is None or again is None or cap != again or not cap > 0:
+                return result.fail("the soft-cap is not cap·tanh(scores / cap) with one constant cap > 0", q)
         if self.masked and (not mu.is_neg_inf(fill) or mu.dtype(allowed) != ir.DataType.BOOL):
             return result.fail("the mask is not a boolean filled with -inf", allowed)
         if self.wide and (mu.dtype(wide) != ir.DataType.FLOAT or mu.dtype(narrow) != mu.dtype(v)):
@@ -86,7 +98,7 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             return result.fail("Attention takes float32, float16 or bfloat16", q)
         return result
 
-    def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):  # type: ignore[no-untyped-def]
         mask = None
         if self.biased and self.masked:
             fill = op.Constant(value=ir.tensor([_NEG_INF], dtype=mu.dtype(bias)))
@@ -101,20 +113,24 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
         attributes: dict[str, float | int] = {"scale": factor}  # type: ignore[dict-item]
         if self.wide and self.softmax_precision:
             attributes["softmax_precision"] = int(ir.DataType.FLOAT)
+        if self.capped:
+            attributes["softcap"] = mu.const_scalar(cap)
         inputs = [q, _unrepeated(k), _unrepeated(v)] + ([mask] if mask is not None else [])
         return op.Attention(*inputs, **attributes)
 
 
-def _rules(softmax_precision: bool) -> pattern.RewriteRuleSet:
-    variants = itertools.product((True, False), repeat=4)
-    rules = [_SoftmaxAttention.rule(*variant, softmax_precision) for variant in variants]
+def _rules(softmax_precision: bool, softcap: bool) -> pattern.RewriteRuleSet:
+    variants = itertools.product((True, False), repeat=5)
+    # Attention caps the scores before adding its mask: a capped score bias has no fused form.
+    allowed = [(s, w, b, m, c) for s, w, b, m, c in variants if not c or (softcap and not b)]
+    rules = [_SoftmaxAttention.rule(*variant, softmax_precision) for variant in allowed]
     return pattern.RewriteRuleSet(rules, commute=True)
 
 
-_ATTENTION_RULES = {True: _rules(True), False: _rules(False)}
+_ATTENTION_RULES = {(p, c): _rules(p, c) for p in (True, False) for c in (True, False)}
 
 
-def fuse_attention(model: ir.Model, softmax_precision: bool = True) -> int:
+def fuse_attention(model: ir.Model, softmax_precision: bool = True, softcap: bool = True) -> int:
     """Replace exported softmax attention by ONNX ``Attention`` ops with the bias as additive mask.
 
     Args:
@@ -122,11 +138,13 @@ def fuse_attention(model: ir.Model, softmax_precision: bool = True) -> int:
         softmax_precision: mark float32 softmax of fp16/bf16 graphs with ``softmax_precision=FLOAT``
             (ONNX Runtime honours it; TensorRT's parser rejects the attribute, its kernels accumulate in
             float32 anyway).
+        softcap: fuse a logit soft-cap into the ``softcap`` attribute (ONNX Runtime); ``False`` leaves
+            soft-capped attention decomposed (TensorRT's parser rejects ``softcap``).
 
     Returns:
         The number of attention computations fused.
     """
-    return _ATTENTION_RULES[softmax_precision].apply_to_model(model)
+    return _ATTENTION_RULES[softmax_precision, softcap].apply_to_model(model)
 
 
 class _CausalIntoMask(pattern.RewriteRuleClassBase):

@@ -122,7 +122,8 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Callable[[ir.Mode
     ]
     if rope_mode in ("fused", "plugin"):
         plan += [("fuse_rope", rope.fuse_rope, True), ("fuse_partial_rope", rope.fuse_partial_rope, True)]
-    plan.append(("fuse_attention", lambda m: attention.fuse_attention(m, softmax_precision=target != "trt"), True))
+    ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap
+    plan.append(("fuse_attention", lambda m: attention.fuse_attention(m, softmax_precision=ort, softcap=ort), True))
     if rope_mode == "fused" and target == "ort-cpu":
         plan.append(("rope_to_3d", rope.rope_to_3d, True))
     if rope_mode == "fused" and target == "trt":

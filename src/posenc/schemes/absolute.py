@@ -11,7 +11,7 @@ in float32 (float64 for float64 hidden states) and returns the hidden states' dt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import functional as PF
-from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
@@ -63,21 +62,56 @@ class _Absolute(PositionalScheme):
 # --------------------------------------------------------------------------------------------------
 
 
-class LearnedAbsolute(_Absolute):
-    """BERT-style learned absolute embedding: ``hidden + weight[position]``.
+def _normal_table(rows: int, dim: int, dtype: torch.dtype, mean: float) -> nn.Parameter:
+    """A learned ``[rows, dim]`` table initialised ``N(mean, 0.02)``."""
+    return nn.Parameter(nn.init.normal_(torch.empty(rows, dim, dtype=dtype), mean=mean, std=_INIT_STD))
 
-    ``weight`` is an ``nn.Parameter [max_positions, E]`` in ``table_dtype``, initialised N(0, 0.02).
-    Its rows were trained only up to ``max_positions``: there is no dynamic mode and no extrapolation.
+
+class LearnedAbsolute(_Absolute):
+    """Learned absolute embedding as BERT, RoBERTa, BART, GPT-2 and OPT add it to the token embeddings.
+
+    ``out = LayerNorm((hidden + token_type) + weight[position + position_offset])`` with the pieces that are
+    switched on, in transformers' order (``BertEmbeddings``: ``inputs_embeds + token_type_embeddings``, then
+    ``+ position_embeddings``, then ``LayerNorm``; dropout off). Computed in float32 (float64 for float64).
+
+    Parameters (state dict keys under the block's ``scheme.``):
+
+    - ``weight [max_positions + position_offset, E]`` in ``table_dtype``, initialised N(0, 0.02): the position
+      table (``embeddings.position_embeddings.weight``; BART's ``embed_positions.weight``). Position ids stay
+      0-based: row ``p + position_offset`` serves position ``p`` (RoBERTa: offset ``padding_idx + 1``; BART,
+      OPT: 2), so the table holds the checkpoint's rows unchanged;
+    - ``token_type_embedding [E]`` with ``token_type``: the segment vector added to every token
+      (``embeddings.token_type_embeddings.weight[0]`` for single-segment input);
+    - ``embedding_norm.weight`` / ``embedding_norm.bias`` ``[E]`` with ``embedding_norm``: the LayerNorm after
+      the sum (``embeddings.LayerNorm``; BART's ``layernorm_embedding``), epsilon ``norm_eps``.
+
+    The rows were trained only up to ``max_positions``: there is no dynamic mode and no extrapolation.
     """
 
-    init_mean = 0.0
-
     def build(self) -> None:
-        weight = torch.empty(self.max_positions, self.config.hidden_size, dtype=self.table_dtype)
-        self.weight = nn.Parameter(nn.init.normal_(weight, mean=self.init_mean, std=_INIT_STD))
+        dim = self.config.hidden_size
+        self.position_offset = int(self.params["position_offset"])
+        self.weight = _normal_table(self.max_positions + self.position_offset, dim, self.table_dtype, 0.0)
+        self.token_type_embedding = nn.Parameter(torch.randn(dim) * _INIT_STD) if self.params["token_type"] else None
+        self.embedding_norm = nn.LayerNorm(dim, eps=self.params["norm_eps"]) if self.params["embedding_norm"] else None
 
     def rows(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(position_ids, self.weight)
+        return F.embedding(position_ids + self.position_offset if self.position_offset else position_ids, self.weight)
+
+    def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """``hidden [B, S, E]`` plus the token-type vector and position rows of ``position_ids [B, S]``, normed."""
+        if self.token_type_embedding is None and self.embedding_norm is None:
+            return super().embed(hidden, position_ids)
+        self.check_positions(position_ids)
+        compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        x = hidden.to(compute)
+        if self.token_type_embedding is not None:
+            x = x + self.token_type_embedding.to(compute)
+        x = x + self.rows(position_ids).to(compute)
+        norm = self.embedding_norm
+        if norm is not None:
+            x = F.layer_norm(x, norm.normalized_shape, norm.weight.to(compute), norm.bias.to(compute), norm.eps)
+        return x.to(hidden.dtype)
 
     def beyond_table_remedy(self, position: int) -> str:
         return (
@@ -94,8 +128,12 @@ class MultiplicativeAbsolute(LearnedAbsolute):
     close to the identity.
     """
 
-    init_mean = 1.0
     multiply = True
+
+    def build(self) -> None:
+        self.position_offset = 0
+        self.weight = _normal_table(self.max_positions, self.config.hidden_size, self.table_dtype, 1.0)
+        self.token_type_embedding = self.embedding_norm = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,7 +147,9 @@ class SinusoidalAbsolute(_Absolute):
     """Vaswani et al.'s fixed sinusoidal encoding added to the hidden states.
 
     ``interleaved``: ``PE[t, 2i] = sin(t ω_i)``, ``PE[t, 2i+1] = cos(t ω_i)``; ``concat``:
-    ``PE[t] = [sin(t ω), cos(t ω)]``; ``ω_i = base^(-2i/E)``.
+    ``PE[t] = [sin(t ω), cos(t ω)]``; ``ω_i = base^(-2i/E)``. An odd E has one sine more than cosines:
+    ``concat`` is then Marian's table (``MarianSinusoidalPositionalEmbedding``: ``(E + 1) / 2`` sines, then
+    ``(E - 1) / 2`` cosines), ``interleaved`` XLM's (the last column a sine).
 
     ``precomputed``: the table ``[max_positions, E]`` from :func:`posenc.functional.sinusoidal_table`
     (float64 angles, stored in ``table_dtype``). ``dynamic``: angles computed from the positions with
@@ -118,7 +158,6 @@ class SinusoidalAbsolute(_Absolute):
     """
 
     def build(self) -> None:
-        _check_even_hidden(self.params, self.config)
         self.layout = self.params["layout"]
         dim, base = self.config.hidden_size, self.params["base"]
         if self.table_mode is TableMode.PRECOMPUTED:
@@ -137,15 +176,7 @@ class SinusoidalAbsolute(_Absolute):
             angles = position_ids.to(torch.float64).unsqueeze(-1) * self.inv_freq
         else:
             angles = PF.exact_angles(position_ids, self.turns)
-        return PF.sinusoidal_from_angles(angles, self.layout).to(self.table_dtype)
-
-
-def _check_even_hidden(params: Mapping[str, Any], config: AttentionConfig) -> None:
-    if config.hidden_size % 2:
-        raise ConfigError(
-            f"sinusoidal needs an even hidden_size (sin/cos pairs), got {config.hidden_size}; use an even "
-            f"hidden_size, or a scheme without pairs such as 'learned'."
-        )
+        return PF.sinusoidal_from_angles(angles, self.layout, self.config.hidden_size).to(self.table_dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,11 +343,36 @@ LearnedAbsolute.spec = SchemeSpec(
     title="Learned absolute position embedding",
     family="absolute",
     placement=Placement.EMBEDDING,
-    params=(),
+    params=(
+        Param(
+            "position_offset",
+            "int",
+            0,
+            "table row of position p is p + offset (RoBERTa: padding_idx + 1; BART, OPT: 2); the table has "
+            "max_positions + offset rows",
+            minimum=0,
+        ),
+        Param("token_type", "bool", False, "add a learned token-type vector (BERT/RoBERTa token_type_embeddings[0])"),
+        Param(
+            "embedding_norm",
+            "bool",
+            False,
+            "LayerNorm after adding the rows (BERT/RoBERTa embeddings.LayerNorm, BART layernorm_embedding)",
+        ),
+        Param(
+            "norm_eps", "float", 1e-12, "epsilon of that LayerNorm (layer_norm_eps)", minimum=0, exclusive_minimum=True
+        ),
+    ),
     table_modes=_PRECOMPUTED,
     citation=f"{_BERT}; Gehring et al., Convolutional Sequence to Sequence Learning, ICML 2017",
-    summary="A trained [max_positions, hidden] table added to the hidden states (BERT, GPT-2, OPT).",
-    verified_against="torch.nn.functional.embedding gather added to the input (BERT/GPT-2 embeddings)",
+    summary="A trained [max_positions, hidden] table added to the hidden states (BERT, RoBERTa, BART, GPT-2, OPT).",
+    cases={
+        "default": {},
+        "bert": {"token_type": True, "embedding_norm": True},
+        "roberta_offset": {"position_offset": 2},
+    },
+    verified_against="transformers BertEmbeddings, RobertaEmbeddings, BartLearnedPositionalEmbedding + "
+    "layernorm_embedding (copied weights)",
 )
 MultiplicativeAbsolute.spec = SchemeSpec(
     name="multiplicative",
@@ -348,8 +404,8 @@ SinusoidalAbsolute.spec = SchemeSpec(
     citation=_VASWANI,
     summary="The fixed sin/cos table added to the hidden states; PE(t+k) is a rotation of PE(t).",
     cases={"default": {}, "concat": {"layout": "concat"}},
-    validate=_check_even_hidden,
-    verified_against="naive double loop of the formula (seed 003); the seed's numpy table; float64 angles",
+    verified_against="naive double loop of the formula (seed 003); transformers' MarianSinusoidalPositionalEmbedding "
+    "(concat) and XLM create_sinusoidal_embeddings (interleaved), even and odd widths; float64 angles",
 )
 Floater.spec = SchemeSpec(
     name="floater",

@@ -258,6 +258,13 @@ class PositionalScheme(TableHolder):
             return f"{longer} or use table mode 'dynamic'."
         return f"{longer}."
 
+    def share_projections(self, query: nn.Linear, key: nn.Linear) -> None:
+        """Called by :class:`~posenc.blocks.AttentionBlock` with its ``q_proj`` / ``k_proj``.
+
+        Schemes whose position terms reuse the block's projections (DeBERTa with ``share_att_key``) keep
+        references to them; the default ignores them.
+        """
+
     # -- placement methods (override the one that applies) ---------------------------------------
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -270,8 +277,21 @@ class PositionalScheme(TableHolder):
         raise NotImplementedError
 
     def score_scale(self) -> float:
-        """Multiplier of ``q @ k^T`` (and of any content term inside :meth:`bias`)."""
+        """Multiplier of ``q @ k^T`` (and of any term inside :meth:`bias` that is scaled with it).
+
+        ``config.attn_scale`` when set, else the scheme's :meth:`default_score_scale`.
+        """
+        if self.config.attn_scale is not None:
+            return self.config.attn_scale
+        return self.default_score_scale()
+
+    def default_score_scale(self) -> float:
+        """The scheme's own score multiplier (``1/√D``; schemes with more or unscaled terms override it)."""
         return 1.0 / math.sqrt(self.config.head_dim)
+
+    def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:
+        """:func:`attention_mask` with this scheme's ``config.sliding_window`` (for schemes that attend)."""
+        return attention_mask(q_pos, k_pos, causal, self.config.sliding_window)
 
     def attend(
         self,
@@ -288,6 +308,30 @@ class PositionalScheme(TableHolder):
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """Boolean ``[B, 1, Sq, Sk]``: True where key position <= query position (may attend)."""
     return (k_pos.unsqueeze(1) <= q_pos.unsqueeze(2)).unsqueeze(1)
+
+
+def attention_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, sliding_window: int | None = None
+) -> torch.Tensor | None:
+    """Which keys each query sees: boolean ``[B, 1, Sq, Sk]`` (True = may attend), or ``None`` for all.
+
+    Causal: key position <= query position, and with a window ``w`` also ``k_pos > q_pos - w`` (transformers'
+    ``sliding_window_overlay``); bidirectional with a window: ``|q_pos - k_pos| < w``.
+    """
+    if sliding_window is None:
+        return causal_mask(q_pos, k_pos) if causal else None
+    if causal:
+        recent = k_pos.unsqueeze(1) > q_pos.unsqueeze(2) - sliding_window
+        return causal_mask(q_pos, k_pos) & recent.unsqueeze(1)
+    near = (q_pos.unsqueeze(2) - k_pos.unsqueeze(1)).abs() < sliding_window
+    return near.unsqueeze(1)
+
+
+def soft_cap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's logit soft-capping ``cap · tanh(scores / cap)`` (identity when ``cap`` is ``None``)."""
+    if cap is None:
+        return scores
+    return torch.tanh(scores / cap) * cap
 
 
 def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,6 @@ Distances follow :func:`posenc.schemes.base.relative_distance`: ``d = key_pos - 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -34,9 +33,9 @@ from posenc.schemes.base import (
     PositionalScheme,
     SchemeSpec,
     TableMode,
-    causal_mask,
     is_tracing,
     relative_distance,
+    soft_cap,
 )
 
 BOTH_MODES = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
@@ -112,10 +111,12 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 class ShawRelative(PositionalScheme):
     """Shaw et al. relative positions with key and value terms (attention placement).
 
-    ``e_ij = q_i · (k_j + a^K[c(j - i)]) / √D``, ``z_i = Σ_j α_ij (v_j + a^V[c(j - i)])`` with
-    ``c(d) = clip(d, -R, R) + R``. ``a^K`` and ``a^V`` are learned ``[2R + 1, D]`` tables shared by all heads.
-    The key term is ``q @ a^Kᵀ`` gathered per (i, j); the value term sums the probabilities that fall on each
-    clipped distance (a one-hot matmul, so only Equal/Cast/MatMul reach the exported graph).
+    ``e_ij = q_i · (k_j + a^K[c(j - i)]) / √D`` (``config.attn_scale`` replaces ``1/√D``, then
+    ``config.logit_softcap`` and ``config.sliding_window`` apply as in the block),
+    ``z_i = Σ_j α_ij (v_j + a^V[c(j - i)])`` with ``c(d) = clip(d, -R, R) + R``. ``a^K`` and ``a^V`` are learned
+    ``[2R + 1, D]`` tables shared by all heads. The key term is ``q @ a^Kᵀ`` gathered per (i, j); the value term
+    sums the probabilities that fall on each clipped distance (a one-hot matmul, so only Equal/Cast/MatMul reach
+    the exported graph).
 
     ``precomputed`` stores ``c`` over the ``2M - 1`` distances; ``dynamic`` clamps in the graph.
     Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]`` -> ``[B, H, Sq, D]``.
@@ -158,9 +159,10 @@ class ShawRelative(PositionalScheme):
         qc, kc, vc = q.to(compute), k.to(compute), v.to(compute)
         key_logits = qc @ self.key_table.to(compute).T  # [B, H, Sq, 2R + 1]
         relative = torch.gather(key_logits, -1, rows.unsqueeze(1).expand(b, h, sq, sk))
-        scores = (qc @ kc.transpose(-1, -2) + relative) / math.sqrt(self.config.head_dim)
-        if causal:
-            scores = scores.masked_fill(~causal_mask(q_pos, k_pos), float("-inf"))
+        scores = soft_cap((qc @ kc.transpose(-1, -2) + relative) * self.score_scale(), self.config.logit_softcap)
+        mask = self.visible(q_pos, k_pos, causal)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         one_hot = (rows.unsqueeze(-1) == torch.arange(self.key_table.shape[0], device=rows.device)).to(compute)
         row_weights = (probs.transpose(1, 2) @ one_hot).transpose(1, 2)  # [B, H, Sq, 2R + 1]

@@ -30,6 +30,7 @@ from posenc.schemes.base import (
     TableMode,
     Tolerance,
     causal_mask,
+    soft_cap,
     softmax_attention,
 )
 
@@ -388,7 +389,7 @@ class ReRope(PositionalScheme):
         if not causal:
             far_neg = self._rot(q, self.far_q_neg, q_pos) @ k_far
             scores = torch.where(distance <= -self.window, far_neg, scores)
-        return scores / math.sqrt(self.config.head_dim)
+        return scores * self.score_scale()
 
     def attend(
         self,
@@ -399,8 +400,8 @@ class ReRope(PositionalScheme):
         k_pos: torch.Tensor,
         causal: bool,
     ) -> torch.Tensor:
-        scores = self.scores(q, k, q_pos, k_pos, causal)
-        mask = causal_mask(q_pos, k_pos) if causal else None
+        scores = soft_cap(self.scores(q, k, q_pos, k_pos, causal), self.config.logit_softcap)
+        mask = self.visible(q_pos, k_pos, causal)
         return softmax_attention(scores, v.to(scores.dtype), mask).to(v.dtype)
 
 
@@ -525,6 +526,20 @@ class RopeLinearAttention(PositionalScheme):
         return (numerator / denominator).to(v.dtype)
 
 
+def _validate_linear_attention(params: dict, config: AttentionConfig) -> None:
+    rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
+    softmax_only = {
+        name: getattr(config, name)
+        for name in ("attn_scale", "logit_softcap", "sliding_window")
+        if getattr(config, name)
+    }
+    if softmax_only:
+        raise ConfigError(
+            f"rope_linear_attention has no softmax scores for {sorted(softmax_only)} to act on (φ(q)·φ(k) is "
+            f"normalised by its own sum); leave them unset, or use a softmax scheme such as 'rope'."
+        )
+
+
 RopeLinearAttention.spec = SchemeSpec(
     name="rope_linear_attention",
     title="RoPE in linear attention",
@@ -540,7 +555,7 @@ RopeLinearAttention.spec = SchemeSpec(
         "bfloat16": Tolerance(atol=4e-2, rtol=4e-2),
     },
     cases={"default": {}, "interleaved": {"layout": "interleaved"}},
-    validate=lambda p, c: rotary_dim_of(c.head_dim, p["partial_rotary_factor"]) and None,
+    validate=_validate_linear_attention,
     verified_against="eq. 29 of seed 004 computed per query with explicit loops; the O(S) recurrent form",
 )
 register(RopeLinearAttention.spec, RopeLinearAttention)

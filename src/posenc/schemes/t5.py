@@ -133,14 +133,14 @@ class T5BucketBias(TableHolder):
 class T5Bias(PositionalScheme):
     """T5 relative bias (Raffel et al.): a learned ``[num_buckets, H]`` table added to unscaled scores.
 
-    T5 folds ``1/√D`` into its initialisation, so :meth:`score_scale` is 1. Shapes: positions ``[B, S]`` ->
+    T5 folds ``1/√D`` into its initialisation, so its default score scale is 1. Shapes: positions ``[B, S]`` ->
     bias ``[B, H, Sq, Sk]``.
     """
 
     def build(self) -> None:
         self.relative_bias = T5BucketBias.of_scheme(self)
 
-    def score_scale(self) -> float:
+    def default_score_scale(self) -> float:
         return 1.0
 
     def bias(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ class Tupe(PositionalScheme):
         self.pos_key_proj = nn.Linear(hidden, width, bias=False)  # U^K
         self.relative_bias = T5BucketBias.of_scheme(self) if self.params["relative"] else None
 
-    def score_scale(self) -> float:
+    def default_score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.config.head_dim)
 
     def _project(self, positions: torch.Tensor, layer: nn.Linear, dtype: torch.dtype) -> torch.Tensor:

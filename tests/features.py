@@ -1,0 +1,127 @@
+"""Attention blocks with the options real checkpoints need, exported once per test session.
+
+Each :class:`FeatureCase` is one block (scheme, parameters, geometry with the attention options, table mode,
+dtype) shaped after the model family it stands for. The parity, fusion and engine tests share the exports
+through the session's ``export_cache`` folder (locked, so parallel workers export each file once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from posenc import AttentionConfig
+from posenc.engine.matrix import locked
+
+_DECODER = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
+GEMMA = dataclasses.replace(
+    _DECODER, qkv_bias=True, out_bias=True, attn_scale=0.2, logit_softcap=0.5, sliding_window=4, qk_norm="rms"
+)
+FALCON = AttentionConfig(hidden_size=96, num_heads=6, max_position_embeddings=64, qkv_bias=True, out_bias=True)
+CAPPED_ENCODER = AttentionConfig(
+    hidden_size=48, num_heads=6, max_position_embeddings=64, causal=False, logit_softcap=1.0, sliding_window=3
+)
+BERT = AttentionConfig(hidden_size=64, num_heads=4, max_position_embeddings=64, causal=False, qkv_bias=True,
+                       out_bias=True)  # fmt: skip
+BERT_EMBEDDINGS = {"position_offset": 2, "token_type": True, "embedding_norm": True}
+MARIAN = AttentionConfig(hidden_size=63, num_heads=4, head_dim=16, max_position_embeddings=64, out_bias=True)
+DEBERTA = dataclasses.replace(BERT, attn_scale=None)
+LOCAL = dataclasses.replace(_DECODER, attn_scale=0.3, logit_softcap=2.0, sliding_window=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureCase:
+    """One exported attention block with new options."""
+
+    name: str
+    scheme: str
+    config: AttentionConfig
+    params: Mapping[str, Any]
+    table_mode: str
+    dtype: str
+    slow: bool = False
+    """Redundant for parity: its options are exported by another case (``make test-slow`` runs it)."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.table_mode}-{self.dtype}"
+
+    @property
+    def biased(self) -> bool:
+        return self.scheme in ("alibi", "deberta", "t5", "tupe", "transformer_xl")
+
+    @property
+    def fused_attention_expected(self) -> dict[str, int]:
+        """Attention fusions per target: declined for schemes that attend themselves, a soft-cap on TensorRT
+        (its parser rejects ``softcap``) and a soft-capped score bias (``Attention`` caps before its mask)."""
+        if self.scheme in ("shaw", "rerope", "leaky_rerope"):
+            return {"ort-cpu": 0, "trt": 0}
+        capped = self.config.logit_softcap is not None
+        return {"ort-cpu": int(not (capped and self.biased)), "trt": int(not capped)}
+
+
+FEATURE_CASES = [
+    FeatureCase("gemma2", "rope", GEMMA, {}, "precomputed", "float16"),
+    FeatureCase("gemma2", "rope", GEMMA, {}, "dynamic", "float32"),
+    FeatureCase("falcon_alibi", "alibi", FALCON, {"scaled": True, "bf16_rounding": True}, "precomputed", "float16"),
+    FeatureCase("falcon_alibi", "alibi", FALCON, {"scaled": True, "bf16_rounding": True}, "dynamic", "float32"),
+    FeatureCase("alibi_encoder_window_capped", "alibi", CAPPED_ENCODER, {"alibi_bias_max": 6.0}, "dynamic", "float32"),
+    FeatureCase("bert_learned", "learned", BERT, BERT_EMBEDDINGS, "precomputed", "float32"),
+    FeatureCase("bert_learned", "learned", BERT, BERT_EMBEDDINGS, "precomputed", "float16"),
+    FeatureCase("marian_sinusoidal_odd", "sinusoidal", MARIAN, {"layout": "concat"}, "precomputed", "float16"),
+    FeatureCase("xlm_sinusoidal_odd", "sinusoidal", MARIAN, {"layout": "interleaved"}, "dynamic", "float32"),
+    FeatureCase(
+        "deberta_v3",
+        "deberta",
+        DEBERTA,
+        {"share_att_key": True, "rel_norm": True, "position_buckets": 8, "max_relative_positions": 16},
+        "precomputed",
+        "float16",
+    ),
+    FeatureCase(
+        "deberta_p2c_shared",
+        "deberta",
+        DEBERTA,
+        {"share_att_key": True, "pos_att_type": "p2c", "position_buckets": 8, "max_relative_positions": 16},
+        "dynamic",
+        "float32",
+        slow=True,
+    ),
+    FeatureCase("shaw_local", "shaw", LOCAL, {"max_relative_position": 3}, "dynamic", "float32", slow=True),
+    FeatureCase("rerope_local", "rerope", LOCAL, {"window": 3}, "precomputed", "float16"),
+]
+"""Every option in fp32 and fp16 and in both table modes where its scheme has them."""
+
+ENGINE_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" and c.scheme != "rerope"]
+"""One engine per option: q/k norm, soft-cap, window, biases (gemma2); scaled ALiBi; BERT embeddings; odd
+sinusoids; shared DeBERTa projections. (TensorRT-RTX has no fp16 fused-attention kernel for head_dim 8, so the
+blocks keep head_dim >= 16.)"""
+FUSION_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" or c.name in ("gemma2", "alibi_encoder_window_capped")]
+"""The fp16 blocks (their TensorRT graphs are the engine tests' too), the fp32 dynamic RoPE block and the
+soft-capped ALiBi block whose attention must stay decomposed."""
+
+
+def exported_feature(folder: Path, case: FeatureCase) -> Path:
+    """The block of ``case`` exported to ONNX in ``folder`` (on first use)."""
+    from posenc.export import export_onnx
+
+    path = folder / f"feature_{case.id}.onnx"
+    with locked(path):
+        if not path.exists():
+            export_onnx(path, case.scheme, unit="block", params=case.params, config=case.config,
+                        table_mode=case.table_mode, dtype=case.dtype)  # fmt: skip
+    return path
+
+
+def optimized_feature(folder: Path, case: FeatureCase, target: str) -> Path:
+    """``posenc optimize`` of the export for ``target`` (parity before/after checked on ONNX Runtime CPU)."""
+    from posenc.graphs import optimize_file
+
+    source = exported_feature(folder, case)
+    path = source.with_name(f"{source.stem}.{target}.onnx")
+    with locked(path):
+        if not path.exists():
+            optimize_file(source, path, target)
+    return path

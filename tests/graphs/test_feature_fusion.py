@@ -1,0 +1,47 @@
+"""Fusion of blocks with the options of real checkpoints: biases, q/k norm and windows keep RoPE and Attention
+fused; ``attn_scale`` and ``logit_softcap`` become the ``scale`` / ``softcap`` attributes where the target takes
+them; what cannot be fused exactly (a soft-cap on TensorRT, a soft-capped score bias) stays decomposed."""
+
+from __future__ import annotations
+
+import pytest
+
+from posenc import AttentionBlock
+from posenc.export import FeedShape, load_manifest, make_feed
+from posenc.graphs import load_model
+from posenc.validate import tolerance_for
+from tests.features import FUSION_CASES, FeatureCase, exported_feature, optimized_feature
+from tests.graphs.artifacts import count_rotations
+from tests.graphs.helpers import assert_close, nodes, ort_run
+
+
+@pytest.mark.parametrize("case", FUSION_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("target", ["ort-cpu", "trt"])
+def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase, target: str) -> None:
+    source = exported_feature(export_cache, case)
+    manifest = load_manifest(source)
+    feed = make_feed(manifest, FeedShape(batch=2, seq=5, past=3), seed=4)
+    rotations, reference = count_rotations(source, feed)
+    path = optimized_feature(export_cache, case, target)
+    record = {p["name"]: p["count"] for p in load_manifest(path, verify=False).extras["optimized"]["passes"]}
+    model = load_model(path)
+    assert record["fuse_attention"] == case.fused_attention_expected[target]
+    assert record["fuse_rope"] == rotations  # ReRoPE's rotations too
+    if case.scheme == "rope" and target == "ort-cpu":  # the q/k RMSNorm sits between the head split and RoPE
+        assert record["rope_to_3d"] == (0 if case.config.qk_norm == "rms" else rotations)
+    attention = nodes(model, "Attention")
+    assert len(attention) == record["fuse_attention"]
+    scale = AttentionBlock(case.config, case.scheme, case.params, case.table_mode).scheme.score_scale()
+    for node in attention:
+        rel = 1e-3 if case.dtype == "float16" else 1e-6  # the graph's scale constant has the activation dtype
+        assert node.attributes.get_float("scale", 0.0) == pytest.approx(scale, rel=rel)
+        softcap = node.attributes.get_float("softcap", 0.0)
+        assert softcap == (case.config.logit_softcap or 0.0)
+        if case.config.sliding_window is not None or case.config.causal or case.biased:
+            assert node.inputs[3] is not None, "the window / causal mask / bias must reach the op"
+    if case.config.logit_softcap is not None and not attention:
+        assert nodes(model, "Tanh"), "the declined soft-cap stays in the graph"
+    after = ort_run(model, feed)
+    for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
+        tol = tolerance_for(case.scheme, case.dtype, name)
+        assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
