@@ -29,7 +29,7 @@ class Case:
     """One checkpoint layer to prove: where it is and what to check."""
 
     folder: Path
-    layer: int = 0
+    layer: int | None = 0
     layer_type: str | None = None
     table_modes: tuple[str, ...] = ("precomputed", "dynamic")
     long: bool = True
@@ -57,17 +57,9 @@ def _errors(got: dict[str, np.ndarray], want: tuple[torch.Tensor, ...]) -> dict[
 def export_layer(case: Case, folder: Path, table_mode: str) -> Path:
     """``posenc export --hf-model`` of the case's layer; asserts the CLI succeeded."""
     out = folder / f"{case.layer_type or 'layer'}{case.layer}-{table_mode}.onnx"
-    args = [
-        "export",
-        "--hf-model",
-        str(case.folder),
-        "--layer",
-        str(case.layer),
-        "--table-mode",
-        table_mode,
-        "-o",
-        str(out),
-    ]
+    args = ["export", "--hf-model", str(case.folder), "--table-mode", table_mode, "-o", str(out)]
+    if case.layer is not None:
+        args += ["--layer", str(case.layer)]
     if case.layer_type:
         args += ["--layer-type", case.layer_type]
     assert main(args) == 0

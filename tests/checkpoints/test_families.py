@@ -40,11 +40,46 @@ def _qwen2_yarn(folder: Path) -> Case:
     return Case(tiny.save_tiny(Qwen2ForCausalLM, config, folder), layer=0)
 
 
-def _mistral(folder: Path) -> Case:
+def _llama_biases(folder: Path) -> Case:
+    return Case(tiny.llama(folder, max_position_embeddings=LONG_CONTEXT, attention_bias=True), layer=0)
+
+
+def _mistral_window(folder: Path) -> Case:
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(**{**tiny.TINY, "max_position_embeddings": LONG_CONTEXT, "sliding_window": None})
+    config = MistralConfig(**{**tiny.TINY, "max_position_embeddings": LONG_CONTEXT, "sliding_window": 6})
     return Case(tiny.save_tiny(MistralForCausalLM, config, folder), layer=2)
+
+
+def _qwen3_norms(folder: Path) -> Case:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**{**tiny.TINY, "head_dim": 16, "max_position_embeddings": LONG_CONTEXT})
+    return Case(tiny.save_tiny(Qwen3ForCausalLM, config, folder), layer=1)
+
+
+def _gemma(version: str, layer: int | None, layer_type: str | None = None) -> Callable[[Path], Case]:
+    def build(folder: Path) -> Case:
+        import transformers
+
+        config_class, model_class = {
+            "1": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
+            "2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+            "3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        }[version]
+        extra = {"head_dim": 16, "max_position_embeddings": LONG_CONTEXT, "num_hidden_layers": 4}
+        if version != "1":
+            extra.update(sliding_window=5, query_pre_attn_scalar=24)
+        if version == "3":
+            rope = {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0},
+            }
+            extra.update(sliding_window_pattern=2, attn_logit_softcapping=30.0, rope_parameters=rope)
+        config = config_class(**{**tiny.TINY, **extra})
+        return Case(tiny.save_tiny(model_class, config, folder), layer=layer, layer_type=layer_type)
+
+    return build
 
 
 def _gptj(folder: Path) -> Case:
@@ -83,7 +118,14 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "llama": _llama,
     "llama3-scaling": _llama_scaled,
     "qwen2-yarn-qkv-bias": _qwen2_yarn,
-    "mistral": _mistral,
+    "llama-attention-bias": _llama_biases,
+    "mistral-sliding-window": _mistral_window,
+    "qwen3-qk-norm": _qwen3_norms,
+    "gemma": _gemma("1", 1),
+    "gemma2-softcap-sliding": _gemma("2", 0),
+    "gemma2-full": _gemma("2", 1),
+    "gemma3-sliding": _gemma("3", None, "sliding_attention"),
+    "gemma3-full-linear": _gemma("3", None, "full_attention"),
     "gptj-interleaved-partial": _gptj,
     "phi3-longrope-partial-fused-qkv": _phi3_longrope,
     "t5-encoder-layer1": _t5("encoder", 1),

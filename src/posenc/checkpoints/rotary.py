@@ -91,8 +91,7 @@ PROJECTION_RULES: tuple[Rule, ...] = (
         ("v_proj.bias", "v_proj.bias"),
         when=lambda plan: plan.config.qkv_bias,
     ),
-    # TODO(merge blockfeat): plan.config.out_bias
-    *rename(("o_proj.bias", "o_proj.bias"), when=lambda plan: getattr(plan.config, "out_bias", False)),
+    *rename(("o_proj.bias", "o_proj.bias"), when=lambda plan: plan.config.out_bias),
 )
 """Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj`` modules (and their biases), named as in the block."""
 
@@ -100,9 +99,9 @@ PROJECTION_RULES: tuple[Rule, ...] = (
 def norm_rules(transform: Transform = same) -> tuple[Rule, ...]:
     """Per-head q/k RMSNorm weights (``q_norm``/``k_norm``), through ``transform`` (e.g. Gemma's ``1 + w``)."""
     return tuple(
-        Rule((target,), (target,), transform, when=lambda plan: getattr(plan.config, "qk_norm", "none") != "none")
+        Rule((target,), (target,), transform, when=lambda plan: plan.config.qk_norm != "none")
         for target in ("q_norm.weight", "k_norm.weight")
-    )  # TODO(merge blockfeat): plan.config.qk_norm
+    )
 
 
 def float64_scheme(plan: LayerPlan) -> Any:
@@ -165,8 +164,9 @@ class RotaryReference(TransformersReference):
         cache = prefilled_cache(layer, past_key, past_value)
         past = 0 if past_key is None else past_key.shape[2]
         config = self.plan.config
-        window = getattr(config, "sliding_window", None)
-        mask = attention_mask(position_ids, key_positions(position_ids, past), config.causal, window, self.dtype)
+        mask = attention_mask(
+            position_ids, key_positions(position_ids, past), config.causal, config.sliding_window, self.dtype
+        )
         cos, sin = self.position_embeddings(hidden, position_ids)
         out = self.attention(hidden, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=cache)[0]
         key, value = cached(cache, layer)

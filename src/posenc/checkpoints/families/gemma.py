@@ -1,7 +1,9 @@
 """Gemma, Gemma 2, Gemma 3 (text): the Llama convention plus what Gemma adds.
 
 - Gemma 2 and 3 scale scores by ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``;
-- Gemma 2 soft-caps the scaled scores (``attn_logit_softcapping``: ``cap * tanh(scores / cap)``);
+- Gemma 2 soft-caps the scaled scores (``attn_logit_softcapping``: ``cap * tanh(scores / cap)``); Gemma 3's config
+  carries the same key, but transformers' ``Gemma3Attention`` never passes it to its attention function, so a
+  Gemma 3 layer is loaded without soft-capping (the module is the reference, not the config);
 - Gemma 2 and 3 alternate sliding-window and full-attention layers (``layer_types``, ``sliding_window``);
 - Gemma 3 normalises q and k per head (``q_norm``/``k_norm``, RMSNorm computed as ``x̂ · (1 + w)``: the block
   stores ``1 + w``, which float32 rounds exactly as transformers does at run time) and gives each layer type its
@@ -30,7 +32,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     features: dict[str, Any] = {"qkv_bias": bool(hf.attention_bias), "out_bias": bool(hf.attention_bias)}
     if getattr(hf, "query_pre_attn_scalar", None):
         features["attn_scale"] = float(hf.query_pre_attn_scalar) ** -0.5
-    if getattr(hf, "attn_logit_softcapping", None):
+    if hf.model_type == "gemma2" and hf.attn_logit_softcapping:
         features["logit_softcap"] = float(hf.attn_logit_softcapping)
     if hf.model_type == "gemma3_text":
         features.update(qk_norm="rms", qk_norm_eps=float(hf.rms_norm_eps))
