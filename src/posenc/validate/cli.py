@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from posenc.errors import ConfigError
+
 VALIDATE_EPILOG = """\
 examples:
+  posenc validate out/layer3.onnx --against-hf ckpt/   # vs the checkpoint's own transformers module too
   posenc validate out/rope.onnx
   posenc validate out/rope.onnx --shape 1,1,0 --shape 4,33,100 --report parity.md --json parity.json
   posenc validate out/yarn_fp16.onnx --batch 2 --seq 1 --past 511 --runs parity.runs.json
@@ -19,6 +22,10 @@ the eager module in float64 (tables recomputed in float64), feeds both realistic
 past + arange(seq)) and compares every output with polygraphy (ONNX Runtime; CUDA provider when present;
 with --engine also polygraphy's TrtRunner on each engine, which needs an NVIDIA GPU and datacenter tensorrt).
 Default shapes: (B, S, P) = (1, 1, 0), (3, 7, 0), (2, 1, 9), (2, 13, 5), shrunk to fit a short table.
+With --against-hf DIR (a model exported with `posenc export --hf-model DIR`), the references are the float64
+eager rebuild, transformers' own attention module of that layer in fp32 (its own angles), and the same module
+in float64 with float64 angles; a feed ending at the context length is added, where transformers' fp32 angles
+drift, so its fp32 rows there are informational. Every row names its reference.
 exit status: 0 every output within tolerance; 1 a mismatch (the table shows which);
 2 an error: missing/corrupt model, manifest or weights, hash mismatch, positions past the table."""
 
@@ -54,14 +61,23 @@ def _validate(args: argparse.Namespace) -> int:
         from posenc.engine import engine_runner
 
         runners += [engine_runner(path) for path in args.engine]
-    report = validate_onnx(
-        args.model,
-        shapes=shapes or None,
-        runners=runners,
-        providers=providers.get(args.provider),
-        seed=args.seed,
-        quiet=not args.verbose,
-    )
+    common = {
+        "shapes": shapes or None,
+        "runners": runners,
+        "providers": providers.get(args.provider),
+        "seed": args.seed,
+        "quiet": not args.verbose,
+    }
+    if args.against_hf is not None:
+        from posenc.validate.checkpoint import validate_against_checkpoint
+
+        report = validate_against_checkpoint(
+            args.model, args.against_hf, layer=args.layer, layer_type=args.layer_type, **common
+        )
+    elif args.layer is not None or args.layer_type is not None:
+        raise ConfigError("--layer and --layer-type select the layer of --against-hf DIR; give --against-hf too.")
+    else:
+        report = validate_onnx(args.model, **common)
     print(report.to_markdown(), end="")
     report.save(markdown=args.report, json_path=args.json, run_results=args.runs)
     for path in (args.report, args.json, args.runs):
@@ -121,6 +137,16 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="ENGINE",
         help="also run this TensorRT engine (posenc build output) with polygraphy's TrtRunner (repeat; GPU only)",
+    )
+    p.add_argument(
+        "--against-hf",
+        metavar="DIR",
+        help="also compare with the checkpoint's own transformers attention module (a local checkpoint folder; "
+        "needs transformers): fp32 with its own angles, and float64 angles near the context length",
+    )
+    p.add_argument("--layer", type=int, help="with --against-hf: the layer (default: the one in the manifest)")
+    p.add_argument(
+        "--layer-type", metavar="NAME", help="with --against-hf: the stack or layer type (default: manifest)"
     )
     p.add_argument("--verbose", action="store_true", help="show polygraphy's log")
     p.set_defaults(func=_validate)
