@@ -1,0 +1,194 @@
+"""Tiny seeded checkpoints of every supported family, built locally with transformers (never downloaded).
+
+Each :class:`Sample` names a transformers config class, its settings, a model class and the layer to prove. The
+test suite, the README and ``posenc demo``'s real-checkpoint section build them with :meth:`Sample.build`
+(``save_pretrained`` into a folder, sharded), so each family is shown on a checkpoint with the layout real ones
+have. Weights are the model's own initialisation plus a small seeded perturbation of every floating tensor, so a
+missing bias or norm cannot hide behind a zero or a one.
+
+Command line (a checkpoint to try posenc on)::
+
+    python -m posenc.checkpoints.samples llama ckpt/        # or any name of `python -m ... --list`
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.checkpoints.reference import import_transformers
+from posenc.errors import ConfigError
+
+TINY: Mapping[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 96,
+    "max_position_embeddings": 32768,
+}
+"""Decoder geometry: head_dim 16, grouped-query 4/2 heads, a long context (positions near it show transformers'
+own float32 angle error)."""
+NO_SPECIAL_TOKENS: Mapping[str, Any] = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+"""For configs whose default token ids exceed the tiny vocabulary."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """A tiny checkpoint recipe and the layer it proves.
+
+    Attributes:
+        name: short name (``llama``, ``t5-decoder``, ...).
+        title: what it shows.
+        config_class, model_class: transformers class names.
+        settings: config keyword arguments.
+        layer, layer_type: the layer to export (``layer=None``: the first of ``layer_type``).
+        table_modes: table modes its scheme has.
+        long: check positions near the context length (False for learned tables, which end there anyway).
+    """
+
+    name: str
+    title: str
+    config_class: str
+    model_class: str
+    settings: Mapping[str, Any]
+    layer: int | None = 0
+    layer_type: str | None = None
+    table_modes: tuple[str, ...] = ("precomputed", "dynamic")
+    long: bool = True
+
+    def config(self) -> Any:
+        transformers = import_transformers()
+        return getattr(transformers, self.config_class)(**self.settings)
+
+    def build(self, folder: str | Path, *, seed: int = 0, shard: str | None = "40KB") -> Path:
+        """Save the seeded checkpoint into ``folder`` (sharded at ``shard``; None: one file); returns ``folder``."""
+        transformers = import_transformers()
+        folder = Path(folder)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = getattr(transformers, self.model_class)(self.config()).eval()
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                if tensor.is_floating_point():
+                    tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+        if shard is None:
+            model.save_pretrained(folder)
+        else:
+            model.save_pretrained(folder, max_shard_size=shard)
+        return folder
+
+
+def _decoder(**settings: Any) -> dict[str, Any]:
+    return {**TINY, **settings}
+
+
+_T5 = {"d_model": 64, "d_kv": 16, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 3, "num_heads": 4,
+       "vocab_size": 96, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 20}  # fmt: skip
+_GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0},
+}
+_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 4096}  # fmt: skip
+_PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+              "original_max_position_embeddings": 4096, "short_factor": [1.0 + 0.1 * i for i in range(6)],
+              "long_factor": [1.0 + 2.0 * i for i in range(6)]}  # fmt: skip
+_GEMMA = {"head_dim": 16, "num_hidden_layers": 4}
+_GEMMA23 = {**_GEMMA, "sliding_window": 5, "query_pre_attn_scalar": 24}
+
+SAMPLES: dict[str, Sample] = {
+    sample.name: sample
+    for sample in (
+        Sample("llama", "Llama", "LlamaConfig", "LlamaForCausalLM", _decoder(), layer=1),
+        Sample(
+            "llama3-scaling", "Llama 3 frequency bands", "LlamaConfig", "LlamaForCausalLM",
+            _decoder(rope_parameters=_LLAMA3), layer=2,
+        ),
+        Sample("llama-attention-bias", "Llama with q/k/v/o biases", "LlamaConfig", "LlamaForCausalLM",
+               _decoder(attention_bias=True)),
+        Sample(
+            "qwen2-yarn", "Qwen2: q/k/v biases, YaRN", "Qwen2Config", "Qwen2ForCausalLM",
+            _decoder(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                      "original_max_position_embeddings": 8192}),
+        ),
+        Sample("qwen3", "Qwen3: per-head q/k RMSNorm", "Qwen3Config", "Qwen3ForCausalLM", _decoder(head_dim=16),
+               layer=1),
+        Sample("mistral-window", "Mistral: sliding window", "MistralConfig", "MistralForCausalLM",
+               _decoder(sliding_window=6), layer=2),
+        Sample("gemma", "Gemma", "GemmaConfig", "GemmaForCausalLM", _decoder(**_GEMMA), layer=1),
+        Sample("gemma2-softcap", "Gemma 2: soft-cap, sliding layer", "Gemma2Config", "Gemma2ForCausalLM",
+               _decoder(**_GEMMA23)),
+        Sample("gemma2-full", "Gemma 2: full-attention layer", "Gemma2Config", "Gemma2ForCausalLM",
+               _decoder(**_GEMMA23), layer=1),
+        Sample(
+            "gemma3-sliding", "Gemma 3: q/k norms, sliding layer, local RoPE", "Gemma3TextConfig",
+            "Gemma3ForCausalLM", _decoder(**_GEMMA23, sliding_window_pattern=2, rope_parameters=_GEMMA3_ROPE),
+            layer=None, layer_type="sliding_attention",
+        ),
+        Sample(
+            "gemma3-full", "Gemma 3: full layer, linear-scaled global RoPE", "Gemma3TextConfig",
+            "Gemma3ForCausalLM", _decoder(**_GEMMA23, sliding_window_pattern=2, rope_parameters=_GEMMA3_ROPE),
+            layer=None, layer_type="full_attention",
+        ),
+        Sample(
+            "phi3-longrope", "Phi-3: fused qkv, LongRoPE, partial rotary", "Phi3Config", "Phi3ForCausalLM",
+            _decoder(rope_parameters=_PHI3_ROPE, **NO_SPECIAL_TOKENS), layer=1,
+        ),
+        Sample(
+            "gptj", "GPT-J: interleaved partial RoPE", "GPTJConfig", "GPTJForCausalLM",
+            {"n_embd": 64, "n_head": 4, "n_layer": 2, "rotary_dim": 8, "vocab_size": 96, "n_positions": 32768,
+             "bos_token_id": None, "eos_token_id": None}, layer=1,
+        ),
+        Sample("t5-encoder", "T5 encoder: bidirectional buckets", "T5Config", "T5ForConditionalGeneration", _T5,
+               layer=1, layer_type="encoder"),
+        Sample("t5-decoder", "T5 decoder: causal buckets, layer 0's table", "T5Config",
+               "T5ForConditionalGeneration", _T5, layer=2, layer_type="decoder"),
+    )
+}  # fmt: skip
+
+
+def get_sample(name: str) -> Sample:
+    """The sample ``name``; unknown names raise with the list."""
+    try:
+        return SAMPLES[name]
+    except KeyError:
+        raise ConfigError(f"unknown sample checkpoint {name!r}; choose one of {sorted(SAMPLES)}.") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m posenc.checkpoints.samples",
+        description="Write a tiny seeded checkpoint of a supported family (transformers save_pretrained).",
+    )
+    parser.add_argument("name", nargs="?", help="sample name (see --list)")
+    parser.add_argument("folder", nargs="?", help="where to write it")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--list", action="store_true", help="list the samples")
+    args = parser.parse_args(argv)
+    if args.list or not args.name or not args.folder:
+        for sample in SAMPLES.values():
+            print(f"{sample.name:22} {sample.title}")
+        return 0 if args.list else 2
+    try:
+        sample = get_sample(args.name)
+        sample.build(args.folder, seed=args.seed)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    layer = f"--layer {sample.layer}" if sample.layer is not None else ""
+    kind = f" --layer-type {sample.layer_type}" if sample.layer_type else ""
+    print(f"wrote {args.folder} ({sample.title}); try: posenc export --hf-model {args.folder} {layer}{kind} -o m.onnx")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
