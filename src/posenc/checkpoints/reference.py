@@ -167,11 +167,18 @@ class TransformersReference(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
-        position_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the transformers module."""
+        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the transformers module.
+
+        ``position_ids`` default to ``P + arange(S)``, as the block's do.
+        """
+        if position_ids is None:
+            b, s = hidden.shape[0], hidden.shape[1]
+            past = 0 if past_key is None else past_key.shape[2]
+            position_ids = (torch.arange(s) + past).unsqueeze(0).expand(b, s)
         hidden = hidden.to(self.dtype)
         past_key = None if past_key is None else past_key.to(self.dtype)
         past_value = None if past_value is None else past_value.to(self.dtype)
