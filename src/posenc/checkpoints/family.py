@@ -84,6 +84,15 @@ def rename(*pairs: tuple[str, str], when: Callable[[LayerPlan], bool] = lambda p
     return [Rule((target,), (source,), same, when) for target, source in pairs]
 
 
+def rename_linear(
+    *pairs: tuple[str, str], bias: bool = True, when: Callable[[LayerPlan], bool] = lambda plan: True
+) -> list[Rule]:
+    """:func:`rename` of the ``weight`` (and with ``bias`` the ``bias``) of each ``(block module, checkpoint module)``
+    pair, e.g. ``("o_proj", "out_proj")``."""
+    suffixes = ("weight", "bias") if bias else ("weight",)
+    return rename(*((f"{block}.{s}", f"{source}.{s}") for block, source in pairs for s in suffixes), when=when)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """A transformers model family (see the module docstring).
@@ -101,6 +110,7 @@ class Family:
         reference: ``(hf_config, plan, checkpoint tensors by rule name, angles, dtype) -> TransformersReference``
             (see :mod:`posenc.checkpoints.reference`).
         layer_types: the stacks/kinds a user may choose with ``layer_type`` (empty: one kind).
+        layer_types_note: said when a user asks for another layer type (e.g. why cross-attention is not offered).
     """
 
     name: str
@@ -112,6 +122,7 @@ class Family:
     rules: tuple[Rule, ...]
     reference: Callable[[Any, LayerPlan, Mapping[str, torch.Tensor], str, torch.dtype], TransformersReference]
     layer_types: tuple[str, ...] = ()
+    layer_types_note: str = ""
 
     def prefix(self, plan: LayerPlan) -> str:
         """The layer prefix (relative to the root) of ``plan``'s layer."""
@@ -169,6 +180,7 @@ __all__ = [
     "family_for",
     "register",
     "rename",
+    "rename_linear",
     "same",
     "supported_model_types",
 ]

@@ -111,6 +111,7 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
         if family.layer_types and layer_type is not None and layer_type not in family.layer_types:
             raise ConfigError(
                 f"{model_type} has layer types {list(family.layer_types)}, not {layer_type!r}; pass one of them."
+                + (f" {family.layer_types_note}" if family.layer_types_note else "")
             )
         plan = family.geometry(hf, first_layer(hf, layer_type) if layer is None else layer, layer_type)
         rules = [rule for rule in family.rules if rule.when(plan)]
