@@ -64,6 +64,10 @@ class Sample:
     table_modes: tuple[str, ...] = ("precomputed", "dynamic")
     long: bool = True
 
+    def with_settings(self, **overrides: Any) -> Sample:
+        """This sample with some config settings changed (e.g. an option posenc must refuse)."""
+        return dataclasses.replace(self, settings={**self.settings, **overrides})
+
     def config(self) -> Any:
         transformers = import_transformers()
         return getattr(transformers, self.config_class)(**self.settings)
@@ -103,6 +107,26 @@ _PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_fa
               "original_max_position_embeddings": 4096, "short_factor": [1.0 + 0.1 * i for i in range(6)],
               "long_factor": [1.0 + 2.0 * i for i in range(6)]}  # fmt: skip
 _GEMMA = {"head_dim": 16, "num_hidden_layers": 4}
+_ENCODER = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 96}  # fmt: skip
+_DEBERTA_V2 = {**_ENCODER, "max_position_embeddings": 256, "relative_attention": True}
+_ROBERTA = {**_ENCODER, "max_position_embeddings": 82, "pad_token_id": 1}
+_SEQ2SEQ = {"encoder_layers": 2, "decoder_layers": 2, "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "vocab_size": 96}
+_MARIAN = {
+    **_SEQ2SEQ,
+    "d_model": 45,
+    "encoder_attention_heads": 3,
+    "decoder_attention_heads": 3,
+    "max_position_embeddings": 2048,
+    "pad_token_id": 0,
+    "decoder_start_token_id": 0,
+    "scale_embedding": True,
+}
+"""Odd width 45 = 3 heads of 15: Marian's sinusoidal table with one more sine than cosines."""  # fmt: skip
+_BART = {**_SEQ2SEQ, "d_model": 64, "encoder_attention_heads": 4, "decoder_attention_heads": 2,
+         "max_position_embeddings": 96}  # fmt: skip
+_PRECOMPUTED = ("precomputed",)
+"""Learned tables have no dynamic mode."""
 _GEMMA23 = {**_GEMMA, "sliding_window": 5, "query_pre_attn_scalar": 24}
 
 SAMPLES: dict[str, Sample] = {
@@ -152,6 +176,38 @@ SAMPLES: dict[str, Sample] = {
                layer=1, layer_type="encoder"),
         Sample("t5-decoder", "T5 decoder: causal buckets, layer 0's table", "T5Config",
                "T5ForConditionalGeneration", _T5, layer=2, layer_type="decoder"),
+        Sample(
+            "deberta-v2-shared", "DeBERTa-v3 style: shared keys, c2p+p2c, log buckets, rel LayerNorm",
+            "DebertaV2Config", "DebertaV2ForMaskedLM",
+            {**_DEBERTA_V2, "pos_att_type": "p2c|c2p", "share_att_key": True, "position_buckets": 8,
+             "max_relative_positions": 16, "norm_rel_ebd": "layer_norm", "position_biased_input": False}, layer=1,
+        ),
+        Sample(
+            "deberta-v2-c2p", "DeBERTa-v2: c2p only, own projection, clipped", "DebertaV2Config",
+            "DebertaV2ForMaskedLM",
+            {**_DEBERTA_V2, "pos_att_type": "c2p", "share_att_key": False, "max_relative_positions": 4},
+        ),
+        Sample(
+            "deberta-v1", "DeBERTa v1: fused in_proj", "DebertaConfig", "DebertaModel",
+            {**_ENCODER, "max_position_embeddings": 128, "relative_attention": True, "pos_att_type": "c2p|p2c",
+             "max_relative_positions": 5}, layer=1,
+        ),
+        Sample("bert", "BERT: embedding step (token type, LayerNorm) + attention", "BertConfig", "BertForMaskedLM",
+               {**_ENCODER, "max_position_embeddings": 80}, table_modes=_PRECOMPUTED),
+        Sample("roberta", "RoBERTa: padding offset", "RobertaConfig", "RobertaForMaskedLM",
+               {**_ROBERTA, "type_vocab_size": 1}, table_modes=_PRECOMPUTED),
+        Sample("xlm-roberta-decoder", "XLM-RoBERTa as a causal decoder with a cache", "XLMRobertaConfig",
+               "XLMRobertaForCausalLM", {**_ROBERTA, "is_decoder": True}, table_modes=_PRECOMPUTED),
+        Sample("marian-encoder", "Marian encoder: odd-width sinusoidal", "MarianConfig", "MarianMTModel", _MARIAN,
+               layer_type="encoder"),
+        Sample("marian-decoder", "Marian decoder: sinusoidal, cache", "MarianConfig", "MarianMTModel", _MARIAN,
+               layer_type="decoder"),
+        Sample("bart-encoder", "BART encoder: learned offset 2, layernorm_embedding", "BartConfig",
+               "BartForConditionalGeneration", _BART, layer_type="encoder", table_modes=_PRECOMPUTED),
+        Sample("bart-decoder", "BART decoder: cache", "BartConfig", "BartForConditionalGeneration", _BART,
+               layer_type="decoder", table_modes=_PRECOMPUTED),
+        Sample("bart-decoder-layer1", "BART decoder layer 1: no positions (nope)", "BartConfig",
+               "BartForConditionalGeneration", _BART, layer=1, layer_type="decoder", table_modes=_PRECOMPUTED),
     )
 }  # fmt: skip
 

@@ -73,7 +73,8 @@ class FeedShape:
             isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < self.past
         ):
             raise ConfigError(
-                f"FeedShape.start must be an int >= past ({self.past}): new tokens follow the cache; got {self.start!r}."
+                f"FeedShape.start must be an int >= past ({self.past}): new tokens follow the cache; "
+                f"got {self.start!r}."
             )
 
     @property
