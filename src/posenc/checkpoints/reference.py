@@ -20,7 +20,7 @@ transformers is an optional dependency (``pip install 'posenc[hf]'``); without i
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -195,8 +195,69 @@ class TransformersReference(nn.Module):
         raise NotImplementedError
 
 
+Past = torch.Tensor | None
+"""``past_key`` / ``past_value [B, Hkv, P, D]``, or None without a cache."""
+Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])``."""
+
+
+class ModuleReference(TransformersReference):
+    """One transformers attention module, called with a cache prefilled with the past and an additive mask.
+
+    :meth:`step` builds what most modules take — a ``DynamicCache`` holding the past at the plan's layer, the key
+    positions ``[B, P + S]`` (cache at ``0 .. P - 1``, new tokens at ``position_ids``) and the additive mask
+    ``[B, 1, S, P + S]`` (the plan's causality and sliding window) in the reference's dtype — hands them to
+    :meth:`call` (how the family's model calls its module) and reads the presents back from the cache.
+
+    ``cached_copies``: how many copies of each kv head the module's cache holds (Falcon's new decoder architecture
+    caches every kv head once per query head of its group); the past is repeated into that layout and the presents
+    are returned with one copy, ``[B, Hkv, P + S, D]``.
+    """
+
+    cached_copies = 1
+
+    def __init__(self, attention: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
+        super().__init__(plan, angles, dtype)
+        self.attention = attention
+        self.module_name = type(attention).__name__
+
+    @classmethod
+    def builder(cls, path: str) -> Callable[[Any, LayerPlan, Mapping[str, torch.Tensor], str, torch.dtype], Any]:
+        """A family's ``reference`` function: transformers' attention class ``path`` (e.g.
+        ``models.bloom.modeling_bloom.BloomAttention``) for the plan's layer, loaded with its tensors, in ``cls``."""
+
+        def build(
+            hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
+        ) -> ModuleReference:
+            attention = hf_class(path)(hf, layer_idx=plan.layer)
+            return cls(load_module(attention, tensors, "", dtype), plan, angles, dtype)
+
+        return build
+
+    def step(self, hidden: torch.Tensor, position_ids: torch.Tensor, past_key: Past, past_value: Past) -> Step:
+        copies = self.cached_copies
+        past_key, past_value = (None if t is None else t.repeat_interleave(copies, 1) for t in (past_key, past_value))
+        keys = key_positions(position_ids, 0 if past_key is None else past_key.shape[2])
+        config = self.plan.config
+        mask = attention_mask(position_ids, keys, config.causal, config.sliding_window, self.dtype)
+        cache = prefilled_cache(self.plan.layer, past_key, past_value)
+        out = self.call(hidden, position_ids, keys, mask, cache)
+        key, value = cached(cache, self.plan.layer)
+        return out, key[:, ::copies], value[:, ::copies]
+
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """The module's output ``[B, S, E]`` for ``hidden`` at ``position_ids`` (keys at ``keys [B, P + S]``);
+        the module updates ``cache``."""
+        raise NotImplementedError
+
+
 __all__ = [
     "ANGLES",
+    "ModuleReference",
+    "Past",
+    "Step",
     "TransformersReference",
     "attention_mask",
     "cached",

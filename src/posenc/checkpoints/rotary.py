@@ -11,15 +11,7 @@ import torch
 from torch import nn
 
 from posenc.checkpoints.family import LayerPlan, Rule, Transform, rename, same
-from posenc.checkpoints.reference import (
-    TransformersReference,
-    attention_mask,
-    cached,
-    hf_class,
-    key_positions,
-    load_module,
-    prefilled_cache,
-)
+from posenc.checkpoints.reference import ModuleReference, hf_class, load_module
 from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError
 from posenc.schemes import build_scheme, get_spec
@@ -111,19 +103,20 @@ def float64_scheme(plan: LayerPlan) -> Any:
     return build_scheme(plan.scheme, plan.config, plan.params, mode, table_dtype=torch.float64)
 
 
-class RotaryReference(TransformersReference):
+class RotaryReference(ModuleReference):
     """A Llama-convention attention module with its model's rotary module (or float64 angles).
 
     Shapes: cos/sin handed to the module are ``[B, S, r]`` (``cat(freqs, freqs)``, half layout), in its dtype.
     """
 
+    cache_argument = "past_key_values"
+    """The keyword of the module's cache argument (GPT-NeoX, Falcon: ``layer_past``)."""
+
     def __init__(
         self, attention: nn.Module, rotary: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype
     ) -> None:
-        super().__init__(plan, angles, dtype)
-        self.attention = attention
+        super().__init__(attention, plan, angles, dtype)
         self.rotary = rotary
-        self.module_name = type(attention).__name__
         self.exact = float64_scheme(plan) if angles == "float64" else None
         self._pass_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
 
@@ -153,21 +146,10 @@ class RotaryReference(TransformersReference):
             return tuple(self.rotary(hidden, position_ids, self.plan.layer_type))
         return tuple(self.rotary(hidden, position_ids))
 
-    def step(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_key: torch.Tensor | None,
-        past_value: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer = self.plan.layer
-        cache = prefilled_cache(layer, past_key, past_value)
-        past = 0 if past_key is None else past_key.shape[2]
-        config = self.plan.config
-        mask = attention_mask(
-            position_ids, key_positions(position_ids, past), config.causal, config.sliding_window, self.dtype
-        )
-        cos, sin = self.position_embeddings(hidden, position_ids)
-        out = self.attention(hidden, position_embeddings=(cos, sin), attention_mask=mask, past_key_values=cache)[0]
-        key, value = cached(cache, layer)
-        return out, key, value
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        embeddings = self.position_embeddings(hidden, position_ids)
+        return self.attention(
+            hidden, position_embeddings=embeddings, attention_mask=mask, **{self.cache_argument: cache}
+        )[0]

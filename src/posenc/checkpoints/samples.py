@@ -125,6 +125,9 @@ _MARIAN = {
 """Odd width 45 = 3 heads of 15: Marian's sinusoidal table with one more sine than cosines."""  # fmt: skip
 _BART = {**_SEQ2SEQ, "d_model": 64, "encoder_attention_heads": 4, "decoder_attention_heads": 2,
          "max_position_embeddings": 96}  # fmt: skip
+_FALCON = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 96, "bos_token_id": None, "eos_token_id": None}
+_ALIBI_HEADS = 8
+"""ALiBi layers use 8 heads of 8 (slopes 2^-1 .. 2^-8)."""
 _PRECOMPUTED = ("precomputed",)
 """Learned tables have no dynamic mode."""
 _GEMMA23 = {**_GEMMA, "sliding_window": 5, "query_pre_attn_scalar": 24}
@@ -176,6 +179,38 @@ SAMPLES: dict[str, Sample] = {
                layer=1, layer_type="encoder"),
         Sample("t5-decoder", "T5 decoder: causal buckets, layer 0's table", "T5Config",
                "T5ForConditionalGeneration", _T5, layer=2, layer_type="decoder"),
+        Sample(
+            "gpt-neox", "GPT-NeoX: per-head fused qkv, partial rotary, biases", "GPTNeoXConfig", "GPTNeoXForCausalLM",
+            {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
+             "vocab_size": 96, "max_position_embeddings": 32768,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+            layer=1,
+        ),
+        Sample(
+            "falcon-new-arch-rope", "Falcon new decoder architecture: grouped fused qkv, RoPE", "FalconConfig",
+            "FalconForCausalLM",
+            {**_FALCON, "num_attention_heads": 4, "num_kv_heads": 2, "new_decoder_architecture": True,
+             "max_position_embeddings": 32768}, layer=1,
+        ),
+        Sample(
+            "falcon-multi-query-rope", "Falcon multi-query: one kv head, RoPE", "FalconConfig", "FalconForCausalLM",
+            {**_FALCON, "num_attention_heads": 4, "multi_query": True, "max_position_embeddings": 32768},
+        ),
+        Sample(
+            "falcon-alibi-bias", "Falcon: ALiBi scaled with the scores, bf16 slopes, biases", "FalconConfig",
+            "FalconForCausalLM",
+            {**_FALCON, "num_attention_heads": _ALIBI_HEADS, "multi_query": False, "alibi": True, "bias": True},
+            layer=1,
+        ),
+        Sample(
+            "falcon-new-arch-alibi", "Falcon new architecture with ALiBi", "FalconConfig", "FalconForCausalLM",
+            {**_FALCON, "num_attention_heads": _ALIBI_HEADS, "num_kv_heads": 2, "new_decoder_architecture": True,
+             "alibi": True},
+        ),
+        Sample("bloom", "BLOOM: fused qkv, ALiBi added unscaled, biases", "BloomConfig", "BloomForCausalLM",
+               {"hidden_size": 64, "n_head": _ALIBI_HEADS, "n_layer": 2, "vocab_size": 96}, layer=1),
+        Sample("mpt", "MPT: fused Wqkv, ALiBi with 6 heads (not a power of two)", "MptConfig", "MptForCausalLM",
+               {"d_model": 48, "n_heads": 6, "n_layers": 2, "vocab_size": 96, "max_seq_len": 2048}, layer=1),
         Sample(
             "deberta-v2-shared", "DeBERTa-v3 style: shared keys, c2p+p2c, log buckets, rel LayerNorm",
             "DebertaV2Config", "DebertaV2ForMaskedLM",

@@ -3,4 +3,17 @@
 To add a family, add a module here and import it below (see :mod:`posenc.checkpoints.family`).
 """
 
-from posenc.checkpoints.families import bart, bert, deberta, gemma, gptj, llama, phi3, t5  # noqa: F401
+from posenc.checkpoints.families import (  # noqa: F401
+    bart,
+    bert,
+    bloom,
+    deberta,
+    falcon,
+    gemma,
+    gpt_neox,
+    gptj,
+    llama,
+    mpt,
+    phi3,
+    t5,
+)
