@@ -171,6 +171,19 @@ def test_registry_refuses_contradictory_or_clashing_entries() -> None:
         )
     with pytest.raises(ConfigError, match="partial_rotary"):
         RT.register(RT.RopeType(name="other", scheme="rope_other", partial_rotary="tail", **base))
+    with pytest.raises(ConfigError, match="the label must be another type's name"):
+        RT.register(RT.RopeType(name="other", scheme="rope_other", claims={"dynamic": "alpha"}, **base))
+    with pytest.raises(ConfigError, match="needs static frequencies"):
+        RT.register(
+            RT.RopeType(
+                name="other",
+                scheme="rope_other",
+                length_dependent=True,
+                table_modes=frozenset({"dynamic"}),
+                scale_rate=lambda r, p: torch.zeros(r // 2),
+                **base,
+            )
+        )
     # The scheme registry refuses a name another (non-RoPE) scheme holds: nothing stays registered.
     with pytest.raises(ConfigError, match="already registered"):
         RT.register(RT.RopeType(name="other", scheme="rerope", **base))
@@ -181,7 +194,11 @@ def test_registry_refuses_contradictory_or_clashing_entries() -> None:
 
 def test_entries_agree_with_transformers_and_their_schemes() -> None:
     transformers = pytest.importorskip("transformers.modeling_rope_utils", reason="transformers is the reference")
-    hf_types = set(transformers.ROPE_INIT_FUNCTIONS) | {"default"}
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+
+    # types a model's own rotary class defines (HunYuan's NTK-α) count as transformers types too
+    per_model = {"ntk_alpha"} if hasattr(HunYuanDenseV1RotaryEmbedding, "compute_ntk_alpha_rope_parameters") else set()
+    hf_types = set(transformers.ROPE_INIT_FUNCTIONS) | {"default"} | per_model
     for name in RT.names():
         entry = RT.get(name)
         assert entry.in_transformers == (name in hf_types), name
@@ -194,7 +211,8 @@ def test_entries_agree_with_transformers_and_their_schemes() -> None:
         assert 2017 <= entry.citation.year <= 2026
     assert RT.transformers_schemes() == {
         "default": "rope", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
-        "longrope": "rope_longrope", "llama3": "rope_llama3",
+        "longrope": "rope_longrope", "llama3": "rope_llama3", "proportional": "rope_proportional",
+        "ntk_alpha": "rope_ntk_alpha",
     }  # fmt: skip
 
 

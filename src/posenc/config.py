@@ -190,11 +190,13 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
         if not isinstance(data, dict):
             raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a config.json.")
     model_type = str(data.get("model_type", ""))
+    overrides = _layer_overrides(data, layer_type)
 
     def first(*names: str, default: Any = None) -> Any:
         for name in names:
-            if data.get(name) is not None:
-                return data[name]
+            for source in (overrides, data):
+                if source.get(name) is not None:
+                    return source[name]
         return default
 
     hidden = first("hidden_size", "n_embd", "d_model")
@@ -221,6 +223,19 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
     )
     scheme, params = _hf_scheme(data, model_type, config, layer_type)
     return HFImport(config=config, scheme=scheme, params=params, model_type=model_type)
+
+
+def _layer_overrides(data: Mapping[str, Any], layer_type: str | None) -> Mapping[str, Any]:
+    """The geometry a config gives the layers of ``layer_type`` (transformers' ``per_layer_config``, keyed by layer
+    index: Gemma 4's full-attention layers have their own ``head_dim``), or nothing."""
+    per_layer, layer_types = data.get("per_layer_config"), data.get("layer_types")
+    if layer_type is None or not isinstance(per_layer, Mapping) or not isinstance(layer_types, list):
+        return {}
+    if layer_type not in layer_types:
+        return {}
+    index = layer_types.index(layer_type)
+    found = per_layer.get(str(index), per_layer.get(index))
+    return found if isinstance(found, Mapping) else {}
 
 
 def _hf_scheme(
@@ -277,9 +292,10 @@ def _hf_scheme(
         params["partial_rotary_factor"] = float(partial)
     if model_type in ("gptj", "codegen", "glm"):
         params["layout"] = "interleaved"
-    # Scaling parameters are copied as given; type, theta and partial rotary were handled above.
+    # The type's own parameters are copied as given (keys another type would read are left out, as transformers
+    # ignores them: HunYuan's NTK-α configs carry YaRN keys); type, theta and partial rotary were handled above.
     handled = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings"}
-    keep = sorted(rope_types.parameter_keys() - handled)
+    keep = sorted(set(rope_types.get(rope_type).param_names) - handled)
     for key in keep:
         if rope.get(key) is not None:
             params[key] = rope[key]

@@ -11,8 +11,10 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+from posenc import rope_types as RT
 from posenc.engine.matrix import MatrixCase, exportable, exported
-from posenc.export import FeedShape, load_manifest, make_feed
+from posenc.errors import PositionError
+from posenc.export import FeedShape, check_feed, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
 from posenc.schemes import Placement, specs
 from posenc.validate import tolerance_for
@@ -29,9 +31,12 @@ ROPE_CASES = [
     for mode in sorted(spec.table_modes, key=lambda m: m.value)
     for case in spec.cases
 ]
-# Static scalings (linear, ntk, yarn, llama3, truncation) change table values, not the graph: their default
-# case runs in `make test`; their layout/partial variants repeat rope's graphs and run with `make test-slow`.
-_SAME_GRAPH_AS_ROPE = {"rope_linear", "rope_ntk", "rope_yarn", "rope_llama3", "rope_truncation"}
+# Static scalings (linear, ntk, yarn, llama3, truncation, ntk_alpha, proportional) change table values, not the
+# graph: their default case runs in `make test`; their layout/partial variants repeat rope's graphs and run with
+# `make test-slow`.
+_SAME_GRAPH_AS_ROPE = {
+    "rope_linear", "rope_ntk", "rope_yarn", "rope_llama3", "rope_truncation", "rope_ntk_alpha", "rope_proportional",
+}  # fmt: skip
 
 
 def _param(case: MatrixCase):  # type: ignore[no-untyped-def]
@@ -40,11 +45,14 @@ def _param(case: MatrixCase):  # type: ignore[no-untyped-def]
 
 
 def _partial(case: MatrixCase) -> bool:
+    """Whether the rotation leaves a tail of the head dim alone (a proportional type rotates all of it)."""
     from posenc.schemes import get_spec
+    from posenc.schemes.rope import rotary_width
 
-    spec = get_spec(case.scheme)
-    factor = spec.resolve(case.params).get("partial_rotary_factor", 1.0)
-    return factor < 1.0
+    params = get_spec(case.scheme).resolve(case.params)
+    factor = params.get("partial_rotary_factor", 1.0)
+    rope_type = next((name for name in RT.names() if RT.get(name).scheme == case.scheme), "default")
+    return rotary_width(rope_type, SMALL.head_dim, factor) < SMALL.head_dim
 
 
 def test_every_rope_scheme_and_case_is_in_the_matrix() -> None:
@@ -154,3 +162,49 @@ def test_projection_layout_op_becomes_two_rotary_nodes_for_ort_cpu(export_cache,
     for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
         tol = tolerance_for("rope", "float32", name)
         assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"op-3d {case} {name}")
+
+
+@pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
+def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_declines_it(export_cache, mode) -> None:  # type: ignore[no-untyped-def]
+    """xPos scales q and k apart: each fused RotaryEmbedding carries its own cos/sin (valid ONNX, and TensorRT's
+    rotary layer per tensor); the fused graph runs at other shapes; the plugin pass, which applies one cos/sin to
+    q and k, leaves them with the reason."""
+    from posenc.graphs import model_io
+    from posenc.graphs.rope_plugin import rope_to_plugin
+
+    path = export_case(export_cache, MatrixCase("rope_xpos", mode, "float32", "op", "decomposed"))
+    manifest = load_manifest(path, verify=False)
+    model = load_model(path)
+    assert optimize_model(model, "trt").counts["fuse_rope"] == 2
+    q_rope, k_rope = nodes(model, "RotaryEmbedding")
+    assert q_rope.inputs[1] is not k_rope.inputs[1]
+    assert q_rope.inputs[2] is not k_rope.inputs[2]
+    if mode == "precomputed":  # the tables are initializers: q's grow with the position where k's shrink
+        q_cos, k_cos = (_constant(node.inputs[1]) for node in (q_rope, k_rope))
+        assert np.all(np.abs(q_cos[-1]) <= np.abs(k_cos[-1]))
+        assert not np.allclose(q_cos, k_cos)
+    for shape in (FeedShape(1, 1), FeedShape(3, 17)):
+        feed = make_feed(manifest, shape, seed=4)
+        _, reference = count_rotations(path, feed)
+        for name, got, ref in zip(manifest.output_names, ort_run(model, feed), reference, strict=True):
+            tol = tolerance_for("rope_xpos", "float32", name)
+            assert_close(got, ref.numpy(), tol.atol, tol.rtol, f"xpos {mode} {name} at {shape.label}")
+    limit = 35695 if mode == "dynamic" else SMALL.max_position_embeddings  # where float32 scales end / table rows
+    assert manifest.max_positions == limit
+    feed = make_feed(manifest, FeedShape(1, 2), seed=5)
+    feed["position_ids"][:] = limit
+    with pytest.raises(PositionError, match=f"position {limit}, past (position {limit - 1}|the precomputed table)"):
+        check_feed(manifest, feed)
+    declined: list[str] = []
+    assert rope_to_plugin(model, declined=declined) == 0
+    assert len(declined) == 2, declined
+    assert all("different cos/sin" in reason for reason in declined), declined
+    assert len(nodes(model, "RotaryEmbedding")) == 2
+    assert model_io.default_opset(model) >= 23
+
+
+def _constant(value: ir.Value) -> np.ndarray:
+    """The constant array behind a (possibly cast) cache input."""
+    array = value.const_value.numpy() if value.const_value is not None else None
+    assert array is not None, f"{value.name} is not a constant table"
+    return array

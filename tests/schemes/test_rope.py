@@ -23,6 +23,7 @@ from tests.test_functional import rotation_matrix
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
 ROPE_SCHEMES = [
     "rope", "rope_linear", "rope_ntk", "rope_dynamic", "rope_yarn", "rope_longrope", "rope_llama3", "rope_truncation",
+    "rope_ntk_alpha",
 ]  # fmt: skip
 
 
@@ -240,7 +241,7 @@ def test_fp32_dynamic_tables_stay_accurate_at_long_positions() -> None:
     """In-graph tables (float32 exact angles) against the float64 tables at positions near 2**17 and 2**23."""
     config = AttentionConfig(hidden_size=256, num_heads=2, head_dim=128, max_position_embeddings=4096)
     positions = torch.tensor([[0, 1, 131071, 131072, 131073, 8_000_000]])
-    for name in ("rope", "rope_yarn", "rope_llama3", "rope_ntk", "rope_linear", "rope_dynamic"):
+    for name in ("rope", "rope_yarn", "rope_llama3", "rope_ntk", "rope_linear", "rope_dynamic", "rope_ntk_alpha"):
         fp32 = build_scheme(name, config, table_mode="dynamic")
         fp64 = build_scheme(name, config, table_mode="dynamic", table_dtype=torch.float64)
         for got, expected in zip(fp32.cos_sin(positions), fp64.cos_sin(positions), strict=True):

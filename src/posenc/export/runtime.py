@@ -105,6 +105,9 @@ def _past_table(manifest: Manifest, what: str, position: int) -> str:
     from posenc.schemes import get_spec
     from posenc.schemes.base import TableMode
 
+    if manifest.table_mode == TableMode.DYNAMIC.value:  # a limit of the scheme itself (xPos: its scales' range)
+        limit = f"position {manifest.max_positions - 1}, the last this {manifest.scheme} model serves"
+        return f"{what}, past {limit}; see `posenc show {manifest.scheme}` for what bounds it."
     remedy = f"re-export with a longer table (`posenc export ... --max-positions {position + 1}` or more)"
     if TableMode.DYNAMIC in get_spec(manifest.scheme).table_modes:
         remedy += " or with `--table-mode dynamic` (tables computed in the graph, no length limit)"

@@ -14,7 +14,9 @@ attributes, and do not depend on each other, become one plugin node that rotates
 - a float32 rotation wrapped in ``Cast(fp16/bf16 -> fp32)`` ... ``Cast(-> fp16/bf16)`` is rotated directly in
   the low-precision dtype (the kernel computes in float32, so the result is the same).
 
-A RotaryEmbedding without a partner (an odd one out) stays a native op (TensorRT imports it as its rotary layer).
+A RotaryEmbedding without a partner (an odd one out) stays a native op (TensorRT imports it as its rotary layer),
+with the reason logged and collected (``declined``): in particular q and k rotated by different cos/sin (xPos
+scales q and k per position in opposite directions) are declined, because the plugin applies one cos/sin to both.
 The plugin node has domain and ``plugin_namespace`` ``posenc`` and ``aot = 1``; with ``with_functions=True``
 (default) the model also carries the plugin's ONNX Runtime twin as a model-local function, so it still runs in
 ONNX Runtime (see :mod:`posenc.plugins.rope.ort_twin` for how TensorRT versions treat that function).
@@ -165,6 +167,39 @@ def _pair(rotations: list[_Rotation]) -> list[tuple[_Rotation, _Rotation]]:
     return pairs
 
 
+def _decline_reasons(rotations: list[_Rotation], pairs: list[tuple[_Rotation, _Rotation]]) -> list[str]:
+    """Why each rotation left without a partner stays a RotaryEmbedding."""
+    paired = {id(rotation) for pair in pairs for rotation in pair}
+    left = [rotation for rotation in rotations if id(rotation) not in paired]
+    reasons = []
+    for rotation in left:
+        positions = rotation.node.inputs[3] if len(rotation.node.inputs) > 3 else None
+        partner = next(
+            (
+                other
+                for other in left
+                if other is not rotation
+                and other.key()[1:] == rotation.key()[1:]
+                and (other.node.inputs[3] if len(other.node.inputs) > 3 else None) is positions
+            ),
+            None,
+        )
+        if partner is not None:
+            reason = (
+                f"RotaryEmbedding {rotation.node.name!r} and {partner.node.name!r} rotate by different cos/sin (q and "
+                f"k scaled apart per position, as xPos does); the plugin applies one cos/sin to q and k, so they "
+                f"stay RotaryEmbedding (TensorRT's native rotary layer)."
+            )
+        else:
+            reason = (
+                f"RotaryEmbedding {rotation.node.name!r} has no partner with the same cos/sin, positions and "
+                f"attributes; it stays RotaryEmbedding."
+            )
+        _LOG.info(reason)
+        reasons.append(reason)
+    return reasons
+
+
 def _const(name: str, values: list[int]) -> ir.Node:
     return ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(values, dtype=ir.DataType.INT64))], name=name)
 
@@ -240,8 +275,17 @@ def _maybe_fuse_decomposed(model: ir.Model) -> int:
     return count
 
 
-def rope_to_plugin(model: ir.Model, *, with_functions: bool = True, fuse_decomposed: bool = False) -> int:
+def rope_to_plugin(
+    model: ir.Model,
+    *,
+    with_functions: bool = True,
+    fuse_decomposed: bool = False,
+    declined: list[str] | None = None,
+) -> int:
     """In-place pass on the IR model (the form :mod:`posenc.graphs` passes take); see :func:`replace_rope_with_plugin`.
+
+    Args:
+        declined: if given, receives one reason per RotaryEmbedding left without a partner (also logged).
 
     Returns:
         The number of plugin nodes inserted (each replaces two rotations).
@@ -249,7 +293,11 @@ def rope_to_plugin(model: ir.Model, *, with_functions: bool = True, fuse_decompo
     if fuse_decomposed:
         _maybe_fuse_decomposed(model)
     graph = model.graph
-    pairs = _pair(_rotations(graph))
+    rotations = _rotations(graph)
+    pairs = _pair(rotations)
+    reasons = _decline_reasons(rotations, pairs)
+    if declined is not None:
+        declined.extend(reasons)
     for index, (a, b) in enumerate(pairs):
         _replace_pair(graph, a, b, index)
     if not pairs:

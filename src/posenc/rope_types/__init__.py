@@ -4,8 +4,9 @@ from it (in the manner of transformers' ``ROPE_INIT_FUNCTIONS``, with the metada
 A :class:`RopeType` entry holds the function ``(rotary_dim, base, params, seq_len) -> (inv_freq float64 [r//2],
 attention_factor)``, its parameters (:class:`posenc.params.Param`: name, kind, default, doc, bounds), whether its
 frequencies depend on the current length (continuously, or switching at :attr:`RopeType.switch_points`), its table
-modes, citation, the posenc scheme it becomes, transformers aliases, and how it treats partial rotary and
-multi-axis positions. Derived from the registry:
+modes, citation, the posenc scheme it becomes, transformers aliases (and configs it claims under another
+label), how it treats partial rotary and multi-axis positions, and an optional per-position q/k scale (xPos).
+Derived from the registry:
 
 - :func:`posenc.functional.rope_inv_freq` (the public contract) validates the common keys and calls the function;
   :func:`posenc.functional.rope_frequency_sets` lists the frequency sets of static and switching types;
@@ -26,7 +27,8 @@ Adding a ``rope_type``:
    length-dependent type takes ``seq_len`` as ``None``, an int or a 0-d tensor: write it with :func:`at_least`
    and :func:`switch_at` (or plain arithmetic) so the same definition runs eagerly and in exported graphs.
 2. :func:`register` a :class:`RopeType` with its name, scheme name, title, summary, :class:`Citation` and
-   params (plus ``length_dependent``/``switch_points``/``table_modes``/``aliases``/``in_transformers`` where they
+   params (plus ``length_dependent``/``switch_points``/``table_modes``/``aliases``/``in_transformers``, and
+   ``partial_rotary``/``claims``/``scale_rate`` as ``proportional``, ``ntk_alpha`` and ``xpos`` use them, where they
    apply). The scheme (``posenc list``), the parity/export matrices and the ``config.json`` import follow.
 3. Test it against the paper's formula or transformers (``tests/test_functional.py``) and give its scheme a
    ``@covers`` property test (``tests/schemes/test_rope.py``); ``tests/test_rope_types.py`` shows a toy type
@@ -52,6 +54,7 @@ from posenc.rope_types.registry import (
     Citation,
     InvFreq,
     RopeType,
+    ScaleRate,
     get,
     names,
     parameter_keys,
@@ -71,6 +74,7 @@ __all__ = [
     "Citation",
     "InvFreq",
     "RopeType",
+    "ScaleRate",
     "at_least",
     "default_inv_freq",
     "dynamic_ntk_base",

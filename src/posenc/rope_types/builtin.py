@@ -1,8 +1,9 @@
 """The built-in ``rope_type`` functions, each registered with its parameters, citation and scheme.
 
 Each section is one type: a function ``(rotary_dim, base, params, seq_len) -> (inv_freq, attention_factor)``
-that follows Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (or the cited formula for posenc's own ``ntk``
-and ``truncation``) and validates what it reads, then its :func:`register` call.
+that follows Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (HunYuan's own rotary class for ``ntk_alpha``; the
+cited formula for posenc's own ``ntk``, ``truncation`` and ``xpos``) and validates what it reads, then its
+:func:`register` call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from posenc.rope_types.common import (
     require,
     switch_at,
 )
-from posenc.rope_types.registry import Citation, RopeType, register
+from posenc.rope_types.registry import Citation, InvFreq, RopeType, register
 
 __all__ = ["ROFORMER", "dynamic_ntk_base"]
 
@@ -45,6 +46,12 @@ def _device(seq_len: SeqLen) -> torch.device | None:
 
 def _factor(params: Mapping[str, Any], rope_type: str) -> float:
     return positive(require(params, "factor", rope_type), "factor")
+
+
+def _positive_or(params: Mapping[str, Any], key: str, default: float) -> float:
+    """``params[key]`` as a finite float > 0, or ``default`` when it is absent or ``None``."""
+    value = params.get(key)
+    return default if value is None else positive(value, key)
 
 
 def _needs_wide_rotary(rotary_dim: int, what: str) -> None:
@@ -127,10 +134,20 @@ register(
 # --------------------------------------------------------------------------------------------------
 
 
-def _ntk(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: SeqLen) -> tuple[torch.Tensor, float]:
-    factor = _factor(params, "ntk")
-    _needs_wide_rotary(rotary_dim, "ntk scaling")
-    return default_inv_freq(rotary_dim, base * factor ** ntk_exponent(rotary_dim)), 1.0
+def _static_ntk(key: str, rope_type: str) -> InvFreq:
+    """Static NTK-aware frequencies: the base becomes θ · s^(r/(r-2)) with the scale s read from ``key``."""
+
+    def inv_freq(
+        rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: SeqLen
+    ) -> tuple[torch.Tensor, float]:
+        scale = positive(require(params, key, rope_type), key)
+        _needs_wide_rotary(rotary_dim, f"{rope_type} scaling")
+        return default_inv_freq(rotary_dim, base * scale ** ntk_exponent(rotary_dim)), 1.0
+
+    return inv_freq
+
+
+_ntk = _static_ntk("factor", "ntk")
 
 
 register(
@@ -528,5 +545,135 @@ register(
         ),
         in_transformers=False,
         reference="the a/c/β rule of base truncation computed by hand",
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# proportional (Gemma 4): frequencies over the whole head dim, the trailing pairs unrotated
+# --------------------------------------------------------------------------------------------------
+
+
+def _proportional(
+    rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: SeqLen
+) -> tuple[torch.Tensor, float]:
+    """``rotary_dim`` is the head dim D here (``partial_rotary="proportional"``): pair i < int(p·D // 2) gets
+    θ^(-2i/D) / factor, the rest 0 (transformers' ``_compute_proportional_rope_parameters``)."""
+    factor = _positive_or(params, "factor", 1.0)
+    proportion = _positive_or(params, "partial_rotary_factor", 1.0)
+    if proportion > 1.0:
+        raise ConfigError(f"proportional RoPE needs partial_rotary_factor <= 1, got {proportion}.")
+    rotated = int(proportion * rotary_dim // 2)
+    if rotated < 1:
+        raise ConfigError(
+            f"proportional RoPE with partial_rotary_factor {proportion} rotates int({proportion} * {rotary_dim} // 2) "
+            f"= 0 pairs of head_dim {rotary_dim}; use a larger factor (Gemma 4 uses 0.25), or the nope scheme."
+        )
+    inv_freq = default_inv_freq(rotary_dim, base)
+    inv_freq[rotated:] = 0.0
+    return inv_freq / factor, 1.0
+
+
+register(
+    RopeType(
+        name="proportional",
+        inv_freq=_proportional,
+        scheme="rope_proportional",
+        title="Proportional RoPE (Gemma 4 full-attention layers)",
+        summary="p-RoPE: frequencies θ^(-2i/D) over the whole head dim D divided by the factor; only the first "
+        "int(p·D // 2) pairs (the highest frequencies) rotate, the others get frequency 0 (unlike partial rotary, "
+        "whose frequencies span the rotated slice).",
+        citation=Citation(
+            "Barbero, Vitvitskyi, Perivolaropoulos, Pascanu and Veličković",
+            "Round and Round We Go! What makes Rotary Positional Encodings useful?",
+            2024,
+            "https://arxiv.org/abs/2410.06205",
+        ),
+        params=(Param("factor", "float", 1.0, "frequencies are divided by it", minimum=0, exclusive_minimum=True),),
+        partial_rotary="proportional",
+        cases={
+            "default": {"partial_rotary_factor": 0.25},  # Gemma 4's full-attention layers
+            "interleaved": {"layout": "interleaved", "partial_rotary_factor": 0.25, "factor": 2.0},
+        },
+        reference="transformers' _compute_proportional_rope_parameters and Gemma4TextRotaryEmbedding",
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# ntk_alpha (HunYuan): static NTK-aware base stretched by a fixed α
+# --------------------------------------------------------------------------------------------------
+
+
+register(
+    RopeType(
+        name="ntk_alpha",
+        inv_freq=_static_ntk("alpha", "ntk_alpha"),
+        scheme="rope_ntk_alpha",
+        title="RoPE + NTK-α (HunYuan)",
+        summary="A fixed α stretches the base to θ·α^(r/(r-2)) (static NTK-aware scaling); HunYuan's configs label it "
+        "'dynamic' with an 'alpha', which imports as this type.",
+        citation=Citation(
+            "Sun et al.",
+            "Hunyuan-Large: An Open-Source MoE Model with 52 Billion Activated Parameters by Tencent",
+            2024,
+            "https://arxiv.org/abs/2411.02265",
+        ),
+        params=(
+            Param(
+                "alpha",
+                "float",
+                1000.0,
+                "α: base *= α^(r/(r-2)) (HunYuan-A13B: 1000)",
+                minimum=0,
+                exclusive_minimum=True,
+            ),
+        ),
+        claims={"dynamic": "alpha"},
+        reference="transformers' HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters",
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# xpos: RoPE times an exponential per-position scale, q and k in opposite directions
+# --------------------------------------------------------------------------------------------------
+
+
+def xpos_scale_rate(rotary_dim: int, params: Mapping[str, Any]) -> torch.Tensor:
+    """λ_i = ln ζ_i / γ with ζ_i = (2i/r + γ') / (1 + γ'): q's pair i at position n is scaled by ζ_i^(n/γ) =
+    exp(λ_i n), k's by ζ_i^(-n/γ). γ = ``scale_base`` (default 512), γ' = ``scale_gamma`` (default 0.4)."""
+    scale_base = _positive_or(params, "scale_base", 512.0)
+    gamma = _positive_or(params, "scale_gamma", 0.4)
+    zeta = (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim + gamma) / (1.0 + gamma)
+    return torch.log(zeta) / scale_base
+
+
+def _xpos(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: SeqLen) -> tuple[torch.Tensor, float]:
+    xpos_scale_rate(rotary_dim, params)  # the scale's parameters are validated with the frequencies
+    return _default(rotary_dim, base, params, seq_len)  # RoPE's own frequencies
+
+
+register(
+    RopeType(
+        name="xpos",
+        inv_freq=_xpos,
+        scheme="rope_xpos",
+        title="xPos (RoPE with an exponential decay)",
+        summary="RoPE whose pair i is also scaled by ζ_i^(n/γ) on q and ζ_i^(-n/γ) on k, ζ_i = (2i/r + γ')/(1 + γ'), "
+        "so q_m·k_n decays with m - n; q and k get different cos/sin. Positions end where the scales leave float32 "
+        "(n < 87.3·γ / |ln ζ_0|: 35695 at the defaults; more with a larger γ).",
+        citation=Citation(
+            "Sun et al.", "A Length-Extrapolatable Transformer", 2022, "https://arxiv.org/abs/2212.10554"
+        ),
+        params=(
+            Param(
+                "scale_base", "float", 512.0, "γ: the scale is ζ^(n/γ) at position n", minimum=0, exclusive_minimum=True
+            ),
+            Param("scale_gamma", "float", 0.4, "γ' in ζ_i = (2i/r + γ')/(1 + γ')", minimum=0, exclusive_minimum=True),
+        ),
+        in_transformers=False,
+        scale_rate=xpos_scale_rate,
+        reference="the paper's scaled rotation written out per position and pair; q_m·k_n as a function of m - n",
     )
 )

@@ -23,6 +23,7 @@ __all__ = [
     "Citation",
     "InvFreq",
     "RopeType",
+    "ScaleRate",
     "get",
     "names",
     "parameter_keys",
@@ -65,6 +66,14 @@ class InvFreq(Protocol):
     ) -> tuple[torch.Tensor, float]: ...
 
 
+class ScaleRate(Protocol):
+    """``(rotary_dim, params) -> λ`` float64 ``[rotary_dim // 2]``: per pair, the log of the factor by which q grows
+    per position (k shrinks by the same factor), for types that scale as well as rotate (xPos). ``params`` as for
+    :class:`InvFreq`; bad values raise :class:`ConfigError`."""
+
+    def __call__(self, rotary_dim: int, params: Mapping[str, Any]) -> torch.Tensor: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Citation:
     """Where a rule comes from: authors, title, year and a link."""
@@ -95,7 +104,8 @@ class RopeType:
         params: its own ``rope_parameters`` keys with the scheme's defaults, docs and bounds (the function still
             validates what a config dict gives it).
         aliases: other ``rope_type`` names config files use for it (transformers' legacy names).
-        in_transformers: transformers' ``ROPE_INIT_FUNCTIONS`` defines it, so ``config.json`` import maps it.
+        in_transformers: transformers defines it (in ``ROPE_INIT_FUNCTIONS``, or in a model's own rotary class, as
+            HunYuan's NTK-α), so ``config.json`` import maps it.
         length_dependent: frequencies depend on the current length L = max position + 1.
         switch_points: for a length-dependent type whose frequencies are piecewise constant in L (LongRoPE): the
             lengths after which the next frequency set holds, from the parameters. Such a type gets one table per
@@ -107,10 +117,18 @@ class RopeType:
         reference: what its tests compare it with (``SchemeSpec.verified_against``).
         partial_rotary: ``"slice"``: with ``partial_rotary_factor`` p the first r = int(D * p) features rotate,
             with frequencies over r (transformers' rule for most types). ``"proportional"``: frequencies span the
-            whole head dim D; the function gets rotary_dim = D and p in ``params`` and gives the pairs past
-            int(D * p) frequency 0 (they pass through).
+            whole head dim D; the function gets rotary_dim = D and p in ``params`` and gives the pairs from
+            int(D * p) // 2 on frequency 0 (they pass through: in the ``half`` layout the features
+            [int(D * p) // 2, D/2) and their partners [D/2 + int(D * p) // 2, D)).
         position_axes: axes of the position ids: 1 (``[B, S]``), or more for multi-axis types (M-RoPE's
             temporal/height/width ids ``[3, B, S]``; axial), whose frequency slots are split between the axes.
+        claims: ``{rope_type label: key}``: a config that names another type but carries a truthy ``key`` is this
+            type (HunYuan's checkpoints label NTK-α ``"dynamic"`` with an ``alpha``; transformers' HunYuan module
+            switches on the same rule). :func:`rope_type_name` applies it.
+        scale_rate: for a type that also scales q and k per position (xPos), the :class:`ScaleRate` λ: pair i of
+            q at position n is multiplied by exp(λ_i n) and of k by exp(−λ_i n), so the score of q_m and k_n gains
+            exp(λ_i (m − n)), a function of m − n like the rotation. q and k then need different cos/sin.
+            ``None``: a pure rotation (q and k share cos/sin).
     """
 
     name: str
@@ -130,6 +148,8 @@ class RopeType:
     reference: str = ""
     partial_rotary: str = "slice"
     position_axes: int = 1
+    claims: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    scale_rate: ScaleRate | None = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -158,6 +178,14 @@ class RopeType:
             raise ConfigError(f"{where}: partial_rotary must be one of {list(PARTIAL_ROTARY_MODES)}.")
         if self.position_axes < 1:
             raise ConfigError(f"{where}: position_axes must be >= 1.")
+        for label, key in self.claims.items():
+            if label in (self.name, *self.aliases) or key not in self.param_names:
+                raise ConfigError(
+                    f"{where} claims configs labelled {label!r} that carry {key!r}: the label must be another "
+                    f"type's name and the key one of its own params {list(self.param_names)}."
+                )
+        if self.scale_rate is not None and self.length_dependent:
+            raise ConfigError(f"{where}: a per-position q/k scale (scale_rate) needs static frequencies.")
 
 
 _TYPES: dict[str, RopeType] = {}
@@ -241,9 +269,15 @@ def get(name: str) -> RopeType:
 
 
 def rope_type_name(params: Mapping[str, Any] | None) -> str:
-    """The ``rope_type`` a ``rope_parameters`` mapping names (``rope_type``, legacy ``type``, else ``default``)."""
+    """The ``rope_type`` a ``rope_parameters`` mapping names (``rope_type``, legacy ``type``, else ``default``), or
+    the type that claims it (:attr:`RopeType.claims`: HunYuan's ``"dynamic"`` with an ``alpha`` is ``ntk_alpha``)."""
     params = params or {}
-    return str(params.get("rope_type", params.get("type", "default")) or "default")
+    label = str(params.get("rope_type", params.get("type", "default")) or "default")
+    for entry in _TYPES.values():
+        key = entry.claims.get(label)
+        if key is not None and params.get(key):
+            return entry.name
+    return label
 
 
 def parameter_keys() -> frozenset[str]:

@@ -19,7 +19,7 @@ from torch import nn
 from posenc import functional as PF
 from posenc import rope_types as RT
 from posenc.config import AttentionConfig
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, PositionError
 from posenc.schemes import get_spec, register, unregister
 from posenc.schemes.base import (
     Param,
@@ -44,10 +44,12 @@ ROFORMER = str(RT.ROFORMER)
 
 
 class RotaryAngles(TableHolder):
-    """cos/sin of ``angle(p) = p * inv_freq + phase`` (times ``attention_factor``) for integer positions p.
+    """cos/sin of ``angle(p) = p * inv_freq + phase`` (times ``attention_factor``, and times ``exp(log_scale * p)``
+    when a per-position scale is given, as xPos gives q and k) for integer positions p.
 
     ``precomputed``: tables ``[max_positions, r/2]`` computed in float64, stored in ``table_dtype``.
-    ``dynamic``: float32-exact angles from the positions (float64 angles when ``table_dtype`` is float64).
+    ``dynamic``: float32-exact angles from the positions (float64 angles when ``table_dtype`` is float64); the
+    scale ``exp(p * log_scale)`` in ``table_dtype`` (its relative error in float32 is ~1e-7 · |p · log_scale|).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class RotaryAngles(TableHolder):
         max_positions: int,
         table_dtype: torch.dtype,
         phase: torch.Tensor | None = None,
+        log_scale: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         inv_freq = inv_freq.to(torch.float64)
@@ -66,17 +69,26 @@ class RotaryAngles(TableHolder):
         self.table_dtype = table_dtype
         self.attention_factor = float(attention_factor)
         self.has_phase = bool(phase.abs().max() > 0) if phase.numel() else False
+        self.has_scale = log_scale is not None
         if table_mode is TableMode.PRECOMPUTED:
             positions = torch.arange(max_positions, dtype=torch.float64).unsqueeze(-1)
             angles = positions * inv_freq + phase
-            self.register_table("cos_table", (torch.cos(angles) * self.attention_factor).to(table_dtype))
-            self.register_table("sin_table", (torch.sin(angles) * self.attention_factor).to(table_dtype))
-        elif table_dtype == torch.float64:
+            factor = self.attention_factor
+            if log_scale is not None:
+                factor = torch.exp(positions * log_scale.to(torch.float64)) * factor  # type: ignore[assignment]
+            self.register_table("cos_table", (torch.cos(angles) * factor).to(table_dtype))
+            self.register_table("sin_table", (torch.sin(angles) * factor).to(table_dtype))
+            return
+        if table_dtype == torch.float64:
             self.register_table("inv_freq", inv_freq)
             self.register_table("phase", phase)
         else:
             self.register_table("turns", PF.split_turns(inv_freq))
             self.register_table("phase", torch.remainder(phase, 2 * math.pi).to(torch.float32))
+        if log_scale is not None:
+            self.register_table(
+                "log_scale", log_scale.to(torch.float64 if table_dtype == torch.float64 else torch.float32)
+            )
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [...]`` int64 -> ``(cos, sin)`` each ``[..., r/2]`` in ``table_dtype``."""
@@ -91,6 +103,9 @@ class RotaryAngles(TableHolder):
         cos, sin = torch.cos(angles), torch.sin(angles)
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        if self.has_scale:
+            scale = torch.exp(position_ids.to(self.log_scale.dtype).unsqueeze(-1) * self.log_scale)
+            cos, sin = cos * scale, sin * scale
         return cos.to(self.table_dtype), sin.to(self.table_dtype)
 
 
@@ -225,6 +240,24 @@ def _validate_rope(rope_type: str) -> Callable[[dict[str, Any], AttentionConfig]
     return check
 
 
+def scale_rate(rope_type: str, params: Mapping[str, Any], config: AttentionConfig) -> torch.Tensor | None:
+    """The type's per-position q scale rate λ (float64 ``[r/2]``, :attr:`posenc.rope_types.RopeType.scale_rate`;
+    k's is -λ), or ``None`` for a pure rotation."""
+    entry = RT.get(rope_type)
+    if entry.scale_rate is None:
+        return None
+    width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
+    return entry.scale_rate(width, rope_parameters(rope_type, params, config))
+
+
+def scaled_position_limit(rate: torch.Tensor, table_dtype: torch.dtype) -> int:
+    """Exclusive bound on positions n whose scales exp(±λ n) stay normal numbers of ``table_dtype``."""
+    steepest = float(rate.abs().max())
+    if steepest == 0.0:
+        return PF.RANGE_REDUCTION_MAX_POSITION
+    return int(-math.log(torch.finfo(table_dtype).tiny) / steepest) + 1
+
+
 def build_rope_angles(
     rope_type: str,
     params: Mapping[str, Any],
@@ -232,8 +265,14 @@ def build_rope_angles(
     table_mode: TableMode,
     max_positions: int,
     table_dtype: torch.dtype,
+    *,
+    key: bool = False,
 ) -> TableHolder:
-    """The cos/sin source of a ``rope_type``: static, switching between frequency sets, or length-continuous."""
+    """The cos/sin source of a ``rope_type``: static, switching between frequency sets, or length-continuous.
+
+    ``key``: the source of k's cos/sin, which differs from q's for types with a per-position scale (xPos: exp(-λ p)
+    where q has exp(λ p)); for the other types both are the same.
+    """
     entry = RT.get(rope_type)
     width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
     hf = rope_parameters(rope_type, params, config)
@@ -244,7 +283,12 @@ def build_rope_angles(
             )
         return LengthAngles(width, hf, table_dtype)
     points, sets = PF.rope_frequency_sets(width, hf)
-    sources = [RotaryAngles(freq, factor, table_mode, max_positions, table_dtype) for freq, factor in sets]
+    rate = scale_rate(rope_type, params, config)
+    if rate is not None and key:
+        rate = -rate
+    sources = [
+        RotaryAngles(freq, factor, table_mode, max_positions, table_dtype, log_scale=rate) for freq, factor in sets
+    ]
     return SwitchedAngles(sources, points) if points else sources[0]
 
 
@@ -258,6 +302,8 @@ class Rotary(PositionalScheme):
 
     The frequencies are those of one registered ``rope_type`` (:mod:`posenc.rope_types`); every ``rope*`` scheme
     is this class. Shapes: q ``[B, H, S, D]``, k ``[B, Hkv, S, D]``, position_ids ``[B, S]``; cos/sin ``[B, S, r/2]``.
+    A type with a per-position scale (xPos) gives q and k their own cos/sin (:meth:`key_cos_sin`); positions are
+    then limited to those whose scales stay normal numbers of the table dtype (:attr:`scale_limit`).
     """
 
     def __init__(self, *args: Any, rope_type: str = "default", **kwargs: Any) -> None:
@@ -277,21 +323,64 @@ class Rotary(PositionalScheme):
             )
         self.layout = self.params["layout"]
         self.rotary_dim = rotary_width(self.rope_type, self.config.head_dim, self.params["partial_rotary_factor"])
-        self.angles = build_rope_angles(
-            self.rope_type, self.params, self.config, self.table_mode, self.max_positions, self.table_dtype
+        rate = scale_rate(self.rope_type, self.params, self.config)
+        self.scale_limit = None if rate is None else scaled_position_limit(rate, self.table_dtype)
+        self.table_dtype_name = str(self.table_dtype).removeprefix("torch.")
+        precomputed = self.table_mode is TableMode.PRECOMPUTED
+        if self.scale_limit is not None and precomputed and self.max_positions > self.scale_limit:
+            raise ConfigError(
+                f"{self.spec.name}: the q/k scales exp(±λ·n) leave {self.table_dtype_name}'s normal range past "
+                f"position {self.scale_limit - 1}, so a table of {self.max_positions} rows cannot be built; use "
+                f"max_positions <= {self.scale_limit} or a larger scale_base (the limit grows with it)."
+            )
+        build = functools.partial(
+            build_rope_angles,
+            self.rope_type,
+            self.params,
+            self.config,
+            self.table_mode,
+            self.max_positions,
+            self.table_dtype,
         )
+        self.angles = build()
+        self.key_angles = None if rate is None else build(key=True)
+
+    @property
+    def position_limit(self) -> int | None:
+        """The table's rows (precomputed), further bounded by :attr:`scale_limit` for scaled types."""
+        limits = [limit for limit in (super().position_limit, self.scale_limit) if limit is not None]
+        return min(limits) if limits else None
+
+    def check_positions(self, position_ids: torch.Tensor) -> None:
+        """:meth:`PositionalScheme.check_positions`, and for scaled types the range their scales stay finite in."""
+        if self.scale_limit is not None and not PF.is_tracing() and position_ids.numel():
+            high = int(position_ids.max())
+            if high >= self.scale_limit:
+                raise PositionError(
+                    f"{self.spec.name}: position {high} is past {self.scale_limit - 1}, where the q/k scales "
+                    f"exp(±λ·n) leave {self.table_dtype_name}'s normal range; raise scale_base (the limit grows "
+                    f"with it)."
+                )
+        super().check_positions(position_ids)
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` (attention factor included)."""
+        """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` of q (attention factor and q's scale included)."""
         self.check_positions(position_ids)
         return self.angles(position_ids)
 
+    def key_cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` of k: :meth:`cos_sin` unless the type scales q and k."""
+        if self.key_angles is None:
+            return self.cos_sin(position_ids)
+        self.check_positions(position_ids)
+        return self.key_angles(position_ids)
+
     def rotate(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.cos_sin(position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        key_cos, key_sin = (cos, sin) if self.key_angles is None else self.key_angles(position_ids)
         return (
-            PF.apply_rope(q, cos, sin, self.layout, self.rotary_dim),
-            PF.apply_rope(k, cos, sin, self.layout, self.rotary_dim),
+            PF.apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim),
+            PF.apply_rope(k, key_cos.unsqueeze(1), key_sin.unsqueeze(1), self.layout, self.rotary_dim),
         )
 
 

@@ -280,6 +280,8 @@ class _ClampedPositions(DataLoader):
         ("rope", {"layout": "interleaved", "partial_rotary_factor": 0.5}),
         ("rope_yarn", {"factor": 4.0}),
         ("rope_llama3", {}),
+        ("rope_proportional", {"partial_rotary_factor": 0.25}),  # frequency-0 pairs: identity in the kernel
+        ("rope_ntk_alpha", {}),
     ],
 )
 def test_plugin_graph_parity_with_eager_pytorch(scheme_name: str, params: dict) -> None:

@@ -165,12 +165,16 @@ def test_static_scaling_types_in_kernel(name: str) -> None:
     _check(k_out, rotate_reference(k, pos, inv_freq, factor, layout, D), "float32")
 
 
-@pytest.mark.parametrize("rope_type", [name for name in RT.names() if not RT.get(name).continuous])
+@pytest.mark.parametrize(
+    "rope_type", [name for name in RT.names() if not RT.get(name).continuous and RT.get(name).scale_rate is None]
+)
 def test_every_registered_type_with_finite_frequency_sets_runs_in_kernel(rope_type: str) -> None:
-    """From the registry: a type's scheme defaults -> freq_inputs -> the kernel, against rope_inv_freq per row
-    (rows on both sides of a switch, if the type has one). New types are covered without editing this test."""
+    """From the registry: a type's scheme defaults (its default case) -> freq_inputs -> the kernel, against
+    rope_inv_freq per row (rows on both sides of a switch, if the type has one). New types are covered without
+    editing this test; types that scale q and k apart (xPos) are refused by freq_inputs (tests/schemes)."""
     config = AttentionConfig(hidden_size=64, num_heads=HQ, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
-    spec_params = get_spec(RT.get(rope_type).scheme).resolve({}, config)
+    spec = get_spec(RT.get(rope_type).scheme)
+    spec_params = spec.resolve(spec.cases["default"], config)
     params = rope_parameters(rope_type, spec_params, config)
     q, k = _qk()
     pos = torch.tensor([[0, 3, 9], [60, 61, 62]])

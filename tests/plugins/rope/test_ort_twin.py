@@ -101,6 +101,21 @@ def test_freq_twin_with_longrope_switch(opset: int) -> None:
     _close(q_out, rotate_reference(q, pos, inv_rows, factor, "half", D), atol=1e-5)
 
 
+def test_freq_twin_with_zero_frequencies() -> None:
+    """Proportional RoPE (Gemma 4): frequencies over the head dim, the last pairs 0 (identity), in the twin."""
+    params = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6, "factor": 2.0}
+    q, k = _qk()
+    pos = torch.stack((torch.arange(S), torch.arange(S) + 131000))
+    turns, kwargs = freq_inputs(D, params)
+    assert int((turns.abs().sum(0) == 0).sum()) == 6  # 2 of 8 pairs rotate
+    feeds = {"q": q.numpy(), "k": k.numpy(), "turns": turns.numpy(), "positions": pos.numpy()}
+    q_out, k_out = run_twin(RopeKernelSpec("freq", D, D, **kwargs), feeds)
+    inv_freq, _ = PF.rope_inv_freq(D, params)
+    _close(q_out, rotate_reference(q, pos, inv_freq, 1.0, "half", D), atol=5e-6)
+    _close(k_out, rotate_reference(k, pos, inv_freq, 1.0, "half", D), atol=5e-6)
+    np.testing.assert_array_equal(q_out[..., 2:8], q.numpy()[..., 2:8])  # unrotated pairs pass exactly
+
+
 @pytest.mark.parametrize("mode", ["ids", "offset"])
 def test_ntk_twin(mode: str) -> None:
     params = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}

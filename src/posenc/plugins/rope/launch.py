@@ -67,8 +67,8 @@ def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tup
         ``attention_factor`` and ``longrope_original`` (the switch length, 0 for one set).
 
     Raises:
-        ConfigError: bad parameters, a continuously length-dependent type, more than one switch, or sets with
-            different attention factors (the kernel takes one).
+        ConfigError: bad parameters, a continuously length-dependent type, a type that scales q and k apart
+            (xPos), more than one switch, or sets with different attention factors (the kernel takes one).
     """
     entry = RT.get(RT.rope_type_name(params))
     if entry.continuous:
@@ -78,6 +78,12 @@ def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tup
             else "the kernel has no in-kernel form of it: pass cos/sin computed per call (AngleSource.CACHE)"
         )
         raise ConfigError(f"rope_type {entry.name!r} depends on each sequence's length; {remedy}.")
+    if entry.scale_rate is not None:
+        raise ConfigError(
+            f"rope_type {entry.name!r} scales q and k per position in opposite directions, so they need different "
+            f"cos/sin; the kernel applies one to both. Rotate them with two RotaryEmbedding ops instead "
+            f"(`posenc optimize --rope fused`)."
+        )
     points, sets = PF.rope_frequency_sets(rotary_dim, params)
     factors = {factor for _, factor in sets}
     if len(points) > 1 or len(factors) > 1:
