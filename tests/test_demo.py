@@ -77,7 +77,9 @@ def _check_engines_and_plots(out: Path, markdown: str) -> None:
     for png in ("rope_decay.png", "error_vs_position.png", "latency.png", "roofline.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
         assert f"]({png})" in markdown
-    assert "seed 004" in markdown
+    decay = _section(markdown, "RoPE long-range decay")
+    for citation in ("arXiv:2104.09864", "https://kexue.fm/archives/8265"):  # sources a reader can look up
+        assert citation in decay, citation
 
 
 def _check_html(out: Path) -> None:

@@ -1,9 +1,9 @@
 """posenc.functional against independent references.
 
 References: Hugging Face transformers (``ROPE_INIT_FUNCTIONS``, T5 ``_relative_position_bucket``, DeBERTa-v2
-``make_log_bucket_position``, BLOOM ``build_alibi_tensor``), the seed articles' formulas and code (explicit 2x2
-rotation matrices, the complex-number form, ``rotate_half``, the T5 bucket table, NTK's α), naive loops, and
-high-precision (mpmath) trigonometry.
+``make_log_bucket_position``, BLOOM ``build_alibi_tensor``), the formulas and code of the papers and posts named
+beside each test (explicit 2x2 rotation matrices, the complex-number form, ``rotate_half``, the T5 bucket table,
+NTK's α), naive loops, and high-precision (mpmath) trigonometry.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tests.conftest import covers
 
 
 def rotation_matrix(angles: list[float] | torch.Tensor, dim: int, layout: str) -> torch.Tensor:
-    """Explicit float64 ``[dim, dim]`` RoPE matrix R with R @ x the rotated vector (seed 004 eq. 21).
+    """Explicit float64 ``[dim, dim]`` RoPE matrix R with R @ x the rotated vector (the block-diagonal
+    matrix of Su et al., RoFormer, 2021, arXiv:2104.09864).
 
     ``angles[i]`` rotates pair i: (2i, 2i+1) for ``interleaved``, (i, i + r/2) for ``half``; features past
     ``r = 2 * len(angles)`` are left alone (identity block).
@@ -281,7 +282,8 @@ def test_dynamic_changes_frequencies_only_above_max_position_embeddings() -> Non
 @covers("rope_ntk")
 @pytest.mark.parametrize(("rotary_dim", "factor", "theta"), [(128, 8.0, 10000.0), (64, 4.0, 5e5), (16, 2.5, 1e4)])
 def test_static_ntk_lowest_frequency_equals_interpolation(rotary_dim: int, factor: float, theta: float) -> None:
-    """Seed 003: α = k^(d/(d-2)) makes n / (αβ)^(d/2-1) equal (n/k) / β^(d/2-1); the highest frequency stays."""
+    """NTK-aware scaling (bloc97, r/LocalLLaMA, 2023; Su Jianlin, https://kexue.fm/archives/9675): α = k^(d/(d-2))
+    makes n / (αβ)^(d/2-1) equal (n/k) / β^(d/2-1); the highest frequency stays."""
     default, _ = PF.rope_inv_freq(rotary_dim, {"rope_theta": theta})
     ntk, scale = PF.rope_inv_freq(rotary_dim, {"rope_type": "ntk", "rope_theta": theta, "factor": factor})
     assert scale == 1.0
@@ -289,7 +291,8 @@ def test_static_ntk_lowest_frequency_equals_interpolation(rotary_dim: int, facto
     assert ntk[0].item() == default[0].item() == 1.0
     assert (ntk[1:] < default[1:]).all()
     assert (ntk[1:-1] > default[1:-1] / factor).all()
-    # Seed 000's code: base * k**(dim / (dim - 2)), then the default frequencies of that base.
+    # bloc97's code (NTK-Aware Scaled RoPE, r/LocalLLaMA, 2023): base * k**(dim / (dim - 2)), then the default
+    # frequencies of that base.
     seed_base = theta * factor ** (rotary_dim / (rotary_dim - 2))
     seed = [1.0 / seed_base ** (2 * i / rotary_dim) for i in range(rotary_dim // 2)]
     torch.testing.assert_close(ntk, torch.tensor(seed, dtype=torch.float64), rtol=1e-13, atol=0)
@@ -305,7 +308,8 @@ def test_static_ntk_equals_hugging_face_dynamic_at_k_times_the_context() -> None
 
 @covers("rope_truncation")
 def test_base_truncation_follows_the_a_c_beta_rule() -> None:
-    """Seed 001: h(i) = θ_i if θ_i >= c; β if a < θ_i < c; 0 if θ_i <= a."""
+    """Base truncation (Pal et al., Giraffe, 2023, arXiv:2308.10882; in Zhao et al.'s book 大语言模型, 2024,
+    https://llmbook-zh.github.io, §5.4): h(i) = θ_i if θ_i >= c; β if a < θ_i < c; 0 if θ_i <= a."""
     r, theta, a, c, beta = 64, 10000.0, 2e-3, 0.05, 0.02  # no θ_i falls exactly on a or c
     params = {"rope_type": "truncation", "rope_theta": theta, "truncation_a": a, "truncation_c": c,
               "truncation_beta": beta}  # fmt: skip
@@ -400,8 +404,9 @@ def test_rope_cos_sin_shape_and_attention_factor() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _seed002_theta(dim: int, base: float = 10000.0) -> torch.Tensor:
-    # seed 002: theta = 1/(base ** (torch.arange(0, dim/2).float() / (dim / 2))), here in float64
+def _llama_post_theta(dim: int, base: float = 10000.0) -> torch.Tensor:
+    # "Llama旋转位置编码代码实现及详解" (https://blog.csdn.net/weixin_40732165/article/details/143635503):
+    # theta = 1/(base ** (torch.arange(0, dim/2).float() / (dim / 2))), here in float64
     return 1.0 / (base ** (torch.arange(0, dim // 2, dtype=torch.float64) / (dim / 2)))
 
 
@@ -410,7 +415,7 @@ def _seed002_theta(dim: int, base: float = 10000.0) -> torch.Tensor:
     ("layout", "dim", "rotary_dim"), [("interleaved", 8, 8), ("half", 8, 8), ("interleaved", 12, 8), ("half", 12, 4)]
 )
 def test_apply_rope_equals_explicit_rotation_matrices(layout: str, dim: int, rotary_dim: int) -> None:
-    """Seed 004 eq. 21 (block-diagonal 2x2 rotations) for each position, features past r untouched."""
+    """RoFormer's block-diagonal 2x2 rotations (arXiv:2104.09864) for each position, features past r untouched."""
     x = torch.randn(3, 5, dim, dtype=torch.float64)
     positions = torch.tensor([0, 1, 7, 100, 4099])
     inv_freq, _ = PF.rope_inv_freq(rotary_dim)
@@ -424,7 +429,8 @@ def test_apply_rope_equals_explicit_rotation_matrices(layout: str, dim: int, rot
 
 @covers("rope")
 def test_interleaved_equals_elementwise_form_of_eq_23() -> None:
-    """Seed 004 eq. 23: q ⊗ [cos θ0, cos θ0, ...] + [-q1, q0, -q3, q2, ...] ⊗ [sin θ0, sin θ0, ...]."""
+    """RoFormer's efficient form (arXiv:2104.09864): q ⊗ [cos θ0, cos θ0, ...] + [-q1, q0, -q3, q2, ...] ⊗ [sin θ0,
+    sin θ0, ...]."""
     q = torch.randn(2, 7, 16, dtype=torch.float64)
     positions = torch.arange(7) * 13
     inv_freq, _ = PF.rope_inv_freq(16)
@@ -437,7 +443,8 @@ def test_interleaved_equals_elementwise_form_of_eq_23() -> None:
 
 @covers("rope")
 def test_half_equals_llama_rotate_half() -> None:
-    """Seed 001's Llama code: q * cos + rotate_half(q) * sin with cos = cat(freqs, freqs).cos()."""
+    """Hugging Face transformers' Llama code (apply_rotary_pos_emb): q * cos + rotate_half(q) * sin with
+    cos = cat(freqs, freqs).cos()."""
 
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
@@ -458,7 +465,7 @@ def test_apply_rope_equals_complex_multiplication(layout: str) -> None:
     """Seeds 000/002: view the pairs as complex numbers and multiply by polar(1, m θ)."""
     dim, seq = 6, 3
     x = torch.randn(seq, dim, dtype=torch.float64)
-    theta = _seed002_theta(dim)
+    theta = _llama_post_theta(dim)
     all_theta = torch.outer(torch.arange(seq, dtype=torch.float64), theta)
     rotor = torch.polar(torch.ones_like(all_theta), all_theta)
     if layout == "interleaved":
@@ -493,7 +500,7 @@ def test_apply_rope_equals_complex_multiplication(layout: str) -> None:
     ],
 )  # fmt: skip
 def test_inner_product_depends_only_on_relative_position(layout: str, rotary_dim: int, params: dict) -> None:
-    """⟨R_m q, R_n k⟩ = qᵀ R_{n-m} k (seed 004 eq. 22) and norms are preserved."""
+    """⟨R_m q, R_n k⟩ = qᵀ R_{n-m} k (RoFormer, arXiv:2104.09864) and norms are preserved."""
     dim = 32
     inv_freq, scale = PF.rope_inv_freq(rotary_dim, params)
     q, k = torch.randn(2, dim, dtype=torch.float64)
@@ -528,7 +535,7 @@ def test_apply_rope_keeps_dtype_and_shape() -> None:
 
 
 def test_sinusoidal_interleaved_equals_seed_numpy_code() -> None:
-    """Seed 003's implementation: pos / 10000**(2*(j//2)/d); sin on even columns, cos on odd."""
+    """Vaswani et al. 2017 (arXiv:1706.03762, §3.5): pos / 10000**(2*(j//2)/d); sin on even columns, cos on odd."""
     max_position, hidden = 50, 16
     position_enc = np.array(
         [[pos / np.power(10000, 2 * (j // 2) / hidden) for j in range(hidden)] for pos in range(max_position)]
@@ -552,7 +559,8 @@ def test_sinusoidal_concat_equals_naive_loops() -> None:
 
 
 def test_sinusoidal_position_t_plus_k_is_linear_in_position_t() -> None:
-    """Seed 003: PE(t+k, 2i) = PE(t, 2i) PE(k, 2i+1) + PE(t, 2i+1) PE(k, 2i), and the cos identity."""
+    """Vaswani et al. 2017 §3.5 (PE(t+k) is linear in PE(t)): PE(t+k, 2i) = PE(t, 2i) PE(k, 2i+1) + PE(t, 2i+1)
+    PE(k, 2i), and the cos identity."""
     pe = PF.sinusoidal_table(80, 12, "interleaved", dtype=torch.float64)
     t, k = torch.arange(0, 40).unsqueeze(-1), torch.tensor([3, 11, 39]).view(1, -1)
     sin_t, cos_t = pe[t, 0::2], pe[t, 1::2]  # [40, 1, 6]
@@ -584,8 +592,9 @@ def test_alibi_slopes_match_bloom_for_every_head_count() -> None:
         torch.testing.assert_close(PF.alibi_slopes(n), slopes, rtol=1e-6, atol=0)
 
 
-def test_t5_buckets_reproduce_seed_004_table() -> None:
-    """i - j = 0..30 -> 0..7, then 8,8,8,8, 9,9,9,9, 10 (x7), 11 (x8); relative_position = j - i."""
+def test_t5_buckets_reproduce_the_published_table() -> None:
+    """The table of Su Jianlin (2021, https://kexue.fm/archives/8130, section T5式): i - j = 0..30 -> 0..7,
+    then 8,8,8,8, 9,9,9,9, 10 (x7), 11 (x8); relative_position = j - i."""
     table = list(range(8)) + [8] * 4 + [9] * 4 + [10] * 7 + [11] * 8
     distance = torch.arange(len(table))
     assert PF.t5_relative_bucket(-distance).tolist() == table

@@ -2,10 +2,11 @@
 
 Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<part>/cli.py``,
 and ``posenc/demo.py`` for the demo, each exposing ``register(subparsers)``); this module wires them up.
+Options that several subcommands take are spelled and read the same everywhere: :mod:`posenc.cli_args`.
 
 Exit statuses: 0 success; 1 a check failed (``validate`` mismatch, ``bench --fail-on-miss``); 2 bad input
-(:class:`PosencError`, or a file the system refused, with a one-line message); 3 an internal error (a
-posenc bug or an unhandled backend failure: the traceback is printed); 130 interrupted.
+(a usage error, :class:`PosencError`, or a file the system refused, with a one-line message); 3 an internal
+error (a posenc bug or an unhandled backend failure: the traceback is printed); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import traceback
 from collections.abc import Sequence
 
 from posenc import __version__
+from posenc.cli_args import PosencParser, add
 from posenc.errors import PosencError
 
 # Modules that contribute subcommands, in the order of the pipeline.
@@ -96,10 +98,12 @@ def optimize_parity_check(before: bytes, after: bytes, info: object) -> dict[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = PosencParser(
         prog="posenc",
         description="Positional encodings from an exact PyTorch reference to verified ONNX Runtime / TensorRT "
-        "deployments: list -> export -> optimize -> build -> validate -> bench.",
+        "deployments: list -> export -> optimize -> build -> validate -> bench. Options mean the same in every "
+        "subcommand: --json prints the result as JSON on stdout, shapes are B,S[,P][@START], --max-positions "
+        "counts table rows and --max-position-embeddings is the model's context length.",
         epilog="Examples:\n  posenc list\n  posenc show rope_yarn\n  posenc demo --quick -o report",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -109,17 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         help="table of every registered scheme",
         description="Table of schemes: family, where it acts, table modes, parameters.",
+        epilog="examples:\n  posenc list\n  posenc list --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add(p, "json", note="one object per scheme")
     p.set_defaults(func=_list)
     p = sub.add_parser(
         "show",
         help="parameters, defaults, meaning and citation of one scheme",
         description="Describe one scheme.",
-        epilog="Example: posenc show alibi --json",
+        epilog="examples:\n  posenc show rope_yarn\n  posenc show alibi --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("scheme", help="scheme name (see `posenc list`)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add(p, "json", note="the scheme's description")
     p.set_defaults(func=_show)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -128,8 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``) and return its exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and --version (0), or a usage error already printed as one line (2)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None) * 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

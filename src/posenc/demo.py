@@ -33,6 +33,7 @@ from typing import Any
 from posenc.bench.plan import LLAMA_LIKE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE, BenchCase, resolve_schemes
 from posenc.bench.progress import Progress
 from posenc.bench.shapes import Shape
+from posenc.cli_args import add, split_names
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PosencError
 from posenc.report.files import atomic_write_text
@@ -494,7 +495,7 @@ Writes OUT/report.md, OUT/report.html (self-contained), OUT/demo.json, the PNG p
 
 
 def _run(args: argparse.Namespace) -> int:
-    schemes = tuple(v.strip() for value in args.scheme or [] for v in value.split(",") if v.strip())
+    schemes = tuple(split_names(args.scheme))
     options = DemoOptions(
         output=Path(args.output),
         quick=args.quick,
@@ -507,6 +508,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     resolve_schemes(options.schemes or None)  # unknown names fail before any work
     result = run_demo(options)
+    if args.json:
+        print((options.output / RESULT_NAME).read_text(), end="")
+        return 0
     parity = [p for r in result["pipeline"] for p in r.get("parity", {}).values()]
     passed = sum(1 for p in parity if p.get("passed"))
     print(
@@ -528,20 +532,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-o", "--output", default="report", help="report folder (default: report)")
+    add(p, "output", default="report", note="the report folder (default: report)")
     p.add_argument("--quick", action="store_true", help="tiny block, one table mode per scheme, short benchmark")
-    p.add_argument(
-        "-s", "--scheme", action="append", metavar="NAME", help="only these schemes (repeat or comma-separate)"
-    )
+    add(p, "scheme", repeat=True, note="or comma-separated; default: every registered scheme")
     p.add_argument("--jobs", type=int, default=DemoOptions.jobs, help=f"worker processes (default {DemoOptions.jobs})")
-    p.add_argument(
-        "--threads", type=int, default=DemoOptions.threads, help="benchmark intra-op threads (default: all CPUs)"
-    )
-    p.add_argument(
-        "--engine-target", action="append", metavar="SM", help="engine compute capability, e.g. sm89 (repeatable)"
-    )
-    p.add_argument("--keep-models", action="store_true", help="keep ONNX graphs and engines under OUT/models")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add(p, "threads", default=DemoOptions.threads, note="of the benchmark; default: all CPUs")
+    add(p, "engine_target", repeat=True, note="default: sm89 with TensorRT-RTX, the local GPU with tensorrt")
+    add(p, "keep_models")
+    add(p, "quiet")
+    add(p, "json", note="what the report shows (OUT/demo.json)")
     p.set_defaults(func=_run)
 
 

@@ -1,4 +1,4 @@
-"""Shape parsing: presets, key=value form, and the errors a user would hit."""
+"""Benchmark shapes: the one shape syntax with a name, presets, and the errors a user would hit."""
 
 from __future__ import annotations
 
@@ -6,36 +6,43 @@ import pytest
 
 from posenc.bench.shapes import MAX_TOKENS, PRESETS, Shape, parse_shape
 from posenc.errors import ConfigError
+from posenc.export.units import FeedShape
 
 
 def test_presets_are_prefill_and_decode() -> None:
-    assert parse_shape("prefill") == PRESETS["prefill"]
+    assert parse_shape("prefill") == PRESETS["prefill"] == Shape("prefill", 1, 512, 0)
     decode = parse_shape("decode")
-    assert decode.seq == 1
-    assert decode.past > 0
+    assert (decode.batch, decode.seq, decode.past) == (1, 1, 511)
 
 
-def test_key_value_form_with_and_without_name() -> None:
-    assert parse_shape("long:b=2,s=1024") == Shape("long", 2, 1024, 0)
-    assert parse_shape(" B=4, S=8, past=16 ") == Shape("decode", 4, 8, 16)
-    assert parse_shape("batch=1,seq=3") == Shape("prefill", 1, 3, 0)
-    assert parse_shape("b=1,s=1,p=7").total == 8
+def test_named_and_unnamed_shapes() -> None:
+    assert parse_shape("long:2,1024") == Shape("long", 2, 1024, 0)
+    assert parse_shape(" 4,8,16 ") == Shape("decode", 4, 8, 16)  # unnamed with a cache: a decode step
+    assert parse_shape("1,3") == Shape("prefill", 1, 3, 0)
+    assert parse_shape("1,1,7").total == 8
+
+
+def test_far_positions_need_longer_tables_than_the_keys() -> None:
+    shape = parse_shape("far:1,4,0@32764")
+    assert shape.feed == FeedShape(1, 4, 0, start=32764)
+    assert (shape.total, shape.positions) == (4, 32768)
+    assert shape.label == "far B=1 S=4 @32764"
 
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ("b=1", "lacks s"),
-        ("s=4", "lacks b"),
-        ("b=1,s=0", "seq must be an int >= 1"),
-        ("b=-1,s=4", "batch must be an int >= 1"),
-        ("b=1,s=4,past=-2", "past must be an int >= 0"),
-        ("b=1,s=four", "must be an integer"),
-        ("b=1,s=4,h=32", "unknown item"),
-        ("b=1,b=2,s=4", "given twice"),
+        ("1", "must be BATCH,SEQ"),
+        ("1,0", "seq must be an int >= 1"),
+        ("-1,4", "batch must be an int >= 1"),
+        ("1,4,-2", "past must be an int >= 0"),
+        ("1,four", "must be BATCH,SEQ"),
+        ("1,4,0@2,", "must be BATCH,SEQ"),
+        ("1,4,5@2", "start must be an int >= past"),
         ("prefil", "preset"),
-        ("9x:b=1,s=2", "must start with a letter"),
-        (f"b=2,s={MAX_TOKENS}", "exceeds"),
+        ("9x:1,2", "must start with a letter"),
+        (f"2,{MAX_TOKENS}", "exceeds"),
+        ("b=1,s=4", "must be BATCH,SEQ"),  # the old key=value form is the command line's (posenc.cli_args) alone
     ],
 )
 def test_bad_shapes_raise_config_error(text: str, fragment: str) -> None:
@@ -43,7 +50,7 @@ def test_bad_shapes_raise_config_error(text: str, fragment: str) -> None:
         parse_shape(text)
 
 
-def test_shape_round_trips_through_dict() -> None:
-    shape = Shape("decode", 3, 1, 99)
+@pytest.mark.parametrize("shape", [Shape("decode", 3, 1, 99), Shape("far", 1, 2, 0, 4096)])
+def test_shape_round_trips_through_dict(shape: Shape) -> None:
     assert Shape.from_dict(shape.to_dict()) == shape
-    assert shape.label == "decode B=3 S=1 P=99"
+    assert ("start" in shape.to_dict()) == (shape.start is not None)  # old documents keep their form

@@ -33,7 +33,7 @@ def test_faithful_export_passes_against_every_reference(
     exported: Path, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "parity.json"
-    assert main(["validate", str(exported), "--against-hf", str(checkpoint), "--json", str(report)]) == 0
+    assert main(["validate", str(exported), "--against-hf", str(checkpoint), "--json-out", str(report)]) == 0
     text = capsys.readouterr().out
     assert "transformers LlamaAttention (checkpoint weights, layer 1" in text
     data = json.loads(report.read_text())

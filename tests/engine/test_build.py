@@ -108,10 +108,10 @@ def test_unsupported_target_and_profile_fail_before_building(export_cache, tmp_p
 def test_build_cli(export_cache, tmp_path, capsys) -> None:
     source = export_case(export_cache, ROPE)
     out = tmp_path / "cli.engine"
-    assert main(["build", str(source), "--target", "sm86", "--profile", "batch=1:1:2", "-o", str(out)]) == 0
+    assert main(["build", str(source), "--engine-target", "sm86", "--profile", "batch=1:1:2", "-o", str(out)]) == 0
     assert "tensorrt_rtx" in capsys.readouterr().out
     assert out.exists()
-    assert main(["build", str(source), "--target", "sm90", "-o", str(tmp_path / "x.engine")]) == 2
+    assert main(["build", str(source), "--engine-target", "sm90", "-o", str(tmp_path / "x.engine")]) == 2
     assert "supported targets" in capsys.readouterr().err
 
 

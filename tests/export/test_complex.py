@@ -16,7 +16,8 @@ DIM, HEADS = 16, 4
 
 
 class FreqsCisRope(nn.Module):
-    """Seed 000 (Llama style): a complex ``freqs_cis`` buffer from torch.polar, q/k viewed as complex pairs."""
+    """Meta's Llama reference code (github.com/meta-llama/llama, model.py): a complex ``freqs_cis`` buffer from
+    torch.polar, q/k viewed as complex pairs."""
 
     def __init__(self, max_positions: int = 64, base: float = 10000.0) -> None:
         super().__init__()
@@ -34,7 +35,8 @@ class FreqsCisRope(nn.Module):
 
 
 class PolarRope(nn.Module):
-    """Seed 002: angles from the positions, torch.polar in the forward, complex product, view_as_real."""
+    """ "Llama旋转位置编码代码实现及详解" (https://blog.csdn.net/weixin_40732165/article/details/143635503): angles
+    from the positions, torch.polar in the forward, complex product, view_as_real."""
 
     def __init__(self, base: float = 10000.0) -> None:
         super().__init__()

@@ -1,4 +1,7 @@
-"""Seed 004's long-range decay curve against its formula evaluated with explicit loops."""
+"""RoPE's long-range decay curve against its formula evaluated with explicit loops.
+
+Source: Su Jianlin 2021, https://kexue.fm/archives/8265, section 远程衰减; RoFormer, arXiv:2104.09864.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Property tests of the absolute schemes: learned, sinusoidal, multiplicative, FLOATER.
 
-References are independent of the code under test: naive loops of the formulas (seed 003), trigonometric
-identities, float64 angles, matrix exponentials and closed-form ODE solutions.
+References are independent of the code under test: naive loops of the formulas (Vaswani et al. 2017,
+arXiv:1706.03762, §3.5), trigonometric identities, float64 angles, matrix exponentials and closed-form ODE solutions.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_sinusoidal_equals_naive_double_loop(layout: str, mode: str) -> None:
 
 @covers("sinusoidal")
 def test_sinusoidal_matches_seed_numpy_recipe() -> None:
-    """Seed 003's implementation: angle pos / 10000^(2(j//2)/d), sin on even columns, cos on odd ones."""
+    """Vaswani et al. 2017 §3.5: angle pos / 10000^(2(j//2)/d), sin on even columns, cos on odd ones."""
     j = torch.arange(E, dtype=torch.float64)
     angles = torch.arange(P, dtype=torch.float64).unsqueeze(1) / torch.pow(
         10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / E
@@ -89,7 +89,7 @@ def _rotation(k: int, layout: str, base: float = 10000.0) -> torch.Tensor:
 @covers("sinusoidal")
 @pytest.mark.parametrize("layout", ["interleaved", "concat"])
 def test_sinusoidal_shift_is_a_fixed_linear_map(layout: str) -> None:
-    """Seed 003 property 1: PE_{t+k} = M_k PE_t for every t, M_k independent of t."""
+    """PE_{t+k} = M_k PE_t for every t, M_k independent of t (Vaswani et al. 2017 §3.5)."""
     pe = _sinusoidal_rows(layout)
     for k in (1, 5, 17):
         shifted = pe[:-k] @ _rotation(k, layout).T
@@ -101,7 +101,7 @@ def test_sinusoidal_shift_is_a_fixed_linear_map(layout: str) -> None:
 @covers("sinusoidal")
 @pytest.mark.parametrize("layout", ["interleaved", "concat"])
 def test_sinusoidal_dot_product_depends_only_on_offset(layout: str) -> None:
-    """Seed 003 property 2: PE_t·PE_{t+k} = Σ_i cos(ω_i k) = PE_t·PE_{t-k} (no sense of direction)."""
+    """PE_t·PE_{t+k} = Σ_i cos(ω_i k) = PE_t·PE_{t-k}: the dot product has no sense of direction."""
     pe = _sinusoidal_rows(layout)
     gram = pe @ pe.T
     for k in (1, 3, 10, 31):
@@ -167,7 +167,7 @@ def test_learned_adds_the_gathered_rows() -> None:
     scheme = build_scheme("learned", SMALL)
     positions = torch.randint(0, P, (2, 7))
     hidden = torch.randn(2, 7, E)
-    reference = torch.nn.Embedding(P, E)  # the seed 003 recipe
+    reference = torch.nn.Embedding(P, E)  # BERT's recipe (Devlin et al. 2019, arXiv:1810.04805)
     reference.weight.data.copy_(scheme.weight.data)
     got = scheme.embed(hidden, positions)
     torch.testing.assert_close(got, hidden + reference(positions), atol=0, rtol=0)
@@ -388,8 +388,8 @@ def test_rk4_matches_matrix_exponential_with_fourth_order_convergence() -> None:
 
 @covers("floater")
 def test_rk4_recovers_the_sinusoidal_table_as_a_particular_solution() -> None:
-    """Seed 004: with dp/dt = Ω p (2x2 rotation generators, frequencies ω_i) and p(0) = [0, 1, 0, 1, ...],
-    p(t) is the interleaved sinusoidal table."""
+    """With dp/dt = Ω p (2x2 rotation generators, frequencies ω_i) and p(0) = [0, 1, 0, 1, ...], p(t) is the
+    interleaved sinusoidal table (Su Jianlin 2021, https://kexue.fm/archives/8130, section 递归式, on FLOATER)."""
     dim, count = 16, 64
     omega = torch.tensor([1 / 10000.0 ** (2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
     generator = torch.zeros(dim, dim, dtype=torch.float64)

@@ -1,8 +1,9 @@
 """Rotary schemes (RoPE and its scalings, ReRoPE, Leaky ReRoPE, RoPE in linear attention) against references.
 
 References: Hugging Face transformers' rotary embedding module (cos/sin per rope_type, dynamic and LongRoPE
-switching included), explicit 2x2 rotation matrices, the complex-number form, seed 001's g(t) for ReRoPE
-computed per (i, j), and eq. 29 of seed 004 computed per query with explicit loops.
+switching included), explicit 2x2 rotation matrices, the complex-number form, ReRoPE's g(t) (Su Jianlin 2023,
+https://kexue.fm/archives/9708) computed per (i, j), and RoPE's linear attention (Su Jianlin 2021,
+https://kexue.fm/archives/8265, section 线性场景) computed per query with explicit loops.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def test_cos_sin_match_hugging_face_rotary_embedding(name: str, params: dict, hf
 @pytest.mark.parametrize(("layout", "partial"), [("half", 1.0), ("interleaved", 1.0), ("half", 0.5),
                                                  ("interleaved", 0.5)])  # fmt: skip
 def test_rope_rotation_equals_explicit_matrices(mode: str, layout: str, partial: float) -> None:
-    """Seed 004 eq. 21 with θ_i = 10000^(-2i/r), positions in a batch of two rows, including decode offsets."""
+    """RoFormer's rotation (arXiv:2104.09864) with θ_i = 10000^(-2i/r), positions in a batch of two rows,
+    including decode offsets."""
     params = {"layout": layout, "partial_rotary_factor": partial}
     scheme = build_scheme("rope", CONFIG, params, mode, table_dtype=torch.float64)
     r = _rotary_dim(params)
@@ -170,7 +172,8 @@ def test_rope_rotation_equals_explicit_matrices(mode: str, layout: str, partial:
 
 @covers("rope")
 def test_rope_interleaved_equals_complex_form() -> None:
-    """Seed 000: xq_ = view_as_complex(xq); view_as_real(xq_ * freqs_cis) with freqs_cis = polar(1, t ⊗ θ)."""
+    """Meta's Llama reference code (github.com/meta-llama/llama, model.py): xq_ = view_as_complex(xq);
+    view_as_real(xq_ * freqs_cis) with freqs_cis = polar(1, t ⊗ θ)."""
     scheme = build_scheme("rope", CONFIG, {"layout": "interleaved"}, table_dtype=torch.float64)
     t = torch.arange(20, dtype=torch.float64)
     freqs_cis = torch.polar(torch.ones(20, 8, dtype=torch.float64), torch.outer(t, torch.tensor(_theta(16))))
@@ -183,7 +186,7 @@ def test_rope_interleaved_equals_complex_form() -> None:
 
 
 @covers("rope")
-def test_rope_long_range_decay_trend_of_seed_004() -> None:
+def test_rope_long_range_decay_trend_of_roformer() -> None:
     """f(m) = (1/(d/2)) Σ_j |S_j|, S_j = Σ_{i<j} e^{i m θ_i}, d = 128, from the scheme's own cos/sin tables."""
     config = AttentionConfig(hidden_size=256, num_heads=2, head_dim=128, max_position_embeddings=257)
     scheme = build_scheme("rope", config, table_dtype=torch.float64)
@@ -287,12 +290,13 @@ def test_positions_past_the_precomputed_table_or_of_float_dtype_raise(name: str)
 
 
 # --------------------------------------------------------------------------------------------------
-# ReRoPE and Leaky ReRoPE: seed 001's g(t), per (i, j)
+# ReRoPE and Leaky ReRoPE: g(t) of Su Jianlin (2023), https://kexue.fm/archives/9708, per (i, j)
 # --------------------------------------------------------------------------------------------------
 
 
 def seed_g(t: int, window: int, t_max: float | None = None, t_max_new: float | None = None) -> float:
-    """Seed 001: g(t) = t for |t| <= w; sign(t) w (ReRoPE); sign(t)(w + (T_max - w)(|t| - w)/(T'_max - w)) (Leaky)."""
+    """Su Jianlin 2023 (https://kexue.fm/archives/9708): g(t) = t for |t| <= w; sign(t) w (ReRoPE);
+    sign(t)(w + (T_max - w)(|t| - w)/(T'_max - w)) (Leaky)."""
     if abs(t) <= window:
         return float(t)
     sign = 1.0 if t > 0 else -1.0
@@ -418,7 +422,7 @@ def test_rerope_fp32_in_graph_angles_at_long_positions(name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# RoPE in linear attention: eq. 29 of seed 004
+# RoPE in linear attention, in the numerator only: Su Jianlin 2021, https://kexue.fm/archives/8265, section 线性场景
 # --------------------------------------------------------------------------------------------------
 
 

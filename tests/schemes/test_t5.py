@@ -1,4 +1,7 @@
-"""T5 bucketed relative bias: seed 004's bucket table, Hugging Face's buckets, the bias per (i, j)."""
+"""T5 bucketed relative bias: the published bucket table, Hugging Face's buckets, the bias per (i, j).
+
+The table: Su Jianlin 2021, https://kexue.fm/archives/8130, section T5式.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ def _with_bucket_ids_as_weights(scheme):  # type: ignore[no-untyped-def]
 
 @covers("t5")
 @pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
-def test_buckets_reproduce_the_seed_004_table(mode: str) -> None:
-    # Seed 004: f(i - j) for i - j = 0..30 (T5 defaults: bidirectional, 32 buckets, max_distance 128).
+def test_buckets_reproduce_the_published_table(mode: str) -> None:
+    # Su Jianlin 2021 (kexue.fm/archives/8130, section T5式): f(i - j) for i - j = 0..30 (T5 defaults:
+    # bidirectional, 32 buckets, max_distance 128).
     seed_table = list(range(8)) + [8] * 4 + [9] * 4 + [10] * 7 + [11] * 8
     scheme = _with_bucket_ids_as_weights(build_scheme("t5", CONFIG, {}, mode, max_positions=64).double())
     q_pos, k_pos = torch.tensor([[30]]), torch.arange(31).unsqueeze(0)  # i - j = 30 .. 0

@@ -18,8 +18,8 @@ def t5_op(tmp_path):  # type: ignore[no-untyped-def]
 
 def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     report, data, runs = tmp_path / "p.md", tmp_path / "p.json", tmp_path / "p.runs.json"
-    argv = ["validate", str(t5_op.path), "--shape", "2,3,1", "--batch", "1", "--seq", "5", "--past", "7"]
-    argv += ["--report", str(report), "--json", str(data), "--runs", str(runs)]
+    argv = ["validate", str(t5_op.path), "--shape", "2,3,1", "--shape", "1,5,7"]
+    argv += ["--report", str(report), "--json-out", str(data), "--runs", str(runs)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "| 2, 3, 1 | eager-fp64 | onnxrt-cpu | bias |" in text
@@ -46,7 +46,7 @@ def test_validate_exits_2_on_a_truncated_model(t5_op, capsys) -> None:  # type: 
 def test_sweep_command_writes_json_and_markdown(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     prefix = tmp_path / "sweep"
     argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--no-fp16-tables"]
-    argv += ["--max-position", "4096", "--per-bucket", "2", "-o", str(prefix)]
+    argv += ["--last-position", "4096", "--per-bucket", "2", "-o", str(prefix)]
     assert main(argv) == 0
     data = json.loads((tmp_path / "sweep.json").read_text())
     assert data["buckets"] == [[0, 1024], [1024, 4097]]
@@ -79,7 +79,7 @@ def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:  # t
 
 
 def test_validate_bad_shapes_and_missing_cuda_are_clear_errors(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["validate", str(t5_op.path), "--seq", "0"]) == 2
+    assert main(["validate", str(t5_op.path), "--shape", "1,0"]) == 2
     assert "FeedShape.seq must be an int >= 1, got 0" in capsys.readouterr().err
     import onnxruntime as ort
 
@@ -92,5 +92,5 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:  # type: ignore[no-untyp
     folder = tmp_path / "sweeps"
     folder.mkdir()
     argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--per-bucket", "1"]
-    assert main([*argv, "--no-fp16-tables", "--max-position", "4096", "-o", str(folder)]) == 0
+    assert main([*argv, "--no-fp16-tables", "--last-position", "4096", "-o", str(folder)]) == 0
     assert sorted(p.name for p in folder.iterdir()) == ["sweep.json", "sweep.md"]

@@ -3,48 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 
 from posenc.bench.backends import BACKEND_NAMES
 from posenc.bench.harness import JSON_NAME, MARKDOWN_NAME, RunSettings, run_bench
-from posenc.bench.plan import LLAMA_LIKE, SUITES, TABLE_MODE_CHOICES, make_plan, targets_plan
-from posenc.bench.shapes import PRESETS, parse_shape
+from posenc.bench.plan import LLAMA_LIKE, SUITES, make_plan, targets_plan
+from posenc.bench.shapes import Shape
 from posenc.bench.tables import markdown_table, target_rows
 from posenc.bench.timing import TimingSettings
-from posenc.bench.workloads import UNITS
-from posenc.config import AttentionConfig
+from posenc.cli_args import (
+    TABLE_MODES,
+    OldValueSpelling,
+    add,
+    add_alias,
+    add_geometry,
+    config_from_args,
+    geometry_given,
+    print_result,
+    split_names,
+)
 from posenc.errors import ConfigError
 
 EPILOG = """\
 Examples:
   posenc bench --suite targets -o bench-targets        # the CPU targets, as ratios from one run
-  posenc bench -s rope -s alibi --unit op --shape prefill --shape b=4,s=128 -o bench-results
+  posenc bench -s rope -s alibi --unit op --shape prefill --shape 4,128 -o bench-results
   posenc bench -s rope --backend torch --backend ort-cpu --repeats 20 --threads 1
+  posenc bench -s rope --unit op-3d --shape long:1,2048 --hidden-size 4096 --num-heads 32 -o bench-rope
 
-Shapes: `prefill` (b=1,s=512), `decode` (b=1,s=1,past=511) or NAME:b=B,s=S[,past=P].
+Shapes: B,S[,P][@START] (batch, new tokens, cached tokens, first position), NAME: before it to label it
+(long:1,2048), or the presets prefill (1,512) and decode (1,1,511).
+Geometry: head_dim is --hidden-size // --num-heads unless --head-dim is given; precomputed tables get
+max(--max-position-embeddings, last position + 1) rows.
 Backends: torch, ort-cpu (exported graph), ort-cpu-fused (posenc.graphs output), ort-cuda, tensorrt;
 those missing here are reported as skipped with the reason.
 Writes OUT/bench.json (after every measurement), OUT/bench.md, OUT/latency.png, OUT/roofline.png.
 """
-
-
-_GEOMETRY = ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
-
-
-def _split(values: list[str] | None) -> list[str]:
-    """``-s a,b -s c`` -> ``[a, b, c]``."""
-    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
-
-
-def config_from_args(args: argparse.Namespace) -> AttentionConfig:
-    """The Llama-like default geometry with the options given on the command line."""
-    overrides = {field: getattr(args, field) for field in _GEOMETRY if getattr(args, field) is not None}
-    if "num_heads" in overrides and "num_kv_heads" not in overrides:
-        overrides["num_kv_heads"] = overrides["num_heads"]
-    return dataclasses.replace(LLAMA_LIKE, **overrides)
 
 
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
@@ -61,35 +57,43 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
     )
 
 
+def _table_mode_choice(modes: list[str] | None) -> str:
+    """Repeated ``--table-mode`` -> a plan choice: none -> ``auto``, one -> it, both -> ``all``."""
+    chosen = set(modes or ())
+    if not chosen:
+        return "auto"
+    return "all" if chosen == set(TABLE_MODES) else chosen.pop()
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    schemes = _split(args.scheme)
-    backends = _split(args.backend)
+    schemes = split_names(args.scheme)
+    backends = split_names(args.backend)
     if args.suite == "targets":
-        geometry = [f for f in _GEOMETRY if getattr(args, f) is not None]
-        if args.unit or args.shape or args.table_mode != "auto" or geometry:
+        if args.unit or args.shape or args.table_mode or geometry_given(args):
             raise ConfigError(
                 "--suite targets fixes units, shapes, table modes and geometry; drop --unit/--shape/--table-mode "
                 "and the geometry options (or leave out --suite to choose them)."
             )
         cases = targets_plan(schemes or None, backends or None)
     else:
-        shapes = [parse_shape(s) for s in args.shape or []] or None
+        shapes = [Shape.named(name, feed) for name, feed in args.shape or []]
         cases = make_plan(
             schemes or None,
-            _split(args.unit) or None,
-            args.table_mode,
-            shapes,
+            args.unit or None,
+            _table_mode_choice(args.table_mode),
+            shapes or None,
             backends or None,
-            config_from_args(args),
+            config_from_args(args, LLAMA_LIKE),
         )
     out = Path(args.output)
     doc = run_bench(cases, settings, out, progress=not args.quiet)
     bw = doc.copy_bandwidth
-    print(f"copy bandwidth {bw.bytes_per_s / 1e9:.1f} GB/s; {len(doc.ok())} of {len(doc.records)} measurements ran.")
+    lines = [f"copy bandwidth {bw.bytes_per_s / 1e9:.1f} GB/s; {len(doc.ok())} of {len(doc.records)} measurements ran."]
     if doc.targets:
-        print(markdown_table(*target_rows(doc)))
-    print(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")
+        lines.append(markdown_table(*target_rows(doc)))
+    lines.append(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")
+    print_result(doc.to_dict(), "\n".join(lines), as_json=args.json)
     missed = [t for t in doc.targets if t["passed"] is False]
     if args.fail_on_miss and missed:
         print(f"{len(missed)} target(s) missed.", file=sys.stderr)
@@ -110,45 +114,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--suite", choices=SUITES, default="default", help="what to measure (default: the options below)")
-    p.add_argument(
-        "-s",
-        "--scheme",
-        action="append",
-        metavar="NAME",
-        help="scheme(s); repeat or comma-separate (default: every registered scheme)",
+    add(p, "scheme", repeat=True, note="or comma-separated; default: every registered scheme")
+    add(p, "unit", repeat=True, note="default: every unit the scheme exports")
+    add(p, "table_mode", repeat=True, note="give both for both; default: precomputed where the scheme has it")
+    p.keep_old_value_spelling(
+        OldValueSpelling(
+            "--table-mode",
+            matches=lambda value: value in ("auto", "all"),
+            rewrite=lambda value: [] if value == "auto" else ["--table-mode", "precomputed", "--table-mode", "dynamic"],
+            note="--table-mode auto/all is deprecated and goes in the next release; leave --table-mode out for auto, "
+            "give --table-mode precomputed --table-mode dynamic for all.",
+        )
     )
-    p.add_argument(
-        "--unit", action="append", metavar="UNIT", help=f"{' or '.join(UNITS)} (default: every unit the scheme exports)"
-    )
-    p.add_argument(
-        "--table-mode",
-        choices=TABLE_MODE_CHOICES,
-        default="auto",
-        help="auto = precomputed where the scheme has it, else dynamic (default)",
-    )
-    p.add_argument(
-        "--shape",
-        action="append",
-        metavar="SPEC",
-        help=f"presets {sorted(PRESETS)} or NAME:b=B,s=S[,past=P]; repeatable (default: prefill, decode)",
-    )
+    add(p, "shape", repeat=True, note="default: prefill and decode")
     p.add_argument("--backend", action="append", metavar="NAME", help=f"{', '.join(BACKEND_NAMES)} (default: all)")
-    geometry = p.add_argument_group("geometry (default: Llama-like, hidden 1024, 8/2 heads, head_dim 128)")
-    geometry.add_argument("--hidden-size", dest="hidden_size", type=int)
-    geometry.add_argument("--heads", dest="num_heads", type=int)
-    geometry.add_argument("--kv-heads", dest="num_kv_heads", type=int)
-    geometry.add_argument("--head-dim", dest="head_dim", type=int)
-    geometry.add_argument("--max-positions", dest="max_position_embeddings", type=int)
+    add_geometry(p, "attention geometry (default: Llama-like, hidden 1024, 8/2 heads, head_dim 128, context 4096)")
+    add_alias(p, "--heads", "num_heads", use="--num-heads", type=int)
+    add_alias(p, "--kv-heads", "num_kv_heads", use="--num-kv-heads", type=int)
+    add_alias(
+        p,
+        "--max-positions",
+        "max_position_embeddings",
+        use="--max-position-embeddings (the context length; --max-positions means table rows elsewhere)",
+        type=int,
+    )
     timing = p.add_argument_group("timing")
-    timing.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads (default: all CPUs)")
+    add(timing, "threads", default=os.cpu_count() or 1, note="default: all CPUs")
     timing.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     timing.add_argument("--repeats", type=int, default=50, help="timed calls (default 50)")
     timing.add_argument("--max-seconds", type=float, default=10.0, help="time budget per measurement (default 10)")
     timing.add_argument("--copy-mib", type=int, default=1024, help="copy-bandwidth array size, MiB (default 1024)")
     timing.add_argument("--copy-repeats", type=int, default=5, help="timed copies (default 5)")
-    p.add_argument("-o", "--output", default="bench-results", help="output folder (default bench-results)")
-    p.add_argument("--keep-models", action="store_true", help="keep the ONNX graphs under OUT/models")
+    add(p, "output", default="bench-results", note="a folder: bench.json, bench.md and plots (default bench-results)")
+    add(p, "keep_models")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add(p, "quiet")
+    add(p, "json", note="the benchmark document")
     p.add_argument("--fail-on-miss", action="store_true", help="exit 1 when a target is missed")
     p.set_defaults(func=_run)

@@ -33,7 +33,7 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
-from posenc.export.units import UNITS, FeedShape, make_inputs, make_unit
+from posenc.export.units import UNITS, make_inputs, make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 
@@ -86,7 +86,7 @@ class Workload:
     @property
     def max_positions(self) -> int:
         """Rows of precomputed tables: the model's context, or more when the shape needs it."""
-        return max(self.config.max_position_embeddings, self.shape.total)
+        return max(self.config.max_position_embeddings, self.shape.positions)
 
     @property
     def key(self) -> str:
@@ -138,7 +138,7 @@ def build_workload(
     """Build the eager module and sample inputs of one unit at one shape.
 
     Inputs of ``op`` and ``block`` are those of :mod:`posenc.export.units` (the same realistic position ids
-    validation uses). Precomputed tables get ``max(config.max_position_embeddings, shape.total)`` rows.
+    validation uses). Precomputed tables get ``max(config.max_position_embeddings, shape.positions)`` rows.
 
     Raises:
         ConfigError: unknown scheme/unit, a table mode the scheme lacks, or a unit the scheme has not.
@@ -147,8 +147,8 @@ def build_workload(
     if reason:
         raise ConfigError(reason)
     mode = TableMode.parse(table_mode)
-    max_positions = max(config.max_position_embeddings, shape.total)
-    feed_shape = FeedShape(shape.batch, shape.seq, shape.past)
+    max_positions = max(config.max_position_embeddings, shape.positions)
+    feed_shape = shape.feed
     torch.manual_seed(seed)  # learned tables and projections
     if unit == "block":
         inner: nn.Module = AttentionBlock(config, scheme, params, mode, max_positions)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from posenc.cli_args import add, add_alias
+
 EPILOG = """\
 examples:
-  posenc build block.trt.onnx --target sm89 -o block.engine
-  posenc build block.trt.onnx --target sm89 --target sm120 --profile seq=1:256:2048 -o block.engine
-  posenc build block.trt.onnx --backend tensorrt --timing-cache trt.cache -o block.engine   # on a GPU
+  posenc build block.trt.onnx --engine-target sm89 -o block.engine
+  posenc build block.trt.onnx --engine-target sm89 --engine-target sm120 --profile seq=1:256:2048 -o block.engine
+  posenc build block.trt.onnx --trt-backend tensorrt --timing-cache trt.cache -o block.engine   # on a GPU
 
 Backend: datacenter `tensorrt` when importable (builds for the GPU it runs on), else `tensorrt_rtx`
 (ahead of time, no GPU needed; targets sm75 sm80 sm86 sm89 sm120). Profiles default to the ranges in the
@@ -24,9 +26,9 @@ def _build(args: argparse.Namespace) -> int:
     result = build_engine(
         args.model,
         args.output,
-        targets=args.target,
+        targets=args.engine_target,
         profile=args.profile,
-        backend=args.backend,
+        backend=args.trt_backend,
         timing_cache=args.timing_cache,
         workspace_bytes=args.workspace_mib * (1 << 20) if args.workspace_mib else None,
     )
@@ -54,13 +56,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="ONNX file (ideally `posenc optimize --target trt` output)")
-    p.add_argument("-o", "--output", required=True, help="engine file to write")
-    p.add_argument(
-        "--target", action="append", help="compute capability, e.g. sm89 (repeatable; default: backend default)"
-    )
+    add(p, "output", required=True, note="the engine file; its manifest goes beside it")
+    add(p, "engine_target", repeat=True, note="default: the backend's default")
+    add_alias(p, "--target", "engine_target", use="--engine-target", append=True)
     p.add_argument("--profile", action="append", default=[], help="dimension range NAME=MIN:OPT:MAX (repeatable)")
-    p.add_argument("--backend", choices=BACKENDS, help="force a backend (default: tensorrt if importable)")
+    p.add_argument(
+        "--trt-backend",
+        choices=BACKENDS,
+        help="which TensorRT builds the engine (default: tensorrt if importable, else tensorrt_rtx)",
+    )
+    add_alias(p, "--backend", "trt_backend", use="--trt-backend", choices=BACKENDS)
     p.add_argument("--timing-cache", help="timing cache file (datacenter TensorRT; RTX has none)")
     p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
-    p.add_argument("--json", action="store_true", help="print the engine manifest as JSON")
+    add(p, "json", note="the engine manifest and the paths written")
     p.set_defaults(func=_build)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from posenc.cli_args import add, add_geometry, config_from_args
 from posenc.errors import ConfigError
 from posenc.export.files import describe_weights
 
@@ -16,9 +17,14 @@ examples:
   posenc export --scheme rope -o out/rope.onnx
   posenc export --scheme rope_yarn --param factor=8 --param original_max_position_embeddings=4096 \\
       --table-mode dynamic --dtype fp16 -o out/yarn_fp16.onnx
-  posenc export --scheme alibi --unit op --num-heads 12 --hidden-size 768 -o out/alibi_bias.onnx
+  posenc export --scheme alibi --unit op --num-heads 12 --hidden-size 768 -o out/alibi_bias.onnx   # head_dim 64
+  posenc export --scheme rope --hidden-size 1024 --num-heads 8 --num-kv-heads 2 --head-dim 128 \\
+      --max-position-embeddings 4096 --max-positions 8192 -o out/rope_gqa.onnx
   posenc export --hf-config config.json --dtype bf16 --max-positions 8192 -o out/model_attn.onnx
   posenc export --scheme rope_dynamic --table-mode dynamic --opset 18 -o out/ntk_opset18.onnx
+
+--max-position-embeddings is the model's context length; --max-positions the rows of precomputed tables
+(default: the context length). head_dim is --hidden-size // --num-heads unless --head-dim is given.
 
 Writes OUT, OUT's manifest (model.onnx -> model.manifest.json) and weights (model.weights.safetensors)
 together; a failed export leaves none of them. The manifest records where the weights came from: the
@@ -46,21 +52,7 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
         base = imported.config
         if scheme is None or scheme == imported.scheme:
             scheme, params = imported.scheme, dict(imported.params)
-    overrides = {
-        "hidden_size": args.hidden_size,
-        "num_heads": args.num_heads,
-        "num_kv_heads": args.num_kv_heads,
-        "head_dim": args.head_dim,
-        "causal": args.causal,
-        "max_position_embeddings": args.max_position_embeddings,
-    }
-    fields = base.to_dict()
-    if args.num_heads is not None and args.num_kv_heads is None:
-        fields["num_kv_heads"] = None  # follow the new head count
-    if (args.hidden_size is not None or args.num_heads is not None) and args.head_dim is None:
-        fields["head_dim"] = None  # derive from the new sizes
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    config = AttentionConfig.from_dict(fields)
+    config = config_from_args(args, base)
     if "bidirectional" in params and scheme == "t5":
         params["bidirectional"] = not config.causal  # imported from the config's causality; --causal may change it
     params.update(_parse_params(args.param))
@@ -143,7 +135,6 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add the ``export`` subcommand."""
     from posenc.export.exporter import DEFAULT_OPSET, SUPPORTED_OPSETS
-    from posenc.export.units import UNITS
 
     p = subparsers.add_parser(
         "export",
@@ -153,51 +144,25 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--scheme", help="registered scheme name (see `posenc list`)")
+    add(p, "scheme", note="or --hf-model / --hf-config")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="scheme parameter (repeat)")
-    p.add_argument(
-        "--unit",
-        choices=UNITS,
-        default="block",
-        help="block (AttentionBlock, default), op (the positional op alone) or op-3d (RoPE on [B, S, H*D])",
-    )
-    p.add_argument(
-        "--table-mode",
-        choices=("precomputed", "dynamic"),
-        help="precomputed tables or in-graph computation (default: precomputed where the scheme has it)",
-    )
-    p.add_argument("--dtype", default="fp32", help="fp32 (default), fp16 or bf16; position tables stay fp32")
+    add(p, "unit", default="block", note="default block")
+    add(p, "table_mode", note="default: precomputed where the scheme has it")
+    add(p, "dtype", default="fp32", note="default fp32")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"one of {list(SUPPORTED_OPSETS)}")
-    p.add_argument("--max-positions", type=int, help="rows of precomputed tables (default: context length)")
-    geometry = p.add_argument_group("attention geometry (defaults: AttentionConfig(), or --hf-config)")
-    geometry.add_argument("--hidden-size", type=int)
-    geometry.add_argument("--num-heads", type=int)
-    geometry.add_argument("--num-kv-heads", type=int)
-    geometry.add_argument("--head-dim", type=int)
-    geometry.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None)
-    geometry.add_argument("--max-position-embeddings", type=int, help="context length of the model")
-    geometry.add_argument(
+    add(p, "max_positions", note="default: the context length")
+    add_geometry(p, "attention geometry (defaults: AttentionConfig(), or --hf-config)")
+    p.add_argument(
         "--hf-config", metavar="config.json", help="take geometry, scheme and parameters from it (random weights)"
     )
     checkpoint = p.add_argument_group("a checkpoint's layer with its own weights")
-    checkpoint.add_argument(
-        "--hf-model",
-        metavar="DIR",
-        help="local Hugging Face checkpoint folder (config.json + *.safetensors or pytorch_model.bin); never downloads",
-    )
-    checkpoint.add_argument(
-        "--layer", type=int, help="layer index (default: 0, or the first layer of --layer-type where layers differ)"
-    )
-    checkpoint.add_argument(
-        "--layer-type",
-        metavar="NAME",
-        help="stack or layer type where the model has several (T5: encoder/decoder; Gemma 3: sliding_attention/"
-        "full_attention); with --hf-config: which per-layer-type rope_parameters",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of random weights when no --hf-model is given (default 0)")
-    p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    add(checkpoint, "hf_model")
+    add(checkpoint, "layer", note="default: 0, or the first layer of --layer-type where layers differ")
+    add(checkpoint, "layer_type", note="with --hf-config: which per-layer-type rope_parameters")
+    add(p, "seed", default=0, note="for the random weights when no --hf-model is given; default 0")
+    add(p, "output", required=True, note="the .onnx file; its manifest and weights go beside it")
     p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")
-    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    add(p, "json", note="the manifest")
     p.set_defaults(func=_run)
 
 

@@ -35,6 +35,7 @@ A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -110,9 +111,53 @@ class FeedShape:
             raise ConfigError(f"shape {text!r} must be BATCH,SEQ[,PAST][@START], e.g. 2,7,5 or 1,4,0@32764.")
         return cls(*numbers, start=first)  # type: ignore[misc]  # 2 or 3 ints, checked above
 
+    @property
+    def text(self) -> str:
+        """``B,S,P`` (``@START`` when set): what :meth:`parse` reads back."""
+        return f"{self.batch},{self.seq},{self.past}" + ("" if self.start is None else f"@{self.start}")
+
 
 SAMPLE_SHAPE = FeedShape(batch=2, seq=4, past=3)
 """Sizes traced at export. All >= 2 so that torch.export does not specialize them (it fixes sizes 0/1)."""
+
+SHAPE_PRESETS: dict[str, FeedShape] = {"prefill": FeedShape(1, 512), "decode": FeedShape(1, 1, 511)}
+"""Shapes named by one word: a 512-token prefill, and one decode step after 511 cached tokens."""
+SHAPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+"""What a shape's ``NAME:`` may be."""
+
+
+def parse_named_shape(text: str) -> tuple[str | None, FeedShape]:
+    """The command line's one shape syntax: ``B,S[,P][@START]``, optionally ``NAME:`` before it, or a preset.
+
+    ``2,7,5``, ``long:1,2048``, ``1,4,0@32764``, ``prefill`` (= ``1,512``), ``decode`` (= ``1,1,511``); the numbers
+    are read by :meth:`FeedShape.parse`. The name labels benchmark rows; it does not change the sizes.
+
+    Returns:
+        ``(name or None, FeedShape)``; a preset comes back with its own name.
+
+    Raises:
+        ConfigError: an unknown preset, a bad name, or numbers :class:`FeedShape` refuses.
+    """
+    raw = text.strip()
+    if raw in SHAPE_PRESETS:
+        return raw, SHAPE_PRESETS[raw]
+    name, sep, body = raw.partition(":")
+    if not sep:
+        name, body = "", raw
+    name = name.strip()
+    if sep and not SHAPE_NAME.match(name):
+        raise ConfigError(f"shape name {name!r} must start with a letter and use only letters, digits, _ or -.")
+    if not any(c.isdigit() for c in body):
+        raise ConfigError(
+            f"cannot read shape {text!r}; write B,S[,P][@START] (e.g. 2,7,5 or 1,4,0@32764), optionally NAME: "
+            f"before it, or a preset: {', '.join(SHAPE_PRESETS)}."
+        )
+    return name or None, FeedShape.parse(body)
+
+
+def named_shape_text(feed: FeedShape, name: str | None = None) -> str:
+    """The text :func:`parse_named_shape` reads back into ``(name, feed)``."""
+    return f"{name}:{feed.text}" if name else feed.text
 
 
 # --------------------------------------------------------------------------------------------------

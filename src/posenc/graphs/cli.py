@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from posenc.cli_args import add
+
 OPTIMIZE_EPILOG = """\
 examples:
   posenc optimize rope.onnx --target ort-cpu -o rope.ort.onnx
@@ -80,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=ROPE_MODES,
         help="fused: standard RotaryEmbedding (default); plugin: posenc's TensorRT plugin node; keep: leave as is",
     )
-    p.add_argument("-o", "--output", help="output ONNX (default MODEL.ort.onnx / MODEL.trt.onnx)")
+    add(p, "output", note="the optimized .onnx file (default MODEL.ort.onnx / MODEL.trt.onnx), its manifest beside it")
     p.add_argument(
         "--fold-limit",
         type=int,
@@ -88,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"largest constant (elements) folding may read or create (default {DEFAULT_FOLD_LIMIT})",
     )
     p.add_argument("--no-parity", action="store_true", help="skip the ONNX Runtime check before/after")
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    add(p, "json", note="passes, match counts, parity and the paths written")
     # parity_check: the before/after check (posenc.graphs.optimize.ParityCheck). posenc.cli sets it to
     # posenc.validate's; this layer does not import posenc.validate.
     p.set_defaults(func=_optimize, parity_check=None)
@@ -103,5 +105,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="ONNX file")
     p.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT parse")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add(p, "json", note="the inspection report")
     p.set_defaults(func=_inspect)

@@ -2,7 +2,8 @@
 
 - :class:`Report`: headings, paragraphs, tables and PNG images, rendered as ``report.md`` (images as sibling
   files) and ``report.html`` (inline CSS, images embedded as base64; no external ``src``/``href``).
-- :func:`rope_long_range_decay` / :func:`plot_rope_decay`: the long-range decay curve of seed 004.
+- :func:`rope_long_range_decay` / :func:`plot_rope_decay`: RoPE's long-range decay curve (Su et al., RoFormer,
+  2021, arXiv:2104.09864; Su Jianlin, https://kexue.fm/archives/8265, section 远程衰减).
 - :func:`atomic_write_text` / :func:`atomic_write_bytes`: write-to-temporary-then-rename.
 """
 

@@ -1,6 +1,10 @@
-"""The long-range decay of RoPE (seed 004, Su's "Transformer升级之路 2"): how the relative-position bound shrinks.
+"""The long-range decay of RoPE: how the bound on the rotated inner product shrinks with relative distance.
 
-With ``S_j = Σ_{i=0..j} exp(i·m·θ_i)`` and ``θ_i = base^(-2i/d)``, the seed bounds the rotated inner product
+Source: Su Jianlin, Transformer升级之路：2、博采众长的旋转式位置编码 (2021), https://kexue.fm/archives/8265,
+section 远程衰减 (long-range decay); the same argument is in Su et al., RoFormer: Enhanced Transformer with
+Rotary Position Embedding (2021), arXiv:2104.09864.
+
+With ``S_j = Σ_{i=0..j} exp(i·m·θ_i)`` and ``θ_i = base^(-2i/d)``, the post bounds the rotated inner product
 by ``max |h_{i+1} - h_i| · Σ_j |S_j|`` and plots
 
     f(m) = (1 / (d/2)) · Σ_{j=0}^{d/2-1} |S_j(m)|
@@ -23,7 +27,7 @@ from posenc.report.figures import new_figure, save_figure
 def rope_long_range_decay(
     head_dim: int = 128, base: float = 10000.0, max_distance: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``f(m)`` of seed 004 for ``m = 0..max_distance``.
+    """``f(m)`` of the post for ``m = 0..max_distance``.
 
     Args:
         head_dim: d (even); the frequencies are :func:`posenc.functional.rope_inv_freq` of rope_type default.
@@ -53,7 +57,9 @@ def plot_rope_decay(path: str | Path, head_dim: int = 128, base: float = 10000.0
     axis.plot(m.numpy(), f.numpy(), color="#4c72b0", linewidth=1.2)
     axis.set_xlabel("relative distance m")
     axis.set_ylabel("relative size f(m)")
-    axis.set_title(f"RoPE long-range decay (d = {head_dim}, θ_i = {base:g}^(-2i/d)), seed 004", fontsize=10)
+    axis.set_title(
+        f"RoPE long-range decay (d = {head_dim}, θ_i = {base:g}^(-2i/d)); Su et al. 2021, arXiv:2104.09864", fontsize=10
+    )
     axis.grid(alpha=0.3)
     axis.set_xlim(0, max_distance)
     return save_figure(figure, path)

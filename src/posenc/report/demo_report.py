@@ -265,11 +265,13 @@ def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | P
     )
     report.table(*_engine_rows(result))
 
-    report.heading("RoPE long-range decay (seed 004)")
+    report.heading("RoPE long-range decay (Su et al., RoFormer, 2021)")
     decay = plot_rope_decay(folder / "rope_decay.png")
     report.text(
         "f(m) = (1/(d/2)) Σ_j |Σ_{i≤j} exp(i·m·θ_i)| with d = 128 and θ_i = 10000^(−2i/d), for m = 0..256, "
-        "as in the seed's Mathematica code: the bound on RoPE's attention score shrinks with relative distance."
+        "as in the Mathematica code of Su Jianlin's post https://kexue.fm/archives/8265 (section 远程衰减; the "
+        "argument is also in Su et al., RoFormer: Enhanced Transformer with Rotary Position Embedding, 2021, "
+        "arXiv:2104.09864): the bound on RoPE's attention score shrinks with relative distance."
     )
     report.image(decay, "RoPE long-range decay, d = 128")
 

@@ -2,7 +2,8 @@
 
 - ``learned``: ``x_k + P[k]``, P a trained table (BERT, GPT-2).
 - ``sinusoidal``: ``x_k + PE[k]``, the fixed sin/cos table of Vaswani et al. (interleaved or concat layout).
-- ``multiplicative``: ``x_k ⊙ p_k`` with a trained table p (seed 004, section 相乘式).
+- ``multiplicative``: ``x_k ⊙ p_k`` with a trained table p (Su Jianlin 2021, https://kexue.fm/archives/8130,
+  section 相乘式).
 - ``floater``: ``x_k + p(k·Δt)``, p the solution of a neural ODE ``dp/dt = h(p, t)`` (FLOATER).
 
 All act at the embedding: ``embed(hidden [B, S, E], position_ids [B, S]) -> [B, S, E]``. The combination runs
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import functional as PF
+from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.errors import ConfigError
 from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
@@ -336,7 +338,6 @@ class Floater(_Absolute):
 
 _BERT = "Devlin et al., BERT: Pre-training of Deep Bidirectional Transformers, NAACL 2019 (arXiv:1810.04805)"
 _VASWANI = "Vaswani et al., Attention Is All You Need, NeurIPS 2017 (arXiv:1706.03762), §3.5"
-_SU_2021 = "Su, 让研究人员绞尽脑汁的Transformer位置编码 (kexue.fm/archives/8130, 2021)"
 
 LearnedAbsolute.spec = SchemeSpec(
     name="learned",
@@ -381,7 +382,7 @@ MultiplicativeAbsolute.spec = SchemeSpec(
     placement=Placement.EMBEDDING,
     params=(),
     table_modes=_PRECOMPUTED,
-    citation=f"{_SU_2021}, section 相乘式 (multiplicative)",
+    citation=f"{SU_2021_POSITION_ENCODINGS}, section 相乘式 (multiplicative)",
     summary="A trained table multiplied element-wise into the hidden states, initialised near 1.",
     verified_against="element-wise product with the gathered rows",
 )
@@ -404,7 +405,7 @@ SinusoidalAbsolute.spec = SchemeSpec(
     citation=_VASWANI,
     summary="The fixed sin/cos table added to the hidden states; PE(t+k) is a rotation of PE(t).",
     cases={"default": {}, "concat": {"layout": "concat"}},
-    verified_against="naive double loop of the formula (seed 003); transformers' MarianSinusoidalPositionalEmbedding "
+    verified_against="naive double loop of the paper's formula; transformers' MarianSinusoidalPositionalEmbedding "
     "(concat) and XLM create_sinusoidal_embeddings (interleaved), even and odd widths; float64 angles",
 )
 Floater.spec = SchemeSpec(
@@ -420,7 +421,7 @@ Floater.spec = SchemeSpec(
     table_modes=_PRECOMPUTED,
     citation=(
         "Liu, Yu, Dhillon, Hsieh, Learning to Encode Position for Transformer with Continuous Dynamical Model, "
-        f"ICML 2020 (arXiv:2003.09229); {_SU_2021}, section 递归式"
+        f"ICML 2020 (arXiv:2003.09229); {SU_2021_POSITION_ENCODINGS}, section 递归式 (recursive)"
     ),
     summary="p(k·Δt) from dp/dt = h(p, t), h a small MLP, integrated by fixed-step RK4 into a precomputed table.",
     cases={"default": {}, "fine_steps": {"delta_t": 0.25, "steps_per_position": 3, "width": 24}},

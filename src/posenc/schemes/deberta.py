@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import functional as PF
+from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes import register
@@ -214,7 +215,7 @@ Deberta.spec = SchemeSpec(
     ),
     table_modes=BOTH_MODES,
     citation="He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention, ICLR 2021 "
-    "(arXiv:2006.03654); seed 004 eq. 10",
+    f"(arXiv:2006.03654); {SU_2021_POSITION_ENCODINGS}, section DeBERTa式",
     summary="Content-to-position and/or position-to-content terms over log-bucketed q - k, scaled 1/sqrt(D(1+terms)).",
     cases={
         "default": {},

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import functional as PF
+from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PositionError
 from posenc.schemes import register
@@ -186,7 +187,7 @@ ShawRelative.spec = SchemeSpec(
     ),
     table_modes=BOTH_MODES,
     citation="Shaw, Uszkoreit, Vaswani, Self-Attention with Relative Position Representations, NAACL 2018 "
-    "(arXiv:1803.02155); seed 004 eqs. 4-6",
+    f"(arXiv:1803.02155); {SU_2021_POSITION_ENCODINGS}, section 经典式 (classic)",
     summary="Learned a^K, a^V over clip(j - i, -R, R) added to keys (scores) and values (outputs), shared by heads.",
     cases={"default": {}, "clipped": {"max_relative_position": 3}},
     verified_against="naive per-(i, j) loop of the paper's eqs. (float64)",
@@ -344,7 +345,7 @@ TransformerXL.spec = SchemeSpec(
     ),
     table_modes=BOTH_MODES,
     citation="Dai et al., Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context, ACL 2019 "
-    "(arXiv:1901.02860); Yang et al., XLNet, NeurIPS 2019; seed 004 eq. 8",
+    f"(arXiv:1901.02860); Yang et al., XLNet, NeurIPS 2019; {SU_2021_POSITION_ENCODINGS}, section XLNET式",
     summary="(q + u)·k + (q + v)·W_R R_{i-j}, R sinusoidal [sin, cos] over the distance, XLNet's rel-shift.",
     cases={"default": {}, "gather": {"rel_shift": False}},
     validate=_validate_xl,

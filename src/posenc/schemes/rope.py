@@ -18,6 +18,7 @@ from torch import nn
 
 from posenc import functional as PF
 from posenc import rope_types as RT
+from posenc.citations import SU_2021_ROPE, SU_2023_REROPE, ZHAO_2023_LLM_SURVEY
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PositionError
 from posenc.schemes import get_spec, register, unregister
@@ -501,10 +502,7 @@ class LeakyReRope(ReRope):
 
 _WINDOW = Param("window", "int", 512, "window w: exact relative positions for |i - j| < w", minimum=1)
 _RE_CASES = {"default": {"window": 6}, "interleaved": {"window": 5, "layout": "interleaved"}}
-_REROPE_CITE = (
-    "Su, Transformer升级之路 12: 无限外推的ReRoPE? (kexue.fm/archives/9708, 2023); RUC LLM survey §5.4 "
-    "(positional truncation)"
-)
+_REROPE_CITE = f"{SU_2023_REROPE}; {ZHAO_2023_LLM_SURVEY}, book §5.4 (position truncation)"
 
 ReRope.spec = SchemeSpec(
     name="rerope",
@@ -518,7 +516,7 @@ ReRope.spec = SchemeSpec(
     tolerances=_rope_tolerances(),
     cases=_RE_CASES,
     validate=lambda p, c: rotary_dim_of(c.head_dim, p["partial_rotary_factor"]) and None,
-    verified_against="naive per-(i, j) rotation by g(i - j) (seed 001 formula)",
+    verified_against="naive per-(i, j) rotation by g(i - j) (ReRoPE's g of kexue.fm/archives/9708)",
 )
 LeakyReRope.spec = SchemeSpec(
     name="leaky_rerope",
@@ -546,14 +544,14 @@ LeakyReRope.spec = SchemeSpec(
         "interleaved": {"window": 5, "factor": 3.0, "layout": "interleaved"},
     },
     validate=lambda p, c: rotary_dim_of(c.head_dim, p["partial_rotary_factor"]) and None,
-    verified_against="naive per-(i, j) rotation by g(i - j) (seed 001 formula)",
+    verified_against="naive per-(i, j) rotation by g(i - j) (Leaky ReRoPE's g of kexue.fm/archives/9708)",
 )
 register(ReRope.spec, ReRope)
 register(LeakyReRope.spec, LeakyReRope)
 
 
 # --------------------------------------------------------------------------------------------------
-# RoPE inside linear attention (eq. 29 of seed 004)
+# RoPE inside linear attention (Su 2021, https://kexue.fm/archives/8265, section 线性场景)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -636,7 +634,8 @@ RopeLinearAttention.spec = SchemeSpec(
     placement=Placement.ATTENTION,
     params=_COMMON,
     table_modes=_BOTH,
-    citation=f"{ROFORMER}, eq. 29; Katharopoulos et al., Transformers are RNNs, ICML 2020 (φ = elu + 1)",
+    citation=f"{ROFORMER} (RoPE with linear attention); {SU_2021_ROPE}, section 线性场景 (linear attention); "
+    "Katharopoulos et al., Transformers are RNNs, ICML 2020 (φ = elu + 1)",
     summary="Linear attention with RoPE only in the numerator; the only relative scheme linear attention admits.",
     tolerances={
         "float32": Tolerance(atol=5e-5, rtol=2e-4),
@@ -645,6 +644,7 @@ RopeLinearAttention.spec = SchemeSpec(
     },
     cases={"default": {}, "interleaved": {"layout": "interleaved"}},
     validate=_validate_linear_attention,
-    verified_against="eq. 29 of seed 004 computed per query with explicit loops; the O(S) recurrent form",
+    verified_against="the numerator-only formula of kexue.fm/archives/8265 (section 线性场景) computed per query "
+    "with explicit loops; the O(S) recurrent form",
 )
 register(RopeLinearAttention.spec, RopeLinearAttention)

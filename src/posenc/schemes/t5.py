@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import functional as PF
+from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes import register
@@ -157,10 +158,11 @@ T5Bias.spec = SchemeSpec(
     params=T5_PARAMS,
     table_modes=BOTH_MODES,
     citation="Raffel et al., Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer, "
-    "JMLR 2020 (arXiv:1910.10683); seed 004 eq. 9 and its bucket table",
+    f"JMLR 2020 (arXiv:1910.10683); {SU_2021_POSITION_ENCODINGS}, section T5式 and its bucket table",
     summary="Learned per-head scalar per bucket of key - query: exact near, log-spaced far; unscaled q·k.",
     cases={"default": {}, "causal": {"bidirectional": False, "num_buckets": 16, "max_distance": 32}},
     validate=validate_t5_buckets,
-    verified_against="Hugging Face T5Attention._relative_position_bucket; seed 004 bucket table",
+    verified_against="Hugging Face T5Attention._relative_position_bucket; the bucket table of Su Jianlin (2021), "
+    "https://kexue.fm/archives/8130",
 )
 register(T5Bias.spec, T5Bias)

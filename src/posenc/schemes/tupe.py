@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode
@@ -68,7 +69,7 @@ Tupe.spec = SchemeSpec(
     ),
     table_modes=frozenset({TableMode.PRECOMPUTED}),
     citation="Ke, He, Liu, Rethinking Positional Encoding in Language Pre-training, ICLR 2021 (arXiv:2006.15595); "
-    "seed 004 (after eq. 9)",
+    f"{SU_2021_POSITION_ENCODINGS}, section T5式",
     summary="Absolute positions correlated through their own projections, 1/sqrt(2D) scaling, plus T5 buckets.",
     cases={"default": {}, "untied_only": {"relative": False}},
     validate=_validate,

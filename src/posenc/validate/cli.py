@@ -7,20 +7,23 @@ import os
 from pathlib import Path
 from typing import Any
 
+from posenc.cli_args import OldValueSpelling, add, add_alias, print_result, split_names
 from posenc.errors import ConfigError
 
 VALIDATE_EPILOG = """\
 examples:
   posenc validate out/layer3.onnx --against-hf ckpt/   # vs the checkpoint's own transformers module too
   posenc validate out/rope.onnx
-  posenc validate out/rope.onnx --shape 1,1,0 --shape 4,33,100 --report parity.md --json parity.json
-  posenc validate out/yarn_fp16.onnx --batch 2 --seq 1 --past 511 --runs parity.runs.json
+  posenc validate out/rope.onnx --shape 1,1,0 --shape 4,33,100 --report parity.md --json-out parity.json
+  posenc validate out/yarn_fp16.onnx --shape 2,1,511 --runs parity.runs.json
+  posenc validate out/yarn_fp16.onnx --shape 1,4,0@32764 --json     # far positions, the report as JSON
   posenc validate out/rope.trt.onnx --engine out/rope.engine      # GPU + tensorrt: TrtRunner joins the comparison
 
 Reads the manifest beside the model (model.manifest.json) and the weights (model.weights.safetensors), rebuilds
 the eager module in float64 (tables recomputed in float64), feeds both realistic inputs (position ids
 past + arange(seq)) and compares every output with polygraphy (ONNX Runtime; CUDA provider when present;
 with --engine also polygraphy's TrtRunner on each engine, which needs an NVIDIA GPU and datacenter tensorrt).
+Shapes are B,S[,P][@START]: batch, new tokens, cached tokens, first position (default P).
 Default shapes: (B, S, P) = (1, 1, 0), (3, 7, 0), (2, 1, 9), (2, 13, 5), shrunk to fit a short table.
 With --against-hf DIR (a model exported with `posenc export --hf-model DIR`), the references are the float64
 eager rebuild, transformers' own attention module of that layer in fp32 (its own angles), and the same module
@@ -32,8 +35,8 @@ exit status: 0 every output within tolerance; 1 a mismatch (the table shows whic
 SWEEP_EPILOG = """\
 examples:
   posenc sweep -o report/sweep                      # RoPE family + relative schemes, fp32 and fp16, to 131072
-  posenc sweep --scheme rope --scheme alibi --per-bucket 4 -o report/sweep
-  posenc sweep --scheme rope_yarn --table-mode dynamic --dtype fp16 --max-position 65536 -o sweep_yarn
+  posenc sweep -s rope -s alibi --per-bucket 4 -o report/sweep
+  posenc sweep -s rope_yarn --table-mode dynamic --dtype fp16 --last-position 65536 -o sweep_yarn
 
 Writes OUT.json (series -> buckets and per-position points, for plots) and OUT.md (one row per
 scheme/dtype/table mode/table dtype; cells: max abs error and ULPs per position bucket).
@@ -46,8 +49,8 @@ def _validate(args: argparse.Namespace) -> int:
     from posenc.export.units import FeedShape
     from posenc.validate.parity import validate_onnx
 
-    shapes = [FeedShape.parse(text) for text in args.shape]
-    if args.batch is not None or args.seq is not None or args.past is not None:
+    shapes = [feed for _, feed in args.shape or []]
+    if args.batch is not None or args.seq is not None or args.past is not None:  # the old spelling of one shape
         batch, seq, past = (1 if args.batch is None else args.batch), (1 if args.seq is None else args.seq), args.past
         shapes.append(FeedShape(batch, seq, 0 if past is None else past))
     providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
@@ -78,14 +81,11 @@ def _validate(args: argparse.Namespace) -> int:
         raise ConfigError("--layer and --layer-type select the layer of --against-hf DIR; give --against-hf too.")
     else:
         report = validate_onnx(args.model, **common)
-    print(report.to_markdown(), end="")
-    report.save(markdown=args.report, json_path=args.json, run_results=args.runs)
-    for path in (args.report, args.json, args.runs):
-        if path:
-            print(f"wrote {path}")
+    written = report.save(markdown=args.report, json_path=args.json_out, run_results=args.runs)
+    notes = print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
     if not report.passed:
         failures = report.failures()
-        print(f"\nMISMATCH: {len(failures)} output(s) beyond tolerance (see the table above).")
+        print(f"\nMISMATCH: {len(failures)} output(s) beyond tolerance (see the table above).", file=notes)
         return 1
     return 0
 
@@ -93,12 +93,14 @@ def _validate(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from posenc.validate.sweep import position_sweep
 
+    if "bf16" in (args.dtype or ()):
+        raise ConfigError("sweep runs on ONNX Runtime CPU, which has no bf16 kernels; use --dtype fp32 or fp16.")
     report = position_sweep(
-        args.scheme or None,
+        split_names(args.scheme) or None,
         dtypes=args.dtype or ("fp32", "fp16"),
         table_modes=args.table_mode or None,
         fp16_tables=not args.no_fp16_tables,
-        max_position=args.max_position,
+        max_position=args.last_position,
         per_bucket=args.per_bucket,
         seed=args.seed,
     )
@@ -106,9 +108,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.output.endswith(("/", os.sep)) or prefix.is_dir():  # a folder: OUT/sweep.json and OUT/sweep.md
         prefix = prefix / "sweep"
     written = report.save(json_path=f"{prefix}.json", markdown=f"{prefix}.md")
-    print(report.to_markdown(), end="")
-    for path in written:
-        print(f"wrote {path}")
+    print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
     return 0 if report.passed else 1
 
 
@@ -122,14 +122,25 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="the .onnx file written by `posenc export`")
-    p.add_argument("--shape", action="append", default=[], metavar="B,S[,P]", help="feed shape (repeat)")
-    p.add_argument("--batch", type=int, help="batch of one extra shape")
-    p.add_argument("--seq", type=int, help="new tokens of one extra shape")
-    p.add_argument("--past", type=int, help="cached tokens of one extra shape")
+    add(p, "shape", repeat=True, note="default: four small shapes that fit the model's table")
+    add_alias(p, "--batch", "batch", use="--shape B,S,P", type=int)
+    add_alias(p, "--seq", "seq", use="--shape B,S,P", type=int)
+    add_alias(p, "--past", "past", use="--shape B,S,P", type=int)
+    p.set_defaults(batch=None, seq=None, past=None)
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="ONNX Runtime provider")
-    p.add_argument("--seed", type=int, default=0)
+    add(p, "seed", default=0, note="for the random inputs; default 0")
     p.add_argument("--report", metavar="OUT.md", help="write the Markdown table")
-    p.add_argument("--json", metavar="OUT.json", help="write the JSON report")
+    add(p, "json", note="the parity report")
+    add(p, "json_out", note="the parity report")
+    p.keep_old_value_spelling(
+        OldValueSpelling(
+            "--json",
+            matches=lambda value: value.endswith(".json") and not value.startswith("-"),
+            rewrite=lambda value: ["--json-out", value],
+            note="--json FILE is deprecated and goes in the next release: --json now prints the report as JSON; "
+            "use --json-out FILE to write it.",
+        )
+    )
     p.add_argument("--runs", metavar="OUT.runs.json", help="write polygraphy's RunResults (all outputs)")
     p.add_argument(
         "--engine",
@@ -138,16 +149,15 @@ def register(subparsers: Any) -> None:
         metavar="ENGINE",
         help="also run this TensorRT engine (posenc build output) with polygraphy's TrtRunner (repeat; GPU only)",
     )
-    p.add_argument(
-        "--against-hf",
-        metavar="DIR",
-        help="also compare with the checkpoint's own transformers attention module (a local checkpoint folder; "
-        "needs transformers): fp32 with its own angles, and float64 angles near the context length",
+    checkpoint = p.add_argument_group("the checkpoint's own attention module as a reference")
+    add(
+        checkpoint,
+        "against_hf",
+        note="fp32 with its own angles, and float64 angles near the context length (a model from "
+        "`posenc export --hf-model DIR`)",
     )
-    p.add_argument("--layer", type=int, help="with --against-hf: the layer (default: the one in the manifest)")
-    p.add_argument(
-        "--layer-type", metavar="NAME", help="with --against-hf: the stack or layer type (default: manifest)"
-    )
+    add(checkpoint, "layer", note="with --against-hf; default: the one in the manifest")
+    add(checkpoint, "layer_type", note="with --against-hf; default: the one in the manifest")
     p.add_argument("--verbose", action="store_true", help="show polygraphy's log")
     p.set_defaults(func=_validate)
 
@@ -155,20 +165,26 @@ def register(subparsers: Any) -> None:
         "sweep",
         help="error against position (to 131072) of exported positional ops, per position bucket",
         description="Export each scheme's op (fp32/fp16, both table modes) and measure its error against the "
-        "float64 reference at positions sampled up to --max-position.",
+        "float64 reference at positions sampled up to --last-position.",
         epilog=SWEEP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    s.add_argument("--scheme", action="append", default=[], help="scheme to sweep (repeat; default: all relevant)")
-    s.add_argument("--dtype", action="append", default=[], help="graph dtype fp32/fp16 (repeat; default both)")
-    s.add_argument("--table-mode", action="append", default=[], choices=("precomputed", "dynamic"))
+    add(s, "scheme", repeat=True, note="or comma-separated; default: the RoPE family and relative schemes")
+    add(s, "dtype", repeat=True, note="default fp32 and fp16 (ONNX Runtime CPU has no bf16 kernels)")
+    add(s, "table_mode", repeat=True, note="default: every mode each scheme has")
     s.add_argument("--no-fp16-tables", action="store_true", help="skip the fp16-table series")
-    s.add_argument("--max-position", type=int, default=131072)
-    s.add_argument("--per-bucket", type=int, default=8, help="sampled positions per bucket")
-    s.add_argument("--seed", type=int, default=0)
     s.add_argument(
-        "-o", "--output", required=True, help="output prefix: writes OUT.json and OUT.md (OUT/sweep.* for a folder)"
+        "--last-position",
+        type=int,
+        default=131072,
+        metavar="N",
+        help="largest position measured; precomputed tables get N + 1 rows (default 131072)",
     )
+    add_alias(s, "--max-position", "last_position", use="--last-position", type=int)
+    s.add_argument("--per-bucket", type=int, default=8, help="sampled positions per bucket")
+    add(s, "seed", default=0, note="for the sampled positions and inputs; default 0")
+    add(s, "output", required=True, note="a prefix: writes OUT.json and OUT.md (OUT/sweep.* for a folder)")
+    add(s, "json", note="the sweep report")
     s.set_defaults(func=_sweep)
 
 
