@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from posenc.cli import main
+from posenc.demo_records import DemoResult
 from posenc.schemes import get_spec, scheme_names
 
 
@@ -42,12 +43,13 @@ def _check_parity(out: Path, markdown: str) -> None:
                 assert pair == ["n/a", "n/a"], (scheme, pair)
         for cell in verdicts:  # a verdict carries the largest error as a number
             assert re.search(r"\d\.\de[-+]\d\d", cell), cell
-    results = json.loads((out / "demo.json").read_text())
-    assert {r["scheme"] for r in results["pipeline"]} == set(scheme_names())
-    for record in results["pipeline"]:
-        for graph, stage in record["parity"].items():
-            assert stage["status"] == "ok", (record["scheme"], graph, stage)
-            assert (out / "parity" / stage["details"]).read_text().startswith("### Parity")
+    results = DemoResult.load(out / "demo.json")  # strict: every key of demo.json is a field of a record
+    assert results.to_dict() == json.loads((out / "demo.json").read_text())
+    assert {r.scheme for r in results.pipeline} == set(scheme_names())
+    for record in results.pipeline:
+        for graph, stage in record.parity.items():
+            assert stage.status == "ok", (record.scheme, graph, stage)
+            assert (out / "parity" / stage.details).read_text().startswith("### Parity")
 
 
 def _check_latency(out: Path, markdown: str) -> None:

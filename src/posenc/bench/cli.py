@@ -90,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
     if doc.targets:
         print(markdown_table(*target_rows(doc)))
     print(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")
-    missed = [t for t in doc.targets if t["passed"] is False]
+    missed = [t for t in doc.targets if t.passed is False]
     if args.fail_on_miss and missed:
         print(f"{len(missed)} target(s) missed.", file=sys.stderr)
         return 1

@@ -26,7 +26,6 @@ from torch import nn
 from posenc import functional as PF
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PositionError
-from posenc.schemes import register
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -37,6 +36,7 @@ from posenc.schemes.base import (
     relative_distance,
     soft_cap,
 )
+from posenc.schemes.registry import register
 
 BOTH_MODES = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 _MAX_LOOKUP = 1 << 24

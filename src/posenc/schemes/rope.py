@@ -20,7 +20,6 @@ from posenc import functional as PF
 from posenc import rope_types as RT
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import get_spec, register, unregister
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -33,6 +32,7 @@ from posenc.schemes.base import (
     soft_cap,
     softmax_attention,
 )
+from posenc.schemes.registry import get_spec, register, unregister
 
 _BOTH = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 ROFORMER = str(RT.ROFORMER)

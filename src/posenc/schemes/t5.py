@@ -9,7 +9,6 @@ from torch import nn
 from posenc import functional as PF
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import register
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -19,6 +18,7 @@ from posenc.schemes.base import (
     TableMode,
     relative_distance,
 )
+from posenc.schemes.registry import register
 from posenc.schemes.relative import (
     BOTH_MODES,
     distance_range,

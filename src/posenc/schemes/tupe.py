@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc.config import AttentionConfig
-from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode
+from posenc.schemes.registry import register
 from posenc.schemes.relative import compute_dtype, linear_in
 from posenc.schemes.t5 import T5_PARAMS, T5BucketBias, validate_t5_buckets
 

@@ -1,13 +1,20 @@
 """The ``posenc demo`` report: parity matrix, error against position, latency and roofline, engine builds,
-RoPE's long-range decay; rendered to ``report.md`` and a self-contained ``report.html``."""
+RoPE's long-range decay; rendered to ``report.md`` and a self-contained ``report.html``.
+
+Reads the typed records of :mod:`posenc.demo_records` and the benchmark's :class:`~posenc.bench.BenchDocument`;
+renders with :mod:`posenc.report` (which knows nothing of the demo).
+"""
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from posenc.bench.plots import plot_latency, plot_roofline
+from posenc.bench.results import BenchDocument
+from posenc.bench.tables import backend_rows, latency_rows, skip_rows, target_rows
+from posenc.demo_records import DemoResult, ParityStage, PipelineRecord, SweepStage
 from posenc.report.decay import plot_rope_decay
 from posenc.report.document import Report
 from posenc.report.positions import plot_error_vs_position, series_label
@@ -21,16 +28,18 @@ def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.1e}"
 
 
-def parity_cell(stage: Mapping[str, Any] | None) -> str:
+def parity_cell(stage: ParityStage | None) -> str:
     """``PASS 2.4e-07`` / ``FAIL 3.1e-02 > atol 2e-05`` / ``ERROR`` / ``not run`` for one graph's parity."""
     if stage is None:
         return "not run"
-    if stage.get("status") != "ok":
-        return f"ERROR ({_short(stage.get('reason', ''))})"
-    worst = stage.get("worst") or {}
-    if stage["passed"]:
-        return f"PASS {_fmt(stage['max_abs'])}"
-    return f"FAIL {_fmt(worst.get('max_abs'))} > atol {worst.get('atol', 0):g} ({worst.get('output', '?')})"
+    if not stage.ok:
+        return f"ERROR ({_short(stage.reason)})"
+    if stage.passed:
+        return f"PASS {_fmt(stage.max_abs)}"
+    worst = stage.worst
+    if worst is None:
+        return "FAIL — > atol 0 (?)"
+    return f"FAIL {_fmt(worst.max_abs)} > atol {worst.atol:g} ({worst.output})"
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -38,18 +47,18 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _records(result: Mapping[str, Any]) -> dict[tuple[str, str], Mapping[str, Any]]:
-    return {(r["scheme"], r["table_mode"]): r for r in result.get("pipeline", [])}
+def _records(result: DemoResult) -> dict[tuple[str, str], PipelineRecord]:
+    return {(r.scheme, r.table_mode): r for r in result.pipeline}
 
 
-def parity_matrix(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def parity_matrix(result: DemoResult) -> tuple[list[str], list[list[str]]]:
     """Rows: schemes; columns: table mode x graph; cells: :func:`parity_cell` or ``n/a`` (mode not supported)."""
     from posenc.schemes import get_spec
 
     records = _records(result)
     headers = ["scheme"] + [f"{mode}: {GRAPH_TITLES[g]}" for mode in MODES for g in GRAPHS]
     rows = []
-    for scheme in result.get("schemes", []):
+    for scheme in result.schemes:
         supported = {m.value for m in get_spec(scheme).table_modes}
         row = [scheme]
         for mode in MODES:
@@ -59,69 +68,68 @@ def parity_matrix(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]
                     row.append("n/a")
                 elif record is None:
                     row.append("not run")
-                elif record["export"]["status"] != "ok":
-                    row.append(f"ERROR (export: {_short(record['export'].get('reason', ''))})")
+                elif not record.export.ok:
+                    row.append(f"ERROR (export: {_short(record.export.reason)})")
                 else:
-                    row.append(parity_cell(record.get("parity", {}).get(graph)))
+                    row.append(parity_cell(record.parity.get(graph)))
         rows.append(row)
     return headers, rows
 
 
-def parity_counts(result: Mapping[str, Any]) -> tuple[int, int]:
+def parity_counts(result: DemoResult) -> tuple[int, int]:
     """(graphs that passed, graphs validated or attempted)."""
-    stages = [p for r in result.get("pipeline", []) for p in r.get("parity", {}).values()]
-    failed_exports = sum(1 for r in result.get("pipeline", []) if r["export"]["status"] != "ok")
-    return sum(1 for p in stages if p.get("status") == "ok" and p.get("passed")), len(stages) + failed_exports
+    stages = result.parity_stages()
+    failed_exports = sum(1 for r in result.pipeline if not r.export.ok)
+    return sum(1 for p in stages if p.ok and p.passed), len(stages) + failed_exports
 
 
-def _pipeline_rows(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _pipeline_rows(result: DemoResult) -> tuple[list[str], list[list[str]]]:
     headers = ["scheme", "tables", "export", "ONNX size", "fusions for ort-cpu (matches)", "optimize"]
     rows = []
-    for r in result.get("pipeline", []):
-        export = r["export"]
-        size = f"{export['bytes'] / 1e6:.1f} MB" if "bytes" in export else "—"
-        opt = r.get("optimize", {})
-        if opt.get("status") == "ok":
-            fused = {k: v for k, v in opt.get("counts", {}).items() if v and k != "cleanup"}
+    for r in result.pipeline:
+        export = r.export
+        size = f"{export.bytes / 1e6:.1f} MB" if export.ok else "—"
+        opt = r.optimize
+        if opt is not None and opt.ok:
+            fused = {k: v for k, v in opt.counts.items() if v and k != "cleanup"}
             fusions = ", ".join(f"{k} {v}" for k, v in fused.items()) or "none applied"
-            opt_cell = f"{opt['seconds']:.1f} s"
+            opt_cell = f"{opt.seconds:.1f} s"
         else:
             fusions = "—"
-            opt_cell = f"ERROR ({_short(opt.get('reason', 'not run'))})" if opt else "not run"
-        export_cell = (
-            f"{export['seconds']:.1f} s" if export["status"] == "ok" else f"ERROR ({_short(export.get('reason', ''))})"
-        )
-        rows.append([r["scheme"], r["table_mode"], export_cell, size, fusions, opt_cell])
+            opt_cell = f"ERROR ({_short(opt.reason or 'not run')})" if opt is not None else "not run"
+        export_cell = f"{export.seconds:.1f} s" if export.ok else f"ERROR ({_short(export.reason)})"
+        rows.append([r.scheme, r.table_mode, export_cell, size, fusions, opt_cell])
     return headers, rows
 
 
-def _engine_rows(result: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _engine_rows(result: DemoResult) -> tuple[list[str], list[list[str]]]:
     headers = ["scheme", "tables", "result", "graph", "backend / targets", "build time", "engine size", "reason"]
     rows = []
-    for r in result.get("pipeline", []):
-        e = r.get("engine")
+    for r in result.pipeline:
+        e = r.engine
         if e is None:
-            rows.append([r["scheme"], r["table_mode"], "not run", "", "", "", "", "export failed"])
+            rows.append([r.scheme, r.table_mode, "not run", "", "", "", "", "export failed"])
             continue
-        status = {"built": "PASS built", "failed": "FAIL", "skipped": "SKIPPED"}.get(e["status"], e["status"])
-        where = f"{e.get('backend', '')} {', '.join(e.get('targets', []))}".strip()
-        size = f"{e['bytes'] / 1e6:.1f} MB" if "bytes" in e else ""
-        seconds = f"{e['seconds']:.1f} s" if "seconds" in e else ""
-        reason = e.get("reason", "") or e.get("graph_reason", "")
-        rows.append(
-            [r["scheme"], r["table_mode"], status, e.get("graph", ""), where, seconds, size, _short(reason, 200)]
-        )
+        status = {"built": "PASS built", "failed": "FAIL", "skipped": "SKIPPED"}.get(e.status, e.status)
+        where = f"{e.backend} {', '.join(e.targets)}".strip()
+        size = f"{e.bytes / 1e6:.1f} MB" if e.bytes is not None else ""
+        seconds = f"{e.seconds:.1f} s" if e.seconds is not None else ""
+        reason = e.reason or e.graph_reason
+        rows.append([r.scheme, r.table_mode, status, e.graph, where, seconds, size, _short(reason, 200)])
     return headers, rows
 
 
-def _sweep_rows(sweep: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    buckets = [f"[{lo}, {hi})" for lo, hi in sweep.get("buckets", [])]
+def _sweep_rows(sweep: SweepStage) -> tuple[list[str], list[list[str]]]:
+    report = sweep.report
+    if report is None:
+        return ["series", "verdict"], []
+    buckets = [f"[{lo}, {hi})" for lo, hi in report.buckets]
     headers = ["series", *buckets, "verdict"]
     rows = []
-    for s in sweep.get("series", []):
-        cells = [f"{b['max_abs']:.1e}" for b in s["buckets"]]
-        verdict = "PASS" if s["passed"] else "FAIL"
-        if not s.get("rounding_required") and s["dtype"] == "float16" and s["table_dtype"] != "float32":
+    for s in report.series:
+        cells = [f"{b.max_abs:.1e}" for b in s.buckets]
+        verdict = "PASS" if s.passed else "FAIL"
+        if not s.rounding_required and s.dtype == "float16" and s.table_dtype != "float32":
             verdict += " (fp16 tables: shown for their cost)"
         rows.append([series_label(s), *cells, verdict])
     return headers, rows
@@ -138,14 +146,14 @@ def _scheme_rows(schemes: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     return ["scheme", "what", "family", "acts at", "table modes"], rows
 
 
-def _machine_line(bench_doc: Any) -> str:
-    machine = getattr(bench_doc, "machine", None) or {}
-    cpu = machine.get("processor") or platform.processor() or platform.machine()
-    cores = machine.get("cpu_count", "?")
+def _machine_line(bench_doc: BenchDocument | None) -> str:
+    machine = bench_doc.machine if bench_doc is not None else None
+    cpu = (machine.processor if machine else "") or platform.processor() or platform.machine()
+    cores = machine.cpu_count if machine and machine.cpu_count else "?"
     return f"{cpu}, {cores} CPUs, {platform.system()}"
 
 
-def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | Path) -> tuple[Path, Path]:
+def write_demo_report(result: DemoResult, bench_doc: BenchDocument | None, folder: str | Path) -> tuple[Path, Path]:
     """Render the demo results (``demo.json`` content) and the benchmark document into ``folder``.
 
     Writes the plots (``rope_decay.png``, ``error_vs_position.png``, ``latency.png``, ``roofline.png``) next
@@ -154,31 +162,26 @@ def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | P
     Returns:
         ``(report.md, report.html)``.
     """
-    from posenc.bench.plots import plot_latency, plot_roofline
-    from posenc.bench.tables import backend_rows, latency_rows, skip_rows, target_rows
-
     folder = Path(folder)
-    config = result.get("config", {})
-    options = result.get("options", {})
-    schemes = list(result.get("schemes", []))
+    config = result.config
+    schemes = list(result.schemes)
     passed, total = parity_counts(result)
-    engine = result.get("engine", {})
+    engine = result.engine
     report = Report("posenc demo report")
-    mode = "quick" if options.get("quick") else "full"
-    seconds = result.get("seconds", 0)
+    mode = "quick" if result.options.quick else "full"
     report.text(
-        f"Status: **{result.get('status', '?')}** ({mode} run, {seconds:.0f} s on {_machine_line(bench_doc)}). "
-        f"Block: hidden {config.get('hidden_size')}, {config.get('num_heads')} query heads, "
-        f"{config.get('num_kv_heads')} key/value heads, head_dim {config.get('head_dim')}, causal, "
-        f"{config.get('max_position_embeddings')} positions; float32. Each scheme runs export → optimize → "
+        f"Status: **{result.status}** ({mode} run, {result.seconds:.0f} s on {_machine_line(bench_doc)}). "
+        f"Block: hidden {config.hidden_size}, {config.num_heads} query heads, "
+        f"{config.num_kv_heads} key/value heads, head_dim {config.head_dim}, causal, "
+        f"{config.max_position_embeddings} positions; float32. Each scheme runs export → optimize → "
         f"validate on ONNX Runtime → TensorRT engine → benchmark."
     )
-    built = sum(1 for r in result.get("pipeline", []) if r.get("engine", {}).get("status") == "built")
+    built = sum(1 for r in result.pipeline if r.engine is not None and r.engine.status == "built")
     engine_line = (
-        f"TensorRT engines: {built} of {len(result.get('pipeline', []))} built ahead of time with "
-        f"`{engine.get('backend')}` for {', '.join(engine.get('targets') or ['its default targets'])}."
-        if engine.get("backend")
-        else f"TensorRT engines: SKIPPED ({engine.get('reason', 'no backend')})."
+        f"TensorRT engines: {built} of {len(result.pipeline)} built ahead of time with "
+        f"`{engine.backend}` for {', '.join(engine.targets or ['its default targets'])}."
+        if engine.backend
+        else f"TensorRT engines: SKIPPED ({engine.reason or 'no backend'})."
     )
     bullets = [
         f"Schemes: {len(schemes)} ({', '.join(f'`{s}`' for s in schemes)}).",
@@ -187,7 +190,7 @@ def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | P
         engine_line,
     ]
     if bench_doc is not None and bench_doc.copy_bandwidth is not None:
-        met = [t for t in bench_doc.targets if t["passed"]]
+        met = [t for t in bench_doc.targets if t.passed]
         targets = (
             f"{len(met)} of {len(bench_doc.targets)} targets met"
             if bench_doc.targets
@@ -215,29 +218,31 @@ def write_demo_report(result: Mapping[str, Any], bench_doc: Any, folder: str | P
     report.table(*_pipeline_rows(result))
 
     report.heading("Error against position")
-    sweep = result.get("sweep", {})
-    if sweep.get("status") == "ok":
-        image = plot_error_vs_position(sweep.get("series", []), folder / "error_vs_position.png", sweep["max_position"])
+    sweep = result.sweep
+    if sweep is not None and sweep.ok and sweep.report is not None:
+        swept = sweep.report
+        image = plot_error_vs_position(swept.series, folder / "error_vs_position.png", swept.max_position)
         report.text(
             f"The exported positional op run by ONNX Runtime against float64 eager PyTorch at sampled positions up to "
-            f"{sweep['max_position']}; max absolute error per position bucket. fp16 graphs keep float32 tables; the "
+            f"{swept.max_position}; max absolute error per position bucket. fp16 graphs keep float32 tables; the "
             f"series with fp16 tables show what storing them in fp16 would cost."
         )
         if image is not None:
             report.image(image, "error against position")
         report.table(*_sweep_rows(sweep))
     else:
-        report.text(f"SKIPPED: the position sweep did not run ({_short(sweep.get('reason', 'not run'))}).")
+        reason = sweep.reason if sweep is not None else "not run"
+        report.text(f"SKIPPED: the position sweep did not run ({_short(reason or 'not run')}).")
 
     report.heading("Latency")
     if bench_doc is None:
         report.text("SKIPPED: the benchmark did not run.")
     else:
         bw = bench_doc.copy_bandwidth
-        timing = bench_doc.settings.get("timing", {})
+        timing = bench_doc.settings.timing
         report.text(
-            f"Median (p90) latency per backend, {bench_doc.settings.get('threads')} threads, warm-up "
-            f"{timing.get('warmup')}, up to {timing.get('repeats')} timed calls, ONNX Runtime with IOBinding and "
+            f"Median (p90) latency per backend, {bench_doc.settings.threads} threads, warm-up "
+            f"{timing.warmup}, up to {timing.repeats} timed calls, ONNX Runtime with IOBinding and "
             f"preallocated outputs. Bytes/s = (inputs read + outputs written + projection weights) / median; "
             f"`% of copy BW` divides it by the copy bandwidth measured in the same run"
             + (f" (**{bw.bytes_per_s / 1e9:.1f} GB/s**, {bw.mib} MiB numpy copy)." if bw else ".")
