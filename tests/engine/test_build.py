@@ -137,6 +137,16 @@ def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
     report = check_parse(result.path)
     assert report.parsed is True, report.message
     assert report.layers["ROTARY_EMBEDDING"] == 1
+    # a graph without an export manifest gets a graph manifest; optimizing again keeps the first record
+    from posenc.graphs.manifests import GraphManifest, read_manifest
+
+    written = read_manifest(result.path)
+    assert isinstance(written, GraphManifest)
+    assert (written.optimized.source_onnx, written.optimized.counts["convert_contrib_rope"]) == ("contrib.onnx", 1)
+    again = read_manifest(optimize_file(result.path, tmp_path / "contrib.trt2.onnx", "trt").path)
+    assert isinstance(again, GraphManifest)
+    assert again.optimized.previous == written.optimized
+    assert len(again.notes) == 2
 
 
 def test_an_output_path_that_cannot_be_written_leaves_no_manifest(export_cache, tmp_path) -> None:

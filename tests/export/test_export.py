@@ -343,3 +343,18 @@ def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_pa
 def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ExportError, match="op-3d"):
         export_onnx(tmp_path / "a.onnx", "alibi", unit="op-3d", config=SMALL)
+
+
+def test_one_session_factory_serves_files_bytes_and_benchmarks(rope_block) -> None:  # type: ignore[no-untyped-def]
+    """ort_session: a path or serialized bytes give the same outputs; benchmark options reach the session."""
+    feed = make_feed(rope_block.manifest, FeedShape(2, 3, 1))
+    timed = ort_session(rope_block.path, ["CPUExecutionProvider"], threads=1, spinning=False)
+    options = timed.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    from_bytes = ort_session(rope_block.path.read_bytes(), ["CPUExecutionProvider"])
+    for a, b in zip(timed.run(None, feed), from_bytes.run(None, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ModelFileError, match="ONNX Runtime cannot load the serialized model"):
+        ort_session(b"not a model", ["CPUExecutionProvider"])
