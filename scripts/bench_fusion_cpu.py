@@ -5,68 +5,41 @@ Two graphs per scheme, fp32, ``intra_op_num_threads`` threads:
 
 - ``op``: posenc's rotation op (q ``[B, H, S, D]``, k ``[B, H, S, D]``, position ids ``[B, S]``) as exported
   (Slice/Mul/Sub/Add/Concat) and after ``posenc optimize --target ort-cpu`` (two 4-D RotaryEmbedding nodes);
-- ``proj``: q and k arriving as ``[B, S, H*D]`` projections that are split into heads and transposed before
-  the rotation (as in an attention block); ``--target ort-cpu`` rotates the 3-D tensors before the transpose.
+- ``op-3d``: posenc's rotation on q and k in the projection layout ``[B, S, H*D]``
+  (:class:`posenc.export.units.RotateProjectionOp`: heads split and transposed before the rotation, as in an
+  attention block); ``--target ort-cpu`` rotates the 3-D tensors before the transpose.
 
 Usage::
 
     .venv/bin/python scripts/bench_fusion_cpu.py                      # B=1 S=2048 H=32 D=128, 2 threads
     .venv/bin/python scripts/bench_fusion_cpu.py --seq 512 --repeats 50 -o bench-fusion.json
 
-No logic lives here that the package lacks: export, optimize and the feeds are posenc's.
+No logic lives here that the package lacks: export, optimize, ONNX Runtime sessions and timing are posenc's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
-from posenc import AttentionConfig, build_scheme, get_spec
-from posenc.export import export_module, export_onnx
+from posenc import AttentionConfig, get_spec
+from posenc.bench.timing import TimingSettings, measure
+from posenc.export import export_onnx, ort_session
 from posenc.graphs import optimize_file
 from posenc.schemes.base import Placement
 from posenc.validate import check_ort_parity
 
 
-class ProjectedRotation(nn.Module):
-    """q, k ``[B, S, H*D]`` -> heads ``[B, H, S, D]`` -> the scheme's rotation (the block's layout)."""
-
-    def __init__(self, scheme: nn.Module, heads: int, head_dim: int) -> None:
-        super().__init__()
-        self.scheme, self.heads, self.head_dim = scheme, heads, head_dim
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        b, s, _ = q.shape
-        q4 = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k4 = k.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        return self.scheme.rotate(q4, k4, position_ids)
-
-
 def median_ms(path: Path, feed: dict[str, np.ndarray], threads: int, warmup: int, repeats: int) -> float:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(warmup):
-        session.run(None, feed)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feed)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    session = ort_session(path, ["CPUExecutionProvider"], threads=threads)
+    settings = TimingSettings(warmup=warmup, repeats=repeats, min_repeats=repeats, max_seconds=None)
+    return measure(lambda: session.run(None, feed), settings).median * 1e3
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -80,17 +53,8 @@ def run(args: argparse.Namespace) -> dict:
         for layout in args.layouts:
             params = {"layout": layout}
             op = export_onnx(folder / f"op_{layout}.onnx", args.scheme, unit="op", config=config, params=params)
-            scheme = build_scheme(args.scheme, config, params).eval()
-            sample = (torch.randn(2, 4, h * d), torch.randn(2, 4, h * d), torch.arange(4).expand(2, 4))
-            proj = export_module(
-                ProjectedRotation(scheme, h, d),
-                sample,
-                folder / f"proj_{layout}.onnx",
-                input_names=["q", "k", "position_ids"],
-                output_names=["q_rot", "k_rot"],
-                dynamic_dims=[{0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}, {0: "batch", 1: "seq"}],
-            )
-            for unit, source, shape in (("op", op.path, (b, h, s, d)), ("proj", proj, (b, s, h * d))):
+            op_3d = export_onnx(folder / f"op3d_{layout}.onnx", args.scheme, unit="op-3d", config=config, params=params)
+            for unit, source, shape in (("op", op.path, (b, h, s, d)), ("op-3d", op_3d.path, (b, s, h * d))):
                 fused = optimize_file(source, folder / f"{unit}_{layout}.ort.onnx", "ort-cpu", check=check_ort_parity)
                 feed = {
                     "q": rng.standard_normal(shape, dtype=np.float32),

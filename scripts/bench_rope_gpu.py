@@ -13,7 +13,6 @@ TensorRT's native rotary layer and the plugin inside an engine. Targets: >= 90% 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -28,15 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
-    from posenc.plugins.rope.gpu_bench import BenchShape, format_table, run_benchmark
-    from posenc.report.files import atomic_write_text
+    from posenc.bench.rope_kernel import SMOKE_CASES, format_table, run_benchmark
+    from posenc.export.files import write_json_atomic
+    from posenc.records import to_json
 
     if args.smoke:
-        shapes = [
-            BenchShape("smoke-prefill", 1, 8, 4, 2, 16, max_positions=64),
-            BenchShape("smoke-decode", 4, 1, 4, 2, 16, max_positions=64, graph_timing=True),
-        ]
-        doc = run_benchmark(shapes, device="cpu", iters=2, tactics=False)
+        doc = run_benchmark(list(SMOKE_CASES), device="cpu", iters=2, tactics=False)
     else:
         import torch
 
@@ -45,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         doc = run_benchmark(device="cuda", iters=args.iters, tactics=not args.no_tactics)
     print(format_table(doc))
-    atomic_write_text(args.json, json.dumps(doc, indent=2, default=str) + "\n")
+    write_json_atomic(args.json, to_json(doc))
     print(f"\nwrote {args.json}")
     return 0
 

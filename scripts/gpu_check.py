@@ -16,7 +16,8 @@ row says what failed). Usage::
     python scripts/gpu_check.py --quick --schemes rope alibi -o gpu-report
     python scripts/gpu_check.py --backend tensorrt_rtx -o rtx-report     # whole matrix ahead of time, no GPU
 
-A thin driver: the matrix, builds, runner and parity are posenc's (posenc.engine, posenc.validate, posenc.bench).
+A thin driver: builds, runner and parity are posenc's (posenc.engine, posenc.validate, posenc.bench); the engine
+matrix is the test suite's (tests/matrix.py), so run it from a checkout of the repository.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from typing import Any
 from posenc import AttentionConfig
 from posenc.bench.plan import resolve_schemes
 from posenc.engine import build_engine, engine_runner, load_backend
-from posenc.engine.matrix import graph_for, matrix_cases
 from posenc.engine.targets import current_gpu_target
 from posenc.errors import PosencError
 from posenc.export import FeedShape
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test suite's matrix
+from tests.matrix import graph_for, matrix_cases
 
 CONFIG = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=4, max_position_embeddings=256)
 SHAPES = [FeedShape(1, 1), FeedShape(2, 7), FeedShape(1, 64), FeedShape(4, 33)]
@@ -69,7 +72,7 @@ def check_case(case: Any, folder: Path, skip_parity: bool, backend: str = "tenso
         onnx_path = graph_for(case, folder, CONFIG, check=check_ort_parity)
         targets = ["sm89"] if backend == "tensorrt_rtx" else None
         engine = build_engine(onnx_path, folder / f"{case.id}.engine", targets=targets, backend=backend)
-        row.update(build="ok", build_seconds=engine.manifest["build_seconds"], layers=engine.manifest["layers"])
+        row.update(build="ok", build_seconds=engine.manifest.build_seconds, layers=engine.manifest.layers)
     except PosencError as exc:
         row.update(build="failed", error=str(exc))
         return row

@@ -72,7 +72,7 @@ def small_config() -> AttentionConfig:
 def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder of exported graphs for the whole test session, shared by the xdist workers.
 
-    :func:`posenc.engine.matrix.exported` locks each file while exporting, so every (scheme, table mode,
+    :func:`tests.matrix.exported` locks each file while exporting, so every (scheme, table mode,
     dtype, unit, case) is exported once and reused by the parity, fusion and engine matrices.
     """
     base = tmp_path_factory.getbasetemp()

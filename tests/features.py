@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc import AttentionConfig
-from posenc.engine.matrix import locked
+from tests.matrix import locked
 
 _DECODER = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
 GEMMA = dataclasses.replace(

@@ -54,8 +54,8 @@ def _option(argv: list[str], *names: str) -> str | None:
 def _exported(argv: list[str], out: str) -> None:
     path = Path(_option(argv, "-o", "--output") or "")
     manifest = load_manifest(path)  # verifies the model's and the weights' sha256
-    source = manifest.weights["source"]
-    assert source["kind"] == ("checkpoint" if "--hf-model" in argv else "random"), source
+    source = manifest.weights.source
+    assert source.kind == ("checkpoint" if "--hf-model" in argv else "random"), source
     assert "weights: " in out
 
 

@@ -97,6 +97,16 @@ def optimize_parity_check(before: bytes, after: bytes, info: object) -> dict[str
     return check_ort_parity(before, after, info)
 
 
+def inspect_tensorrt_check(path: object) -> object:
+    """The TensorRT parse of ``posenc inspect``: :func:`posenc.engine.check_parse`.
+
+    Composed here because ``posenc.graphs`` sits below ``posenc.engine`` and does not import it.
+    """
+    from posenc.engine.parse_check import check_parse
+
+    return check_parse(path)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = PosencParser(
         prog="posenc",
@@ -131,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     sub.choices["optimize"].set_defaults(parity_check=optimize_parity_check)
+    sub.choices["inspect"].set_defaults(tensorrt_check=inspect_tensorrt_check)
     return parser
 
 

@@ -11,6 +11,7 @@ from posenc.bench import BenchDocument, RunSettings, TimingSettings, make_plan, 
 from posenc.bench.bandwidth import CopyBandwidth
 from posenc.bench.shapes import Shape
 from posenc.bench.targets import evaluate_targets
+from posenc.bench.timing import Timing
 from posenc.config import AttentionConfig
 
 TINY = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
@@ -26,9 +27,9 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
     for name in ("torch", "ort-cpu"):
         record = by_backend[name]
         assert record.status == "ok", record.reason
-        assert record.timing["runs"] >= 1
-        assert record.timing["median_s"] > 0
-        assert math.isclose(record.bytes_per_s, record.bytes_moved / record.timing["median_s"])
+        assert record.timing.runs >= 1
+        assert record.timing.median > 0
+        assert math.isclose(record.bytes_per_s, record.bytes_moved / record.timing.median)
         assert math.isclose(record.roofline_ratio, record.bytes_per_s / FIXED_BW.bytes_per_s)
     cuda = by_backend["ort-cuda"]
     assert cuda.status == "skipped"
@@ -39,7 +40,10 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["status"] == "complete"
     assert len(saved["results"]) == 4
-    assert BenchDocument.load(tmp_path / "bench.json").records[0].shape == Shape("prefill", 1, 8)
+    assert saved["results"][0]["timing"]["median_s"] > 0
+    loaded = BenchDocument.load(tmp_path / "bench.json")
+    assert loaded.records[0].shape == Shape("prefill", 1, 8)
+    assert loaded.to_dict() == saved  # the typed document reads back exactly what was written
     markdown = (tmp_path / "bench.md").read_text()
     assert "| rope | op | precomputed | prefill B=1 S=8 |" in markdown
     assert "CUDAExecutionProvider" in markdown
@@ -80,12 +84,12 @@ def test_targets_are_ratios_of_records_from_one_document() -> None:
     from posenc.bench.results import BenchRecord
 
     def record(scheme, unit, backend, shape, config, median, ratio=None):
-        timing = {"median_s": median, "p90_s": median, "mean_s": median, "min_s": median, "runs": 1}
+        timing = Timing(median=median, p90=median, mean=median, minimum=median, runs=1)
         return BenchRecord(
-            scheme, unit, "precomputed", backend, shape, config.to_dict(), "ok", timing=timing, roofline_ratio=ratio
+            scheme, unit, "precomputed", backend, shape, config, "ok", timing=timing, roofline_ratio=ratio
         )
 
-    doc = BenchDocument(settings={}, machine={})
+    doc = BenchDocument(settings=RunSettings())
     doc.records = [
         record("rope", "op-3d", "ort-cpu", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, 0.030, 0.15),
         record("rope", "op-3d", "ort-cpu-fused", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, 0.004, 0.9),
@@ -125,3 +129,24 @@ def test_large_ops_are_divided_by_a_copy_timed_alongside(tmp_path) -> None:
     assert math.isclose(op.roofline_ratio, op.bytes_per_s / op.copy_bytes_per_s)
     assert block.copy_bytes_per_s is None  # blocks keep the run's copy bandwidth
     assert math.isclose(block.roofline_ratio, block.bytes_per_s / FIXED_BW.bytes_per_s)
+
+
+def test_a_bench_document_with_a_renamed_or_missing_key_is_refused(tmp_path) -> None:
+    """bench.json is read strictly: a renamed key fails with the place and the remedy instead of a default."""
+    from posenc.errors import ModelFileError
+
+    plan = make_plan(["alibi"], ["op"], "dynamic", [Shape("prefill", 1, 4)], ["torch"], TINY)
+    run_bench(plan, FAST, tmp_path, progress=False, bandwidth=FIXED_BW)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    data["results"][0]["timing"]["median"] = data["results"][0]["timing"].pop("median_s")
+    with pytest.raises(
+        ModelFileError, match=r"results\[0\]\.timing.*unknown key\(s\) \['median'\].*missing key\(s\) \['median_s'\]"
+    ):
+        BenchDocument.from_dict(data)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    del data["machine"]
+    with pytest.raises(ModelFileError, match=r"missing key\(s\) \['machine'\].*re-run `posenc bench"):
+        BenchDocument.from_dict(data)
+    data["format"] = "posenc-bench/1"
+    with pytest.raises(ModelFileError, match=r"posenc-bench/1.*re-run"):
+        BenchDocument.from_dict(data)

@@ -82,7 +82,7 @@ def check_case(case: Case, tmp_path: Path) -> dict[str, dict[str, float]]:
     for mode in case.table_modes:
         path = export_layer(case, tmp_path, mode)
         manifest = load_manifest(path)
-        assert manifest.weights["source"]["kind"] == "checkpoint"
+        assert manifest.weights.source.kind == "checkpoint"
         session = ort_session(path)
         shapes = SHORT + (DECODE if loaded.plan.decoder else ())
         for shape in shapes:

@@ -44,9 +44,9 @@ def test_reads_only_the_requested_layer_of_a_sharded_checkpoint(llama_dir: Path)
         torch.testing.assert_close(loaded.tensors[key], expected[name], rtol=0, atol=0)
     # the provenance names every tensor with the sha256 of its stored bytes
     source = loaded.provenance()
-    assert (source["kind"], source["layer"], source["model_type"]) == ("checkpoint", 2, "llama")
-    assert set(source["tensors"]) == set(expected)
-    assert len({*source["tensors"].values()}) == len(expected)
+    assert (source.kind, source.layer, source.model_type) == ("checkpoint", 2, "llama")
+    assert set(source.tensors) == set(expected)
+    assert len({*source.tensors.values()}) == len(expected)
 
 
 def test_legacy_bin_and_in_memory_models_load_the_same_weights(llama_dir: Path, tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from posenc.engine.backend import Backend, load_backend
 from posenc.engine.profiles import DimProfile, input_shapes, parse_override, resolve_profile
 from posenc.engine.targets import normalize_target, resolve_targets, supported_targets
 from posenc.errors import BackendUnavailable, ConfigError
+from posenc.export.manifest import DimRange
 
-DIMS = {"batch": {"min": 1, "max": None, "sample": 2}, "seq": {"min": 1, "max": 64, "sample": 4},
-        "past": {"min": 0, "max": 63, "sample": 3}}  # fmt: skip
+DIMS = {"batch": DimRange(1, None, 2), "seq": DimRange(1, 64, 4), "past": DimRange(0, 63, 3)}
 
 
 def test_missing_backend_says_what_to_install(monkeypatch) -> None:

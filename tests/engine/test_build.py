@@ -11,13 +11,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from posenc.cli import main
+from posenc.engine import EngineManifest, build_engine, engine_manifest_path
 from posenc.engine import build as build_module
-from posenc.engine import build_engine, engine_manifest_path
-from posenc.engine.matrix import MatrixCase
 from posenc.errors import BuildError, ConfigError
 from posenc.export.files import sha256_file
 from tests.features import ENGINE_CASES, optimized_feature
 from tests.graphs.artifacts import export_case, fused_case
+from tests.matrix import MatrixCase
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
 
@@ -34,7 +34,8 @@ def test_build_writes_engine_and_manifest(export_cache, tmp_path) -> None:
     out = tmp_path / "rope.engine"
     result = build_engine(source, out, targets=["sm89", "sm120"], profile=["seq=1:16:64"])
     manifest = json.loads(engine_manifest_path(out).read_text())
-    assert manifest == result.manifest
+    assert manifest == result.manifest.to_dict()
+    assert EngineManifest.from_dict(manifest) == result.manifest
     assert manifest["backend"] == "tensorrt_rtx"
     assert manifest["backend_version"]
     assert manifest["targets"] == ["sm89", "sm120"]
@@ -54,8 +55,8 @@ def test_build_writes_engine_and_manifest(export_cache, tmp_path) -> None:
 def test_fp32_attention_is_marked_decomposable_and_needs_it(export_cache, tmp_path, monkeypatch) -> None:
     source = fused_case(export_cache, BLOCK)
     result = build_engine(source, tmp_path / "block.engine", targets=["sm89"], profile=["seq=1:8:16"])
-    assert result.manifest["decomposable_attention"] == 1
-    assert result.manifest["layers"]["ATTENTION_OUTPUT"] == 1
+    assert result.manifest.decomposable_attention == 1
+    assert result.manifest.layers["ATTENTION_OUTPUT"] == 1
     monkeypatch.setattr(build_module, "mark_fp32_attention_decomposable", lambda parsed: 0)
     failed = tmp_path / "undecomposable.engine"
     with pytest.raises(BuildError, match="failed to build"):
@@ -136,6 +137,16 @@ def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
     report = check_parse(result.path)
     assert report.parsed is True, report.message
     assert report.layers["ROTARY_EMBEDDING"] == 1
+    # a graph without an export manifest gets a graph manifest; optimizing again keeps the first record
+    from posenc.graphs.manifests import GraphManifest, read_manifest
+
+    written = read_manifest(result.path)
+    assert isinstance(written, GraphManifest)
+    assert (written.optimized.source_onnx, written.optimized.counts["convert_contrib_rope"]) == ("contrib.onnx", 1)
+    again = read_manifest(optimize_file(result.path, tmp_path / "contrib.trt2.onnx", "trt").path)
+    assert isinstance(again, GraphManifest)
+    assert again.optimized.previous == written.optimized
+    assert len(again.notes) == 2
 
 
 def test_an_output_path_that_cannot_be_written_leaves_no_manifest(export_cache, tmp_path) -> None:
@@ -168,6 +179,6 @@ def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_pa
     DeBERTa projections each build (the soft-capped attention decomposed: TensorRT's Attention cannot soft-cap)."""
     source = optimized_feature(export_cache, case, "trt")
     result = build_engine(source, tmp_path / "block.engine", targets=["sm89"], profile=["seq=1:8:16"])
-    layers = result.manifest["layers"]
+    layers = result.manifest.layers
     assert layers.get("ATTENTION_OUTPUT", 0) == case.fused_attention_expected["trt"]
-    assert result.manifest["engine_bytes"] > 0
+    assert result.manifest.engine_bytes > 0

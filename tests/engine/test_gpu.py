@@ -10,9 +10,9 @@ import importlib.util
 
 import pytest
 
-from posenc.engine.matrix import MatrixCase
 from posenc.engine.targets import current_gpu_target
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase
 
 
 def _gpu_skip_reason() -> str | None:
@@ -36,14 +36,14 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_trt_runner_matches_the_eager_reference(export_cache, case: MatrixCase) -> None:
     from posenc.engine import build_engine, engine_runner
-    from posenc.engine.matrix import graph_for
     from posenc.export import FeedShape
     from posenc.validate import check_ort_parity, validate_onnx
+    from tests.matrix import graph_for
 
     onnx_path = graph_for(case, export_cache, SMALL, check=check_ort_parity)
     engine = build_engine(onnx_path, export_cache / f"{case.id}.gpu.engine", backend="tensorrt")
-    assert engine.manifest["backend"] == "tensorrt"
-    assert engine.manifest["targets"] == [current_gpu_target()]
+    assert engine.manifest.backend == "tensorrt"
+    assert list(engine.manifest.targets) == [current_gpu_target()]
     shapes = [FeedShape(1, 1), FeedShape(2, 7), FeedShape(1, 16)]
     if case.unit == "block":
         shapes.append(FeedShape(2, 1, 9))

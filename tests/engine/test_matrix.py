@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from posenc.engine.matrix import MatrixCase, build_case, matrix_cases
 from posenc.errors import PosencError
 from posenc.schemes import Placement, get_spec
 from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, build_case, matrix_cases
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
 
@@ -37,8 +37,8 @@ def test_unsupported_entries_are_tracked_and_refer_to_matrix_graphs() -> None:
 
 
 def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> None:
-    from posenc.engine.matrix import exportable
     from posenc.schemes import specs
+    from tests.matrix import exportable
 
     covered = {(c.scheme, c.table_mode, c.dtype, c.unit, c.graph) for c in OP_CASES + BLOCK_CASES}
     for spec in specs():
@@ -58,11 +58,11 @@ def test_engine_builds_ahead_of_time(export_cache, case: MatrixCase) -> None:
             return
         pytest.fail(f"{case.id} does not build ({exc}); fix it or list it in {UNSUPPORTED_FILE.name} with a plan")
     assert case.id not in UNSUPPORTED, f"{case.id} builds now: remove it from {UNSUPPORTED_FILE.name}"
-    assert result.path.stat().st_size == result.manifest["engine_bytes"] > 0
-    layers = result.manifest["layers"]
+    assert result.path.stat().st_size == result.manifest.engine_bytes > 0
+    layers = result.manifest.layers
     placement = get_spec(case.scheme).placement
     if case.graph == "fused" and placement is Placement.QK:
         assert layers.get("ROTARY_EMBEDDING") == 2, layers  # q and k on TensorRT's native rotary layer
     if case.graph == "fused" and case.unit == "block" and placement is not Placement.ATTENTION:
         assert layers.get("ATTENTION_OUTPUT") == 1, layers
-        assert result.manifest["decomposable_attention"] == (1 if case.dtype == "float32" else 0)
+        assert result.manifest.decomposable_attention == (1 if case.dtype == "float32" else 0)

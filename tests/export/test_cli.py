@@ -16,8 +16,11 @@ def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> No
     text = capsys.readouterr().out
     assert f"wrote {out}" in text
     assert "posenc validate" in text
-    written = sorted(p.name for p in tmp_path.iterdir())
-    assert written == ["alibi.manifest.json", "alibi.onnx", "alibi.weights.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "alibi.manifest.json",
+        "alibi.onnx",
+        "alibi.weights.safetensors",
+    ]
     manifest = load_manifest(out)
     assert manifest.params == {"symmetric": True, "scaled": False, "bf16_rounding": False, "alibi_bias_max": 8.0}
     assert manifest.attention["num_heads"] == 6

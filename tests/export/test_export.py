@@ -41,7 +41,7 @@ def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-un
     assert rope_block.manifest_path.name == "model.manifest.json"
     assert rope_block.weights_path.name == "model.weights.safetensors"
     assert m.onnx_sha256 == sha256_file(rope_block.path)
-    assert m.weights["sha256"] == sha256_file(rope_block.weights_path)
+    assert m.weights.sha256 == sha256_file(rope_block.weights_path)
     assert (m.scheme, m.unit, m.table_mode, m.dtype, m.table_dtype, m.opset) == (
         "rope",
         "block",
@@ -71,8 +71,8 @@ def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-un
         ("present_value", ["batch", hkv, "past + seq", d]),
     ]
     assert {"torch", "onnx", "onnxruntime", "posenc"} <= set(m.versions)
-    assert m.source["module"] == "posenc.blocks.AttentionBlock"
-    assert len(m.source["posenc_sha256"]) == 64
+    assert m.source.module == "posenc.blocks.AttentionBlock"
+    assert len(m.source.posenc_sha256) == 64
     on_disk = json.loads(rope_block.manifest_path.read_text())
     assert on_disk == m.to_dict()
     assert load_manifest(rope_block.path) == m
@@ -271,15 +271,49 @@ def test_python_scalars_keep_float64_precision_in_the_graph(tmp_path) -> None:  
 
 
 def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """`posenc optimize` adds an `optimized` record; loading and saving the manifest must keep it."""
+    """`posenc optimize` adds an `optimized` record; loading and saving the manifest must keep it, typed."""
     from posenc.export.manifest import Manifest
 
     data = json.loads(rope_block.manifest_path.read_text())
-    data["optimized"] = {"target": "trt", "passes": [{"name": "fuse_rope", "matches": 2}]}
+    data["optimized"] = {
+        "target": "trt",
+        "rope": "fused",
+        "passes": [{"name": "fuse_rope", "count": 2}, {"name": "fold_constants", "count": 0, "skipped": "opset 18"}],
+        "parity": {"q_rot": {"max_abs_diff": 1e-7, "atol": 1e-5, "rtol": 1e-4}},
+        "source_onnx": "m.onnx",
+        "source_sha256": "ab" * 32,
+    }
     manifest = Manifest.from_dict(data)
-    assert manifest.to_dict()["optimized"] == data["optimized"]
+    assert manifest.optimized is not None
+    assert manifest.optimized.counts == {"fuse_rope": 2, "fold_constants": 0}
+    assert manifest.optimized.passes[1].skipped == "opset 18"
+    assert manifest.optimized.parity["q_rot"].max_abs_diff == 1e-7
+    assert manifest.to_dict() == data
     saved = manifest.save(tmp_path / "m.manifest.json")
-    assert json.loads(saved.read_text())["optimized"]["passes"][0]["matches"] == 2
+    assert Manifest.from_dict(json.loads(saved.read_text())) == manifest
+
+
+@pytest.mark.parametrize(
+    ("where", "change"),
+    [
+        ("top level", lambda d: d.update(weight_file=d.pop("weights"))),  # a renamed key
+        ("weights", lambda d: d["weights"].pop("source")),  # a missing key
+        ("weights.source", lambda d: d["weights"]["source"].update(kind="trained")),  # an unknown kind
+        ("optimized", lambda d: d.update(optimized={"target": "trt", "passes": [{"name": "x", "matches": 2}]})),
+        ("dynamic_dims", lambda d: d["dynamic_dims"]["seq"].update(max="64")),  # a value of the wrong type
+    ],
+)
+def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rope_block, where, change) -> None:  # type: ignore[no-untyped-def]
+    """Manifests are read strictly: nothing defaults silently, the error names the place and says re-export."""
+    from posenc.errors import ModelFileError
+    from posenc.export.manifest import Manifest
+
+    data = json.loads(rope_block.manifest_path.read_text())
+    change(data)
+    with pytest.raises(ModelFileError, match="re-export") as info:
+        Manifest.from_dict(data)
+    if where != "top level":
+        assert where.split(".")[0] in str(info.value)
 
 
 @pytest.mark.parametrize("case", ["default", "interleaved_partial"])
@@ -309,3 +343,18 @@ def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_pa
 def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ExportError, match="op-3d"):
         export_onnx(tmp_path / "a.onnx", "alibi", unit="op-3d", config=SMALL)
+
+
+def test_one_session_factory_serves_files_bytes_and_benchmarks(rope_block) -> None:  # type: ignore[no-untyped-def]
+    """ort_session: a path or serialized bytes give the same outputs; benchmark options reach the session."""
+    feed = make_feed(rope_block.manifest, FeedShape(2, 3, 1))
+    timed = ort_session(rope_block.path, ["CPUExecutionProvider"], threads=1, spinning=False)
+    options = timed.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    from_bytes = ort_session(rope_block.path.read_bytes(), ["CPUExecutionProvider"])
+    for a, b in zip(timed.run(None, feed), from_bytes.run(None, feed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ModelFileError, match="ONNX Runtime cannot load the serialized model"):
+        ort_session(b"not a model", ["CPUExecutionProvider"])

@@ -72,3 +72,10 @@ def test_files_get_the_usual_permissions(tmp_path: Path) -> None:
         os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~files._umask()
     assert path.read_text() == '{\n  "a": 2,\n  "b": 1\n}\n'
+
+
+def test_a_new_folder_is_made_and_no_temporary_file_stays(tmp_path: Path) -> None:
+    target = files.write_text_atomic(tmp_path / "sub" / "a.txt", "one")
+    files.write_text_atomic(target, "two")
+    assert target.read_text() == "two"
+    assert [p.name for p in target.parent.iterdir()] == ["a.txt"]

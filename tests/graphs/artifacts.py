@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 import posenc.functional as PF
-from posenc.engine.matrix import MatrixCase, exported, graph_for
 from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, exported, graph_for
 
 
 def export_case(folder: Path, case: MatrixCase) -> Path:

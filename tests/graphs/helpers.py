@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime as ort
 
+from posenc.export.runtime import ort_session
 from posenc.graphs.model_io import model_to_proto
 
 
@@ -16,12 +16,7 @@ def ort_run(model: ir.Model | Path | bytes, feed: dict[str, np.ndarray]) -> list
     """Outputs of ``model`` (IR, file or serialized) on ONNX Runtime CPU, in graph output order."""
     if isinstance(model, ir.Model):
         model = model_to_proto(model).SerializeToString()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feed)
+    return ort_session(model, ["CPUExecutionProvider"], check=False).run(None, feed)
 
 
 def op_counts(model: ir.Model) -> Counter:

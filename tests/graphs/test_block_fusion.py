@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.engine.matrix import MatrixCase
 from posenc.export import FeedShape, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
 from posenc.schemes import Placement, specs
 from posenc.validate import tolerance_for
 from tests.graphs.artifacts import count_rotations, export_case
 from tests.graphs.helpers import assert_close, nodes, ort_run
+from tests.matrix import MatrixCase
 
 SCORE_SCHEMES = [spec.name for spec in specs() if spec.placement is Placement.SCORE]
 # fp16 blocks come from the shared export cache (the parity and engine matrices use the same files);

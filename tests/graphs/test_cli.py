@@ -10,13 +10,13 @@ import onnx_ir as ir
 import pytest
 
 from posenc.cli import main
-from posenc.engine.matrix import MatrixCase
 from posenc.errors import ConfigError, ModelFileError, ParityError
 from posenc.export import load_manifest, manifest_path_for
 from posenc.graphs import optimize as optimize_module
 from posenc.graphs import optimize_file
 from posenc.validate import check_ort_parity
 from tests.graphs.artifacts import export_case
+from tests.matrix import MatrixCase
 
 CASE = MatrixCase("rope", "precomputed", "float32", "op", case="partial")
 

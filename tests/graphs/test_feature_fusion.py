@@ -23,7 +23,7 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     feed = make_feed(manifest, FeedShape(batch=2, seq=5, past=3), seed=4)
     rotations, reference = count_rotations(source, feed)
     path = optimized_feature(export_cache, case, target)
-    record = {p["name"]: p["count"] for p in load_manifest(path, verify=False).extras["optimized"]["passes"]}
+    record = load_manifest(path, verify=False).optimized.counts
     model = load_model(path)
     assert record["fuse_attention"] == case.fused_attention_expected[target]
     assert record["fuse_rope"] == rotations  # ReRoPE's rotations too

@@ -12,7 +12,6 @@ import onnx_ir as ir
 import pytest
 
 from posenc import rope_types as RT
-from posenc.engine.matrix import MatrixCase, exportable, exported
 from posenc.errors import PositionError
 from posenc.export import FeedShape, check_feed, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
@@ -21,6 +20,7 @@ from posenc.validate import tolerance_for
 from tests.conftest import SMALL
 from tests.graphs.artifacts import count_rotations, export_case
 from tests.graphs.helpers import assert_close, nodes, op_counts, ort_run
+from tests.matrix import MatrixCase, exportable, exported
 
 FEED = FeedShape(batch=2, seq=5, past=0)
 

@@ -1,10 +1,10 @@
-"""Report rendering: Markdown tables, self-contained HTML, atomic writes."""
+"""Report rendering: Markdown tables, self-contained HTML."""
 
 from __future__ import annotations
 
 import re
 
-from posenc.report import Report, atomic_write_text
+from posenc.report import Report
 from posenc.report.figures import new_figure, save_figure
 
 
@@ -43,11 +43,3 @@ def test_html_is_self_contained(tmp_path) -> None:
     assert all(s.startswith("data:image/png;base64,") for s in sources)
     assert "<link" not in page
     assert "<script" not in page
-
-
-def test_atomic_write_leaves_no_temporary_files(tmp_path) -> None:
-    target = atomic_write_text(tmp_path / "sub" / "a.txt", "one")
-    atomic_write_text(target, "two")
-    assert target.read_text() == "two"
-    assert [p.name for p in target.parent.iterdir()] == ["a.txt"]
-    assert target.stat().st_mode & 0o644 == 0o644  # readable by others, like any file the user writes

@@ -12,9 +12,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from posenc.engine.matrix import MatrixCase, exported
 from posenc.errors import ConfigError, ParityError
 from posenc.export import FeedShape, load_eager, reference_inputs
+from posenc.export.manifest import OutputDrift
 from posenc.graphs.manifests import read_model_info
 from posenc.schemes import DEFAULT_TOLERANCES, get_spec
 from posenc.schemes.base import Tolerance
@@ -29,6 +29,7 @@ from posenc.validate import (
     validate_onnx,
 )
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, exported
 
 SHAPES = [FeedShape(2, 5, 3)]
 TOL = get_spec("rope").tolerance("float32")
@@ -216,6 +217,6 @@ def test_optimize_check_runs_models_without_a_manifest_on_random_feeds(tmp_path)
     assert info.manifest is None
     report = check_ort_parity(before, _tiny_model(2.0), info)
     default = DEFAULT_TOLERANCES["float32"]
-    assert report == {"y": {"max_abs_diff": 0.0, "atol": default.atol, "rtol": default.rtol}}
+    assert report == {"y": OutputDrift(max_abs_diff=0.0, atol=default.atol, rtol=default.rtol)}
     with pytest.raises(ParityError, match=r"output 'y' of the optimized graph differs"):
         check_ort_parity(before, _tiny_model(2.001), info)

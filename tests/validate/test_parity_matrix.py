@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.engine.matrix import MatrixCase, exported
 from posenc.schemes import specs
 from posenc.validate import DEFAULT_SHAPES, validate_onnx
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, exported
 
 
 def _unit(spec, dtype: str) -> str:  # type: ignore[no-untyped-def]

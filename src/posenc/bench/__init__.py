@@ -8,17 +8,18 @@ Example::
 
     from posenc.bench import RunSettings, make_plan, run_bench
     doc = run_bench(make_plan(["rope"], units=["op"]), RunSettings(threads=2), "bench-results")
-    print(doc.records[0].timing["median_s"], doc.records[0].roofline_ratio)
+    print(doc.records[0].timing.median, doc.records[0].roofline_ratio)
 """
 
-from posenc.bench.backends import BACKEND_NAMES, Backend, SkipCase, get_backends
+from posenc.bench.backends import BACKEND_NAMES, Backend, get_backends
 from posenc.bench.bandwidth import CopyBandwidth, measure_copy_bandwidth
-from posenc.bench.harness import RunSettings, run_bench
+from posenc.bench.harness import run_bench
+from posenc.bench.models import SkipCase
 from posenc.bench.plan import LLAMA_LIKE, BenchCase, make_plan, targets_plan
-from posenc.bench.results import BenchDocument, BenchRecord
+from posenc.bench.results import BackendInfo, BenchDocument, BenchRecord, MachineInfo, TargetCheck
 from posenc.bench.shapes import PRESETS, Shape, parse_shape
-from posenc.bench.targets import TargetCheck, evaluate_targets
-from posenc.bench.timing import Timing, TimingSettings, measure
+from posenc.bench.targets import evaluate_targets
+from posenc.bench.timing import RunSettings, Timing, TimingSettings, measure
 from posenc.bench.workloads import UNITS, Workload, build_workload
 
 __all__ = [
@@ -27,10 +28,12 @@ __all__ = [
     "PRESETS",
     "UNITS",
     "Backend",
+    "BackendInfo",
     "BenchCase",
     "BenchDocument",
     "BenchRecord",
     "CopyBandwidth",
+    "MachineInfo",
     "RunSettings",
     "Shape",
     "SkipCase",

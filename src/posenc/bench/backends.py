@@ -10,22 +10,17 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from posenc.bench.models import ModelStore, SkipCase
+from posenc.bench.workloads import Workload
 from posenc.errors import BackendUnavailable, ConfigError
-
-if TYPE_CHECKING:
-    from posenc.bench.models import ModelStore
-    from posenc.bench.workloads import Workload
+from posenc.export.runtime import ort_session
 
 Runner = Callable[[], Any]
-
-
-class SkipCase(Exception):  # noqa: N818 (a control-flow signal, not an error)
-    """This backend cannot run this workload; the message is the reason shown in the report."""
 
 
 class Backend:
@@ -59,25 +54,6 @@ class EagerTorch(Backend):
                 return module(*args)
 
         return run
-
-
-def _session_options(threads: int) -> Any:
-    """Sessions of every ONNX Runtime backend: ``threads`` intra-op threads, sequential, no spin-waiting.
-
-    ONNX Runtime's intra-op threads spin-wait after each run. When backends alternate on a few cores (as the
-    timing rounds do), a session that just ran keeps spinning while the next one works and slowed it by up to
-    2x here (fused RoPE op 7.7 ms instead of 3.9 ms); so no session spins.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
 
 
 def _bind_names(session: Any, workload: Workload) -> list[tuple[str, np.ndarray]]:
@@ -118,12 +94,10 @@ class OrtCpu(Backend):
         return models.optimized(workload, "ort-cpu")
 
     def prepare(self, workload: Workload, models: ModelStore, threads: int) -> Runner:
-        import onnxruntime as ort
-
         path = self.model_path(workload, models)
         session = models.cached(
             ("ort-cpu", str(path), threads),
-            lambda: ort.InferenceSession(str(path), _session_options(threads), providers=["CPUExecutionProvider"]),
+            lambda: ort_session(path, ["CPUExecutionProvider"], threads=threads, spinning=False, check=False),
         )
         feeds = _bind_names(session, workload)
         binding = session.io_binding()
@@ -160,9 +134,8 @@ class OrtCuda(Backend):
         import onnxruntime as ort
 
         path = models.exported(workload)
-        session = ort.InferenceSession(
-            str(path), _session_options(threads), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
-        )
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        session = ort_session(path, providers, threads=threads, spinning=False, check=False)
         feeds = _bind_names(session, workload)
         first = session.run(None, dict(feeds))
         binding = session.io_binding()

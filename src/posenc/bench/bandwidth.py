@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,20 +32,11 @@ class CopyBandwidth:
     repeats: int
     samples: tuple[float, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bytes_per_s": self.bytes_per_s,
-            "gb_per_s": self.bytes_per_s / 1e9,
-            "mib": self.mib,
-            "repeats": self.repeats,
-            "samples_gb_per_s": [round(s / 1e9, 3) for s in self.samples],
-            "method": "numpy copyto of a float32 array, read + write bytes counted, median after one warm-up copy",
-        }
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("gb_per_s",)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CopyBandwidth:
-        samples = tuple(float(s) * 1e9 for s in data.get("samples_gb_per_s", ()))
-        return cls(float(data["bytes_per_s"]), int(data["mib"]), int(data["repeats"]), samples)
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes_per_s / 1e9
 
 
 def measure_copy_bandwidth(mib: int = 1024, repeats: int = 5) -> CopyBandwidth:

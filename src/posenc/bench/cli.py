@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         lines.append(markdown_table(*target_rows(doc)))
     lines.append(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")
     print_result(doc.to_dict(), "\n".join(lines), as_json=args.json)
-    missed = [t for t in doc.targets if t["passed"] is False]
+    missed = [t for t in doc.targets if t.passed is False]
     if args.fail_on_miss and missed:
         print(f"{len(missed)} target(s) missed.", file=sys.stderr)
         return 1

@@ -8,59 +8,28 @@ interrupt propagates (``posenc bench`` exits with status 130).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posenc.bench.backends import Backend, Runner, SkipCase, get_backends
+from posenc.bench.backends import Backend, Runner, get_backends
 from posenc.bench.bandwidth import CopyBandwidth, CopyRunner, measure_copy_bandwidth
-from posenc.bench.models import ModelStore
+from posenc.bench.models import ModelStore, SkipCase
 from posenc.bench.plan import BenchCase
 from posenc.bench.progress import Progress
-from posenc.bench.results import BenchDocument, BenchRecord
+from posenc.bench.results import BackendInfo, BenchDocument, BenchRecord
 from posenc.bench.tables import format_seconds
-from posenc.bench.timing import Timing, TimingSettings, measure, measure_interleaved
+from posenc.bench.timing import RunSettings, Timing, measure, measure_interleaved
 from posenc.bench.workloads import Workload, build_workload
-from posenc.errors import ConfigError, PosencError
+from posenc.errors import PosencError
+from posenc.export.files import write_text_atomic
 
 JSON_NAME = "bench.json"
 COPY_RUNNER = "copy"
 """Name of the copy timed alongside large ops (never a backend name)."""
 MARKDOWN_NAME = "bench.md"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """How a plan is run.
-
-    Attributes:
-        timing: warm-up, repeats, time budget per measurement.
-        threads: intra-op threads of PyTorch and ONNX Runtime (the same for both, so ratios are fair).
-        copy_mib: size of the copy-bandwidth array (MiB).
-        copy_repeats: timed copies of the bandwidth measurement.
-        keep_models: keep exported/optimized graphs under ``OUT/models`` (else a temporary folder).
-        plots: write PNG plots at the end.
-        copy_alongside_mib: positional ops moving at least this many MiB per call are timed in alternating
-            rounds with a ``copy_mib`` copy, and their roofline ratio uses that copy (0: never).
-    """
-
-    timing: TimingSettings = dataclasses.field(default_factory=TimingSettings)
-    threads: int = 2
-    copy_mib: int = 1024
-    copy_repeats: int = 5
-    keep_models: bool = False
-    plots: bool = True
-    copy_alongside_mib: int = 32
-
-    def __post_init__(self) -> None:
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
-            raise ConfigError(f"threads must be a positive int, got {self.threads!r}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "timing": self.timing.to_dict()}
 
 
 @contextlib.contextmanager
@@ -76,7 +45,7 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 def run_bench(
     cases: Sequence[BenchCase],
-    settings: RunSettings = RunSettings(),
+    settings: RunSettings | None = None,
     output: str | Path | None = None,
     *,
     progress: bool = True,
@@ -88,7 +57,7 @@ def run_bench(
 
     Args:
         cases: from :func:`posenc.bench.plan.make_plan` or :func:`~posenc.bench.plan.targets_plan`.
-        settings: timing, threads, bandwidth measurement.
+        settings: timing, threads, bandwidth measurement (default :class:`RunSettings()`).
         output: folder for ``bench.json``, ``bench.md`` and the plots; ``None`` writes nothing.
         progress: show a progress bar on stderr.
         bandwidth: a copy bandwidth measured already in this run (else measured here first).
@@ -98,11 +67,12 @@ def run_bench(
     Raises:
         KeyboardInterrupt: after the partial results are written.
     """
+    settings = settings or RunSettings()
     out = None if output is None else Path(output)
-    doc = BenchDocument(settings=settings.to_dict())
+    doc = BenchDocument(settings=settings)
     backend_map = _backends_of(cases)
     doc.backends = {
-        name: {"description": b.description, "available": b.unavailable() is None, "reason": b.unavailable() or ""}
+        name: BackendInfo(b.description, b.unavailable() is None, b.unavailable() or "")
         for name, b in backend_map.items()
     }
     total = sum(len(c.backends) for c in cases)
@@ -130,7 +100,7 @@ def run_bench(
     bar.close()
     from posenc.bench.targets import evaluate_targets
 
-    doc.targets = [t.to_dict() for t in evaluate_targets(doc)]
+    doc.targets = evaluate_targets(doc)
     _save(doc, out, plots=settings.plots)
     return doc
 
@@ -149,7 +119,7 @@ def _record(case: BenchCase, backend: str, status: str, reason: str = "", **extr
         table_mode=case.table_mode,
         backend=backend,
         shape=case.shape,
-        config=case.config.to_dict(),
+        config=case.config,
         status=status,
         reason=reason,
         **extra,
@@ -248,7 +218,7 @@ def _ok_record(case: BenchCase, name: str, workload: Workload, timing: Timing, s
         case,
         name,
         "ok",
-        timing=timing.to_dict(),
+        timing=timing,
         bytes_moved=workload.bytes_moved,
         bytes_per_s=workload.bytes_moved / timing.median,
         graph=graph,
@@ -263,9 +233,7 @@ def _save(doc: BenchDocument, out: Path | None, plots: bool) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     doc.save(out / JSON_NAME)
-    from posenc.report.files import atomic_write_text
-
-    atomic_write_text(out / MARKDOWN_NAME, bench_markdown(doc, plots=plots))
+    write_text_atomic(out / MARKDOWN_NAME, bench_markdown(doc, plots=plots))
     if plots and doc.ok():
         from posenc.bench.plots import write_plots
 

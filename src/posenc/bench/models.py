@@ -9,12 +9,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from posenc.bench.backends import SkipCase
 from posenc.bench.workloads import Workload
 from posenc.errors import PosencError
+from posenc.export.manifest import OptimizedRecord
 
 SESSION_CACHE_SIZE = 4
 """Sessions kept alive at once (each holds its graph's weights and a thread pool)."""
+
+
+class SkipCase(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """This backend cannot run this workload; the message is the reason shown in the report."""
 
 
 class ModelStore:
@@ -32,7 +36,7 @@ class ModelStore:
         self._graph_inputs: dict[str, list[str]] = {}
         self._optimized: dict[tuple[str, str], Path] = {}
         self._failures: dict[tuple[str, str], str] = {}
-        self.graph_notes: dict[tuple[str, str], dict[str, Any]] = {}
+        self.graph_notes: dict[tuple[str, str], OptimizedRecord] = {}
         self._closers: list[Callable[[], Any]] = []
         self._cache: dict[tuple[Any, ...], Any] = {}
 
@@ -41,7 +45,7 @@ class ModelStore:
         key: str,
         exported: Path,
         optimized: Mapping[str, Path] | None = None,
-        notes: Mapping[str, dict[str, Any]] | None = None,
+        notes: Mapping[str, OptimizedRecord] | None = None,
     ) -> None:
         """Use graphs made elsewhere (e.g. by ``posenc demo``) for the workloads with this key.
 
@@ -49,14 +53,14 @@ class ModelStore:
             key: :func:`posenc.bench.workloads.workload_key` of the workloads.
             exported: the exported ONNX file.
             optimized: target -> optimized ONNX file (e.g. ``{"ort-cpu": path}``).
-            notes: target -> what the optimization reported (pass counts).
+            notes: target -> what the optimization reported (its manifest's ``optimized`` record).
         """
         self._exported[key] = Path(exported)
         self._graph_inputs[key] = _graph_input_names(Path(exported))
         for target, path in (optimized or {}).items():
             self._optimized[(key, target)] = Path(path)
-        for target, info in (notes or {}).items():
-            self.graph_notes[(key, target)] = dict(info)
+        for target, record in (notes or {}).items():
+            self.graph_notes[(key, target)] = record
 
     def exported(self, workload: Workload) -> Path:
         """The decomposed ONNX graph of ``workload`` (exported on first use)."""
@@ -86,11 +90,11 @@ class ModelStore:
 
             destination = self.folder / f"{workload.key}.{target}.onnx"
             try:
-                notes = optimize_file(source, destination, target, check=check_ort_parity)
+                result = optimize_file(source, destination, target, check=check_ort_parity)
             except PosencError as exc:
                 self._failures[key] = f"optimization for {target} failed: {exc}"
                 raise SkipCase(self._failures[key]) from None
-            self.graph_notes[key] = _as_dict(notes)
+            self.graph_notes[key] = result.record()
             self._optimized[key] = destination
         return self._optimized[key]
 
@@ -149,15 +153,6 @@ class ModelStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _as_dict(notes: Any) -> dict[str, Any]:
-    if notes is None:
-        return {}
-    if isinstance(notes, dict):
-        return notes
-    to_dict = getattr(notes, "to_dict", None)
-    return to_dict() if callable(to_dict) else {"notes": str(notes)}
 
 
 def _graph_input_names(path: Path) -> list[str]:

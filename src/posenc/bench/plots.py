@@ -22,7 +22,7 @@ def _groups(records: Sequence[BenchRecord]) -> dict[str, list[BenchRecord]]:
     groups: dict[str, list[BenchRecord]] = {}
     for r in records:
         c = r.config
-        title = f"{r.unit} · {r.shape.label} · H={c['num_heads']} Hkv={c['num_kv_heads']} D={c['head_dim']}"
+        title = f"{r.unit} · {r.shape.label} · H={c.num_heads} Hkv={c.num_kv_heads} D={c.head_dim}"
         groups.setdefault(title, []).append(r)
     return groups
 

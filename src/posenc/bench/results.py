@@ -11,14 +11,19 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from posenc.bench.bandwidth import CopyBandwidth
 from posenc.bench.shapes import Shape
+from posenc.bench.timing import RunSettings, Timing
+from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.report.files import atomic_write_text
+from posenc.export.files import write_text_atomic
+from posenc.export.manifest import OptimizedRecord
+from posenc.records import Document, field
 
-FORMAT = "posenc-bench/1"
+FORMAT = "posenc-bench/2"
+"""``posenc-bench/1`` documents (before typed records) are refused with a request to re-run."""
 STATUSES = ("ok", "skipped", "error")
 
 
@@ -29,15 +34,15 @@ class BenchRecord:
     Attributes:
         scheme, unit, table_mode, backend: what was timed and where.
         shape: batch / new tokens / past length.
-        config: attention geometry (``AttentionConfig.to_dict()``).
+        config: attention geometry.
         status: ``ok``, ``skipped`` (backend or unit not available here; see ``reason``) or ``error``.
         reason: why skipped or what failed.
-        timing: ``median_s``, ``p90_s``, ``mean_s``, ``min_s``, ``runs`` when ``ok``.
+        timing: median, p90, mean, min and number of the timed calls when ``ok``.
         bytes_moved: inputs read + outputs written + projection weights read by one call.
         bytes_per_s: ``bytes_moved / median``.
         roofline_ratio: ``bytes_per_s`` / copy bandwidth measured in the same run (``copy_bytes_per_s``
             when set, else the run's).
-        graph: what graph optimization reported (fusions applied), when a fused graph was timed.
+        graph: what graph optimization reported (passes and fusions applied), when a fused graph was timed.
         copy_bytes_per_s: copy bandwidth timed in the same alternating rounds as this record (large
             memory-bound ops), so a shared machine's drift hits op and copy alike.
     """
@@ -47,56 +52,78 @@ class BenchRecord:
     table_mode: str
     backend: str
     shape: Shape
-    config: dict[str, Any]
+    config: AttentionConfig
     status: str
     reason: str = ""
-    timing: dict[str, Any] | None = None
+    timing: Timing | None = None
     bytes_moved: int | None = None
     bytes_per_s: float | None = None
     roofline_ratio: float | None = None
-    graph: dict[str, Any] | None = None
+    graph: OptimizedRecord | None = None
     copy_bytes_per_s: float | None = None
 
     @property
     def median(self) -> float | None:
-        return None if self.timing is None else float(self.timing["median_s"])
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["shape"] = self.shape.to_dict()
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BenchRecord:
-        values = dict(data)
-        values["shape"] = Shape.from_dict(values["shape"])
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        return None if self.timing is None else self.timing.median
 
 
-def machine_info() -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """A backend of the run: what it is and whether it could run here (else why not)."""
+
+    description: str
+    available: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetCheck:
+    """One target: what was measured, the threshold, and whether it was met (``None``: not measured)."""
+
+    name: str
+    measured: float | None
+    threshold: float
+    passed: bool | None
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineInfo:
     """Where the numbers were taken: CPU, cores, library versions."""
+
+    platform: str
+    processor: str
+    cpu_count: int | None
+    python: str
+    posenc: str
+    torch: str
+    numpy: str
+    onnxruntime: str | None
+
+
+def machine_info() -> MachineInfo:
+    """The :class:`MachineInfo` of this process."""
     import numpy
     import torch
 
     import posenc
 
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": _cpu_model() or platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "posenc": posenc.__version__,
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-    }
     try:
         import onnxruntime
 
-        info["onnxruntime"] = onnxruntime.__version__
+        ort_version: str | None = onnxruntime.__version__
     except ImportError:
-        info["onnxruntime"] = None
-    return info
+        ort_version = None
+    return MachineInfo(
+        platform=platform.platform(),
+        processor=_cpu_model() or platform.processor(),
+        cpu_count=os.cpu_count(),
+        python=platform.python_version(),
+        posenc=posenc.__version__,
+        torch=torch.__version__,
+        numpy=numpy.__version__,
+        onnxruntime=ort_version,
+    )
 
 
 def _cpu_model() -> str:
@@ -114,18 +141,22 @@ def _now() -> str:
 
 
 @dataclasses.dataclass
-class BenchDocument:
-    """Everything one ``posenc bench`` run measured, plus how and where."""
+class BenchDocument(Document):
+    """Everything one ``posenc bench`` run measured, plus how and where (JSON: :meth:`to_dict`)."""
 
-    settings: dict[str, Any]
+    FORMAT: ClassVar[str] = FORMAT
+    REMEDY: ClassVar[str] = "re-run `posenc bench -o DIR` with this posenc version"
+
+    settings: RunSettings
     copy_bandwidth: CopyBandwidth | None = None
-    backends: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    records: list[BenchRecord] = dataclasses.field(default_factory=list)
-    targets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    backends: dict[str, BackendInfo] = dataclasses.field(default_factory=dict)
+    records: list[BenchRecord] = field(key="results", default_factory=list)
+    targets: list[TargetCheck] = dataclasses.field(default_factory=list)
     status: str = "running"
-    machine: dict[str, Any] = dataclasses.field(default_factory=machine_info)
+    machine: MachineInfo = dataclasses.field(default_factory=machine_info)
     created: str = dataclasses.field(default_factory=_now)
     finished: str | None = None
+    format: str = FORMAT
 
     def add(self, record: BenchRecord) -> None:
         if record.status not in STATUSES:
@@ -139,47 +170,17 @@ class BenchDocument:
         self.status = status
         self.finished = _now()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "status": self.status,
-            "created": self.created,
-            "finished": self.finished,
-            "machine": self.machine,
-            "settings": self.settings,
-            "copy_bandwidth": None if self.copy_bandwidth is None else self.copy_bandwidth.to_dict(),
-            "backends": self.backends,
-            "results": [r.to_dict() for r in self.records],
-            "targets": self.targets,
-        }
-
     def save(self, path: str | Path) -> Path:
         """Write the JSON document atomically."""
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BenchDocument:
-        if data.get("format") != FORMAT:
-            raise ConfigError(f"not a posenc bench result (format {data.get('format')!r}, expected {FORMAT!r}).")
-        bandwidth = data.get("copy_bandwidth")
-        return cls(
-            settings=dict(data.get("settings", {})),
-            copy_bandwidth=None if bandwidth is None else CopyBandwidth.from_dict(bandwidth),
-            backends=dict(data.get("backends", {})),
-            records=[BenchRecord.from_dict(r) for r in data.get("results", [])],
-            targets=list(data.get("targets", [])),
-            status=str(data.get("status", "unknown")),
-            machine=dict(data.get("machine", {})),
-            created=str(data.get("created", "")),
-            finished=data.get("finished"),
-        )
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> BenchDocument:
         """Read a document written by :meth:`save`.
 
         Raises:
-            ConfigError: the file is missing or not a posenc bench result.
+            ConfigError: the file is missing or not JSON.
+            ModelFileError: not a posenc bench result of this version (:meth:`from_dict`; says: re-run).
         """
         path = Path(path)
         try:
@@ -188,4 +189,4 @@ class BenchDocument:
             raise ConfigError(f"{path} does not exist; run `posenc bench -o DIR` first.") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path} is not valid JSON ({exc}).") from None
-        return cls.from_dict(data)
+        return cls.from_dict(data, str(path))

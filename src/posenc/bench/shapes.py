@@ -8,10 +8,10 @@ Text form (``posenc bench --shape``), the one shape syntax of the command line
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from posenc.errors import ConfigError
 from posenc.export.units import SHAPE_NAME, SHAPE_PRESETS, FeedShape, parse_named_shape
+from posenc.records import field
 
 MAX_TOKENS = 1 << 20
 """Upper bound of ``batch * (past + seq)``: larger shapes would need tens of GiB on the host."""
@@ -29,7 +29,8 @@ class Shape:
     batch: int
     seq: int
     past: int = 0
-    start: int | None = None
+    start: int | None = field(optional=True, default=None)
+    """Absent from documents without far positions (they keep their old form)."""
 
     def __post_init__(self) -> None:
         try:
@@ -73,23 +74,6 @@ class Shape:
         past = f" P={self.past}" if self.past else ""
         start = "" if self.start is None else f" @{self.start}"
         return f"{self.name} B={self.batch} S={self.seq}{past}{start}"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if self.start is None:
-            del data["start"]  # documents without far positions keep their old form
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Shape:
-        start = data.get("start")
-        return cls(
-            str(data["name"]),
-            int(data["batch"]),
-            int(data["seq"]),
-            int(data.get("past", 0)),
-            None if start is None else int(start),
-        )
 
 
 PRESETS: dict[str, Shape] = {name: Shape.named(name, feed) for name, feed in SHAPE_PRESETS.items()}

@@ -31,7 +31,7 @@ def format_seconds(seconds: float | None) -> str:
 def backend_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     headers = ["backend", "what", "status"]
     rows = [
-        [name, info["description"], "available" if info["available"] else f"skipped: {info['reason']}"]
+        [name, info.description, "available" if info.available else f"skipped: {info.reason}"]
         for name, info in doc.backends.items()
     ]
     return headers, rows
@@ -41,15 +41,15 @@ def target_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     headers = ["target", "measured", "needed", "verdict", "detail"]
     rows = []
     for t in doc.targets:
-        measured = "—" if t["measured"] is None else f"{t['measured']:.2f}"
-        verdict = {True: "PASS", False: "MISS", None: "not measured"}[t["passed"]]
-        rows.append([t["name"], measured, f"≥ {t['threshold']:.2f}", verdict, t["detail"]])
+        measured = "—" if t.measured is None else f"{t.measured:.2f}"
+        verdict = {True: "PASS", False: "MISS", None: "not measured"}[t.passed]
+        rows.append([t.name, measured, f"≥ {t.threshold:.2f}", verdict, t.detail])
     return headers, rows
 
 
 def _case_key(r: BenchRecord) -> tuple[Any, ...]:
     c = r.config
-    return (r.scheme, r.unit, r.table_mode, r.shape, c["num_heads"], c["num_kv_heads"], c["head_dim"])
+    return (r.scheme, r.unit, r.table_mode, r.shape, c.num_heads, c.num_kv_heads, c.head_dim)
 
 
 def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
@@ -68,7 +68,7 @@ def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
             if r is None:
                 cells.append("")
             elif r.status == "ok":
-                cells.append(f"{format_seconds(r.median)} ({format_seconds(r.timing['p90_s'])})")
+                cells.append(f"{format_seconds(r.median)} ({format_seconds(r.timing.p90 if r.timing else None)})")
             else:
                 cells.append(r.status)
         ok = [r for r in by_backend.values() if r.status == "ok" and r.bytes_per_s]
@@ -93,18 +93,18 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
     """The whole benchmark report as Markdown (plots referenced as sibling PNG files)."""
     bw = doc.copy_bandwidth
     machine = doc.machine
-    timing = doc.settings.get("timing", {})
+    timing = doc.settings.timing
     lines = [
         "# posenc bench",
         "",
         f"Status: **{doc.status}**, started {doc.created}"
         + (f", finished {doc.finished}" if doc.finished else "")
         + ".",
-        f"Machine: {machine.get('processor', '?')}, {machine.get('cpu_count', '?')} CPUs; "
-        f"torch {machine.get('torch')}, "
-        f"onnxruntime {machine.get('onnxruntime')}, posenc {machine.get('posenc')}.",
-        f"Threads: {doc.settings.get('threads')}; warm-up {timing.get('warmup')}, up to {timing.get('repeats')} timed "
-        f"calls (at most {timing.get('max_seconds')} s each measurement); IOBinding with preallocated outputs, "
+        f"Machine: {machine.processor or '?'}, {machine.cpu_count or '?'} CPUs; "
+        f"torch {machine.torch}, "
+        f"onnxruntime {machine.onnxruntime}, posenc {machine.posenc}.",
+        f"Threads: {doc.settings.threads}; warm-up {timing.warmup}, up to {timing.repeats} timed "
+        f"calls (at most {timing.max_seconds} s each measurement); IOBinding with preallocated outputs, "
         "ONNX Runtime threads do not spin between runs.",
     ]
     if bw is not None:

@@ -10,29 +10,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from posenc.bench.plan import BLOCK_TARGET_SHAPE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE
-from posenc.bench.results import BenchDocument, BenchRecord
+from posenc.bench.results import BenchDocument, BenchRecord, TargetCheck
 
 ROPE_BANDWIDTH_TARGET = 0.85
 ROPE_SPEEDUP_TARGET = 5.0
 BLOCK_SPEED_TARGET = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class TargetCheck:
-    """One target: what was measured, the threshold, and whether it was met (``None``: not measured)."""
-
-    name: str
-    measured: float | None
-    threshold: float
-    passed: bool | None
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _find(doc: BenchDocument, **where: Any) -> BenchRecord | None:
@@ -41,7 +26,7 @@ def _find(doc: BenchDocument, **where: Any) -> BenchRecord | None:
     for record in doc.records:
         if record.status != "ok" or record.shape != shape:
             continue
-        if heads is not None and (record.config["num_heads"], record.config["head_dim"]) != heads:
+        if heads is not None and (record.config.num_heads, record.config.head_dim) != heads:
             continue
         if all(getattr(record, key) == value for key, value in where.items()):
             return record

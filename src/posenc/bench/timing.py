@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from posenc.errors import ConfigError
+from posenc.records import field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,28 +39,48 @@ class TimingSettings:
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ConfigError(f"max_seconds must be > 0 (or None for no budget), got {self.max_seconds!r}.")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """How a benchmark plan is run.
+
+    Attributes:
+        timing: warm-up, repeats, time budget per measurement.
+        threads: intra-op threads of PyTorch and ONNX Runtime (the same for both, so ratios are fair).
+        copy_mib: size of the copy-bandwidth array (MiB).
+        copy_repeats: timed copies of the bandwidth measurement.
+        keep_models: keep exported/optimized graphs under ``OUT/models`` (else a temporary folder).
+        plots: write PNG plots at the end.
+        copy_alongside_mib: positional ops moving at least this many MiB per call are timed in alternating
+            rounds with a ``copy_mib`` copy, and their roofline ratio uses that copy (0: never).
+    """
+
+    timing: TimingSettings = dataclasses.field(default_factory=TimingSettings)
+    threads: int = 2
+    copy_mib: int = 1024
+    copy_repeats: int = 5
+    keep_models: bool = False
+    plots: bool = True
+    copy_alongside_mib: int = 32
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ConfigError(f"threads must be a positive int, got {self.threads!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """Statistics of the timed calls, in seconds."""
+    """Statistics of the timed calls, in seconds (JSON keys ``median_s``, ``p90_s``, ``mean_s``, ``min_s``)."""
 
-    median: float
-    p90: float
-    mean: float
-    minimum: float
-    runs: int
+    median: float = field(key="median_s")
+    p90: float = field(key="p90_s")
+    mean: float = field(key="mean_s")
+    minimum: float = field(key="min_s")
+    runs: int = field(key="runs")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "median_s": self.median,
-            "p90_s": self.p90,
-            "mean_s": self.mean,
-            "min_s": self.minimum,
-            "runs": self.runs,
-        }
+    def per_call(self, calls: int) -> Timing:
+        """The statistics of one of ``calls`` calls that each timed sample made (e.g. a replayed CUDA graph)."""
+        return Timing(self.median / calls, self.p90 / calls, self.mean / calls, self.minimum / calls, self.runs)
 
     @classmethod
     def from_samples(cls, samples: list[float]) -> Timing:
@@ -75,25 +96,38 @@ class Timing:
         )
 
 
-def measure(call: Callable[[], Any], settings: TimingSettings) -> Timing:
-    """Time ``call()``: ``settings.warmup`` untimed calls, then up to ``settings.repeats`` timed ones.
+Timer = Callable[[Callable[[], Any]], float]
+"""``timer(call) -> seconds``: runs ``call()`` once and says how long it took (wall clock, CUDA events, ...)."""
 
-    Timed calls stop early once ``settings.max_seconds`` is spent, but never before ``min_repeats``.
+
+def wall_time(call: Callable[[], Any]) -> float:
+    """The default :data:`Timer`: ``time.perf_counter`` around one call."""
+    begin = time.perf_counter()
+    call()
+    return time.perf_counter() - begin
+
+
+def time_samples(call: Callable[[], Any], settings: TimingSettings, timer: Timer = wall_time) -> list[float]:
+    """``settings.warmup`` untimed calls of ``call``, then up to ``settings.repeats`` timed by ``timer``.
+
+    Timed calls stop early once ``settings.max_seconds`` (wall clock) is spent, but never before ``min_repeats``.
     """
     for _ in range(settings.warmup):
         call()
     samples: list[float] = []
-    clock = time.perf_counter
-    started = clock()
+    started = time.perf_counter()
     wanted_minimum = min(settings.min_repeats, settings.repeats)
     for _ in range(settings.repeats):
-        begin = clock()
-        call()
-        end = clock()
-        samples.append(end - begin)
-        if settings.max_seconds is not None and end - started > settings.max_seconds and len(samples) >= wanted_minimum:
+        samples.append(timer(call))
+        spent = time.perf_counter() - started
+        if settings.max_seconds is not None and spent > settings.max_seconds and len(samples) >= wanted_minimum:
             break
-    return Timing.from_samples(samples)
+    return samples
+
+
+def measure(call: Callable[[], Any], settings: TimingSettings, timer: Timer = wall_time) -> Timing:
+    """Time ``call()`` (see :func:`time_samples`) and summarize the samples."""
+    return Timing.from_samples(time_samples(call, settings, timer))
 
 
 def measure_interleaved(calls: Mapping[str, Callable[[], Any]], settings: TimingSettings) -> dict[str, Timing]:

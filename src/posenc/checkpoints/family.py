@@ -19,37 +19,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from posenc.config import AttentionConfig
+from posenc.checkpoints.plan import LayerPlan
+from posenc.checkpoints.reference import TransformersReference
 from posenc.errors import ConfigError
-
-if TYPE_CHECKING:
-    from posenc.checkpoints.reference import TransformersReference
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerPlan:
-    """One layer of a checkpoint as posenc builds it.
-
-    Attributes:
-        config: attention geometry (and block features: biases, norms, scale, window, ...).
-        scheme: registered scheme name (``posenc list``).
-        params: scheme parameters.
-        layer: the layer index within its stack.
-        layer_type: the stack or kind of the layer (``decoder``, ``encoder``, ``sliding_attention``, ...), or None.
-        decoder: True when the layer is used with a KV cache (decode steps make sense).
-    """
-
-    config: AttentionConfig
-    scheme: str
-    params: dict[str, Any]
-    layer: int
-    layer_type: str | None = None
-    decoder: bool = True
-
 
 Transform = Callable[[Sequence[torch.Tensor], LayerPlan], Sequence[torch.Tensor]]
 """``(checkpoint tensors in rule order, plan) -> block tensors in rule order``."""

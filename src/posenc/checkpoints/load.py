@@ -19,9 +19,8 @@ from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, suppo
 from posenc.checkpoints.reference import TransformersReference, hf_config
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError
+from posenc.provenance import CheckpointWeights
 from posenc.schemes.base import TableMode, table_keys
-
-PROVENANCE_KIND = "checkpoint"
 
 
 @dataclasses.dataclass
@@ -70,17 +69,16 @@ class LoadedLayer:
         """The checkpoint's own transformers attention module for this layer (see :mod:`.reference`)."""
         return self.family.reference(self.hf, self.plan, self.tensors, angles, dtype)
 
-    def provenance(self) -> dict[str, Any]:
+    def provenance(self) -> CheckpointWeights:
         """Where the weights came from, for the manifest: checkpoint, layer and every tensor's name and sha256."""
-        return {
-            "kind": PROVENANCE_KIND,
-            "checkpoint": self.location,
-            "model_type": self.model_type,
-            "family": self.family.name,
-            "layer": self.plan.layer,
-            "layer_type": self.plan.layer_type,
-            "tensors": {self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
-        }
+        return CheckpointWeights(
+            checkpoint=self.location,
+            model_type=self.model_type,
+            family=self.family.name,
+            layer=self.plan.layer,
+            layer_type=self.plan.layer_type,
+            tensors={self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
+        )
 
 
 def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str | None = None) -> LoadedLayer:

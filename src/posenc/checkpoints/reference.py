@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc.checkpoints.family import LayerPlan
+from posenc.checkpoints.plan import LayerPlan
 from posenc.errors import BackendUnavailable, ConfigError
 
 ANGLES = ("native", "float64")

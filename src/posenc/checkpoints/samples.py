@@ -84,6 +84,7 @@ class Sample:
             for tensor in model.state_dict().values():
                 if tensor.is_floating_point():
                     tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+        transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars on stderr
         if shard is None:
             model.save_pretrained(folder)
         else:

@@ -5,7 +5,7 @@ Public API::
     from posenc.engine import build_engine, load_backend, engine_runner
 
     result = build_engine("rope.trt.onnx", "rope.engine", targets=["sm89", "sm120"])
-    result.manifest["backend"], result.manifest["targets"]     # "tensorrt_rtx", ["sm89", "sm120"]
+    result.manifest.backend, result.manifest.targets           # "tensorrt_rtx", ("sm89", "sm120")
 
 - :func:`load_backend`: ``tensorrt`` when importable, else ``tensorrt_rtx``; :class:`BackendUnavailable`
   (with the install command) when neither imports.
@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "Backend": "posenc.engine.backend",
     "DimProfile": "posenc.engine.profiles",
     "ENGINE_FORMAT": "posenc.engine.build",
+    "EngineManifest": "posenc.engine.build",
     "EngineResult": "posenc.engine.build",
     "INSTALL_HINT": "posenc.engine.backend",
     "ParseIssue": "posenc.engine.network",

@@ -19,18 +19,20 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from posenc.dtypes import dtype_name
 from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_backend
 from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposable, parse_onnx
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
-from posenc.graphs.manifests import read_model_info
+from posenc.export.manifest import Manifest, OptimizedRecord
+from posenc.graphs.manifests import ModelInfo, read_model_info
+from posenc.records import Document, field
 
 ENGINE_FORMAT = "posenc.engine/1"
-_SOURCE_KEYS = ("scheme", "params", "unit", "table_mode", "dtype", "max_positions", "attention", "optimized")
 
 
 def engine_manifest_path(engine_path: str | os.PathLike[str]) -> Path:
@@ -39,24 +41,84 @@ def engine_manifest_path(engine_path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".manifest.json")
 
 
+@dataclasses.dataclass(frozen=True)
+class ShapeRange:
+    """The ``min``/``opt``/``max`` shape of one engine input."""
+
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSource:
+    """What the engine's graph is, copied from its manifest (absent keys: the graph had no export manifest)."""
+
+    scheme: str | None = field(optional=True, default=None)
+    params: dict[str, Any] | None = field(optional=True, default=None)
+    unit: str | None = field(optional=True, default=None)
+    table_mode: str | None = field(optional=True, default=None)
+    dtype: str | None = field(optional=True, default=None)
+    max_positions: int | None = field(optional=True, default=None)
+    attention: dict[str, Any] | None = field(optional=True, default=None)
+    optimized: OptimizedRecord | None = field(optional=True, default=None)
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> EngineSource:
+        m = info.manifest
+        if m is None:
+            return cls(optimized=info.optimized)
+        fields = ("scheme", "params", "unit", "table_mode", "dtype", "max_positions", "attention", "optimized")
+        return cls(**{name: getattr(m, name) for name in fields})
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineManifest(Document):
+    """``model.engine.manifest.json``: what was built, from what, how (see the module docstring)."""
+
+    FORMAT: ClassVar[str] = ENGINE_FORMAT
+    REMEDY: ClassVar[str] = "rebuild the engine with this posenc version (`posenc build ...`)"
+
+    backend: str
+    backend_version: str
+    targets: tuple[str, ...]
+    targets_note: str
+    profiles: tuple[dict[str, DimProfile], ...]
+    input_shapes: dict[str, ShapeRange]
+    precision: str
+    strongly_typed: bool
+    decomposable_attention: int
+    layers: dict[str, int]
+    timing_cache: str | None
+    timing_cache_note: str
+    source_onnx: str
+    source_onnx_sha256: str | None
+    source_manifest: EngineSource
+    engine_bytes: int
+    build_seconds: float
+    created: str
+    engine_sha256: str
+    format: str = ENGINE_FORMAT
+
+
 @dataclasses.dataclass
 class EngineResult:
     """A built engine: where it is, its manifest, and what went into it."""
 
     path: Path
     manifest_path: Path
-    manifest: dict[str, Any]
+    manifest: EngineManifest
 
     @property
     def targets(self) -> list[str]:
-        return list(self.manifest["targets"])
+        return list(self.manifest.targets)
 
 
 def _symbolic_inputs(
-    parsed: Any, manifest: Mapping[str, Any] | None, onnx_dims: Mapping[str, list[int | str]]
+    parsed: Any, manifest: Manifest | None, onnx_dims: Mapping[str, list[int | str]]
 ) -> list[tuple[str, list[int | str]]]:
     """Input shapes with dim names: the manifest's where it describes the input, else the ONNX dim params."""
-    described = {spec["name"]: spec["shape"] for spec in (manifest or {}).get("inputs", [])}
+    described = {spec.name: spec.shape for spec in (manifest.inputs if manifest is not None else ())}
     shapes = []
     for name, dims, _ in parsed.inputs():
         if name in described and len(described[name]) == len(dims):
@@ -83,9 +145,9 @@ def _onnx_dim_names(path: Path) -> dict[str, list[int | str]]:
 
 def _precision(parsed: Any) -> str:
     names = {str(dtype).split(".")[-1].lower() for _, _, dtype in parsed.inputs()}
-    for candidate in ("bf16", "half", "float"):
+    for candidate in ("bf16", "half", "float"):  # TensorRT's names, lowest precision first
         if candidate in names:
-            return {"bf16": "bfloat16", "half": "float16", "float": "float32"}[candidate]
+            return dtype_name(candidate)
     return "float32"
 
 
@@ -122,9 +184,8 @@ def build_engine(
     trt_backend = load_backend(backend)
     chosen = resolve_targets(trt_backend, targets)
     source = read_model_info(onnx_path)  # a manifest that no longer matches the file is an error
-    source_manifest = source.raw
-    dims = (source_manifest or {}).get("dynamic_dims")
-    dim_profile = resolve_profile(dims, profile)
+    source_manifest = source.manifest
+    dim_profile = resolve_profile(source_manifest.dynamic_dims if source_manifest is not None else None, profile)
     configure_polygraphy(trt_backend)
     parsed = parse_onnx(trt_backend, onnx_path)
     shapes = input_shapes(_symbolic_inputs(parsed, source_manifest, _onnx_dim_names(onnx_path)), dim_profile)
@@ -133,32 +194,31 @@ def build_engine(
     started = time.perf_counter()
     engine = _serialize(trt_backend, parsed, chosen, shapes, cache_path, workspace_bytes)
     seconds = time.perf_counter() - started
-    manifest = {
-        "format": ENGINE_FORMAT,
-        "backend": trt_backend.name,
-        "backend_version": trt_backend.version,
-        "targets": chosen,
-        "targets_note": "" if chosen else "backend default (TensorRT-RTX: Ampere and later)",
-        "profiles": [{name: p.to_dict() for name, p in dim_profile.items()}],
-        "input_shapes": {n: {"min": s[0], "opt": s[1], "max": s[2]} for n, s in shapes.items()},
-        "precision": _precision(parsed),
-        "strongly_typed": True,
-        "decomposable_attention": decomposable,
-        "layers": layer_histogram(parsed),
-        "timing_cache": str(cache_path) if cache_path else None,
-        "timing_cache_note": "" if trt_backend.has_timing_cache else "TensorRT-RTX: not used (forces a GPU query)",
-        "source_onnx": onnx_path.name,
-        "source_onnx_sha256": source.sha256,
-        "source_manifest": {k: source_manifest[k] for k in _SOURCE_KEYS if source_manifest and k in source_manifest},
-        "engine_bytes": len(engine),
-        "build_seconds": round(seconds, 3),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    manifest = EngineManifest(
+        backend=trt_backend.name,
+        backend_version=trt_backend.version,
+        targets=tuple(chosen),
+        targets_note="" if chosen else "backend default (TensorRT-RTX: Ampere and later)",
+        profiles=(dict(dim_profile),),
+        input_shapes={n: ShapeRange(*s) for n, s in shapes.items()},
+        precision=_precision(parsed),
+        strongly_typed=True,
+        decomposable_attention=decomposable,
+        layers=layer_histogram(parsed),
+        timing_cache=str(cache_path) if cache_path else None,
+        timing_cache_note="" if trt_backend.has_timing_cache else "TensorRT-RTX: not used (forces a GPU query)",
+        source_onnx=onnx_path.name,
+        source_onnx_sha256=source.sha256,
+        source_manifest=EngineSource.of(source),
+        engine_bytes=len(engine),
+        build_seconds=round(seconds, 3),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        engine_sha256=hashlib.sha256(engine).hexdigest(),
+    )
     manifest_path = engine_manifest_path(output)
-    manifest["engine_sha256"] = hashlib.sha256(engine).hexdigest()
     with atomic_outputs(output, manifest_path) as (tmp_engine, tmp_manifest):  # the engine lands last
         tmp_engine.write_bytes(engine)
-        tmp_manifest.write_text(json_text(manifest))
+        tmp_manifest.write_text(json_text(manifest.to_dict()))
     return EngineResult(path=output, manifest_path=manifest_path, manifest=manifest)
 
 

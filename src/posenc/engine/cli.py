@@ -34,12 +34,12 @@ def _build(args: argparse.Namespace) -> int:
     )
     manifest = result.manifest
     if args.json:
-        print(json.dumps({"path": str(result.path), "manifest": str(result.manifest_path), **manifest}))
+        print(json.dumps({"path": str(result.path), "manifest": str(result.manifest_path), **manifest.to_dict()}))
         return 0
-    targets = ", ".join(manifest["targets"]) or manifest["targets_note"]
+    targets = ", ".join(manifest.targets) or manifest.targets_note
     print(
-        f"wrote {result.path} ({manifest['engine_bytes']} bytes, {manifest['backend']} {manifest['backend_version']}, "
-        f"targets {targets}, {manifest['precision']}, {manifest['build_seconds']:.2f} s) + {result.manifest_path.name}"
+        f"wrote {result.path} ({manifest.engine_bytes} bytes, {manifest.backend} {manifest.backend_version}, "
+        f"targets {targets}, {manifest.precision}, {manifest.build_seconds:.2f} s) + {result.manifest_path.name}"
     )
     return 0
 

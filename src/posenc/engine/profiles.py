@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from posenc.errors import ConfigError
+from posenc.export.manifest import DimRange
 
 DEFAULT_CAPS: Mapping[str, int] = {"batch": 8, "seq": 2048, "past": 2048, "kv_seq": 4096}
 """Upper bounds used where the manifest leaves a dimension open."""
@@ -27,9 +27,6 @@ class DimProfile:
     min: int
     opt: int
     max: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {"min": self.min, "opt": self.opt, "max": self.max}
 
 
 def parse_override(text: str) -> tuple[str, DimProfile]:
@@ -51,20 +48,19 @@ def parse_override(text: str) -> tuple[str, DimProfile]:
     return name.strip(), DimProfile(low, opt, high)
 
 
-def default_profile(dynamic_dims: Mapping[str, Mapping[str, Any]]) -> dict[str, DimProfile]:
+def default_profile(dynamic_dims: Mapping[str, DimRange]) -> dict[str, DimProfile]:
     """One profile covering each dim's manifest range (open ranges capped by :data:`DEFAULT_CAPS`)."""
     profile = {}
     for name, limits in dynamic_dims.items():
-        low = int(limits.get("min", 1))
-        high = limits.get("max")
-        high = int(high) if high is not None else max(low, DEFAULT_CAPS.get(name, 2048))
+        low = limits.min
+        high = limits.max if limits.max is not None else max(low, DEFAULT_CAPS.get(name, 2048))
         opt = min(max(DEFAULT_OPT.get(name, low), low), high)
         profile[name] = DimProfile(low, opt, high)
     return profile
 
 
 def resolve_profile(
-    dynamic_dims: Mapping[str, Mapping[str, Any]] | None,
+    dynamic_dims: Mapping[str, DimRange] | None,
     overrides: Sequence[str] | Mapping[str, DimProfile] | None = None,
 ) -> dict[str, DimProfile]:
     """The manifest's default profile with ``overrides`` applied and checked against the manifest's ranges.
@@ -84,7 +80,7 @@ def resolve_profile(
         if dims and name not in dims:
             raise ConfigError(f"profile names dimension {name!r}; the model's dynamic dimensions are {sorted(dims)}.")
         if name in dims:
-            low, high = int(dims[name].get("min", 0)), dims[name].get("max")
+            low, high = dims[name].min, dims[name].max
             if wanted.min < low or (high is not None and wanted.max > int(high)):
                 shown = f"[{low}, {high if high is not None else 'unbounded'}]"
                 raise ConfigError(

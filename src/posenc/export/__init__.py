@@ -31,6 +31,7 @@ written to a temporary name and renamed, so a failed export leaves nothing behin
 validated by emulation on ONNX Runtime CPU (see :mod:`posenc.validate.bf16`).
 """
 
+from posenc.dtypes import dtype_name, torch_dtype
 from posenc.export.exporter import (
     DEFAULT_OPSET,
     EXPORT_DTYPES,
@@ -44,7 +45,7 @@ from posenc.export.exporter import (
     to_onnx_model,
 )
 from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
-from posenc.export.manifest import DimRange, Manifest, TensorSpec, dtype_name, load_manifest, torch_dtype
+from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
 from posenc.export.runtime import (
     build_eager,
     check_feed,

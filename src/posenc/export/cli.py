@@ -8,7 +8,7 @@ from typing import Any
 
 from posenc.cli_args import add, add_geometry, config_from_args
 from posenc.errors import ConfigError
-from posenc.export.files import describe_weights
+from posenc.provenance import describe_weights
 
 EPILOG = """\
 examples:
@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     limit = f"max_positions {m.max_positions}" if m.max_positions is not None else "no position limit"
     print(f"wrote {result.path} ({size / 1024:.1f} KiB, sha256 {m.onnx_sha256[:16]})")
     print(f"  manifest {result.manifest_path}; weights {result.weights_path}")
-    print(f"  weights: {describe_weights(m.weights.get('source', {}))}")
+    print(f"  weights: {describe_weights(m.weights.source)}")
     print(f"  {m.scheme} | unit {m.unit} | {m.dtype} (tables {m.table_dtype}) | {m.table_mode}, {limit}", end="")
     print(f" | opset {m.opset}")
     for label, specs in (("inputs ", m.inputs), ("outputs", m.outputs)):

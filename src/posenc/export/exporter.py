@@ -32,10 +32,10 @@ from torch import nn
 
 from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
+from posenc.dtypes import dtype_name, torch_dtype
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.export.complex import realify_complex
 from posenc.export.files import (
-    RANDOM_WEIGHTS,
     WEIGHTS_FORMAT,
     atomic_outputs,
     manifest_path_for,
@@ -43,8 +43,10 @@ from posenc.export.files import (
     sha256_file,
     weights_path_for,
 )
-from posenc.export.manifest import DimRange, Manifest, TensorSpec, _jsonable, dtype_name, torch_dtype
+from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
 from posenc.export.units import SAMPLE_SHAPE, UNITS, ExportUnit, make_unit
+from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
+from posenc.records import to_json
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import PositionalScheme, TableMode, table_keys
 
@@ -353,7 +355,7 @@ def export_onnx(
     module: nn.Module | None = None,
     optimize: bool = True,
     seed: int = 0,
-    provenance: Mapping[str, Any] | None = None,
+    provenance: WeightsSource | None = None,
 ) -> ExportResult:
     """Export a scheme's positional op or a whole :class:`AttentionBlock` to ONNX, with manifest and weights.
 
@@ -374,7 +376,7 @@ def export_onnx(
         optimize: run the onnxscript optimizer on the graph.
         seed: seed of the fresh random weights of a block or scheme built from a name (recorded in the manifest).
         provenance: where ``module``'s weights came from, recorded as the manifest's ``weights.source`` (e.g.
-            :meth:`posenc.checkpoints.LoadedLayer.provenance`); default ``{"kind": "module", ...}``.
+            :meth:`posenc.checkpoints.LoadedLayer.provenance`); default :class:`~posenc.provenance.ModuleWeights`.
 
     Returns:
         :class:`ExportResult` with the written paths and the manifest.
@@ -419,19 +421,19 @@ def export_onnx(
     return _write_artifacts(Path(path), model, export_unit, notes, opset, source)
 
 
-def _weights_source(module: nn.Module | None, seed: int, provenance: Mapping[str, Any] | None) -> dict[str, Any]:
+def _weights_source(module: nn.Module | None, seed: int, provenance: WeightsSource | None) -> WeightsSource:
     """The manifest's ``weights.source``: checkpoint provenance, the random seed, or the caller's module."""
     if provenance is not None:
         if module is None:
             raise ConfigError("provenance describes a built module's weights; pass it together with module=.")
-        return _jsonable(dict(provenance))
+        return provenance
     if module is None:
-        return {"kind": RANDOM_WEIGHTS, "seed": seed}
-    return {"kind": "module", "class": f"{type(module).__module__}.{type(module).__qualname__}"}
+        return RandomWeights(seed)
+    return ModuleWeights(f"{type(module).__module__}.{type(module).__qualname__}")
 
 
 def _write_artifacts(
-    path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int, source: dict[str, Any]
+    path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int, source: WeightsSource
 ) -> ExportResult:
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
     data = model.SerializeToString()
@@ -474,7 +476,7 @@ def _manifest(
     onnx_sha: str,
     weights_path: Path,
     tmp_weights: Path,
-    source: dict[str, Any],
+    source: WeightsSource,
 ) -> Manifest:
     scheme = unit.scheme
     spec = scheme.spec
@@ -488,7 +490,7 @@ def _manifest(
         scheme=spec.name,
         family=spec.family,
         placement=scheme.placement.value,
-        params=_jsonable(dict(scheme.params)),
+        params=to_json(dict(scheme.params)),
         unit=unit.unit,
         table_mode=scheme.table_mode.value,
         dtype=dtype_name(unit.dtype),
@@ -501,13 +503,13 @@ def _manifest(
         inputs=_graph_specs(model.graph.input, layouts, "activation"),
         outputs=_graph_specs(model.graph.output, out_layouts, "output"),
         onnx_sha256=onnx_sha,
-        weights={
-            "path": weights_path.name,
-            "sha256": sha256_file(tmp_weights),
-            "format": WEIGHTS_FORMAT,
-            "tables": sorted(table_keys(unit.inner)),
-            "source": source,
-        },
+        weights=WeightsRecord(
+            path=weights_path.name,
+            sha256=sha256_file(tmp_weights),
+            format=WEIGHTS_FORMAT,
+            tables=tuple(sorted(table_keys(unit.inner))),
+            source=source,
+        ),
         source=_source_info(unit.inner),
         versions=library_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -515,7 +517,7 @@ def _manifest(
     )
 
 
-def _source_info(inner: nn.Module) -> dict[str, Any]:
+def _source_info(inner: nn.Module) -> SourceRecord:
     import posenc
 
     root = Path(posenc.__file__).parent
@@ -533,7 +535,7 @@ def _source_info(inner: nn.Module) -> dict[str, Any]:
             names.append(str(file.relative_to(root)))
             digest.update(file.read_bytes())
     cls = type(inner)
-    return {"module": f"{cls.__module__}.{cls.__qualname__}", "posenc_sha256": digest.hexdigest(), "files": names}
+    return SourceRecord(f"{cls.__module__}.{cls.__qualname__}", digest.hexdigest(), tuple(names))
 
 
 def library_versions() -> dict[str, str]:

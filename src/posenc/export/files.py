@@ -22,8 +22,6 @@ WEIGHTS_SUFFIX = ".weights.safetensors"
 WEIGHTS_FORMAT = "safetensors"
 LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
 """Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
-RANDOM_WEIGHTS = "random"
-"""``weights.source.kind`` of fresh random weights (a scheme or block built from its name, seeded)."""
 
 
 def _umask() -> int:
@@ -50,22 +48,6 @@ def weights_path_for(onnx_path: str | os.PathLike[str]) -> Path:
     """``model.onnx`` -> ``model.weights.safetensors`` (same directory)."""
     stem = _stem(onnx_path)
     return stem.with_name(stem.name + WEIGHTS_SUFFIX)
-
-
-def describe_weights(source: Mapping[str, Any]) -> str:
-    """One line saying where a model's weights came from (its manifest's ``weights.source``)."""
-    kind = source.get("kind")
-    if kind == "checkpoint":
-        where = f"layer {source.get('layer')}" + (f" ({source['layer_type']})" if source.get("layer_type") else "")
-        count = len(source.get("tensors", {}))
-        return f"checkpoint {source.get('checkpoint')} {where}, {count} tensors (names and sha256 in the manifest)"
-    if kind == RANDOM_WEIGHTS:
-        return (
-            f"RANDOM (seed {source.get('seed')}): not a trained model; export a checkpoint's layer with --hf-model DIR"
-        )
-    if kind == "module":
-        return f"from a module built by the caller ({source.get('class')})"
-    return "unrecorded (exported by an older posenc)"
 
 
 def save_weights(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:

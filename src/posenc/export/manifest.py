@@ -22,11 +22,16 @@ read it instead of asking the user again. Fields (JSON keys):
                            ``source`` says where the weights came from: ``{"kind": "checkpoint", "checkpoint",
                            "model_type", "family", "layer", "layer_type", "tensors": {name: sha256}}``,
                            ``{"kind": "random", "seed"}`` or ``{"kind": "module", "class"}``
-``source``                 ``{"module", "posenc_sha256"}``: the exported class and a hash of the posenc
-                           sources it runs
+``source``                 ``{"module", "posenc_sha256", "files"}``: the exported class and a hash of the
+                           posenc sources it runs
 ``versions``               torch, onnx, onnxruntime, onnxscript, polygraphy, posenc, python
 ``created``                ISO-8601 UTC time
 ``notes``                  free-form remarks of the exporter (e.g. complex ops rewritten)
+``optimized``              only in graphs written by ``posenc optimize``: ``{"target", "rope", "passes",
+                           "parity", "source_onnx", "source_sha256"[, "previous"]}`` (:class:`OptimizedRecord`)
+
+Each JSON object is a record class below, read strictly by :func:`posenc.records.from_json`: a missing or
+unknown key is a :class:`~posenc.errors.ModelFileError` that says to re-export.
 
 Input roles: ``activation`` (float tensors), ``positions`` (int64 position ids that index tables),
 ``cache`` (past keys/values). Dim names: ``batch`` B, ``seq`` S (new tokens / queries), ``past`` P
@@ -38,54 +43,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, ClassVar
 
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.files import manifest_path_for, sha256_file, weights_path_for, write_text_atomic
+from posenc.export.files import manifest_path_for, sha256_file, write_text_atomic
+from posenc.provenance import WeightsSource
+from posenc.records import Document, field
 
 MANIFEST_FORMAT = "posenc.export/1"
-
-DTYPE_ALIASES: Mapping[str, str] = {
-    "fp32": "float32",
-    "float": "float32",
-    "float32": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "float16": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp64": "float64",
-    "float64": "float64",
-    "double": "float64",
-    "int64": "int64",
-}
-_TORCH_DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-}
-
-
-def dtype_name(dtype: str | torch.dtype) -> str:
-    """Canonical dtype name (``float32``, ``float16``, ``bfloat16``, ``float64``, ``int64``).
-
-    Accepts torch dtypes and the aliases fp32/fp16/bf16/half/float/double.
-    """
-    key = str(dtype).removeprefix("torch.").lower()
-    if key not in DTYPE_ALIASES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of fp32, fp16, bf16 (or float32, float16, bfloat16).")
-    return DTYPE_ALIASES[key]
-
-
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """The torch dtype of a name or alias (see :func:`dtype_name`)."""
-    return _TORCH_DTYPES[dtype_name(dtype)]
+REEXPORT = "re-export the model with this posenc version (`posenc export ...`)"
+"""The remedy of every unreadable manifest: a manifest cannot be repaired by hand or guessed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,25 +74,6 @@ class TensorSpec:
     layout: str
     role: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "layout": self.layout,
-            "role": self.role,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
-        return cls(
-            name=str(data["name"]),
-            dtype=str(data["dtype"]),
-            shape=tuple(data["shape"]),
-            layout=str(data.get("layout", "")),
-            role=str(data.get("role", "activation")),
-        )
-
 
 @dataclasses.dataclass(frozen=True)
 class DimRange:
@@ -134,17 +83,87 @@ class DimRange:
     max: int | None
     sample: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"min": self.min, "max": self.max, "sample": self.sample}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DimRange:
-        return cls(int(data["min"]), None if data.get("max") is None else int(data["max"]), int(data["sample"]))
+@dataclasses.dataclass(frozen=True)
+class WeightsRecord:
+    """The weights file beside the model (the module's ``state_dict``) and where the weights came from.
+
+    Attributes:
+        path: file name, relative to the manifest's folder.
+        sha256: hex sha256 of the file.
+        format: ``safetensors`` (or the legacy ``torch.save(state_dict)``).
+        tables: state-dict keys that are position tables (recomputed by a rebuild, not copied).
+        source: checkpoint provenance, random seed or the caller's module (:mod:`posenc.provenance`).
+    """
+
+    path: str
+    sha256: str
+    format: str
+    tables: tuple[str, ...]
+    source: WeightsSource
 
 
 @dataclasses.dataclass(frozen=True)
-class Manifest:
+class SourceRecord:
+    """The exported class and a hash of the posenc sources it runs (``files``, relative to the package)."""
+
+    module: str
+    posenc_sha256: str
+    files: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class PassRecord:
+    """One graph pass of a ``posenc optimize`` run: its name, how many matches it rewrote, why it did not run."""
+
+    name: str
+    count: int
+    skipped: str = field(optional=True, default="")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputDrift:
+    """How far one output moved under optimization (ONNX Runtime CPU, before vs after) and its tolerance."""
+
+    max_abs_diff: float
+    atol: float
+    rtol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizedRecord:
+    """What ``posenc optimize`` did to a graph (the manifest's ``optimized`` record).
+
+    Attributes:
+        target: ``ort-cpu`` or ``trt``.
+        rope: ``fused``, ``plugin`` or ``keep``.
+        passes: every pass in order with its match count.
+        parity: ``{output: OutputDrift}`` of the check before/after, or ``None`` when not run.
+        source_onnx: file name of the graph it was optimized from.
+        source_sha256: hex sha256 of that file.
+        previous: the source's own record when an optimized graph was optimized again.
+    """
+
+    target: str
+    rope: str
+    passes: tuple[PassRecord, ...]
+    parity: dict[str, OutputDrift] | None
+    source_onnx: str
+    source_sha256: str | None
+    previous: OptimizedRecord | None = field(optional=True, default=None)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Pass name -> matches rewritten."""
+        return {p.name: p.count for p in self.passes}
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest(Document):
     """What an exported ONNX file is (see the module docstring for the JSON layout)."""
+
+    FORMAT: ClassVar[str] = MANIFEST_FORMAT
+    REMEDY: ClassVar[str] = REEXPORT
 
     scheme: str
     family: str
@@ -162,14 +181,14 @@ class Manifest:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     onnx_sha256: str
-    weights: dict[str, Any]
-    source: dict[str, Any]
+    weights: WeightsRecord
+    source: SourceRecord
     versions: dict[str, str]
     created: str
     notes: tuple[str, ...] = ()
     format: str = MANIFEST_FORMAT
-    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Records later stages add (e.g. ``optimized`` from ``posenc optimize``); kept through load and save."""
+    optimized: OptimizedRecord | None = field(optional=True, default=None)
+    """Added by ``posenc optimize`` (:mod:`posenc.graphs`); absent in an export's manifest."""
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -193,95 +212,14 @@ class Manifest:
 
         return AttentionConfig.from_dict(self.attention)
 
-    # -- (de)serialization -----------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "scheme": self.scheme,
-            "family": self.family,
-            "placement": self.placement,
-            "params": _jsonable(self.params),
-            "unit": self.unit,
-            "table_mode": self.table_mode,
-            "dtype": self.dtype,
-            "table_dtype": self.table_dtype,
-            "opset": self.opset,
-            "attention": dict(self.attention),
-            "max_positions": self.max_positions,
-            "build_max_positions": self.build_max_positions,
-            "dynamic_dims": {k: v.to_dict() for k, v in self.dynamic_dims.items()},
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs],
-            "onnx_sha256": self.onnx_sha256,
-            "weights": dict(self.weights),
-            "source": dict(self.source),
-            "versions": dict(self.versions),
-            "created": self.created,
-            "notes": list(self.notes),
-            **_jsonable(self.extras),
-        }
+    # -- (de)serialization: posenc.records.Document (to_dict / from_dict) -------------------------
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        if data.get("format") != MANIFEST_FORMAT:
-            raise ModelFileError(
-                f"manifest format {data.get('format')!r} is not {MANIFEST_FORMAT!r}; re-export the model with "
-                f"this posenc version (`posenc export ...`)."
-            )
-        try:
-            return cls(
-                scheme=str(data["scheme"]),
-                family=str(data["family"]),
-                placement=str(data["placement"]),
-                params=dict(data["params"]),
-                unit=str(data["unit"]),
-                table_mode=str(data["table_mode"]),
-                dtype=str(data["dtype"]),
-                table_dtype=str(data["table_dtype"]),
-                opset=int(data["opset"]),
-                attention=dict(data["attention"]),
-                max_positions=None if data["max_positions"] is None else int(data["max_positions"]),
-                build_max_positions=int(data["build_max_positions"]),
-                dynamic_dims={k: DimRange.from_dict(v) for k, v in data["dynamic_dims"].items()},
-                inputs=tuple(TensorSpec.from_dict(s) for s in data["inputs"]),
-                outputs=tuple(TensorSpec.from_dict(s) for s in data["outputs"]),
-                onnx_sha256=str(data["onnx_sha256"]),
-                weights=dict(data["weights"]),
-                source=dict(data.get("source", {})),
-                versions=dict(data.get("versions", {})),
-                created=str(data.get("created", "")),
-                notes=tuple(data.get("notes", ())),
-                extras={k: v for k, v in data.items() if k not in _CORE_FIELDS},
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ModelFileError(
-                f"the manifest lacks or has a malformed field ({exc!r}); re-export the model (`posenc export ...`)."
-            ) from None
-
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the manifest JSON atomically."""
         return write_text_atomic(path, self.to_json())
-
-
-_CORE_FIELDS = frozenset(
-    {
-        "format", "scheme", "family", "placement", "params", "unit", "table_mode", "dtype", "table_dtype", "opset",
-        "attention", "max_positions", "build_max_positions", "dynamic_dims", "inputs", "outputs", "onnx_sha256",
-        "weights", "source", "versions", "created", "notes",
-    }
-)  # fmt: skip
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def _resolve_paths(path: str | os.PathLike[str]) -> tuple[Path | None, Path]:
@@ -312,7 +250,7 @@ def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manif
             f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
             f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
         )
-    manifest = Manifest.from_dict(read_manifest_json(manifest_path))
+    manifest = Manifest.from_dict(read_manifest_json(manifest_path), f"manifest {manifest_path}")
     if verify:
         verify_files(manifest, onnx_path, manifest_path)
     return manifest
@@ -327,9 +265,9 @@ def read_manifest_json(manifest_path: Path) -> dict[str, Any]:
     try:
         data = json.loads(manifest_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"{manifest_path} is not readable JSON ({exc}); re-export the model.") from None
+        raise ModelFileError(f"{manifest_path} is not readable JSON ({exc}); {REEXPORT}.") from None
     if not isinstance(data, dict):
-        raise ModelFileError(f"{manifest_path} does not hold a JSON object; re-export the model.")
+        raise ModelFileError(f"{manifest_path} does not hold a JSON object; {REEXPORT}.")
     return data
 
 
@@ -349,7 +287,7 @@ def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path
             f"weights file {weights} named by {manifest_path.name} is missing; keep it beside the model or re-export."
         )
     actual = sha256_file(weights)
-    if actual != manifest.weights.get("sha256"):
+    if actual != manifest.weights.sha256:
         raise ModelFileError(
             f"{weights} does not match the sha256 in {manifest_path.name}; it was modified or replaced. Re-export."
         )
@@ -357,4 +295,4 @@ def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path
 
 def weights_file(manifest: Manifest, manifest_path: str | os.PathLike[str]) -> Path:
     """Absolute path of the weights file (stored relative to the manifest's directory)."""
-    return Path(manifest_path).parent / str(manifest.weights.get("path", weights_path_for("model.onnx").name))
+    return Path(manifest_path).parent / manifest.weights.path

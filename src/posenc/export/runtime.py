@@ -15,10 +15,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from posenc.dtypes import NUMPY_DTYPES, torch_dtype
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
-from posenc.export.files import LEGACY_WEIGHTS_FORMAT, load_weights_file, manifest_path_for
-from posenc.export.manifest import Manifest, load_manifest, torch_dtype, weights_file
-from posenc.export.units import NUMPY_DTYPES, make_unit
+from posenc.export.files import load_weights_file, manifest_path_for
+from posenc.export.manifest import Manifest, load_manifest, weights_file
+from posenc.export.units import make_unit
 from posenc.schemes.base import table_keys
 
 # --------------------------------------------------------------------------------------------------
@@ -133,25 +134,58 @@ def ort_providers(prefer_gpu: bool = True) -> list[str]:
     return providers
 
 
-def ort_session(path: str | os.PathLike[str], providers: Sequence[str] | None = None) -> Any:
-    """An ``onnxruntime.InferenceSession``; unreadable or invalid files raise :class:`ModelFileError`."""
-    import onnxruntime as ort
+def ort_session(
+    model: str | os.PathLike[str] | bytes,
+    providers: Sequence[str] | None = None,
+    *,
+    threads: int | None = None,
+    spinning: bool = True,
+    check: bool = True,
+) -> Any:
+    """An ``onnxruntime.InferenceSession``: the one place posenc creates them (validation, benchmarks, tests).
 
-    path = Path(path)
-    check_model_file(path)
+    Args:
+        model: a path, or a serialized model (e.g. a graph just optimized, or emulated for bf16).
+        providers: execution providers in order of preference (default :func:`ort_providers`).
+        threads: intra-op threads, with one inter-op thread and sequential execution (benchmarks, so that
+            every backend gets the same threads); ``None``: ONNX Runtime's defaults.
+        spinning: ``False`` stops intra-op threads from spin-waiting after each run. Benchmarks alternate
+            sessions on a few cores; a session that just ran keeps spinning while the next one works and
+            slowed it by up to 2x (fused RoPE op 7.7 ms instead of 3.9 ms), so no benchmark session spins.
+        check: run :func:`check_model_file` on a path first (truncated or invalid files get a clear error).
+
+    Raises:
+        ModelFileError: the file is missing, unreadable or not a model ONNX Runtime can load.
+        BackendUnavailable: ONNX Runtime is missing, or lacks a kernel the graph needs.
+    """
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise BackendUnavailable("onnxruntime is not installed; `pip install onnxruntime`.") from None
+    chosen = list(providers or ort_providers())
+    what = "the serialized model" if isinstance(model, bytes) else str(model)
+    if not isinstance(model, bytes):
+        model = str(model)
+        if check:
+            check_model_file(model)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
-        return ort.InferenceSession(str(path), options, providers=list(providers or ort_providers()))
+        return ort.InferenceSession(model, options, providers=chosen)
     except Exception as exc:  # onnxruntime raises its own exception types
         text = str(exc)
         if "NOT_IMPLEMENTED" in text:
             raise BackendUnavailable(
-                f"ONNX Runtime ({', '.join(providers or ort_providers())}) has no kernel for part of {path.name}: "
-                f"{text.splitlines()[0][:300]}"
+                f"ONNX Runtime ({', '.join(chosen)}) has no kernel for part of {what}: {text.splitlines()[0][:300]}"
             ) from None
         raise ModelFileError(
-            f"ONNX Runtime cannot load {path}: {text.splitlines()[0][:300]}. Re-export the model."
+            f"ONNX Runtime cannot load {what}: {text.splitlines()[0][:300]}. Re-export the model."
         ) from None
 
 
@@ -299,9 +333,9 @@ def load_eager(
     path = Path(path)
     manifest_path = path if path.name.endswith(".manifest.json") else manifest_path_for(path)
     weights = weights_file(manifest, manifest_path)
-    state = load_weights_file(weights, str(manifest.weights.get("format", LEGACY_WEIGHTS_FORMAT)))
+    state = load_weights_file(weights, manifest.weights.format)
     module = build_eager(manifest, dtype=dtype)
-    load_weights(module, state, manifest.weights.get("tables"))
+    load_weights(module, state, manifest.weights.tables)
     return module, manifest
 
 

@@ -45,6 +45,7 @@ from torch import nn
 
 from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
+from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
 from posenc.schemes.base import Placement, PositionalScheme
 
@@ -342,7 +343,10 @@ class ExportUnit:
     def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
         """Torch tensors for tracing, in input order (see :func:`make_inputs`)."""
         arrays = make_inputs(self.slots, shape, self.dtype, seed=0, position_limit=position_limit)
-        return tuple(torch.from_numpy(np.ascontiguousarray(a)) if a.dtype != _BF16 else _bf16_tensor(a) for a in arrays)
+        return tuple(
+            torch.from_numpy(np.ascontiguousarray(a)) if a.dtype != NUMPY_DTYPES["bfloat16"] else _bf16_tensor(a)
+            for a in arrays
+        )
 
     def dynamic_shapes(self, names: bool = False) -> tuple[dict[int, Any], ...]:
         """Per-input ``{axis: Dim}`` (or ``{axis: name}`` with ``names=True``) for torch.export / renaming."""
@@ -400,21 +404,6 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
 # Feeds: realistic inputs for tracing, validation and benchmarks
 # --------------------------------------------------------------------------------------------------
 
-try:  # ml_dtypes ships with onnx; it gives numpy a bfloat16 type
-    import ml_dtypes
-
-    _BF16: Any = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
-    _BF16 = None
-
-NUMPY_DTYPES: Mapping[str, Any] = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "float64": np.dtype(np.float64),
-    "int64": np.dtype(np.int64),
-    "bfloat16": _BF16,
-}
-
 
 def _bf16_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.float32))).to(torch.bfloat16)
@@ -448,8 +437,6 @@ def make_inputs(
     position_limit: int | None = None,
 ) -> list[np.ndarray]:
     """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions."""
-    from posenc.export.manifest import dtype_name
-
     rng = np.random.default_rng(seed)
     np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
     arrays = []

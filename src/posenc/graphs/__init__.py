@@ -7,7 +7,8 @@ Public API::
 
     result = optimize_file("rope.onnx", "rope.trt.onnx", target="trt", check=check_ort_parity)
     result.counts            # {"fold_constants": 3, "fuse_rope": 2, "fuse_partial_rope": 0, ...}
-    report = inspect_model("rope.trt.onnx")                                # ops, bytes, fusions, TRT parse
+    report = inspect_model("rope.trt.onnx", tensorrt_check=check_parse)   # ops, bytes, fusions, TRT parse
+                                                    # (check_parse from posenc.engine, a layer above)
 
 Each pass rewrites an ``onnx_ir.Model`` in place with onnxscript's pattern rewriter and returns its match
 count: :func:`fold_constants`, :func:`convert_contrib_rope`, :func:`fuse_rope`, :func:`fuse_partial_rope`,

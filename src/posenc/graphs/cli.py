@@ -44,8 +44,8 @@ def _optimize(args: argparse.Namespace) -> int:
         note = f"  ({record.skipped})" if record.skipped else ""
         print(f"  {record.name:<22} {record.count}{note}")
     if result.parity:
-        worst = max(result.parity.items(), key=lambda item: item[1]["max_abs_diff"])
-        print(f"  parity on ONNX Runtime CPU: max |diff| {worst[1]['max_abs_diff']:.3g} ({worst[0]}) within tolerance")
+        worst = max(result.parity.items(), key=lambda item: item[1].max_abs_diff)
+        print(f"  parity on ONNX Runtime CPU: max |diff| {worst[1].max_abs_diff:.3g} ({worst[0]}) within tolerance")
     return 0
 
 
@@ -57,7 +57,8 @@ def _default_output(model: Path, target: str) -> Path:
 def _inspect(args: argparse.Namespace) -> int:
     from posenc.graphs.inspect import inspect_model
 
-    report = inspect_model(args.model, check_tensorrt=not args.no_tensorrt)
+    check = None if args.no_tensorrt else getattr(args, "tensorrt_check", None)  # posenc.cli sets it
+    report = inspect_model(args.model, tensorrt_check=check)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
     return 0
 

@@ -2,7 +2,9 @@
 
 Reports the op histogram, initializer bytes (total and the largest tables), the fused ops present
 (RotaryEmbedding, Attention, posenc plugin nodes), the passes recorded in the manifest, and the result of
-parsing with TensorRT (``tensorrt`` or ``tensorrt_rtx``; a failure names the node and op).
+parsing with TensorRT (``tensorrt`` or ``tensorrt_rtx``; a failure names the node and op). The parse is the
+caller's ``tensorrt_check`` (``posenc inspect`` passes :func:`posenc.engine.check_parse`): this layer sits below
+``posenc.engine`` and does not import it.
 """
 
 from __future__ import annotations
@@ -10,15 +12,40 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import onnx_ir as ir
 
 from posenc.graphs import model_io
-from posenc.graphs.manifests import read_raw_manifest
+from posenc.graphs.manifests import read_manifest
+from posenc.records import to_json
 
 FUSED_OPS = ("RotaryEmbedding", "Attention")
+
+
+class TensorRTParse(Protocol):
+    """What a TensorRT parse reports (:class:`posenc.engine.ParseReport`)."""
+
+    backend: str | None
+    parsed: bool | None
+    message: str
+    layers: dict[str, int]
+
+
+TensorRTCheck = Callable[[Path], TensorRTParse]
+"""``check(path) -> report``: parse the file with TensorRT, never raising (:func:`posenc.engine.check_parse`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Initializer:
+    """One stored tensor of the graph."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
 
 
 @dataclasses.dataclass
@@ -30,21 +57,21 @@ class InspectReport:
     ops: dict[str, int]
     nodes: int
     initializer_bytes: int
-    largest_initializers: list[dict[str, Any]]
+    largest_initializers: list[Initializer]
     fused_ops: dict[str, int]
     fusions: dict[str, int] | None
     target: str | None
-    tensorrt: dict[str, Any] | None
+    tensorrt: TensorRTParse | None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_json(self)
 
     def to_text(self) -> str:
         lines = [f"{self.path}: {self.nodes} nodes, opset {self.opset}"]
         lines.append("ops: " + ", ".join(f"{op} {n}" for op, n in self.ops.items()))
         lines.append(f"initializers: {_human(self.initializer_bytes)}")
         for item in self.largest_initializers:
-            lines.append(f"  {item['name']} {item['dtype']}{item['shape']}: {_human(item['bytes'])}")
+            lines.append(f"  {item.name} {item.dtype}{list(item.shape)}: {_human(item.bytes)}")
         lines.append("fused ops: " + (", ".join(f"{op} {n}" for op, n in self.fused_ops.items()) or "none"))
         if self.fusions is None:
             lines.append("fusions applied: unknown (no `posenc optimize` record in the manifest)")
@@ -53,13 +80,13 @@ class InspectReport:
             lines.append(f"fusions applied (target {self.target}): {applied}")
         if self.tensorrt is not None:
             trt = self.tensorrt
-            if trt["parsed"] is None:
-                lines.append(f"TensorRT: {trt['message']}")
-            elif trt["parsed"]:
-                layers = ", ".join(f"{k} {v}" for k, v in trt["layers"].items())
-                lines.append(f"TensorRT ({trt['backend']}): parses ({layers})")
+            if trt.parsed is None:
+                lines.append(f"TensorRT: {trt.message}")
+            elif trt.parsed:
+                layers = ", ".join(f"{k} {v}" for k, v in trt.layers.items())
+                lines.append(f"TensorRT ({trt.backend}): parses ({layers})")
             else:
-                lines.append(f"TensorRT ({trt['backend']}): does NOT parse: {trt['message']}")
+                lines.append(f"TensorRT ({trt.backend}): does NOT parse: {trt.message}")
         return "\n".join(lines)
 
 
@@ -76,8 +103,11 @@ def _op_name(node: ir.Node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
-def inspect_model(path: str | os.PathLike[str], *, check_tensorrt: bool = True, top: int = 5) -> InspectReport:
-    """Inspect an ONNX file (and its manifest); ``check_tensorrt`` parses it with TensorRT when installed.
+def inspect_model(
+    path: str | os.PathLike[str], *, tensorrt_check: TensorRTCheck | None = None, top: int = 5
+) -> InspectReport:
+    """Inspect an ONNX file (and its manifest); ``tensorrt_check`` (e.g. :func:`posenc.engine.check_parse`)
+    parses it with TensorRT, ``None`` leaves that out.
 
     Raises:
         ModelFileError: the file is missing or not ONNX.
@@ -90,27 +120,23 @@ def inspect_model(path: str | os.PathLike[str], *, check_tensorrt: bool = True, 
         tensor = value.const_value
         if tensor is None:
             continue
-        tables.append({"name": value.name, "dtype": tensor.dtype.name.lower(), "shape": list(tensor.shape.numpy()),
-                       "bytes": int(tensor.nbytes)})  # fmt: skip
-    tables.sort(key=lambda item: -item["bytes"])
-    manifest = read_raw_manifest(path)
-    record = (manifest or {}).get("optimized")
-    fusions = {p["name"]: int(p["count"]) for p in record["passes"]} if record else None
+        shape = tuple(int(d) for d in tensor.shape.numpy())
+        tables.append(Initializer(value.name, tensor.dtype.name.lower(), shape, int(tensor.nbytes)))
+    tables.sort(key=lambda item: -item.bytes)
+    manifest = read_manifest(path)
+    record = None if manifest is None else manifest.optimized
+    fusions = record.counts if record else None
     fused = {op: n for op, n in ops.items() if op.split("::")[-1] in FUSED_OPS or ("::" in op and "posenc" in op)}
-    tensorrt = None
-    if check_tensorrt:
-        from posenc.engine.parse_check import check_parse
-
-        tensorrt = check_parse(path).to_dict()
+    tensorrt = tensorrt_check(path) if tensorrt_check is not None else None
     return InspectReport(
         path=str(path),
         opset=model_io.default_opset(model),
         ops=dict(ops.most_common()),
         nodes=sum(ops.values()),
-        initializer_bytes=sum(item["bytes"] for item in tables),
+        initializer_bytes=sum(item.bytes for item in tables),
         largest_initializers=tables[:top],
         fused_ops=dict(sorted(fused.items())),
         fusions=fusions,
-        target=record.get("target") if record else None,
+        target=record.target if record else None,
         tensorrt=tensorrt,
     )

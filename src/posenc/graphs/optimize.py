@@ -29,32 +29,19 @@ import onnx_ir as ir
 
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
+from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
 from posenc.graphs import attention, fold, model_io, rope
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
+from posenc.records import to_json
 
 MIN_FUSION_OPSET = 23
 
-ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, dict[str, float]]]
-"""``check(before, after, info) -> {output: {"max_abs_diff", "atol", "rtol"}}``: runs the serialized models
+ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, OutputDrift]]
+"""``check(before, after, info) -> {output: OutputDrift}``: runs the serialized models
 before and after optimization and raises :class:`~posenc.errors.ParityError` when an output moved.
 posenc's is :func:`posenc.validate.check_ort_parity` (ONNX Runtime CPU; the graph layer does not import
 ``posenc.validate``, so callers pass it in)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PassRecord:
-    """One pass of a run: its name, how many matches it rewrote, and why it did not run (if it did not)."""
-
-    name: str
-    count: int
-    skipped: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": self.name, "count": self.count}
-        if self.skipped:
-            data["skipped"] = self.skipped
-        return data
 
 
 @dataclasses.dataclass
@@ -66,30 +53,33 @@ class OptimizeResult:
         target: ``ort-cpu`` or ``trt``.
         rope: ``fused``, ``plugin`` or ``keep``.
         passes: every pass in order with its match count.
-        parity: ``{output: {"max_abs_diff", "atol", "rtol"}}`` of the check before/after, when run.
+        parity: ``{output: OutputDrift}`` of the check before/after, when run.
         path: the written ONNX file (``optimize_file``).
         manifest_path: the manifest written beside it.
+        written: the ``optimized`` record written into that manifest (``optimize_file``).
     """
 
     model: ir.Model
     target: str
     rope: str
     passes: list[PassRecord]
-    parity: dict[str, dict[str, float]] | None = None
+    parity: dict[str, OutputDrift] | None = None
     path: Path | None = None
     manifest_path: Path | None = None
+    written: OptimizedRecord | None = None
 
     @property
     def counts(self) -> dict[str, int]:
         return {p.name: p.count for p in self.passes}
 
+    def record(self) -> OptimizedRecord:
+        """The run as a manifest record (with its source file once :func:`optimize_file` wrote it)."""
+        if self.written is not None:
+            return self.written
+        return OptimizedRecord(self.target, self.rope, tuple(self.passes), self.parity, "", None)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "rope": self.rope,
-            "passes": [p.to_dict() for p in self.passes],
-            "parity": self.parity,
-        }
+        return to_json(self.record())
 
 
 def check_target(target: str) -> str:
@@ -208,14 +198,14 @@ def optimize_file(
     new_weights = info.weights_path_for(output) if weights is not None else None
     copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
     manifest_path = info.manifest_path_for(output)
-    payload = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), result.to_dict(), new_weights)
+    written = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), result.record(), new_weights)
     # Model, manifest and weights land together (the model last), or none of them does.
     with atomic_outputs(output, manifest_path, *([new_weights] if copy else [])) as temps:
         temps[0].write_bytes(optimized)
-        temps[1].write_text(json_text(payload))
+        temps[1].write_text(json_text(written.to_dict()))
         if copy:
             shutil.copyfile(weights, temps[2])  # type: ignore[arg-type]
-    result.path, result.manifest_path = output, manifest_path
+    result.path, result.manifest_path, result.written = output, manifest_path, written.optimized
     return result
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.report.files import atomic_write_text
+from posenc.export.files import write_text_atomic
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -165,6 +165,6 @@ class Report:
     def write(self, folder: str | Path, stem: str = "report") -> tuple[Path, Path]:
         """Write ``STEM.md`` and ``STEM.html`` into ``folder`` (atomically); images must already be there."""
         folder = Path(folder)
-        md = atomic_write_text(folder / f"{stem}.md", self.to_markdown())
-        page = atomic_write_text(folder / f"{stem}.html", self.to_html())
+        md = write_text_atomic(folder / f"{stem}.md", self.to_markdown())
+        page = write_text_atomic(folder / f"{stem}.html", self.to_html())
         return md, page

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from posenc.report.files import atomic_write_bytes
+from posenc.export.files import write_bytes_atomic
 
 
 def new_figure(width: float, height: float) -> Any:
@@ -23,4 +23,4 @@ def save_figure(figure: Any, path: str | Path) -> Path:
     """Render ``figure`` to PNG and write it atomically."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
-    return atomic_write_bytes(path, buffer.getvalue())
+    return write_bytes_atomic(path, buffer.getvalue())

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from posenc.dtypes import short_name
 from posenc.report.figures import new_figure, save_figure
+
+if TYPE_CHECKING:
+    from posenc.validate.sweep import SweepSeries
 
 _STYLES = {"float32": "-", "float16": "--", "bfloat16": ":"}
 
 
-def series_label(series: Mapping[str, Any]) -> str:
-    """``rope fp16 dynamic (fp16 tables)``-style label of one sweep series (a ``SweepSeries.to_dict()``)."""
-    dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(series["dtype"], series["dtype"])
-    tables = "" if series["table_dtype"] == "float32" else f" ({series['table_dtype']} tables)"
-    return f"{series['scheme']} {dtype} {series['table_mode']}{tables}"
+def series_label(series: SweepSeries) -> str:
+    """``rope fp16 dynamic (fp16 tables)``-style label of one sweep series."""
+    tables = "" if series.table_dtype == "float32" else f" ({series.table_dtype} tables)"
+    return f"{series.scheme} {short_name(series.dtype)} {series.table_mode}{tables}"
 
 
-def plot_error_vs_position(series: Sequence[Mapping[str, Any]], path: str | Path, max_position: int) -> Path | None:
+def plot_error_vs_position(series: Sequence[SweepSeries], path: str | Path, max_position: int) -> Path | None:
     """Max absolute error against position, one line per series, log-log; grey lines mark each atol.
 
     One color per scheme and table mode; solid fp32, dashed fp16, dotted fp16 graphs with fp16 tables.
@@ -27,30 +30,30 @@ def plot_error_vs_position(series: Sequence[Mapping[str, Any]], path: str | Path
     are left out of the lines.
 
     Args:
-        series: ``SweepSeries.to_dict()`` entries (``points`` with ``position`` and ``max_abs``).
+        series: the sweep's series (their ``points``: position and max abs error).
         path: PNG file to write (atomically).
         max_position: right end of the x axis.
 
     Returns:
         The path, or ``None`` when there is nothing to plot.
     """
-    drawable = [s for s in series if s.get("points")]
+    drawable = [s for s in series if s.points]
     if not drawable:
         return None
     figure = new_figure(8.5, 4.5)
     axis = figure.subplots()
     tolerances = set()
-    groups = list(dict.fromkeys((s["scheme"], s["table_mode"]) for s in drawable))
+    groups = list(dict.fromkeys((s.scheme, s.table_mode) for s in drawable))
     colors = [f"C{i % 10}" for i in range(len(groups))]
     for s in drawable:
-        points = sorted((p for p in s["points"] if p["max_abs"] > 0), key=lambda p: p["position"])
-        xs = [max(p["position"], 1) for p in points]
-        ys = [p["max_abs"] for p in points]
-        style = ":" if s["table_dtype"] != "float32" else _STYLES.get(s["dtype"], "-")
-        color = colors[groups.index((s["scheme"], s["table_mode"]))]
+        points = sorted((p for p in s.points if p.max_abs > 0), key=lambda p: p.position)
+        xs = [max(p.position, 1) for p in points]
+        ys = [p.max_abs for p in points]
+        style = ":" if s.table_dtype != "float32" else _STYLES.get(s.dtype, "-")
+        color = colors[groups.index((s.scheme, s.table_mode))]
         label = series_label(s) + ("" if points else ": exact at every position (not drawn)")
         axis.plot(xs, ys, style, color=color, marker=".", linewidth=1, label=label)
-        tolerances.add((s["dtype"], s["atol"]))
+        tolerances.add((s.dtype, s.atol))
     for dtype, atol in sorted(tolerances):
         axis.axhline(atol, color="grey", linestyle="-.", linewidth=0.7)
         axis.annotate(f"atol {dtype}", (1, atol), fontsize=7, color="grey", va="bottom")

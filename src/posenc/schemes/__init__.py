@@ -1,18 +1,12 @@
 """The scheme registry: every positional-encoding scheme registers itself here exactly once.
 
 The registry drives ``posenc list``, the export and parity matrices and the docs. Adding a scheme means
-one module (or one section of a family module) that calls :func:`register`, plus its tests.
+one module (or one section of a family module) that calls :func:`register` (from
+:mod:`posenc.schemes.registry`), plus its tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
-import torch
-
-from posenc.config import AttentionConfig
-from posenc.errors import ConfigError
 from posenc.schemes.base import (
     DEFAULT_TOLERANCES,
     Param,
@@ -21,6 +15,15 @@ from posenc.schemes.base import (
     SchemeSpec,
     TableMode,
     Tolerance,
+)
+from posenc.schemes.registry import (
+    build_scheme,
+    get_spec,
+    register,
+    scheme_class,
+    scheme_names,
+    specs,
+    unregister,
 )
 
 __all__ = [
@@ -40,98 +43,5 @@ __all__ = [
     "unregister",
 ]
 
-SchemeFactory = Callable[..., PositionalScheme]
-"""A scheme module class, or a callable with its constructor's signature (e.g. ``functools.partial`` of one class
-that serves several schemes, like ``Rotary(rope_type=...)``)."""
-
-_REGISTRY: dict[str, tuple[SchemeSpec, SchemeFactory]] = {}
-
-
-def register(spec: SchemeSpec, cls: SchemeFactory) -> None:
-    """Register ``cls`` under ``spec.name``; a second registration of the same name raises."""
-    if spec.name in _REGISTRY:
-        raise ConfigError(f"scheme {spec.name!r} is already registered; scheme names must be unique.")
-    if not spec.table_modes:
-        raise ConfigError(f"scheme {spec.name!r} must support at least one table mode.")
-    if "default" not in spec.cases:
-        raise ConfigError(f"scheme {spec.name!r} must list a 'default' case.")
-    _REGISTRY[spec.name] = (spec, cls)
-
-
-def unregister(name: str) -> None:
-    """Remove a registered scheme (a derived registration that goes away, e.g. a rope_type registered for a test)."""
-    _lookup(name)
-    del _REGISTRY[name]
-
-
-def scheme_names() -> list[str]:
-    """Registered scheme names, sorted."""
-    return sorted(_REGISTRY)
-
-
-def specs() -> list[SchemeSpec]:
-    """All registered specs, sorted by name."""
-    return [_REGISTRY[name][0] for name in scheme_names()]
-
-
-def _lookup(name: str) -> tuple[SchemeSpec, SchemeFactory]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown scheme {name!r}; valid schemes are {scheme_names()}.") from None
-
-
-def get_spec(name: str) -> SchemeSpec:
-    """The spec registered under ``name``; unknown names raise with the list of valid ones."""
-    return _lookup(name)[0]
-
-
-def scheme_class(name: str) -> SchemeFactory:
-    """The module class (or constructor) registered under ``name``."""
-    return _lookup(name)[1]
-
-
-def build_scheme(
-    name: str,
-    config: AttentionConfig,
-    params: Mapping[str, Any] | None = None,
-    table_mode: TableMode | str | None = None,
-    max_positions: int | None = None,
-    table_dtype: torch.dtype = torch.float32,
-) -> PositionalScheme:
-    """Build the module of scheme ``name`` for ``config``.
-
-    Args:
-        name: registered scheme name (see ``posenc list``).
-        config: attention geometry.
-        params: parameter overrides; defaults come from the spec.
-        table_mode: ``precomputed`` or ``dynamic`` (must be one the spec supports); ``None``: ``precomputed``
-            where the scheme has it, else ``dynamic``.
-        max_positions: rows of precomputed tables; defaults to ``config.max_position_embeddings``.
-        table_dtype: dtype of position tables (float32 unless you are measuring what fp16 tables cost).
-
-    Raises:
-        ConfigError: unknown scheme or parameter, invalid value, unsupported table mode.
-    """
-    spec, cls = _lookup(name)
-    if table_mode is None:
-        table_mode = TableMode.PRECOMPUTED if TableMode.PRECOMPUTED in spec.table_modes else TableMode.DYNAMIC
-    mode = TableMode.parse(table_mode)
-    if mode not in spec.table_modes:
-        raise ConfigError(
-            f"scheme {name!r} does not support table mode {mode.value!r}; "
-            f"it supports {sorted(m.value for m in spec.table_modes)}."
-        )
-    if max_positions is None:
-        max_positions = config.max_position_embeddings
-    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
-        raise ConfigError(f"max_positions must be a positive int, got {max_positions!r}.")
-    if table_dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise ConfigError(f"table_dtype must be a floating dtype, got {table_dtype}.")
-    resolved = spec.resolve(params, config)
-    module = cls(config, resolved, mode, max_positions, table_dtype=table_dtype)
-    return module
-
-
-# Family modules register their schemes on import; keep these imports last.
-from posenc.schemes import absolute, alibi, deberta, nope, relative, rope, t5, tupe  # noqa: E402, F401
+# Family modules register their schemes on import (through posenc.schemes.registry).
+from posenc.schemes import absolute, alibi, deberta, nope, relative, rope, t5, tupe  # noqa: F401

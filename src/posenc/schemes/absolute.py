@@ -22,8 +22,8 @@ from torch import nn
 from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.errors import ConfigError
-from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
+from posenc.schemes.registry import register
 
 __all__ = [
     "Floater",

@@ -7,8 +7,8 @@ import torch
 from posenc import functional as PF
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
+from posenc.schemes.registry import register
 
 
 def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, PositionError
 from posenc.functional import is_tracing
 from posenc.params import Param
@@ -122,9 +123,7 @@ class SchemeSpec:
         return resolved
 
     def tolerance(self, dtype: torch.dtype | str) -> Tolerance:
-        key = str(dtype).removeprefix("torch.")
-        aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}
-        key = aliases.get(key, key)
+        key = dtype_name(dtype)
         if key not in self.tolerances:
             raise ConfigError(f"{self.name} has no tolerance for dtype {key!r}; known: {sorted(self.tolerances)}.")
         return self.tolerances[key]

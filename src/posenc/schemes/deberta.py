@@ -12,8 +12,8 @@ from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import register
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
+from posenc.schemes.registry import register
 from posenc.schemes.relative import (
     BOTH_MODES,
     compute_dtype,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from posenc.schemes import register
 from posenc.schemes.base import Placement, PositionalScheme, SchemeSpec, TableMode
+from posenc.schemes.registry import register
 
 
 class NoPE(PositionalScheme):

@@ -27,7 +27,6 @@ from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PositionError
-from posenc.schemes import register
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -38,6 +37,7 @@ from posenc.schemes.base import (
     relative_distance,
     soft_cap,
 )
+from posenc.schemes.registry import register
 
 BOTH_MODES = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 _MAX_LOOKUP = 1 << 24

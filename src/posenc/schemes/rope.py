@@ -21,7 +21,6 @@ from posenc import rope_types as RT
 from posenc.citations import SU_2021_ROPE, SU_2023_REROPE, ZHAO_2023_LLM_SURVEY
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, PositionError
-from posenc.schemes import get_spec, register, unregister
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -34,6 +33,7 @@ from posenc.schemes.base import (
     soft_cap,
     softmax_attention,
 )
+from posenc.schemes.registry import get_spec, register, unregister
 
 _BOTH = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 ROFORMER = str(RT.ROFORMER)

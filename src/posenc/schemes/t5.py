@@ -10,7 +10,6 @@ from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import register
 from posenc.schemes.base import (
     Param,
     Placement,
@@ -20,6 +19,7 @@ from posenc.schemes.base import (
     TableMode,
     relative_distance,
 )
+from posenc.schemes.registry import register
 from posenc.schemes.relative import (
     BOTH_MODES,
     distance_range,

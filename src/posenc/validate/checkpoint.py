@@ -27,6 +27,7 @@ import torch
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.units import FeedShape
+from posenc.provenance import CheckpointWeights, RandomWeights
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import Reference
 from posenc.validate.feeds import default_shapes
@@ -70,10 +71,10 @@ def checkpoint_references(loaded: Any, manifest: Manifest, *, informational_nati
 
 def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str) -> None:
     """Refuse to compare a model with a checkpoint it was not exported from (geometry, scheme or weights differ)."""
-    source = manifest.weights.get("source", {})
-    if source.get("kind") == "random":
+    source = manifest.weights.source
+    if isinstance(source, RandomWeights):
         raise ConfigError(
-            f"the model holds random weights (seed {source.get('seed')}), not {checkpoint}'s; it cannot match the "
+            f"the model holds random weights (seed {source.seed}), not {checkpoint}'s; it cannot match the "
             f"checkpoint. Export the layer with `posenc export --hf-model {checkpoint} --layer N -o MODEL.onnx`."
         )
     if manifest.unit != "block":
@@ -87,8 +88,7 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str) -> None:
             f"the model ({manifest.scheme}, {manifest.attention}) is not layer {plan.layer} of {checkpoint} "
             f"({plan.scheme}, {plan.config.to_dict()}); pass the checkpoint and layer it was exported from."
         )
-    recorded = source.get("tensors")
-    if source.get("kind") == "checkpoint" and recorded and recorded != loaded.provenance()["tensors"]:
+    if isinstance(source, CheckpointWeights) and source.tensors and source.tensors != loaded.provenance().tensors:
         raise ConfigError(
             f"the tensors of layer {plan.layer} in {checkpoint} differ from those the model was exported from "
             f"(sha256 recorded in its manifest); re-export it from this checkpoint."
@@ -134,9 +134,9 @@ def validate_against_checkpoint(
 
     path = Path(path)
     manifest = load_manifest(path)
-    source = manifest.weights.get("source", {})
-    if layer is None and source.get("kind") == "checkpoint":
-        layer, layer_type = source.get("layer"), layer_type or source.get("layer_type")
+    source = manifest.weights.source
+    if layer is None and isinstance(source, CheckpointWeights):
+        layer, layer_type = source.layer, layer_type or source.layer_type
     loaded = load_layer(checkpoint, layer, layer_type)
     where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
     _check_same_layer(loaded, manifest, str(where))

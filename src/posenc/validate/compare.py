@@ -54,7 +54,9 @@ from typing import Any
 import numpy as np
 
 from posenc.errors import ConfigError, ParityError
+from posenc.export.manifest import OutputDrift
 from posenc.export.units import FeedShape
+from posenc.records import field, to_json
 from posenc.schemes.base import Tolerance
 from posenc.validate.runners import REFERENCE_DESCRIPTION, EagerTorchRunner, TorchModuleRunner, feed_metadata
 from posenc.validate.tolerance import outside_tolerance
@@ -101,28 +103,17 @@ class ComparisonRow:
     reference: str
     runner: str
     output: str
-    max_abs: float
-    max_rel: float
-    atol: float
-    rtol: float
-    passed: bool
+    max_abs: float = field(key="max_abs_error")
+    max_rel: float = field(key="max_rel_error")
+    atol: float = field(key="atol")
+    rtol: float = field(key="rtol")
+    passed: bool = field(key="passed")
     informational: bool = False
     feed: int = 0
     """Index of the feed (the position in ``shapes`` / ``feeds``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": dataclasses.asdict(self.shape) if self.shape is not None else None,
-            "reference": self.reference,
-            "runner": self.runner,
-            "output": self.output,
-            "max_abs_error": self.max_abs,
-            "max_rel_error": self.max_rel,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "passed": self.passed,
-            "informational": self.informational,
-        }
+        return to_json(self)
 
 
 class Verdict:
@@ -278,7 +269,7 @@ def _row(
 # --------------------------------------------------------------------------------------------------
 
 
-def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, dict[str, float]]:
+def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, OutputDrift]:
     """Run both serialized models on ONNX Runtime CPU with one feed; raise if an output moved.
 
     The graph before optimization is the reference, the optimized graph the candidate; the feed is
@@ -291,7 +282,7 @@ def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, dict[s
         info: :class:`posenc.graphs.manifests.ModelInfo` of the source file (its manifest, if any).
 
     Returns:
-        ``{output name: {"max_abs_diff", "atol", "rtol"}}``.
+        ``{output name: OutputDrift}``.
 
     Raises:
         ParityError: an output moved outside its tolerance, or ONNX Runtime cannot run one of the graphs
@@ -317,14 +308,14 @@ def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, dict[s
             f"{str(exc)[:300]}); nothing was written. Optimize with --no-parity and validate on the target."
         ) from None
     expected, got = comparison.outputs("before"), comparison.outputs("after")
-    report: dict[str, dict[str, float]] = {}
+    report: dict[str, OutputDrift] = {}
     for row in comparison.rows:
         if row.output not in got or got[row.output].shape != expected[row.output].shape:
             found = got[row.output].shape if row.output in got else "nothing"
             raise ParityError(
                 f"output {row.output!r} changed shape {expected[row.output].shape} -> {found}; this is a pass bug."
             )
-        report[row.output] = {"max_abs_diff": row.max_abs, "atol": row.atol, "rtol": row.rtol}
+        report[row.output] = OutputDrift(max_abs_diff=row.max_abs, atol=row.atol, rtol=row.rtol)
         if not row.passed:
             raise ParityError(
                 f"output {row.output!r} of the optimized graph differs from the original by {row.max_abs:.3g} "

@@ -185,7 +185,7 @@ def validate_onnx(
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
     refs = [_reference(ref, path, manifest, prepared.feeds[0]) for ref in references]
-    candidates = _candidates(runners, prepared.model, list(providers or ort_providers()), quiet)
+    candidates = _candidates(runners, prepared.model, list(providers or ort_providers()))
     tols = tolerances_for(manifest.scheme, {o.name: o.dtype for o in manifest.outputs}, tolerances)
     comparison = compare(refs, candidates, prepared.feeds, tols, shapes=shapes, quiet=quiet)
     return ParityReport(
@@ -208,7 +208,7 @@ def _reference(ref: Reference | str, path: Path, manifest: Manifest, feed: Mappi
     raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
 
 
-def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str], quiet: bool) -> list[Any]:
+def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str]) -> list[Any]:
     from polygraphy.backend.base import BaseRunner
 
     built = []
@@ -216,7 +216,7 @@ def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[
         if isinstance(runner, BaseRunner):
             built.append(runner)
         elif runner == "onnxrt":
-            built.append(ort_runner(model, providers, quiet=quiet))
+            built.append(ort_runner(model, providers))
         else:
             raise ConfigError(f"unknown runner {runner!r}; use 'onnxrt' or a polygraphy BaseRunner instance.")
     return built

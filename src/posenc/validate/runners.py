@@ -7,7 +7,7 @@
   weights and tables, see :func:`posenc.export.load_eager`) and the manifest, upcasts each feed to float64
   (position ids stay int64) and returns float64 outputs named like the graph's. polygraphy's own
   ``PytRunner`` moves tensors to CUDA, so it cannot serve as a CPU reference.
-- :func:`ort_runner`: polygraphy's ``OnnxrtRunner`` on a ``SessionFromOnnx`` session.
+- :func:`ort_runner`: polygraphy's ``OnnxrtRunner`` on a session of :func:`posenc.export.ort_session`.
 - TensorRT: :func:`posenc.engine.engine_runner` returns polygraphy's ``TrtRunner`` (GPU machines).
 """
 
@@ -24,10 +24,11 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.common import TensorMetadata
 
-from posenc.errors import BackendUnavailable, ConfigError
+from posenc.dtypes import NUMPY_DTYPES
+from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest
-from posenc.export.runtime import reference_inputs
-from posenc.export.units import NUMPY_DTYPES, FeedShape, _size
+from posenc.export.runtime import ort_session, reference_inputs
+from posenc.export.units import FeedShape, _size
 
 REFERENCE_NAME = "eager-fp64"
 REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
@@ -139,41 +140,21 @@ class EagerTorchRunner(TorchModuleRunner):
         return {name: value.to(torch.float64) for name, value in zip(self.manifest.output_names, outputs, strict=True)}
 
 
-def onnxrt_runner(session_or_loader: Any, name: str = "onnxrt") -> OnnxrtRunner:
-    """polygraphy's :class:`OnnxrtRunner` around an ORT session (or a ``SessionFromOnnx`` loader)."""
-    return OnnxrtRunner(session_or_loader, name=name)
-
-
-def session_from_onnx(model: str | bytes, providers: Sequence[str]) -> Any:
-    """An ORT session through polygraphy's ``SessionFromOnnx`` loader (path or serialized model)."""
-    from polygraphy.backend.onnxrt import SessionFromOnnx
-
-    return SessionFromOnnx(model, providers=list(providers))()
-
-
 def ort_runner(
-    model: str | bytes, providers: Sequence[str] = ("CPUExecutionProvider",), name: str = "", quiet: bool = True
+    model: str | bytes, providers: Sequence[str] = ("CPUExecutionProvider",), name: str = ""
 ) -> OnnxrtRunner:
-    """An :class:`OnnxrtRunner` whose session is created now, so that a graph ONNX Runtime cannot load fails here.
+    """polygraphy's :class:`OnnxrtRunner` on a session made now (:func:`posenc.export.ort_session`), so that a
+    graph ONNX Runtime cannot load fails here.
 
     Args:
         model: path or serialized model (e.g. :attr:`posenc.validate.bf16.OrtModel.model`).
         providers: ONNX Runtime providers in order of preference.
         name: runner name (default ``onnxrt-cuda`` when CUDA comes first, else ``onnxrt-cpu``).
-        quiet: silence polygraphy's logging while the session is created.
 
     Raises:
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
+        ModelFileError: ONNX Runtime cannot load the graph.
     """
-    from polygraphy.logger import G_LOGGER
-
-    try:
-        with G_LOGGER.verbosity(G_LOGGER.CRITICAL if quiet else G_LOGGER.INFO):
-            session = session_from_onnx(model, providers)
-    except Exception as exc:  # onnxruntime raises its own exception types
-        text = str(exc)
-        if "NOT_IMPLEMENTED" in text:
-            raise BackendUnavailable(f"ONNX Runtime lacks a kernel for this graph: {text[:300]}") from None
-        raise
+    session = ort_session(model, providers, check=False)
     label = name or ("onnxrt-cuda" if providers and providers[0].startswith("CUDA") else "onnxrt-cpu")
-    return onnxrt_runner(session, name=label)
+    return OnnxrtRunner(session, name=label)

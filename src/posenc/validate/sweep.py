@@ -32,17 +32,19 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from posenc.config import AttentionConfig
+from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
 from posenc.export.files import write_text_atomic
-from posenc.export.manifest import Manifest, dtype_name
+from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed, load_eager, ort_providers
-from posenc.export.units import NUMPY_DTYPES, slots_from_manifest
+from posenc.export.units import slots_from_manifest
+from posenc.records import to_json
 from posenc.schemes import get_spec, specs
 from posenc.schemes.base import Placement, TableMode
 from posenc.validate.bf16 import prepare_for_ort
@@ -125,21 +127,7 @@ class SweepSeries:
             ok = ok and all(b.within_rounding for b in self.buckets)
         return ok
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scheme": self.scheme,
-            "case": self.case,
-            "dtype": self.dtype,
-            "table_mode": self.table_mode,
-            "table_dtype": self.table_dtype,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "rounding_required": self.rounding_required,
-            "required": self.required,
-            "passed": self.passed,
-            "buckets": [dataclasses.asdict(b) for b in self.buckets],
-            "points": [dataclasses.asdict(p) for p in self.points],
-        }
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("required", "passed")
 
 
 @dataclasses.dataclass
@@ -150,18 +138,16 @@ class SweepReport:
     buckets: tuple[tuple[int, int], ...]
     series: list[SweepSeries]
 
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("passed",)
+
     @property
     def passed(self) -> bool:
         """Every required (float32-table) series passes; fp16-table series are informational."""
         return all(s.passed for s in self.series if s.required)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_position": self.max_position,
-            "buckets": [list(b) for b in self.buckets],
-            "passed": self.passed,
-            "series": [s.to_dict() for s in self.series],
-        }
+        """JSON form (:func:`posenc.records.to_json`; the verdicts ``passed``/``required`` included)."""
+        return to_json(self)
 
     def to_markdown(self) -> str:
         """Per scheme: one row per dtype / table mode / table dtype, max abs error (and ULPs) per bucket."""

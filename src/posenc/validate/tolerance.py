@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError
-from posenc.export.manifest import Manifest, dtype_name
+from posenc.export.manifest import Manifest
 from posenc.schemes import DEFAULT_TOLERANCES, get_spec
 from posenc.schemes.base import SchemeSpec, Tolerance
 
@@ -65,9 +66,7 @@ def tolerance_for(scheme: str | SchemeSpec, dtype: str | torch.dtype, output: st
     spec = get_spec(scheme) if isinstance(scheme, str) else scheme
     base = spec.tolerance(dtype)
     rule = OUTPUT_RULES.get(output)
-    key = str(dtype).removeprefix("torch.")
-    key = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16"}.get(key, key)
-    if rule is None or key not in rule.dtypes:
+    if rule is None or dtype_name(dtype) not in rule.dtypes:
         return base
     return Tolerance(atol=base.atol * rule.atol_scale, rtol=base.rtol * rule.rtol_scale)
 

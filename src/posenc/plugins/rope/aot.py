@@ -39,6 +39,7 @@ __all__ = [
     "expected_param_count",
     "kernel_signature",
     "launch_grid",
+    "load_kernel",
     "ptx_entry_params",
     "spec_for_build",
 ]
@@ -46,6 +47,19 @@ __all__ = [
 NUM_SCALAR_ARGS = 20
 """int32 scalars between the tensor inputs and outputs: S, Hq, Hkv, position rows, 12 q/k/q_out/k_out strides,
 2 cos/sin strides, 2 position strides (see ``kernel.rope_qk_kernel``)."""
+
+
+def load_kernel() -> Any:
+    """Import the Triton kernel module, or raise :class:`BackendUnavailable` with the install command."""
+    try:
+        from posenc.plugins.rope import kernel
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"the posenc RoPE kernel needs triton ({exc}); install it with `pip install 'posenc[triton]'` "
+            f"(or `pip install triton`)."
+        ) from exc
+    return kernel
+
 
 _TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 _SCALAR_NAMES = (
@@ -162,8 +176,6 @@ def kernel_signature(
     q/k (cos/sin) strides multiples of 16 elements: true for TensorRT's contiguous plugin I/O, and what lets
     Triton emit 16-byte vector loads.
     """
-    from posenc.plugins.rope.launch import load_kernel
-
     kernel = load_kernel().rope_qk_kernel
     _check_dtypes(spec, qk_dtype, table_dtype, positions_dtype)
     qk = _TRITON_TYPES[qk_dtype]
@@ -249,8 +261,6 @@ def compile_rope_ptx(
     constexprs.update(constants)
     import triton
     from triton.backends.compiler import GPUTarget
-
-    from posenc.plugins.rope.launch import load_kernel
 
     kernel = load_kernel().rope_qk_kernel
     version = ptx_version or int(os.environ.get("POSENC_ROPE_PTX_VERSION", "80"))

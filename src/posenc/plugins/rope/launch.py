@@ -17,7 +17,7 @@ import torch
 from posenc import functional as PF
 from posenc import rope_types as RT
 from posenc.errors import BackendUnavailable, ConfigError, PositionError
-from posenc.plugins.rope.aot import launch_grid
+from posenc.plugins.rope.aot import launch_grid, load_kernel
 from posenc.plugins.rope.spec import (
     ACTIVATION_DTYPES,
     NTK_ROPE_TYPE,
@@ -34,18 +34,6 @@ from posenc.plugins.rope.spec import (
 __all__ = ["check_rope_positions", "default_block", "freq_inputs", "load_kernel", "rope_qk"]
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def load_kernel() -> Any:
-    """Import the Triton kernel module, or raise :class:`BackendUnavailable` with the install command."""
-    try:
-        from posenc.plugins.rope import kernel
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"the posenc RoPE kernel needs triton ({exc}); install it with `pip install 'posenc[triton]'` "
-            f"(or `pip install triton`)."
-        ) from exc
-    return kernel
 
 
 def _dtype_name(t: torch.Tensor) -> str:

@@ -1,4 +1,4 @@
-"""The GPU benchmark harness: byte counts against notes/performance.md, and a tiny CPU smoke run."""
+"""The RoPE kernel benchmark: byte counts against notes/performance.md, and a tiny CPU smoke run."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from posenc.plugins.rope.gpu_bench import DECODE, PREFILL, BenchShape, bytes_moved, format_table, run_benchmark
+from posenc.bench.rope_kernel import DECODE, PREFILL, KernelCase, bytes_moved, format_table, run_benchmark
+from posenc.bench.shapes import Shape
+from posenc.config import AttentionConfig
+from posenc.records import to_json
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _triton_missing() -> str | None:
@@ -30,18 +33,23 @@ def test_bytes_match_the_published_floor() -> None:
     """notes/performance.md §2: 86.0 MB (Llama-3-8B prefill, bf16) and 1.34 MB (decode B=64)."""
     assert bytes_moved(PREFILL) / 1e6 == pytest.approx(86.0, abs=0.05)
     assert bytes_moved(DECODE) / 1e6 == pytest.approx(1.34, abs=0.005)
-    assert bytes_moved(BenchShape("fp32", 1, 4096, 32, 8, 128, dtype="float32")) / 1e6 == pytest.approx(169.9, abs=0.1)
+    fp32 = KernelCase(PREFILL.shape, PREFILL.config, dtype="float32")
+    assert bytes_moved(fp32) / 1e6 == pytest.approx(169.9, abs=0.1)
 
 
 @needs_triton
 def test_harness_runs_on_tiny_shapes() -> None:
-    shapes = [BenchShape("tiny", 1, 4, 4, 2, 16, max_positions=32)]
-    doc = run_benchmark(shapes, device="cpu", iters=1, tactics=False)
-    contenders = [row["contender"] for row in doc["results"][0]["rows"]]
-    assert contenders == ["posenc kernel (default block)", "torch eager rotate_half"]
-    assert all(row["us"] > 0 for row in doc["results"][0]["rows"])
-    assert doc["targets"][0]["target"] == ">= 90% of copy bandwidth"
+    tiny = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=32)
+    doc = run_benchmark([KernelCase(Shape("tiny", 1, 4), tiny)], device="cpu", iters=1, tactics=False)
+    contenders = doc.results[0].contenders
+    assert [c.name for c in contenders] == ["posenc kernel (default block)", "torch eager rotate_half"]
+    assert all(c.timing is not None and c.timing.runs == 1 and c.us > 0 for c in contenders)
+    assert all(
+        c.fraction_of_copy_bw == pytest.approx(c.bytes_per_s / doc.copy_bandwidth.bytes_per_s) for c in contenders
+    )
+    assert doc.targets[0].name == "tiny: ≥ 90% of copy bandwidth"
     assert "tiny" in format_table(doc)
+    assert to_json(doc)["results"][0]["case"]["shape"]["name"] == "tiny"
 
 
 @needs_triton
@@ -54,4 +62,4 @@ def test_script_smoke_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     assert script.main(["--smoke", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert {r["shape"]["name"] for r in doc["results"]} == {"smoke-prefill", "smoke-decode"}
+    assert {r["case"]["shape"]["name"] for r in doc["results"]} == {"smoke-prefill", "smoke-decode"}

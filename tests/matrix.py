@@ -1,8 +1,8 @@
 """The engine matrix: every scheme x table mode x dtype x {decomposed, fused} graph, exported and built.
 
-Used by the test suite (ahead-of-time builds with TensorRT-RTX) and by ``scripts/gpu_check.py`` (datacenter
-TensorRT on a GPU). Exports are cached in a folder (one file per case, locked so parallel test workers
-export each graph once).
+Test orchestration, not part of the package: used by the test suite (ahead-of-time builds with TensorRT-RTX)
+and by ``scripts/gpu_check.py`` (datacenter TensorRT on a GPU). Exports are cached in a folder (one file per
+case, locked with POSIX ``fcntl`` so parallel test workers export each graph once).
 """
 
 from __future__ import annotations

@@ -1,0 +1,464 @@
+"""Benchmark of the fused RoPE kernel on a GPU against the bandwidth floor and the alternatives.
+
+Measured per case: the kernel (best tactic and the launcher's default), a torch eager ``rotate_half``
+baseline (Hugging Face's ``apply_rotary_pos_emb`` with precomputed ``[B, 1, S, D]`` cos/sin in the activation
+dtype), and, when ``tensorrt`` is importable, TensorRT's native rotary layer and the posenc plugin inside an
+engine. Device copy bandwidth (``dst.copy_(src)`` of 1 GiB, read + write counted) is measured in the same run;
+each result is reported as achieved bytes/s and as a fraction of it.
+
+It uses the benchmark package's pieces: shapes (:class:`~posenc.bench.shapes.Shape`) and geometry
+(:class:`~posenc.config.AttentionConfig`), the timing loop (:func:`~posenc.bench.timing.measure`) with a
+GPU clock, :class:`~posenc.bench.timing.Timing`, :class:`~posenc.bench.bandwidth.CopyBandwidth` and
+:class:`~posenc.bench.results.TargetCheck`. What it adds is what a GPU kernel needs and ``posenc bench`` (whole
+exported graphs per backend) does not: CUDA-event timing with an L2 flush before each launch, CUDA-graph replay
+for launch-bound decode shapes, and contenders that are kernel launches rather than exported graphs.
+
+Timing: prefill-sized cases time each launch with CUDA events and flush L2 (a 256 MiB write) before each one;
+decode-sized cases (launch-bound, working set in L2 as after the QKV GEMM) replay a CUDA graph of 100 launches
+and report time per launch. A CPU run (``device="cpu"``) uses Triton's interpreter and the wall clock to test the
+harness; its numbers mean nothing.
+
+Bytes counted (notes/performance.md §2): q and k read and written once, ``2 (Nq + Nk) e``; fp32 cos/sin rows
+``2 U (r/2) 4`` with U distinct positions (B*S); int64 positions ``8 B S``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from posenc import functional as PF
+from posenc.bench.bandwidth import CopyBandwidth
+from posenc.bench.results import TargetCheck
+from posenc.bench.shapes import Shape
+from posenc.bench.timing import Timer, Timing, TimingSettings, measure, time_samples, wall_time
+from posenc.config import AttentionConfig
+from posenc.dtypes import torch_dtype
+from posenc.plugins.rope.launch import rope_qk
+from posenc.plugins.rope.spec import TACTICS, RopeKernelSpec
+
+__all__ = [
+    "DECODE",
+    "PREFILL",
+    "SMOKE_CASES",
+    "Contender",
+    "KernelBenchDocument",
+    "KernelCase",
+    "KernelCaseResult",
+    "bytes_moved",
+    "format_table",
+    "run_benchmark",
+]
+
+GRAPH_LAUNCHES = 100
+"""Launches captured in one CUDA graph (decode timing reports time per launch)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+    """One benchmark case: a shape (past 0) and geometry, in one activation dtype.
+
+    Attributes:
+        shape: batch and new tokens.
+        config: heads, kv heads, head dim; ``max_position_embeddings`` rows of the cos/sin table.
+        dtype: activation dtype of q and k.
+        graph_timing: time a CUDA graph of launches (decode) instead of single launches with an L2 flush (prefill).
+    """
+
+    shape: Shape
+    config: AttentionConfig
+    dtype: str = "bfloat16"
+    graph_timing: bool = False
+
+
+def _llama3_8b(positions: int = 8192) -> AttentionConfig:
+    return AttentionConfig(
+        hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=positions
+    )
+
+
+PREFILL = KernelCase(Shape("llama3-8b-prefill", 1, 4096), _llama3_8b())
+DECODE = KernelCase(Shape("llama3-8b-decode", 64, 1), _llama3_8b(), graph_timing=True)
+_TINY = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
+SMOKE_CASES = (
+    KernelCase(Shape("smoke-prefill", 1, 8), _TINY),
+    KernelCase(Shape("smoke-decode", 4, 1), _TINY, graph_timing=True),
+)
+"""Tiny cases for a CPU run under Triton's interpreter (``scripts/bench_rope_gpu.py --smoke``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    """One contender timed on one case, or why it was skipped.
+
+    Attributes:
+        name: what was timed (``posenc kernel tactic ...``, ``torch eager rotate_half``, ...).
+        timing: statistics of the timed launches (seconds per launch), when it ran.
+        method: how it was timed.
+        bytes_per_s: bytes moved / median.
+        fraction_of_copy_bw: ``bytes_per_s`` / the run's copy bandwidth.
+        skipped: why it did not run (an optional contender: tensorrt missing, build failed).
+        block_h, num_warps: the kernel tactic.
+    """
+
+    name: str
+    timing: Timing | None = None
+    method: str = ""
+    bytes_per_s: float | None = None
+    fraction_of_copy_bw: float | None = None
+    skipped: str = ""
+    block_h: int | None = None
+    num_warps: int | None = None
+
+    @property
+    def us(self) -> float | None:
+        """Median microseconds per launch."""
+        return None if self.timing is None else self.timing.median * 1e6
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCaseResult:
+    """Every contender on one case, and the bytes one launch moves."""
+
+    case: KernelCase
+    bytes: int
+    contenders: tuple[Contender, ...]
+
+    def best_kernel(self) -> Contender | None:
+        timed = [c for c in self.contenders if c.name.startswith("posenc kernel") and c.timing is not None]
+        return min(timed, key=lambda c: c.timing.median) if timed else None  # type: ignore[union-attr]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBenchDocument:
+    """One run: device, copy bandwidth, every case's contenders, targets (JSON: :func:`posenc.records.to_json`)."""
+
+    device: str
+    copy_bandwidth: CopyBandwidth
+    results: tuple[KernelCaseResult, ...]
+    targets: tuple[TargetCheck, ...]
+
+
+def bytes_moved(case: KernelCase, rotary_dim: int | None = None) -> int:
+    """Minimum DRAM traffic of one rotation of q and k (see the module docstring)."""
+    e = torch.finfo(torch_dtype(case.dtype)).bits // 8
+    tokens = case.shape.batch * case.shape.seq
+    c = case.config
+    r = rotary_dim or c.head_dim
+    qk = 2 * tokens * (c.num_heads + c.num_kv_heads) * c.head_dim * e
+    return qk + 2 * tokens * (r // 2) * 4 + 8 * tokens
+
+
+def _inputs(case: KernelCase, device: str) -> dict[str, torch.Tensor]:
+    dtype = torch_dtype(case.dtype)
+    c, batch, seq = case.config, case.shape.batch, case.shape.seq
+    positions = c.max_position_embeddings
+    inv_freq, _ = PF.rope_inv_freq(c.head_dim, {"rope_theta": 500000.0})
+    cos, sin = PF.rope_cos_sin(torch.arange(positions), inv_freq)
+    offsets = torch.randint(0, max(1, min(64, positions - seq)), (batch, 1))
+    pos = torch.arange(seq).expand(batch, seq) + offsets
+    tensors = {
+        "q": torch.randn(batch, c.num_heads, seq, c.head_dim, dtype=dtype),
+        "k": torch.randn(batch, c.num_kv_heads, seq, c.head_dim, dtype=dtype),
+        "cos": cos,
+        "sin": sin,
+        "pos": pos.contiguous(),
+    }
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU clocks for posenc.bench.timing.measure
+# --------------------------------------------------------------------------------------------------
+
+
+def cuda_event_timer(flush: torch.Tensor | None = None) -> Timer:
+    """Seconds of one launch between two CUDA events, after writing ``flush`` (an L2-sized buffer) if given."""
+
+    def time_call(call: Callable[[], Any]) -> float:
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return time_call
+
+
+def cuda_graph_of(call: Callable[[], Any], launches: int = GRAPH_LAUNCHES) -> Callable[[], Any]:
+    """A replay of a CUDA graph that captured ``launches`` calls (the first call, compilation, runs outside)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up (compilation, autotune) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            call()
+    return graph.replay
+
+
+def _measure(call: Callable[[], Any], case: KernelCase, device: str, iters: int, flush: Any) -> tuple[Timing, str]:
+    """Median of ``iters`` timed launches (one warm-up) with the clock the case needs, and how it was timed."""
+    settings = TimingSettings(warmup=1, repeats=iters, min_repeats=iters, max_seconds=None, rounds=1)
+    if device == "cpu":
+        return measure(call, settings, wall_time), "perf_counter (CPU interpreter smoke run)"
+    if case.graph_timing:
+        timing = measure(cuda_graph_of(call), settings, cuda_event_timer())
+        return timing.per_call(GRAPH_LAUNCHES), f"CUDA graph of {GRAPH_LAUNCHES} launches, time per launch"
+    return measure(call, settings, cuda_event_timer(flush)), "CUDA events per launch, L2 flushed before each"
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 10) -> CopyBandwidth:
+    """Device copy bandwidth (read + write counted), median of ``iters`` copies of ``nbytes``."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    timer = wall_time if device == "cpu" else cuda_event_timer()
+    settings = TimingSettings(warmup=1, repeats=iters, min_repeats=iters, max_seconds=None, rounds=1)
+    rates = tuple(2 * nbytes / s for s in time_samples(lambda: dst.copy_(src), settings, timer))
+    return CopyBandwidth(statistics.median(rates), nbytes >> 20, iters, rates)
+
+
+# --------------------------------------------------------------------------------------------------
+# contenders
+# --------------------------------------------------------------------------------------------------
+
+
+def _kernel_call(t: dict[str, torch.Tensor], case: KernelCase, block_h: int | None, num_warps: int | None):
+    d = case.config.head_dim
+    spec = RopeKernelSpec("table", d, d, "half")
+    out = (torch.empty_like(t["q"]), torch.empty_like(t["k"]))
+
+    def call() -> None:
+        rope_qk(
+            t["q"],
+            t["k"],
+            spec,
+            cos=t["cos"],
+            sin=t["sin"],
+            positions=t["pos"],
+            out=out,
+            block_h=block_h,
+            num_warps=num_warps,
+            check_positions=False,
+        )
+
+    return call
+
+
+def _eager_call(t: dict[str, torch.Tensor]):
+    """Hugging Face style: ``x * cos + rotate_half(x) * sin`` with ``[B, 1, S, D]`` cos/sin in x's dtype."""
+    cos = torch.cat((t["cos"][t["pos"]], t["cos"][t["pos"]]), dim=-1).unsqueeze(1).to(t["q"].dtype)
+    sin = torch.cat((t["sin"][t["pos"]], t["sin"][t["pos"]]), dim=-1).unsqueeze(1).to(t["q"].dtype)
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def call() -> tuple[torch.Tensor, torch.Tensor]:
+        return t["q"] * cos + rotate_half(t["q"]) * sin, t["k"] * cos + rotate_half(t["k"]) * sin
+
+    return call
+
+
+def _trt_engine_call(t: dict[str, torch.Tensor], case: KernelCase, native: bool):
+    """An engine with TensorRT's rotary layer (``native``) or the posenc plugin, run on torch buffers."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    dtype = t["q"].dtype
+    trt_dtype = {torch.bfloat16: trt.bfloat16, torch.float16: trt.float16, torch.float32: trt.float32}[dtype]
+    feeds = {"q": t["q"], "k": t["k"], "pos": t["pos"]}
+    if native:  # the layer needs caches in the activation dtype
+        feeds["cos"], feeds["sin"] = t["cos"].to(dtype), t["sin"].to(dtype)
+        q = network.add_input("q", trt_dtype, tuple(t["q"].shape))
+        k = network.add_input("k", trt_dtype, tuple(t["k"].shape))
+        cos = network.add_input("cos", trt_dtype, tuple(feeds["cos"].shape))
+        sin = network.add_input("sin", trt_dtype, tuple(feeds["sin"].shape))
+        pos = network.add_input("pos", trt.int64, tuple(t["pos"].shape))
+        for name, x in (("q_rot", q), ("k_rot", k)):
+            layer = network.add_rotary_embedding(x, cos, sin, False, case.config.head_dim)
+            layer.set_input(3, pos)
+            layer.get_output(0).name = name
+            network.mark_output(layer.get_output(0))
+    else:
+        from posenc.plugins.rope.trt_plugin import register_rope_plugins
+
+        register_rope_plugins()
+        feeds["cos"], feeds["sin"] = t["cos"], t["sin"]
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse(_plugin_onnx(t, case).SerializeToString()):
+            raise RuntimeError("; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
+    plan = builder.build_serialized_network(network, builder.create_builder_config())
+    if plan is None:
+        raise RuntimeError("TensorRT engine build failed")
+    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+    context = engine.create_execution_context()
+    buffers = dict(feeds)
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        if name not in buffers:
+            buffers[name] = torch.empty(tuple(engine.get_tensor_shape(name)), dtype=dtype, device="cuda")
+        context.set_tensor_address(name, buffers[name].data_ptr())
+
+    def call() -> None:
+        context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+
+    return call
+
+
+def _plugin_onnx(t: dict[str, torch.Tensor], case: KernelCase):  # type: ignore[no-untyped-def]
+    import onnx
+    from onnx import TensorProto, helper
+
+    from posenc.plugins.rope.ort_twin import make_plugin_node
+
+    elem = {torch.bfloat16: TensorProto.BFLOAT16, torch.float16: TensorProto.FLOAT16, torch.float32: TensorProto.FLOAT}
+    q_type = elem[t["q"].dtype]
+    d = case.config.head_dim
+    spec = RopeKernelSpec("table", d, d)
+    node = make_plugin_node(spec, ["q", "k", "cos", "sin", "pos"], ["q_rot", "k_rot"])
+    inputs = [
+        helper.make_tensor_value_info("q", q_type, list(t["q"].shape)),
+        helper.make_tensor_value_info("k", q_type, list(t["k"].shape)),
+        helper.make_tensor_value_info("cos", TensorProto.FLOAT, list(t["cos"].shape)),
+        helper.make_tensor_value_info("sin", TensorProto.FLOAT, list(t["sin"].shape)),
+        helper.make_tensor_value_info("pos", TensorProto.INT64, list(t["pos"].shape)),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("q_rot", q_type, list(t["q"].shape)),
+        helper.make_tensor_value_info("k_rot", q_type, list(t["k"].shape)),
+    ]
+    graph = helper.make_graph([node], "rope_plugin", inputs, outputs)
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("posenc", 1)]
+    return onnx.helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+# --------------------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------------------
+
+
+def _timed(name: str, timed: tuple[Timing, str], nbytes: int, copy: CopyBandwidth, **tactic: int | None) -> Contender:
+    timing, method = timed
+    rate = nbytes / timing.median
+    return Contender(name, timing, method, rate, rate / copy.bytes_per_s, **tactic)  # type: ignore[arg-type]
+
+
+def bench_case(
+    case: KernelCase, device: str, copy: CopyBandwidth, iters: int, tactics: bool = True
+) -> KernelCaseResult:
+    """All contenders on one case; failures of optional contenders are recorded, not raised."""
+    t = _inputs(case, device)
+    nbytes = bytes_moved(case)
+    flush = torch.empty(64 << 20, dtype=torch.float32, device=device) if device != "cpu" else None
+    default = _measure(_kernel_call(t, case, None, None), case, device, iters, flush)
+    rows = [_timed("posenc kernel (default block)", default, nbytes, copy)]
+    if tactics and device != "cpu":
+        for tactic, (block_h, warps) in TACTICS.items():
+            timed = _measure(_kernel_call(t, case, block_h, warps), case, device, iters, flush)
+            rows.append(_timed(f"posenc kernel tactic {tactic}", timed, nbytes, copy, block_h=block_h, num_warps=warps))
+    rows.append(_timed("torch eager rotate_half", _measure(_eager_call(t), case, device, iters, flush), nbytes, copy))
+    if device != "cpu":
+        for name, native in (("TensorRT native rotary layer", True), ("TensorRT + posenc plugin (AOT)", False)):
+            try:
+                timed = _measure(_trt_engine_call(t, case, native), case, device, iters, flush)
+                rows.append(_timed(name, timed, nbytes, copy))
+            except Exception as exc:  # tensorrt missing, too old, or the build failed: report it
+                rows.append(Contender(name, skipped=f"{type(exc).__name__}: {exc}"))
+    return KernelCaseResult(case, nbytes, tuple(rows))
+
+
+def run_benchmark(
+    cases: list[KernelCase] | None = None, *, device: str = "cuda", iters: int = 50, tactics: bool = True
+) -> KernelBenchDocument:
+    """Run every case; returns the document with copy bandwidth, contenders and target checks."""
+    cases = cases or [PREFILL, DECODE]
+    copy = copy_bandwidth(device, nbytes=(1 << 30) if device != "cpu" else (1 << 24))
+    results = tuple(bench_case(c, device, copy, iters, tactics) for c in cases)
+    return KernelBenchDocument(_device_name(device), copy, results, tuple(_targets(results)))
+
+
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return "cpu (Triton interpreter smoke run)"
+    return torch.cuda.get_device_name()
+
+
+DECODE_TARGET_US = 5.0
+PREFILL_TARGET_FRACTION = 0.9
+
+
+def _targets(results: tuple[KernelCaseResult, ...]) -> list[TargetCheck]:
+    checks = []
+    for result in results:
+        best = result.best_kernel()
+        if best is None or best.us is None:
+            continue
+        name = result.case.shape.name
+        native = next((c for c in result.contenders if c.name.startswith("TensorRT native") and c.us), None)
+        if result.case.graph_timing:
+            checks.append(
+                TargetCheck(
+                    f"{name}: decode launch ≤ {DECODE_TARGET_US:g} µs",
+                    best.us,
+                    DECODE_TARGET_US,
+                    best.us <= DECODE_TARGET_US,
+                    f"{best.name}: {best.us:.2f} µs per launch",
+                )
+            )
+        else:
+            fraction = best.fraction_of_copy_bw or 0.0
+            checks.append(
+                TargetCheck(
+                    f"{name}: ≥ {PREFILL_TARGET_FRACTION:.0%} of copy bandwidth",
+                    fraction,
+                    PREFILL_TARGET_FRACTION,
+                    fraction >= PREFILL_TARGET_FRACTION,
+                    f"{best.name}: {best.us:.2f} µs",
+                )
+            )
+        if native is not None and native.us is not None:
+            checks.append(
+                TargetCheck(
+                    f"{name}: not slower than TensorRT's rotary layer",
+                    native.us / best.us,
+                    1.0,
+                    best.us <= native.us,
+                    f"{best.name} {best.us:.2f} µs, native {native.us:.2f} µs",
+                )
+            )
+    return checks
+
+
+def format_table(doc: KernelBenchDocument) -> str:
+    """A plain-text table of the document."""
+    lines = [f"device: {doc.device}   copy bandwidth: {doc.copy_bandwidth.bytes_per_s / 1e9:.0f} GB/s"]
+    for result in doc.results:
+        lines.append(f"\n{result.case.shape.name}  ({result.bytes / 1e6:.2f} MB moved)")
+        lines.append(f"  {'contender':<36} {'us':>10} {'GB/s':>9} {'% copy':>7}")
+        for row in result.contenders:
+            if row.us is not None and row.bytes_per_s is not None and row.fraction_of_copy_bw is not None:
+                lines.append(
+                    f"  {row.name:<36} {row.us:>10.2f} {row.bytes_per_s / 1e9:>9.0f} "
+                    f"{100 * row.fraction_of_copy_bw:>6.1f}%"
+                )
+            else:
+                lines.append(f"  {row.name:<36} skipped: {row.skipped[:80]}")
+    lines.append("\ntargets:")
+    for check in doc.targets:
+        lines.append(f"  [{'met' if check.passed else 'MISSED'}] {check.name} ({check.detail})")
+    return "\n".join(lines)

@@ -1,0 +1,29 @@
+"""One layer of a checkpoint as posenc builds it (what a family's ``geometry`` returns)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc.config import AttentionConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """One layer of a checkpoint as posenc builds it.
+
+    Attributes:
+        config: attention geometry (and block features: biases, norms, scale, window, ...).
+        scheme: registered scheme name (``posenc list``).
+        params: scheme parameters.
+        layer: the layer index within its stack.
+        layer_type: the stack or kind of the layer (``decoder``, ``encoder``, ``sliding_attention``, ...), or None.
+        decoder: True when the layer is used with a KV cache (decode steps make sense).
+    """
+
+    config: AttentionConfig
+    scheme: str
+    params: dict[str, Any]
+    layer: int
+    layer_type: str | None = None
+    decoder: bool = True
