@@ -156,3 +156,30 @@ def test_blocks_pickle_for_torch_save(tmp_path) -> None:  # type: ignore[no-unty
         loaded = torch.load(tmp_path / f"{name}.pt", weights_only=False)
         x = torch.randn(1, 4, 64)
         torch.testing.assert_close(loaded(x)[0], block(x)[0])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_project_and_attend_over_a_preallocated_cache_equal_the_concatenated_cache(causal: bool) -> None:
+    """The block's two steps with a cache of 12 slots, 7 of them filled (the rest garbage, masked): same output.
+
+    Causal blocks would hide the empty slots anyway (they sit at future positions); bidirectional ones need the mask.
+    """
+    torch.manual_seed(3)
+    config = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position_embeddings=64, causal=causal)
+    block = AttentionBlock(config, "rope").double().eval()
+    hidden = torch.randn(2, 3, 32, dtype=torch.float64)
+    past_key, past_value = torch.randn(2, 2, 4, 8, dtype=torch.float64), torch.randn(2, 2, 4, 8, dtype=torch.float64)
+    want, _, _ = block(hidden, None, past_key, past_value)
+    positions = block.positions(hidden, None, past=4)
+    q, k, v = block.project(hidden, positions)
+    slots = 12
+    key_cache = torch.randn(2, 2, slots, 8, dtype=torch.float64) * 1e3  # unused slots hold garbage
+    value_cache = torch.randn(2, 2, slots, 8, dtype=torch.float64) * 1e3
+    key_cache[:, :, :4], value_cache[:, :, :4] = past_key, past_value
+    key_cache[:, :, 4:7], value_cache[:, :, 4:7] = k, v
+    slot_positions = torch.arange(slots).expand(2, slots)
+    filled = slot_positions < 7
+    got = block.attend(q, key_cache, value_cache, positions, slot_positions, key_mask=filled)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    unmasked = (block.attend(q, key_cache, value_cache, positions, slot_positions) - want).abs().max()
+    assert (unmasked < 1e-12) if causal else (unmasked > 1e-3)

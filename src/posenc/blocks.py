@@ -130,25 +130,45 @@ class AttentionBlock(nn.Module):
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg = self.config
-        b, s, _ = hidden.shape
+        b = hidden.shape[0]
         past = 0 if past_key is None else past_key.shape[2]
+        position_ids = self.positions(hidden, position_ids, past)
+        if past_key is not None and past_value is None:
+            raise ConfigError("past_key was given without past_value; pass both or neither.")
+        if past_value is not None and past_key is None:
+            raise ConfigError("past_value was given without past_key; pass both or neither.")
+        q, k, v = self.project(hidden, position_ids)
+        if past_key is not None and past_value is not None:
+            k = torch.cat((past_key.to(k.dtype), k), dim=2)
+            v = torch.cat((past_value.to(v.dtype), v), dim=2)
+        # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
+        past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
+        key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)
+        return self.attend(q, k, v, position_ids, key_positions), k, v
+
+    def positions(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
+        """``position_ids [B, S]`` of the new tokens: given (``[1, S]`` broadcast), or ``past + arange(S)``."""
+        b, s = hidden.shape[0], hidden.shape[1]
         if position_ids is None:
-            position_ids = (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
-        elif not is_tracing() and tuple(position_ids.shape) != (b, s):  # eager only: export keeps [B, S]
+            return (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
+        if not is_tracing() and tuple(position_ids.shape) != (b, s):  # eager only: export keeps [B, S]
             if tuple(position_ids.shape) != (1, s):
                 raise ConfigError(
                     f"position_ids have shape {tuple(position_ids.shape)}; hidden [B={b}, S={s}, E] needs "
                     f"[{b}, {s}] (or [1, {s}], shared by the batch)."
                 )
-            position_ids = position_ids.expand(b, s)
-        if past_value is not None and past_key is None:
-            raise ConfigError("past_value was given without past_key; pass both or neither.")
-        # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
-        past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
-        key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)
-        placement = self.scheme.placement
+            return position_ids.expand(b, s)
+        return position_ids
 
+    def project(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The new tokens' ``q [B, H, S, D]``, ``k``, ``v [B, Hkv, S, D]``: the embedding step of an
+        ``embedding`` scheme, the projections, the q/k norms and, for a ``qk`` scheme, its rotation (so ``k`` is
+        what a KV cache holds)."""
+        cfg = self.config
+        b, s, _ = hidden.shape
+        placement = self.scheme.placement
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
         q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
@@ -158,24 +178,43 @@ class AttentionBlock(nn.Module):
         v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         if placement is Placement.QK:
             q, k = self.scheme.rotate(q, k, position_ids)
-        if past_key is not None:
-            if past_value is None:
-                raise ConfigError("past_key was given without past_value; pass both or neither.")
-            k = torch.cat((past_key.to(k.dtype), k), dim=2)
-            v = torch.cat((past_value.to(v.dtype), v), dim=2)
-        present_key, present_value = k, v
-        k, v = repeat_kv(k, cfg.num_heads), repeat_kv(v, cfg.num_heads)
+        return q, k, v
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``q [B, H, Sq, D]`` over all keys ``k``, ``v [B, Hkv, Sk, D]`` at positions ``q_pos [B, Sq]``
+        and ``k_pos [B, Sk]`` (grouped heads, scheme bias or attention, soft-cap, causal and window masks), heads
+        merged and ``o_proj``: ``[B, Sq, E]``. ``key_mask [B, Sk]`` (bool, True = a real key) hides cache slots that
+        hold no key yet (a preallocated cache)."""
+        cfg = self.config
+        b, s = q.shape[0], q.shape[2]
+        placement = self.scheme.placement
+        k, v = repeat_kv(k, cfg.num_heads), repeat_kv(v, cfg.num_heads)
         if placement is Placement.ATTENTION:
-            out = self.scheme.attend(q, k, v, position_ids, key_positions, cfg.causal)
+            if key_mask is not None:
+                raise ConfigError(
+                    f"{self.scheme.spec.name} computes attention itself and cannot hide unused cache slots; "
+                    f"use the concatenated cache."
+                )
+            out = self.scheme.attend(q, k, v, q_pos, k_pos, cfg.causal)
         else:
             scores = (q @ k.transpose(-1, -2)) * self.scheme.score_scale()
             compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
             if placement is Placement.SCORE:
-                scores = scores.to(compute) + self.scheme.bias(q, k, position_ids, key_positions).to(compute)
+                scores = scores.to(compute) + self.scheme.bias(q, k, q_pos, k_pos).to(compute)
             if cfg.logit_softcap is not None:
                 scores = soft_cap(scores.to(compute), cfg.logit_softcap)
-            mask = attention_mask(position_ids, key_positions, cfg.causal, cfg.sliding_window)
+            mask = attention_mask(q_pos, k_pos, cfg.causal, cfg.sliding_window)
+            if key_mask is not None:
+                visible = key_mask[:, None, None, :]
+                mask = visible if mask is None else mask & visible
             out = softmax_attention(scores, v, mask)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
-        return self.o_proj(out), present_key, present_value
+        return self.o_proj(out)
