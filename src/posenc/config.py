@@ -47,8 +47,10 @@ class AttentionConfig:
 
     hidden_size: int = 256
     num_heads: int = 8
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
+    # Given as None (or left out) they are derived in __post_init__, so every built config holds ints; typed as
+    # ints so that every reader can use them as such (the None default is the one place that says otherwise).
+    num_kv_heads: int = None  # type: ignore[assignment]  # None: derived (= num_heads) in __post_init__
+    head_dim: int = None  # type: ignore[assignment]  # None: derived (= hidden_size // num_heads) in __post_init__
     causal: bool = True
     max_position_embeddings: int = 2048
     qkv_bias: bool = False
@@ -117,7 +119,7 @@ class AttentionConfig:
 
     @property
     def kv_groups(self) -> int:
-        return self.num_heads // self.num_kv_heads  # type: ignore[operator]
+        return self.num_heads // self.num_kv_heads
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -12,6 +12,7 @@ Jobs run in the demo's worker processes; their records are :class:`posenc.demo_r
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,18 @@ def _parity(report: Any, markdown: Path) -> CheckpointParity:
     return CheckpointParity(status="ok", passed=report.passed, worst=worst, details=markdown.name)
 
 
+def _check(graph: Path, checkpoint: Path, markdown: Path) -> CheckpointParity:
+    """``posenc validate GRAPH --against-hf CHECKPOINT``, summarised; its table goes to ``markdown``."""
+    from posenc.validate.checkpoint import validate_against_checkpoint
+
+    return _parity(validate_against_checkpoint(graph, checkpoint), markdown)
+
+
 def run_checkpoint_job(job: CheckpointJob) -> CheckpointRecord:
     """Build, export, validate, optimize and build an engine for one sample; every outcome is recorded."""
     from posenc.checkpoints import load_layer
     from posenc.checkpoints.samples import get_sample
     from posenc.export import export_onnx
-    from posenc.validate.checkpoint import validate_against_checkpoint
 
     sample = get_sample(job.sample)
     folder, parity_folder = Path(job.folder) / f"ckpt-{sample.name}", Path(job.parity_folder)
@@ -79,9 +86,12 @@ def run_checkpoint_job(job: CheckpointJob) -> CheckpointRecord:
         return StageOutcome(status="ok")
 
     built = run_stage(StageOutcome, build)
-    head = {"sample": sample.name, "title": sample.title, "layer": sample.layer, "layer_type": sample.layer_type}
+
+    def record(model_type: str, **stages: Any) -> CheckpointRecord:
+        return CheckpointRecord(sample.name, sample.title, model_type, sample.layer, sample.layer_type, **stages)
+
     if not built.ok:
-        return CheckpointRecord(**head, model_type="", checkpoint=built)
+        return record("", checkpoint=built)
     layer = loaded[0]
     parity: list[CheckpointParity] = []
     first_export: Path | None = None
@@ -99,24 +109,23 @@ def run_checkpoint_job(job: CheckpointJob) -> CheckpointRecord:
             continue
         first_export = first_export or exported
         graphs = {"exported": exported}
-        fused = folder / f"{stem}.ort-cpu.onnx"
-        optimized = run_stage(OptimizeStage, lambda e=exported, f=fused: optimize_stage(e, f, "ort-cpu"))
+        optimized = run_stage(
+            OptimizeStage, functools.partial(optimize_stage, exported, folder / f"{stem}.ort-cpu.onnx", "ort-cpu")
+        )
         if optimized.ok:
             graphs["ort-cpu"] = Path(optimized.path)
         else:
             parity.append(CheckpointParity(status="error", reason=optimized.reason, graph="ort-cpu", table_mode=mode))
         for graph, path in graphs.items():
             markdown = parity_folder / f"ckpt-{stem}.{graph}.md"
-            checked = run_stage(
-                CheckpointParity, lambda p=path, md=markdown: _parity(validate_against_checkpoint(p, checkpoint), md)
-            )
+            checked = run_stage(CheckpointParity, functools.partial(_check, path, checkpoint, markdown))
             parity.append(dataclasses.replace(checked, graph=graph, table_mode=mode))
     engine = (
         engine_stage(first_export, folder, sample.name, job.engine_backend, job.engine_reason, job.engine_targets)
         if first_export is not None
         else None
     )
-    return CheckpointRecord(**head, model_type=layer.model_type, checkpoint=built, parity=parity, engine=engine)
+    return record(layer.model_type, checkpoint=built, parity=parity, engine=engine)
 
 
 __all__ = ["QUICK_SAMPLES", "CheckpointJob", "checkpoint_section", "run_checkpoint_job"]

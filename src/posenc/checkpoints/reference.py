@@ -30,6 +30,9 @@ from posenc.checkpoints.plan import LayerPlan
 from posenc.errors import BackendUnavailable, ConfigError
 
 ANGLES = ("native", "float64")
+HFModule = Any
+"""A transformers module (``LlamaAttention``, ``T5Attention``, ...): its attributes and call are the model's own,
+outside posenc's types."""
 
 
 def import_transformers() -> Any:
@@ -73,7 +76,7 @@ def hf_config(config: Mapping[str, Any] | Any) -> Any:
     return config
 
 
-def load_module(module: nn.Module, tensors: Mapping[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> nn.Module:
+def load_module(module: HFModule, tensors: Mapping[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> HFModule:
     """Load ``tensors`` whose names start with ``prefix`` into ``module`` (strictly), cast to ``dtype``, eval mode.
 
     Raises:
@@ -216,7 +219,7 @@ class ModuleReference(TransformersReference):
 
     cached_copies = 1
 
-    def __init__(self, attention: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
+    def __init__(self, attention: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
         super().__init__(plan, angles, dtype)
         self.attention = attention
         self.module_name = type(attention).__name__

@@ -8,10 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.checkpoints.family import LayerPlan, Rule, Transform, rename, same
-from posenc.checkpoints.reference import ModuleReference, hf_class, load_module
+from posenc.checkpoints.reference import HFModule, ModuleReference, hf_class, load_module
 from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError
 from posenc.schemes import build_scheme, get_spec
@@ -112,9 +111,7 @@ class RotaryReference(ModuleReference):
     cache_argument = "past_key_values"
     """The keyword of the module's cache argument (GPT-NeoX, Falcon: ``layer_past``)."""
 
-    def __init__(
-        self, attention: nn.Module, rotary: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, attention: HFModule, rotary: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
         super().__init__(attention, plan, angles, dtype)
         self.rotary = rotary
         self.exact = float64_scheme(plan) if angles == "float64" else None

@@ -18,7 +18,7 @@ graphs to their scheme's tolerance, as against posenc's own reference.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ _INPUTS = ("hidden", "position_ids", "past_key", "past_value")
 
 
 def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
-    def run(feed: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         tensors = [torch.from_numpy(feed[key].copy()) for key in _INPUTS]
         tensors[0] = tensors[0].float()
         return dict(zip(outputs, module(*tensors), strict=True))
@@ -142,13 +142,23 @@ def validate_against_checkpoint(
     _check_same_layer(loaded, manifest, str(where))
     if shapes is None:
         shapes = [s for s in default_shapes(manifest) if loaded.plan.decoder or s.past == 0]
-    common = {"runners": runners, "providers": providers, "seed": seed, "quiet": quiet, "manifest": manifest}
-    references = [EAGER, *checkpoint_references(loaded, manifest)]
-    report = validate_onnx(path, shapes=shapes, references=references, **common)
+
+    def run(shapes: Sequence[FeedShape], references: Sequence[Reference | str]) -> ParityReport:
+        return validate_onnx(
+            path,
+            shapes=shapes,
+            references=references,
+            runners=runners,
+            providers=providers,
+            seed=seed,
+            quiet=quiet,
+            manifest=manifest,
+        )
+
+    report = run(shapes, [EAGER, *checkpoint_references(loaded, manifest)])
     if long_positions:
         far = [long_shape(manifest, loaded.plan.config.max_position_embeddings)]
-        informational = [EAGER, *checkpoint_references(loaded, manifest, informational_native=True)]
-        extra = validate_onnx(path, shapes=far, references=informational, **common)
+        extra = run(far, [EAGER, *checkpoint_references(loaded, manifest, informational_native=True)])
         report.rows += extra.rows
         report.references += [ref for ref in extra.references if ref.informational]
         report.notes.append(

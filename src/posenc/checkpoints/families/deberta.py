@@ -34,10 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename, rename_linear
-from posenc.checkpoints.reference import TransformersReference, hf_class, load_module
+from posenc.checkpoints.reference import HFModule, TransformersReference, hf_class, load_module
 from posenc.checkpoints.rotary import check_layer, layer_kind
 from posenc.config import from_hf_config
 from posenc.errors import ConfigError
@@ -45,7 +44,7 @@ from posenc.errors import ConfigError
 ENCODER = "/encoder."
 """The encoder module (relative embeddings and their LayerNorm), relative to the model root."""
 
-KeyValue = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+KeyValue = Callable[[HFModule, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(attention module, hidden [B, S, E]) -> (key, value [B, H, S, D])`` as the module's forward computes them."""
 
 
@@ -127,18 +126,18 @@ V1_RULES: tuple[Rule, ...] = (
 )
 
 
-def _heads(attention: nn.Module, x: torch.Tensor, batch: int) -> torch.Tensor:
+def _heads(attention: HFModule, x: torch.Tensor, batch: int) -> torch.Tensor:
     """v2 ``transpose_for_scores`` output ``[B·H, S, D]`` -> ``[B, H, S, D]``."""
     layer = attention.transpose_for_scores(x, attention.num_attention_heads)
     return layer.view(batch, attention.num_attention_heads, layer.shape[-2], layer.shape[-1])
 
 
-def v2_key_value(attention: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def v2_key_value(attention: HFModule, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b = hidden.shape[0]
     return _heads(attention, attention.key_proj(hidden), b), _heads(attention, attention.value_proj(hidden), b)
 
 
-def v1_key_value(attention: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def v1_key_value(attention: HFModule, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _, key, value = attention.transpose_for_scores(attention.in_proj(hidden)).chunk(3, dim=-1)
     return key, value + attention.transpose_for_scores(attention.v_bias[None, None, :])
 
@@ -165,9 +164,9 @@ class DebertaReference(TransformersReference):
 
     def __init__(
         self,
-        attention: nn.Module,
-        encoder: nn.Module,
-        dense: nn.Module,
+        attention: HFModule,
+        encoder: HFModule,
+        dense: HFModule,
         key_value: KeyValue,
         plan: LayerPlan,
         angles: str,

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.checkpoints.family import LayerPlan, Rule, rename, rename_linear
 from posenc.checkpoints.reference import (
+    HFModule,
     TransformersReference,
     attention_mask,
     cached,
@@ -86,9 +86,9 @@ class EmbeddingStepReference(TransformersReference):
 
     def __init__(
         self,
-        attention: nn.Module,
+        attention: HFModule,
         embed: Embed | None,
-        output: nn.Module | None,
+        output: HFModule | None,
         plan: LayerPlan,
         angles: str,
         dtype: torch.dtype,

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
 from posenc.checkpoints.reference import (
+    HFModule,
     TransformersReference,
     attention_mask,
     cached,
@@ -45,7 +45,7 @@ class GPTJReference(TransformersReference):
 
     module_name = "GPTJAttention"
 
-    def __init__(self, attention: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
+    def __init__(self, attention: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
         super().__init__(plan, angles, dtype)
         self.attention = attention
         if angles == "float64":

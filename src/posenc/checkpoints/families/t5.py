@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
 from posenc.checkpoints.reference import (
+    HFModule,
     TransformersReference,
     attention_mask,
     cached,
@@ -66,7 +66,7 @@ class T5Reference(TransformersReference):
 
     module_name = "T5Attention"
 
-    def __init__(self, attention: nn.Module, owner: nn.Module, plan: LayerPlan, angles: str, dtype: torch.dtype):
+    def __init__(self, attention: HFModule, owner: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype):
         super().__init__(plan, angles, dtype)
         self.attention = attention
         self.owner = owner
