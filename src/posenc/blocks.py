@@ -50,6 +50,11 @@ class HeadRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
 
 
+def default_positions(batch: int, seq: int, past: int, device: torch.device | None = None) -> torch.Tensor:
+    """Position ids ``[B, S]`` of ``seq`` new tokens after ``past`` cached ones: ``past + arange(seq)`` per row."""
+    return (torch.arange(seq, device=device) + past).unsqueeze(0).expand(batch, seq)
+
+
 class AttentionBlock(nn.Module):
     """Multi-head (grouped-query) attention with a positional scheme plugged in where it acts.
 
@@ -150,7 +155,7 @@ class AttentionBlock(nn.Module):
         """``position_ids [B, S]`` of the new tokens: given (``[1, S]`` broadcast), or ``past + arange(S)``."""
         b, s = hidden.shape[0], hidden.shape[1]
         if position_ids is None:
-            return (torch.arange(s, device=hidden.device) + past).unsqueeze(0).expand(b, s)
+            return default_positions(b, s, past, hidden.device)
         if not is_tracing() and tuple(position_ids.shape) != (b, s):  # eager only: export keeps [B, S]
             if tuple(position_ids.shape) != (1, s):
                 raise ConfigError(

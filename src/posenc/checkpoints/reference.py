@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from posenc.blocks import default_positions
 from posenc.checkpoints.plan import LayerPlan
 from posenc.errors import BackendUnavailable, ConfigError
 
@@ -179,9 +180,8 @@ class TransformersReference(nn.Module):
         ``position_ids`` default to ``P + arange(S)``, as the block's do.
         """
         if position_ids is None:
-            b, s = hidden.shape[0], hidden.shape[1]
             past = 0 if past_key is None else past_key.shape[2]
-            position_ids = (torch.arange(s) + past).unsqueeze(0).expand(b, s)
+            position_ids = default_positions(hidden.shape[0], hidden.shape[1], past)
         hidden = hidden.to(self.dtype)
         past_key = None if past_key is None else past_key.to(self.dtype)
         past_value = None if past_value is None else past_value.to(self.dtype)

@@ -22,14 +22,7 @@ from typing import Any
 import torch
 
 from posenc.checkpoints.family import LayerPlan, Rule, rename, rename_linear
-from posenc.checkpoints.reference import (
-    HFModule,
-    TransformersReference,
-    attention_mask,
-    cached,
-    key_positions,
-    prefilled_cache,
-)
+from posenc.checkpoints.reference import HFModule, ModuleReference
 from posenc.config import AttentionConfig
 
 POSITIONLESS = "nope"
@@ -72,7 +65,7 @@ def learned_rules(table: str, norm: str) -> tuple[Rule, ...]:
     )
 
 
-class EmbeddingStepReference(TransformersReference):
+class EmbeddingStepReference(ModuleReference):
     """The model's embedding step (layer 0 only), one self-attention module and its output projection.
 
     Args:
@@ -93,31 +86,17 @@ class EmbeddingStepReference(TransformersReference):
         angles: str,
         dtype: torch.dtype,
     ) -> None:
-        super().__init__(plan, angles, dtype)
-        self.attention = attention
+        super().__init__(attention, plan, angles, dtype)
         self.embed = embed
         self.output = output
-        self.module_name = type(attention).__name__ + (" with its embedding step" if embed is not None else "")
+        self.module_name += " with its embedding step" if embed is not None else ""
 
-    def step(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_key: torch.Tensor | None,
-        past_value: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer = self.plan.layer
-        cache = prefilled_cache(layer, past_key, past_value)
-        past = 0 if past_key is None else past_key.shape[2]
-        mask = attention_mask(
-            position_ids, key_positions(position_ids, past), self.plan.config.causal, None, self.dtype
-        )
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         x = hidden if self.embed is None else self.embed(hidden, position_ids)
         out = self.attention(x, attention_mask=mask, past_key_values=cache)[0]
-        if self.output is not None:
-            out = self.output(out)
-        key, value = cached(cache, layer)
-        return out, key, value
+        return out if self.output is None else self.output(out)
 
 
 __all__ = ["POSITIONLESS", "Embed", "EmbeddingStepReference", "carries_positions", "embedding_plan", "learned_rules"]

@@ -7,22 +7,12 @@ the same table computed with float64 angles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
-from posenc.checkpoints.reference import (
-    HFModule,
-    TransformersReference,
-    attention_mask,
-    cached,
-    hf_class,
-    key_positions,
-    load_module,
-    prefilled_cache,
-)
+from posenc.checkpoints.reference import HFModule, ModuleReference
 from posenc.checkpoints.rotary import decoder_plan, float64_scheme
 
 
@@ -40,41 +30,23 @@ RULES: tuple[Rule, ...] = tuple(
 )
 
 
-class GPTJReference(TransformersReference):
+class GPTJReference(ModuleReference):
     """``GPTJAttention(hidden, layer_past, attention_mask, position_ids)`` of the layer."""
 
-    module_name = "GPTJAttention"
-
     def __init__(self, attention: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
-        super().__init__(plan, angles, dtype)
-        self.attention = attention
+        super().__init__(attention, plan, angles, dtype)
         if angles == "float64":
             rows = attention.embed_positions.shape[0]
             cos, sin = float64_scheme(plan).cos_sin(torch.arange(rows))
             attention.embed_positions = torch.cat((sin, cos), dim=-1).to(dtype)
 
-    def step(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_key: torch.Tensor | None,
-        past_value: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer = self.plan.layer
-        cache = prefilled_cache(layer, past_key, past_value)
-        past = 0 if past_key is None else past_key.shape[2]
-        mask = attention_mask(position_ids, key_positions(position_ids, past), True, None, self.dtype)
-        out = self.attention(hidden, layer_past=cache, attention_mask=mask, position_ids=position_ids)[0]
-        key, value = cached(cache, layer)
-        return out, key, value
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        return self.attention(hidden, layer_past=cache, attention_mask=mask, position_ids=position_ids)[0]
 
 
-def reference(
-    hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
-) -> GPTJReference:
-    attention = hf_class("models.gptj.modeling_gptj.GPTJAttention")(hf, layer_idx=plan.layer)
-    load_module(attention, tensors, "", dtype)
-    return GPTJReference(attention, plan, angles, dtype)
+reference = GPTJReference.builder("models.gptj.modeling_gptj.GPTJAttention")
 
 
 GPTJ = register(

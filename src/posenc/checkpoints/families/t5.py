@@ -13,16 +13,7 @@ from typing import Any
 import torch
 
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
-from posenc.checkpoints.reference import (
-    HFModule,
-    TransformersReference,
-    attention_mask,
-    cached,
-    hf_class,
-    key_positions,
-    load_module,
-    prefilled_cache,
-)
+from posenc.checkpoints.reference import HFModule, ModuleReference, hf_class, load_module
 from posenc.checkpoints.rotary import check_layer
 from posenc.config import AttentionConfig
 
@@ -61,32 +52,19 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-class T5Reference(TransformersReference):
-    """``T5Attention`` of the layer, with the position bias computed by its stack's layer-0 module."""
-
-    module_name = "T5Attention"
+class T5Reference(ModuleReference):
+    """``T5Attention`` of the layer, with the position bias computed by its stack's layer-0 module (``owner``)."""
 
     def __init__(self, attention: HFModule, owner: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype):
-        super().__init__(plan, angles, dtype)
-        self.attention = attention
+        super().__init__(attention, plan, angles, dtype)
         self.owner = owner
 
-    def step(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor,
-        past_key: torch.Tensor | None,
-        past_value: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        layer = self.plan.layer
-        cache = prefilled_cache(layer, past_key, past_value)
-        past = 0 if past_key is None else past_key.shape[2]
-        seq = hidden.shape[1]
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        seq, past = hidden.shape[1], keys.shape[1] - hidden.shape[1]
         bias = self.owner.compute_bias(seq, past + seq, past_seen_tokens=past)
-        mask = attention_mask(position_ids, key_positions(position_ids, past), self.plan.decoder, None, self.dtype)
-        out = self.attention(hidden, mask=mask, position_bias=bias, past_key_values=cache)[0]
-        key, value = cached(cache, layer)
-        return out, key, value
+        return self.attention(hidden, mask=mask, position_bias=bias, past_key_values=cache)[0]
 
 
 def reference(
