@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from posenc.checkpoints.load import LoadedLayer
 from posenc.checkpoints.reference import hf_config
 from posenc.checkpoints.samples import get_sample
 from posenc.errors import ConfigError
+from tests.checkpoints.whole_model import model_steps, reference_error
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,56 +34,14 @@ NAMES = ("gpt-neox", "falcon-new-arch-rope", "falcon-multi-query-rope", "falcon-
 """Their samples (posenc.checkpoints.samples) are proven by tests/checkpoints/test_families.py."""
 
 
-def _capture(module: torch.nn.Module) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:
-    """Record ``(hidden input, output)`` of every call of an attention module (BLOOM's residual subtracted)."""
-    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def hook(mod: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        out = output[0]
-        residual = args[1] if len(args) > 1 and type(mod).__name__ == "BloomAttention" else None
-        calls.append((hidden.detach().clone(), (out - residual if residual is not None else out).detach().clone()))
-
-    return calls, module.register_forward_hook(hook, with_kwargs=True)
-
-
-ATTENTION_OF: dict[str, Callable[[Any, int], torch.nn.Module]] = {
-    "gpt_neox": lambda model, layer: model.layers[layer].attention,
-    "falcon": lambda model, layer: model.h[layer].self_attention,
-    "bloom": lambda model, layer: model.h[layer].self_attention,
-    "mpt": lambda model, layer: model.blocks[layer].attn,
-}
-
-
-def _model_steps(folder: Path, layer: int, implementation: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The layer's attention inputs and outputs while the base model runs a 6-token prompt, then one more token."""
-    model = transformers.AutoModel.from_pretrained(folder, attn_implementation=implementation).eval()
-    calls, handle = _capture(ATTENTION_OF[model.config.model_type](model, layer))
-    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        past = model(ids[:, :6], use_cache=True).past_key_values
-        model(ids[:, 6:], past_key_values=past, use_cache=True)
-    handle.remove()
-    return calls
-
-
-def _reference_error(loaded: LoadedLayer, steps: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Largest |reference - model| over the prompt and the decode step (the reference carries its own cache)."""
-    reference = loaded.reference()
-    (prompt, prompt_out), (token, token_out) = steps
-    out, key, value = reference(prompt, torch.arange(6).expand(2, 6))
-    next_out = reference(token, torch.full((2, 1), 6), key, value)[0]
-    return max(float((out - prompt_out).abs().max()), float((next_out - token_out).abs().max()))
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_reference_calls_its_module_as_the_model_does(name: str, tmp_path: Path) -> None:
     """Falcon runs sdpa: its eager model adds ALiBi twice (next test)."""
     sample = get_sample(name)
     folder = sample.build(tmp_path / "ckpt")
     implementation = "sdpa" if sample.config_class == "FalconConfig" else "eager"
-    steps = _model_steps(folder, sample.layer or 0, implementation)
-    assert _reference_error(load_layer(folder, sample.layer), steps) <= 1e-5
+    steps = model_steps(folder, sample.layer or 0, sample.layer_type, implementation)
+    assert reference_error(load_layer(folder, sample.layer).reference(), steps) <= 1e-5
 
 
 def test_falcon_eager_model_adds_alibi_twice(tmp_path: Path) -> None:
@@ -91,8 +49,8 @@ def test_falcon_eager_model_adds_alibi_twice(tmp_path: Path) -> None:
     again; the reference follows the sdpa path. When this fails, transformers fixed it: update falcon.py."""
     sample = get_sample("falcon-alibi-bias")
     folder = sample.build(tmp_path / "ckpt")
-    steps = _model_steps(folder, sample.layer or 0, "eager")
-    assert _reference_error(load_layer(folder, sample.layer), steps) > 1e-3
+    steps = model_steps(folder, sample.layer or 0, sample.layer_type, "eager")
+    assert reference_error(load_layer(folder, sample.layer).reference(), steps) > 1e-3
 
 
 def _block_error(loaded: LoadedLayer) -> float:
