@@ -195,7 +195,6 @@ def test_registry_refuses_contradictory_or_clashing_entries() -> None:
 def test_entries_agree_with_transformers_and_their_schemes() -> None:
     transformers = pytest.importorskip("transformers.modeling_rope_utils", reason="transformers is the reference")
     from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
-
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
     # types a model's own rotary class defines (HunYuan's NTK-α, Qwen2-VL's M-RoPE sections) count as transformers
