@@ -29,6 +29,10 @@ BERT_EMBEDDINGS = {"position_offset": 2, "token_type": True, "embedding_norm": T
 MARIAN = AttentionConfig(hidden_size=63, num_heads=4, head_dim=16, max_position_embeddings=64, out_bias=True)
 DEBERTA = dataclasses.replace(BERT, attn_scale=None)
 LOCAL = dataclasses.replace(_DECODER, attn_scale=0.3, logit_softcap=2.0, sliding_window=4)
+LLAMA4_ROPE = dataclasses.replace(_DECODER, qk_norm="l2", qk_norm_eps=1e-5, qk_norm_after_rope=True,
+                                  attention_chunk_size=4)  # fmt: skip
+LLAMA4_NOPE = dataclasses.replace(_DECODER, temperature_floor_scale=2, temperature_scale=0.1)
+HUNYUAN = dataclasses.replace(_DECODER, qk_norm="rms", qk_norm_eps=1e-5, qk_norm_after_rope=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,13 +95,16 @@ FEATURE_CASES = [
     ),
     FeatureCase("shaw_local", "shaw", LOCAL, {"max_relative_position": 3}, "dynamic", "float32", slow=True),
     FeatureCase("rerope_local", "rerope", LOCAL, {"window": 3}, "precomputed", "float16"),
+    FeatureCase("llama4_rope_chunked", "rope", LLAMA4_ROPE, {"layout": "interleaved"}, "precomputed", "float16"),
+    FeatureCase("llama4_nope_temperature", "nope", LLAMA4_NOPE, {}, "precomputed", "float16"),
+    FeatureCase("hunyuan_norm_after_rope", "rope_ntk_alpha", HUNYUAN, {"alpha": 1000.0}, "dynamic", "float32"),
 ]
 """Every option in fp32 and fp16 and in both table modes where its scheme has them."""
 
 ENGINE_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" and c.scheme != "rerope"]
 """One engine per option: q/k norm, soft-cap, window, biases (gemma2); scaled ALiBi; BERT embeddings; odd
-sinusoids; shared DeBERTa projections. (TensorRT-RTX has no fp16 fused-attention kernel for head_dim 8, so the
-blocks keep head_dim >= 16.)"""
+sinusoids; shared DeBERTa projections; Llama 4's chunks, L2 norm after RoPE and temperature tuning.
+(TensorRT-RTX has no fp16 fused-attention kernel for head_dim 8, so the blocks keep head_dim >= 16.)"""
 FUSION_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" or c.name in ("gemma2", "alibi_encoder_window_capped")]
 """The fp16 blocks (their TensorRT graphs are the engine tests' too), the fp32 dynamic RoPE block and the
 soft-capped ALiBi block whose attention must stay decomposed."""

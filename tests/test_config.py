@@ -161,8 +161,8 @@ def test_missing_or_invalid_files_raise_config_error(tmp_path: Path) -> None:
         from_hf_config(bad)
     with pytest.raises(ConfigError, match="lacks hidden_size/num_attention_heads"):
         from_hf_config({"model_type": "llama"})
-    with pytest.raises(ConfigError, match=r"rope_type 'mrope' in config.json is not supported; supported: "):
-        from_hf_config({**LLAMA_3_1, "rope_scaling": {"rope_type": "mrope"}})
+    with pytest.raises(ConfigError, match=r"rope_type 'axial' in config.json is not supported; supported: "):
+        from_hf_config({**LLAMA_3_1, "rope_scaling": {"rope_type": "axial"}})
 
 
 def test_attention_config_validation() -> None:
@@ -286,7 +286,7 @@ def test_attention_options_default_to_plain_attention_and_round_trip() -> None:
         ("sliding_window", -4, "sliding_window must be an int >= 1"),
         ("sliding_window", 4.0, "sliding_window must be an int >= 1"),
         ("sliding_window", True, "sliding_window must be an int >= 1"),
-        ("qk_norm", "layer", r"qk_norm must be one of \['none', 'rms'\]"),
+        ("qk_norm", "layer", r"qk_norm must be one of \['none', 'rms', 'l2'\]"),
         ("qk_norm", None, r"qk_norm must be one of"),
         ("qk_norm_eps", 0.0, "qk_norm_eps must be a finite number > 0"),
         ("qk_norm_eps", None, "qk_norm_eps must be a finite number > 0"),

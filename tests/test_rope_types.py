@@ -195,9 +195,12 @@ def test_registry_refuses_contradictory_or_clashing_entries() -> None:
 def test_entries_agree_with_transformers_and_their_schemes() -> None:
     transformers = pytest.importorskip("transformers.modeling_rope_utils", reason="transformers is the reference")
     from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
-    # types a model's own rotary class defines (HunYuan's NTK-α) count as transformers types too
+    # types a model's own rotary class defines (HunYuan's NTK-α, Qwen2-VL's M-RoPE sections) count as transformers
+    # types too
     per_model = {"ntk_alpha"} if hasattr(HunYuanDenseV1RotaryEmbedding, "compute_ntk_alpha_rope_parameters") else set()
+    per_model |= {"mrope"} if hasattr(Qwen2VLRotaryEmbedding, "recomposition_frequencies") else set()
     hf_types = set(transformers.ROPE_INIT_FUNCTIONS) | {"default"} | per_model
     for name in RT.names():
         entry = RT.get(name)
@@ -212,7 +215,7 @@ def test_entries_agree_with_transformers_and_their_schemes() -> None:
     assert RT.transformers_schemes() == {
         "default": "rope", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
         "longrope": "rope_longrope", "llama3": "rope_llama3", "proportional": "rope_proportional",
-        "ntk_alpha": "rope_ntk_alpha",
+        "ntk_alpha": "rope_ntk_alpha", "mrope": "rope_mrope",
     }  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from posenc.errors import (
     PosencError,
     PositionError,
 )
+from posenc.mla import MLABlock, MLAConfig
 from posenc.schemes import Placement, SchemeSpec, TableMode, build_scheme, get_spec, scheme_names, specs
 
 __version__ = "0.1.0"
@@ -28,6 +29,8 @@ __all__ = [
     "BuildError",
     "ConfigError",
     "ExportError",
+    "MLABlock",
+    "MLAConfig",
     "ModelFileError",
     "ParityError",
     "Placement",

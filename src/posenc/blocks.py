@@ -33,21 +33,33 @@ class HeadRMSNorm(nn.Module):
 
     ``x · rsqrt(mean(x²) + eps) · weight`` computed in float32 (float64 for float64 input) and cast back to the
     input's dtype. ``weight [D]`` starts at ones. Gemma's ``(1 + w)`` form is stored as ``1 + w`` (the checkpoint
-    loader adds the one). Shapes: ``[..., D] -> [..., D]``.
+    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm). Shapes: ``[..., D] -> [..., D]``.
     """
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, learned: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.dim = dim
+        self.weight = nn.Parameter(torch.ones(dim)) if learned else None
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        normed = F.rms_norm(x.to(compute), self.weight.shape, self.weight.to(compute), self.eps)
+        weight = None if self.weight is None else self.weight.to(compute)
+        normed = F.rms_norm(x.to(compute), (self.dim,), weight, self.eps)
         return normed.to(x.dtype)  # ONNX opset 23: one RMSNormalization in float32 between two casts
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+        return f"({self.dim},), eps={self.eps}" + ("" if self.weight is not None else ", no weight")
+
+
+def temperature_tuned(q: torch.Tensor, q_pos: torch.Tensor, floor_scale: int, scale: float) -> torch.Tensor:
+    """Llama 4's attention-temperature tuning (Nakanishi, "Scalable-Softmax Is Superior for Attention", 2025):
+    ``q [B, H, S, D]`` at positions ``q_pos [B, S]`` times ``1 + scale · ln(1 + floor((p + 1) / floor_scale))``,
+    computed in float32 (float64 for float64 q) with an exact integer floor, cast back to q's dtype."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    steps = torch.div(q_pos + 1, floor_scale, rounding_mode="floor").to(compute)
+    factor = torch.log(steps + 1.0) * scale + 1.0
+    return (q.to(compute) * factor[:, None, :, None]).to(q.dtype)
 
 
 def default_positions(batch: int, seq: int, past: int, device: torch.device | None = None) -> torch.Tensor:
@@ -77,9 +89,12 @@ class AttentionBlock(nn.Module):
         For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
 
     Computation: ``q, k, v`` from ``q_proj``/``k_proj``/``v_proj`` (bias when ``config.qkv_bias``), then
-    ``q_norm``/``k_norm`` (``config.qk_norm="rms"``), then the scheme; scores ``q·kᵀ · scale`` (+ bias of a
-    ``score`` scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality and
-    ``config.sliding_window``, softmax in float32, ``@ v``, heads merged, ``o_proj`` (bias when ``config.out_bias``).
+    ``q_norm``/``k_norm`` (``config.qk_norm``; after the rotation with ``config.qk_norm_after_rope``), then the
+    scheme; q's temperature (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
+    scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality,
+    ``config.sliding_window`` and ``config.attention_chunk_size``, softmax in float32, ``@ v``, heads merged,
+    ``o_proj`` (bias when ``config.out_bias``). Multi-axis schemes take position ids ``[A, B, S]`` and mask in
+    token order (cached keys at ``0 .. P - 1``, new tokens at ``P .. P + S - 1``), as transformers' Qwen2-VL does.
 
     State dict keys: ``q_proj.*``, ``k_proj.*``, ``v_proj.*``, ``o_proj.*`` (``.bias`` as configured),
     ``q_norm.weight`` / ``k_norm.weight`` ``[D]`` with ``qk_norm="rms"``, and ``scheme.*``. A DeBERTa scheme with
@@ -124,8 +139,9 @@ class AttentionBlock(nn.Module):
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(h * d, e, bias=config.out_bias)
-        self.q_norm = HeadRMSNorm(d, config.qk_norm_eps) if config.qk_norm == "rms" else None
-        self.k_norm = HeadRMSNorm(d, config.qk_norm_eps) if config.qk_norm == "rms" else None
+        learned = config.qk_norm == "rms"
+        self.q_norm = HeadRMSNorm(d, config.qk_norm_eps, learned) if config.qk_norm != "none" else None
+        self.k_norm = HeadRMSNorm(d, config.qk_norm_eps, learned) if config.qk_norm != "none" else None
         self.scheme.share_projections(self.q_proj, self.k_proj)
 
     def forward(
@@ -135,7 +151,7 @@ class AttentionBlock(nn.Module):
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b = hidden.shape[0]
+        b, s = hidden.shape[0], hidden.shape[1]
         past = 0 if past_key is None else past_key.shape[2]
         position_ids = self.positions(hidden, position_ids, past)
         if past_key is not None and past_value is None:
@@ -146,24 +162,36 @@ class AttentionBlock(nn.Module):
         if past_key is not None and past_value is not None:
             k = torch.cat((past_key.to(k.dtype), k), dim=2)
             v = torch.cat((past_value.to(v.dtype), v), dim=2)
-        # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
-        past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
-        key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)
-        return self.attend(q, k, v, position_ids, key_positions), k, v
+        # Cached keys sit at 0..P-1, the new keys at the queries' own positions (token order for multi-axis ids).
+        order = position_ids if position_ids.dim() == 2 else default_positions(b, s, past, hidden.device)
+        past_positions = torch.arange(past, device=hidden.device, dtype=order.dtype)
+        key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), order), dim=1)
+        return self.attend(q, k, v, order, key_positions), k, v
 
     def positions(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
-        """``position_ids [B, S]`` of the new tokens: given (``[1, S]`` broadcast), or ``past + arange(S)``."""
+        """``position_ids [B, S]`` of the new tokens: given (``[1, S]`` broadcast), or ``past + arange(S)``.
+
+        Multi-axis schemes (``scheme.spec.position_axes`` A > 1: M-RoPE, axial) take ``[A, B, S]`` (``[A, 1, S]``
+        broadcast); ``[B, S]`` ids are text-only and stand for every axis (as transformers' Qwen2-VL expands them).
+        """
         b, s = hidden.shape[0], hidden.shape[1]
+        axes = self.scheme.spec.position_axes
         if position_ids is None:
-            return default_positions(b, s, past, hidden.device)
-        if not is_tracing() and tuple(position_ids.shape) != (b, s):  # eager only: export keeps [B, S]
-            if tuple(position_ids.shape) != (1, s):
-                raise ConfigError(
-                    f"position_ids have shape {tuple(position_ids.shape)}; hidden [B={b}, S={s}, E] needs "
-                    f"[{b}, {s}] (or [1, {s}], shared by the batch)."
-                )
-            return position_ids.expand(b, s)
-        return position_ids
+            order = default_positions(b, s, past, hidden.device)
+            return order if axes == 1 else order.unsqueeze(0).expand(axes, b, s)
+        if is_tracing():  # export keeps the ids as given ([B, S] or [A, B, S])
+            return position_ids
+        shape = tuple(position_ids.shape)
+        if axes > 1 and len(shape) == 2:
+            return self.positions(hidden, position_ids.unsqueeze(0).expand(axes, *shape), past)
+        lead = () if axes == 1 else (axes,)
+        if shape not in ((*lead, b, s), (*lead, 1, s)):
+            per_axis = f", one row per axis of {self.scheme.spec.name}" if lead else ""
+            raise ConfigError(
+                f"position_ids have shape {shape}; hidden [B={b}, S={s}, E] needs {[*lead, b, s]} (or "
+                f"{[*lead, 1, s]}, shared by the batch){per_axis}."
+            )
+        return position_ids.expand(*lead, b, s)
 
     def project(
         self, hidden: torch.Tensor, position_ids: torch.Tensor
@@ -177,12 +205,15 @@ class AttentionBlock(nn.Module):
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
         q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        norms = self.q_norm is not None and self.k_norm is not None
+        if norms and not cfg.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         if placement is Placement.QK:
             q, k = self.scheme.rotate(q, k, position_ids)
+        if norms and cfg.qk_norm_after_rope:
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         return q, k, v
 
     def attend(
@@ -201,6 +232,8 @@ class AttentionBlock(nn.Module):
         cfg = self.config
         b, s = q.shape[0], q.shape[2]
         placement = self.scheme.placement
+        if cfg.temperature_floor_scale is not None:
+            q = temperature_tuned(q, q_pos, cfg.temperature_floor_scale, cfg.temperature_scale)
         k, v = repeat_kv(k, cfg.num_heads), repeat_kv(v, cfg.num_heads)
         if placement is Placement.ATTENTION:
             if key_mask is not None:
@@ -216,7 +249,7 @@ class AttentionBlock(nn.Module):
                 scores = scores.to(compute) + self.scheme.bias(q, k, q_pos, k_pos).to(compute)
             if cfg.logit_softcap is not None:
                 scores = soft_cap(scores.to(compute), cfg.logit_softcap)
-            mask = attention_mask(q_pos, k_pos, cfg.causal, cfg.sliding_window)
+            mask = attention_mask(q_pos, k_pos, cfg.causal, cfg.sliding_window, cfg.attention_chunk_size)
             if key_mask is not None:
                 visible = key_mask[:, None, None, :]
                 mask = visible if mask is None else mask & visible

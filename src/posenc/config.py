@@ -12,7 +12,7 @@ from typing import Any
 from posenc import rope_types
 from posenc.errors import ConfigError
 
-QK_NORMS: tuple[str, ...] = ("none", "rms")
+QK_NORMS: tuple[str, ...] = ("none", "rms", "l2")
 """Values of :attr:`AttentionConfig.qk_norm`."""
 
 
@@ -42,7 +42,16 @@ class AttentionConfig:
         qk_norm: ``"rms"``: per-head RMSNorm over ``head_dim`` on q and k right after the projections, before
             the scheme acts (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``), with learned weights ``q_norm.weight``,
             ``k_norm.weight`` ``[head_dim]`` on the block; ``"none"``: no norm.
+            ``"l2"``: the same norm without weights (Llama 4's ``Llama4TextL2Norm``, ``use_qk_norm``).
         qk_norm_eps: the epsilon inside that RMSNorm's square root.
+        qk_norm_after_rope: apply the q/k norm after the scheme rotated q and k (HunYuan's ``query_layernorm`` /
+            ``key_layernorm``, Llama 4's L2 norm) instead of before it.
+        attention_chunk_size: chunked attention (Llama 4's RoPE layers, ``attention_chunk_size``): a query sees
+            only keys of its own chunk, ``k_pos // c == q_pos // c`` (with causality); ``None``: no chunks.
+        temperature_floor_scale: attention-temperature tuning of q (Llama 4's NoPE layers, ``floor_scale``): q at
+            position p is multiplied by ``1 + temperature_scale · ln(1 + floor((p + 1) / floor_scale))`` before
+            the scores; ``None``: off.
+        temperature_scale: the ``attn_scale`` of that temperature (Llama 4: 0.1).
     """
 
     hidden_size: int = 256
@@ -60,9 +69,13 @@ class AttentionConfig:
     sliding_window: int | None = None
     qk_norm: str = "none"
     qk_norm_eps: float = 1e-6
+    qk_norm_after_rope: bool = False
+    attention_chunk_size: int | None = None
+    temperature_floor_scale: int | None = None
+    temperature_scale: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("causal", "qkv_bias", "out_bias"):
+        for name in ("causal", "qkv_bias", "out_bias", "qk_norm_after_rope"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}.")
         for name in ("hidden_size", "num_heads", "max_position_embeddings"):
@@ -95,25 +108,29 @@ class AttentionConfig:
             ("attn_scale", "the multiplier of q·kᵀ, e.g. query_pre_attn_scalar ** -0.5"),
             ("logit_softcap", "the cap of cap·tanh(scores / cap), e.g. Gemma 2's attn_logit_softcapping"),
             ("qk_norm_eps", "the RMSNorm epsilon, e.g. rms_norm_eps"),
+            ("temperature_scale", "the attn_scale of Llama 4's attention-temperature tuning"),
         ):
             value = getattr(self, name)
-            if value is None and name != "qk_norm_eps":
+            if value is None and name not in ("qk_norm_eps", "temperature_scale"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                unset = "" if name == "qk_norm_eps" else ", or None for none"
+                unset = "" if name in ("qk_norm_eps", "temperature_scale") else ", or None for none"
                 raise ConfigError(
                     f"AttentionConfig.{name} must be a finite number > 0 ({meaning}{unset}), got {value!r}."
                 )
             object.__setattr__(self, name, float(value))
-        window = self.sliding_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ConfigError(
-                f"AttentionConfig.sliding_window must be an int >= 1 (keys a query sees, itself included) or None "
-                f"for full attention, got {window!r}."
-            )
+        for name, meaning in (
+            ("sliding_window", "keys a query sees, itself included"),
+            ("attention_chunk_size", "tokens per attention chunk, e.g. Llama 4's 8192"),
+            ("temperature_floor_scale", "Llama 4's floor_scale, e.g. 8192"),
+        ):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"AttentionConfig.{name} must be an int >= 1 ({meaning}) or None, got {value!r}.")
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(
-                f"AttentionConfig.qk_norm must be one of {list(QK_NORMS)} (per-head RMSNorm of q and k, or none), "
+                f"AttentionConfig.qk_norm must be one of {list(QK_NORMS)} (per-head RMSNorm of q and k with or "
+                f"without weights, or none), "
                 f"got {self.qk_norm!r}."
             )
 
@@ -281,6 +298,7 @@ def _hf_scheme(
         raise ConfigError(f"layer_type {layer_type!r} given, but config.json has one rope_parameters for all layers.")
     theta = rope.get("rope_theta", data.get("rope_theta", data.get("rotary_emb_base", 10000.0)))
     rope_type = rope_types.rope_type_name(rope)
+    _refuse_dropped_axes(rope, rope_type)
     rope_type_to_scheme = rope_types.transformers_schemes()  # the registered types transformers defines
     if rope_type not in rope_type_to_scheme:
         raise ConfigError(
@@ -308,6 +326,21 @@ def _hf_scheme(
             data.get("original_max_position_embeddings", config.max_position_embeddings)
         )
     return rope_type_to_scheme[rope_type], params
+
+
+def _refuse_dropped_axes(rope: Mapping[str, Any], rope_type: str) -> None:
+    """A multi-axis key (M-RoPE's ``mrope_section``) next to a rope_type that is not its own would be dropped,
+    silently turning 3-axis positions into 1-axis ones: refuse it."""
+    for entry in map(rope_types.get, rope_types.names()):
+        if entry.position_axes == 1 or entry.name == rope_type:
+            continue
+        for label, key in entry.claims.items():
+            if rope.get(key):
+                raise ConfigError(
+                    f"config.json's rope_parameters carry {key!r} ({entry.title}) with rope_type {rope_type!r}; "
+                    f"posenc's {entry.scheme} takes {label!r} frequencies only, so this combination cannot be "
+                    f"imported. Export the scheme by hand (posenc show {entry.scheme})."
+                )
 
 
 def _deberta_params(data: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:

@@ -16,7 +16,15 @@ from posenc.errors import ConfigError
 
 __all__ = ["Param"]
 
-_KINDS = ("int", "float", "bool", "str", "floats", "dict")
+_KINDS = ("int", "float", "bool", "str", "floats", "ints", "dict")
+
+
+def _integral(value: Any) -> int:
+    """An int from an int, an integral float (JSON) or a digit string; anything else raises."""
+    number = float(value) if not isinstance(value, int) else value
+    if isinstance(number, float) and not number.is_integer():
+        raise ValueError
+    return int(number)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +59,7 @@ class Param:
             raise ConfigError(f"{where} must be a {self.kind}, got {value!r} ({self.doc}).") from None
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{where} must be one of {list(self.choices)}, got {value!r}.")
-        numbers = value if self.kind == "floats" else [value] if self.kind in ("int", "float") else []
+        numbers = value if self.kind in ("floats", "ints") else [value] if self.kind in ("int", "float") else []
         for number in numbers:
             if isinstance(number, float) and not math.isfinite(number):
                 raise ConfigError(f"{where} must be finite, got {number!r}.")
@@ -96,6 +104,12 @@ class Param:
             if not isinstance(value, Sequence):
                 raise TypeError
             return tuple(float(v) for v in value)
+        if self.kind == "ints":
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+            if not isinstance(value, Sequence) or any(isinstance(v, bool) for v in value):
+                raise TypeError
+            return tuple(_integral(v) for v in value)
         if isinstance(value, str):
             value = json.loads(value)
         if not isinstance(value, Mapping):

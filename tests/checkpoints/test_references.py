@@ -22,7 +22,9 @@ pytest.importorskip("transformers")
 ROTARY_AND_T5 = sorted(
     name
     for name, sample in SAMPLES.items()
-    if sample.config_class.startswith(("Llama", "Mistral", "Qwen", "Gemma", "Phi3", "GPTJ", "T5"))
+    if sample.config_class.startswith(
+        ("Llama", "Mistral", "Qwen", "Gemma", "Phi3", "GPTJ", "T5", "Deepseek", "HunYuan")
+    )
 )
 
 

@@ -19,6 +19,14 @@ ATTENTION_OF: dict[str, Callable[[Any, int, str | None], torch.nn.Module]] = {
         ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"),
         lambda model, layer, stack: model.layers[layer].self_attn,
     ),
+    **dict.fromkeys(
+        ("llama4_text", "deepseek_v2", "deepseek_v3", "hunyuan_v1_dense"),
+        lambda model, layer, stack: model.layers[layer].self_attn,
+    ),
+    **dict.fromkeys(
+        ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+        lambda model, layer, stack: model.language_model.layers[layer].self_attn,
+    ),
     "gptj": lambda model, layer, stack: model.h[layer].attn,
     "gpt_neox": lambda model, layer, stack: model.layers[layer].attention,
     "falcon": lambda model, layer, stack: model.h[layer].self_attention,

@@ -27,8 +27,9 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     model = load_model(path)
     assert record["fuse_attention"] == case.fused_attention_expected[target]
     assert record["fuse_rope"] == rotations  # ReRoPE's rotations too
-    if case.scheme == "rope" and target == "ort-cpu":  # the q/k RMSNorm sits between the head split and RoPE
-        assert record["rope_to_3d"] == (0 if case.config.qk_norm == "rms" else rotations)
+    if case.scheme == "rope" and target == "ort-cpu":  # a q/k norm before RoPE sits between the head split and it
+        before_rope = case.config.qk_norm != "none" and not case.config.qk_norm_after_rope
+        assert record["rope_to_3d"] == (0 if before_rope else rotations)
     attention = nodes(model, "Attention")
     assert len(attention) == record["fuse_attention"]
     scale = AttentionBlock(case.config, case.scheme, case.params, case.table_mode).scheme.score_scale()

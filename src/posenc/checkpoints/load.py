@@ -19,6 +19,7 @@ from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, suppo
 from posenc.checkpoints.reference import TransformersReference, hf_config
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError
+from posenc.mla import MLABlock, build_block
 from posenc.provenance import CheckpointWeights
 from posenc.schemes.base import TableMode, table_keys
 
@@ -53,15 +54,15 @@ class LoadedLayer:
         table_mode: TableMode | str | None = None,
         max_positions: int | None = None,
         table_dtype: torch.dtype = torch.float32,
-    ) -> AttentionBlock:
-        """The layer as an :class:`AttentionBlock` holding the checkpoint's weights (float32 parameters).
+    ) -> AttentionBlock | MLABlock:
+        """The layer as an :class:`AttentionBlock` (an :class:`~posenc.mla.MLABlock` for MLA families) holding the
+        checkpoint's weights (float32 parameters).
 
         Raises:
             ConfigError: a tensor's shape does not fit the geometry the config describes.
         """
-        block = AttentionBlock(
-            self.plan.config, self.plan.scheme, self.plan.params, table_mode, max_positions, table_dtype
-        )
+        plan = self.plan
+        block = build_block(plan.config, plan.scheme, plan.params, table_mode, max_positions, table_dtype)
         load_state(block, self.state, self.location)
         return block.eval()
 
@@ -190,7 +191,7 @@ def block_from_hf(
     layer_type: str | None = None,
     table_mode: TableMode | str | None = None,
     max_positions: int | None = None,
-) -> tuple[AttentionBlock, LoadedLayer]:
+) -> tuple[AttentionBlock | MLABlock, LoadedLayer]:
     """``(block, loaded)``: layer ``layer`` of a checkpoint as an AttentionBlock with its weights, and what was read.
 
     Example::

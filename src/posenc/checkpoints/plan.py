@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from posenc.config import AttentionConfig
+from posenc.mla import MLAConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,7 +14,8 @@ class LayerPlan:
     """One layer of a checkpoint as posenc builds it.
 
     Attributes:
-        config: attention geometry (and block features: biases, norms, scale, window, ...).
+        config: attention geometry (and block features: biases, norms, scale, window, ...); an
+            :class:`~posenc.mla.MLAConfig` for multi-head latent attention.
         scheme: registered scheme name (``posenc list``).
         params: scheme parameters.
         layer: the layer index within its stack.
@@ -21,7 +23,7 @@ class LayerPlan:
         decoder: True when the layer is used with a KV cache (decode steps make sense).
     """
 
-    config: AttentionConfig
+    config: AttentionConfig | MLAConfig
     scheme: str
     params: dict[str, Any]
     layer: int

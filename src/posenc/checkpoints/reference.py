@@ -97,12 +97,18 @@ def load_module(module: HFModule, tensors: Mapping[str, torch.Tensor], prefix: s
 
 
 def attention_mask(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None, dtype: torch.dtype
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    causal: bool,
+    window: int | None,
+    dtype: torch.dtype,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Additive mask ``[B, 1, Sq, Sk]``: 0 where query i may see key j, the dtype's minimum elsewhere.
 
     Visible: ``k <= q`` when causal; and ``q - k < window`` (causal) or ``|q - k| < window`` (bidirectional)
-    with a sliding window — transformers' ``causal_mask_function`` and ``sliding_window_overlay``.
+    with a sliding window; and ``k // chunk == q // chunk`` with chunks — transformers' ``causal_mask_function``,
+    ``sliding_window_overlay`` and ``chunked_overlay``.
     """
     q, k = q_pos.unsqueeze(-1), k_pos.unsqueeze(-2)
     visible = torch.ones(q.shape[0], q.shape[1], k.shape[2], dtype=torch.bool)
@@ -110,8 +116,17 @@ def attention_mask(
         visible &= k <= q
     if window is not None:
         visible &= ((q - k) < window) if causal else ((q - k).abs() < window)
+    if chunk is not None:
+        visible &= torch.div(k, chunk, rounding_mode="floor") == torch.div(q, chunk, rounding_mode="floor")
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
     return mask.unsqueeze(1)
+
+
+def token_positions(hidden: torch.Tensor, past: int) -> torch.Tensor:
+    """``past + arange(S)`` per row ``[B, S]``: the new tokens' places in the sequence (transformers'
+    ``cache_position``), which masks follow when the position ids are multi-axis (M-RoPE's ``[3, B, S]``)."""
+    b, s = hidden.shape[0], hidden.shape[1]
+    return (torch.arange(s) + past).unsqueeze(0).expand(b, s)
 
 
 def key_positions(position_ids: torch.Tensor, past: int) -> torch.Tensor:
@@ -240,9 +255,12 @@ class ModuleReference(TransformersReference):
     def step(self, hidden: torch.Tensor, position_ids: torch.Tensor, past_key: Past, past_value: Past) -> Step:
         copies = self.cached_copies
         past_key, past_value = (None if t is None else t.repeat_interleave(copies, 1) for t in (past_key, past_value))
-        keys = key_positions(position_ids, 0 if past_key is None else past_key.shape[2])
+        past = 0 if past_key is None else past_key.shape[2]
+        order = position_ids if position_ids.dim() == 2 else token_positions(hidden, past)
+        keys = key_positions(order, past)
         config = self.plan.config
-        mask = attention_mask(position_ids, keys, config.causal, config.sliding_window, self.dtype)
+        window, chunk = config.sliding_window, config.attention_chunk_size
+        mask = attention_mask(order, keys, config.causal, window, self.dtype, chunk)
         cache = prefilled_cache(self.plan.layer, past_key, past_value)
         out = self.call(hidden, position_ids, keys, mask, cache)
         key, value = cached(cache, self.plan.layer)
@@ -251,8 +269,8 @@ class ModuleReference(TransformersReference):
     def call(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """The module's output ``[B, S, E]`` for ``hidden`` at ``position_ids`` (keys at ``keys [B, P + S]``);
-        the module updates ``cache``."""
+        """The module's output ``[B, S, E]`` for ``hidden`` at ``position_ids`` (``[B, S]``, or ``[A, B, S]`` for
+        multi-axis schemes, whose mask and ``keys [B, P + S]`` follow token order); the module updates ``cache``."""
         raise NotImplementedError
 
 
@@ -270,4 +288,5 @@ __all__ = [
     "key_positions",
     "load_module",
     "prefilled_cache",
+    "token_positions",
 ]

@@ -133,6 +133,30 @@ _PRECOMPUTED = ("precomputed",)
 """Learned tables have no dynamic mode."""
 _GEMMA23 = {**_GEMMA, "sliding_window": 5, "query_pre_attn_scalar": 24}
 
+_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+"""Qwen2-VL's chunked M-RoPE with head_dim 16: 8 slots, 2 temporal, 3 height, 3 width (Qwen's 16/24/24 of 64)."""
+_QWEN_VISION = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 1, "patch_size": 4,
+                "spatial_merge_size": 2}  # fmt: skip
+_QWEN3_VISION = {"depth": 1, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2, "intermediate_size": 32,
+                 "patch_size": 4, "deepstack_visual_indexes": [0]}  # fmt: skip
+_QWEN3_MROPE = {"rope_type": "default", "rope_theta": 5e5, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+_DEEPSEEK = {**TINY, "num_hidden_layers": 2, "num_key_value_heads": 4, "moe_intermediate_size": 32,
+             "n_routed_experts": 2, "n_shared_experts": 1, "num_experts_per_tok": 1, "first_k_dense_replace": 1,
+             "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+             **NO_SPECIAL_TOKENS}  # fmt: skip
+_DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8192,
+                  "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}  # fmt: skip
+"""DeepSeek-V2-Lite's rope scaling (factor 40, original 4096 there) at a tiny scale: the softmax scale carries
+mscale(4, 0.707)², the cos/sin mscale(4, 0.707) / mscale(4, 0.707) = 1."""
+_LLAMA4 = {**TINY, "num_hidden_layers": 4, "head_dim": 16, "intermediate_size_mlp": 64, "num_local_experts": 2,
+           "attention_chunk_size": 8, "floor_scale": 4, "attn_scale": 0.1, **NO_SPECIAL_TOKENS,
+           "rope_parameters": {**_LLAMA3, "original_max_position_embeddings": 8192}}  # fmt: skip
+"""Layers 0-2 RoPE (chunks of 8 tokens, L2 q/k norm), layer 3 NoPE; floor_scale 4 so the temperature changes
+every 4 positions of a short feed (8192 in the released models)."""
+_NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}
+"""HunYuan labels NTK-α "dynamic" with an alpha (HunYuan-A13B: alpha 1000)."""
+_HUNYUAN = {**TINY, "head_dim": 16, **NO_SPECIAL_TOKENS, "rope_parameters": _NTK_ALPHA}
+
 SAMPLES: dict[str, Sample] = {
     sample.name: sample
     for sample in (
@@ -244,6 +268,38 @@ SAMPLES: dict[str, Sample] = {
                layer_type="decoder", table_modes=_PRECOMPUTED),
         Sample("bart-decoder-layer1", "BART decoder layer 1: no positions (nope)", "BartConfig",
                "BartForConditionalGeneration", _BART, layer=1, layer_type="decoder", table_modes=_PRECOMPUTED),
+        Sample(
+            "qwen2-vl", "Qwen2-VL text attention: M-RoPE in sections, q/k/v biases", "Qwen2VLConfig",
+            "Qwen2VLForConditionalGeneration",
+            {"text_config": _decoder(rope_parameters=_MROPE), "vision_config": _QWEN_VISION}, layer=1,
+        ),
+        Sample(
+            "qwen2.5-vl", "Qwen2.5-VL text attention: M-RoPE in sections", "Qwen2_5_VLConfig",
+            "Qwen2_5_VLForConditionalGeneration",
+            {"text_config": _decoder(rope_parameters=_MROPE),
+             "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "intermediate_size": 32}},
+        ),
+        Sample(
+            "qwen3-vl", "Qwen3-VL text attention: interleaved M-RoPE, q/k norms", "Qwen3VLConfig",
+            "Qwen3VLForConditionalGeneration",
+            {"text_config": _decoder(head_dim=16, rope_parameters=_QWEN3_MROPE), "vision_config": _QWEN3_VISION},
+        ),
+        Sample(
+            "deepseek-v2-lite", "DeepSeek-V2-Lite shape: MLA, plain q_proj, complex RoPE, YaRN mscale",
+            "DeepseekV2Config", "DeepseekV2ForCausalLM", {**_DEEPSEEK, "q_lora_rank": None,
+                                                          "rope_parameters": _DEEPSEEK_YARN}, layer=1,
+        ),
+        Sample(
+            "deepseek-v3", "DeepSeek-V3: MLA with q LoRA, rope_interleave, YaRN mscale", "DeepseekV3Config",
+            "DeepseekV3ForCausalLM", {**_DEEPSEEK, "q_lora_rank": 24, "n_group": 1, "topk_group": 1,
+                                      "rope_parameters": _DEEPSEEK_YARN},
+        ),
+        Sample("llama4-rope", "Llama 4 RoPE layer: complex RoPE, chunked attention, L2 q/k norm",
+               "Llama4TextConfig", "Llama4ForCausalLM", _LLAMA4, layer=1),
+        Sample("llama4-nope", "Llama 4 NoPE layer: attention-temperature tuning", "Llama4TextConfig",
+               "Llama4ForCausalLM", _LLAMA4, layer=3),
+        Sample("hunyuan", "HunYuan: NTK-α RoPE, q/k norms after the rotation", "HunYuanDenseV1Config",
+               "HunYuanDenseV1ForCausalLM", _HUNYUAN, layer=1),
     )
 }  # fmt: skip
 

@@ -45,6 +45,7 @@ from posenc.export.files import (
 )
 from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
 from posenc.export.units import SAMPLE_SHAPE, UNITS, ExportUnit, make_unit
+from posenc.mla import MLABlock, MLAConfig, build_block
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
 from posenc.records import to_json
 from posenc.schemes import build_scheme, get_spec
@@ -309,7 +310,7 @@ def _build_inner(
     scheme: str | None,
     module: nn.Module | None,
     params: Mapping[str, Any] | None,
-    config: AttentionConfig | None,
+    config: AttentionConfig | MLAConfig | None,
     table_mode: TableMode | str | None,
     max_positions: int | None,
     table_dtype: torch.dtype,
@@ -324,9 +325,9 @@ def _build_inner(
                 "table_mode, max_positions and table_dtype belong to building a scheme; a built module already "
                 "fixed them. Build it with them (build_scheme / AttentionBlock) and pass only the module."
             )
-        if not isinstance(module, (AttentionBlock, PositionalScheme)):
+        if not isinstance(module, (AttentionBlock, MLABlock, PositionalScheme)):
             raise ExportError(
-                f"export_onnx exports an AttentionBlock or a PositionalScheme, got {type(module).__name__}."
+                f"export_onnx exports an AttentionBlock, MLABlock or PositionalScheme, got {type(module).__name__}."
             )
         return copy.deepcopy(module)
     if scheme is None:
@@ -336,7 +337,9 @@ def _build_inner(
         raise ExportError(f"scheme {scheme!r} cannot be exported as unit {unit!r}; it supports {sorted(spec.exports)}.")
     config = config or AttentionConfig()
     if unit == "block":
-        return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
+        return build_block(config, scheme, params, table_mode, max_positions, table_dtype)
+    if isinstance(config, MLAConfig):
+        config = config.rope_config()  # the op of an MLA geometry rotates its rope slice
     return build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)
 
 
@@ -346,7 +349,7 @@ def export_onnx(
     *,
     unit: str = "block",
     params: Mapping[str, Any] | None = None,
-    config: AttentionConfig | None = None,
+    config: AttentionConfig | MLAConfig | None = None,
     table_mode: TableMode | str | None = None,
     dtype: str | torch.dtype = "float32",
     opset: int = DEFAULT_OPSET,
@@ -365,7 +368,8 @@ def export_onnx(
         unit: ``"block"`` (AttentionBlock), ``"op"`` (the scheme's op alone) or ``"op-3d"`` (a rotary op on
             the projection layout ``[B, S, H*D]``), see :mod:`posenc.export.units`.
         params: scheme parameter overrides.
-        config: attention geometry (default :class:`AttentionConfig()`).
+        config: attention geometry (default :class:`AttentionConfig()`; an :class:`~posenc.mla.MLAConfig` exports
+            an :class:`~posenc.mla.MLABlock`, or its rope slice as the op).
         table_mode: ``precomputed`` (tables of ``max_positions`` rows as initializers) or ``dynamic``
             (tables computed in the graph from position ids); default: ``precomputed`` where the scheme has it.
         dtype: fp32 / fp16 / bf16: weights and activation inputs; position tables stay ``table_dtype``.
@@ -398,7 +402,7 @@ def export_onnx(
         torch.manual_seed(seed)
         inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
     source = _weights_source(module, seed, provenance)
-    spec = (inner.scheme if isinstance(inner, AttentionBlock) else inner).spec  # type: ignore[union-attr]
+    spec = (inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner).spec  # type: ignore[union-attr]
     dtype = check_dtype(dtype, spec.name)
     activation = torch_dtype(dtype)
     inner = inner.to(activation).eval()

@@ -9,7 +9,8 @@ read it instead of asking the user again. Fields (JSON keys):
 ``table_mode``             ``"precomputed"`` or ``"dynamic"``
 ``dtype``, ``table_dtype`` activation/weight dtype of the graph; dtype of position tables (float32)
 ``opset``                  ONNX opset of the default domain
-``attention``              :class:`posenc.config.AttentionConfig` as a dict
+``attention``              :class:`posenc.config.AttentionConfig` as a dict (an MLA block's
+                           :class:`posenc.mla.MLAConfig`, with ``"block": "mla"``)
 ``max_positions``          exclusive bound on position ids the graph serves (precomputed tables), or null
 ``build_max_positions``    ``max_positions`` argument the module was built with (rows of its tables)
 ``dynamic_dims``           name -> ``{"min", "max", "sample"}`` (``batch``, ``seq``, ``past``, ``kv_seq``)
@@ -114,11 +115,13 @@ class SourceRecord:
 
 @dataclasses.dataclass(frozen=True)
 class PassRecord:
-    """One graph pass of a ``posenc optimize`` run: its name, how many matches it rewrote, why it did not run."""
+    """One graph pass of a ``posenc optimize`` run: its name, how many matches it rewrote, why it did not run, and
+    why it left matches decomposed (``declined``: one reason per construct the target's fused op cannot express)."""
 
     name: str
     count: int
     skipped: str = field(optional=True, default="")
+    declined: tuple[str, ...] = field(optional=True, default=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,10 +210,11 @@ class Manifest(Document):
         return [s.name for s in self.outputs]
 
     def attention_config(self):  # type: ignore[no-untyped-def]
-        """The :class:`posenc.config.AttentionConfig` the module was built with."""
-        from posenc.config import AttentionConfig
+        """The geometry the module was built with: a :class:`posenc.config.AttentionConfig`, or a
+        :class:`posenc.mla.MLAConfig` for an MLA block (its dict says ``"block": "mla"``)."""
+        from posenc.mla import attention_config_from_dict
 
-        return AttentionConfig.from_dict(self.attention)
+        return attention_config_from_dict(self.attention)
 
     # -- (de)serialization: posenc.records.Document (to_dict / from_dict) -------------------------
 

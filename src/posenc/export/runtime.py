@@ -252,7 +252,7 @@ def build_eager(
         the unit module: its ``forward`` takes the graph's inputs in order (inputs the graph dropped are
         filled in by :func:`reference_inputs`).
     """
-    from posenc.blocks import AttentionBlock
+    from posenc.mla import MLAConfig, build_block
     from posenc.schemes import build_scheme
 
     activation = torch_dtype(dtype)
@@ -263,9 +263,9 @@ def build_eager(
     config = manifest.attention_config()
     rest = (manifest.params, manifest.table_mode, manifest.build_max_positions, tables)
     if manifest.unit == "block":
-        inner = AttentionBlock(config, manifest.scheme, *rest)
+        inner = build_block(config, manifest.scheme, *rest)
     else:
-        inner = build_scheme(manifest.scheme, config, *rest)
+        inner = build_scheme(manifest.scheme, config.rope_config() if isinstance(config, MLAConfig) else config, *rest)
     return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
 
 
@@ -346,10 +346,12 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
     right shape: the scheme does not read them.
     """
     from posenc.export.units import _slots  # the unit layout is the single source of input order
+    from posenc.schemes import get_spec
     from posenc.schemes.base import Placement
 
     config = manifest.attention_config()
-    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config)
+    axes = get_spec(manifest.scheme).position_axes
+    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config, axes)
     arrays = {k: np.asarray(v) for k, v in feed.items()}
     sizes: dict[str, int] = {}
     for spec in manifest.inputs:

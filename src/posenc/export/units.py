@@ -35,6 +35,7 @@ A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
+from posenc.mla import MLABlock, MLAConfig
 from posenc.schemes.base import Placement, PositionalScheme
 
 UNITS: tuple[str, ...] = ("op", "op-3d", "block")
@@ -248,14 +250,29 @@ class _Slot:
     layout: str
 
 
-def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[list[_Slot], list[tuple[str, str]]]:
-    """Input slots and ``(output name, layout)`` of a unit."""
+def _position_slot(axes: int) -> _Slot:
+    """``position_ids [B, S]``, or ``[A, B, S]`` (one row per axis) for multi-axis schemes."""
+    if axes == 1:
+        return _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]")
+    return _Slot("position_ids", "pos_q", (axes, "batch", "seq"), f"[{axes}, B, S]")
+
+
+def _slots(
+    unit: str, placement: Placement, config: AttentionConfig | MLAConfig, position_axes: int = 1
+) -> tuple[list[_Slot], list[tuple[str, str]]]:
+    """Input slots and ``(output name, layout)`` of a unit (``position_axes``: the scheme's, see
+    :attr:`posenc.schemes.SchemeSpec.position_axes`)."""
+    positions = _position_slot(position_axes)
+    if unit == "block" and isinstance(config, MLAConfig):
+        return _mla_slots(config, positions)
+    if isinstance(config, MLAConfig):
+        config = config.rope_config()  # an MLA geometry's op rotates its rope slice
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     if unit == "block":
         return (
             [
                 _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
-                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                positions,
                 _Slot("past_key", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
                 _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
             ],
@@ -266,7 +283,7 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
             [
                 _Slot("q", "act", ("batch", "seq", h * d), "[B, S, H*D]"),
                 _Slot("k", "act", ("batch", "seq", hkv * d), "[B, S, Hkv*D]"),
-                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                positions,
             ],
             [("q_rot", "[B, S, H*D]"), ("k_rot", "[B, S, Hkv*D]")],
         )
@@ -274,7 +291,7 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
         return (
             [
                 _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
-                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                positions,
             ],
             [("hidden_out", "[B, S, E]")],
         )
@@ -283,7 +300,7 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
             [
                 _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
                 _Slot("k", "act", ("batch", hkv, "seq", d), "[B, Hkv, S, D]"),
-                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                positions,
             ],
             [("q_rot", "[B, H, S, D]"), ("k_rot", "[B, Hkv, S, D]")],
         )
@@ -303,6 +320,24 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
     raise ExportError(f"placement {placement.value!r} has no positional op; export unit 'block' instead.")
 
 
+def _mla_slots(config: MLAConfig, positions: _Slot) -> tuple[list[_Slot], list[tuple[str, str]]]:
+    """An MLA block's inputs and outputs: its cache holds the latent ``[B, 1, P, C]`` and the rotated key slice."""
+    c, r = config.kv_lora_rank, config.qk_rope_head_dim
+    return (
+        [
+            _Slot("hidden", "act", ("batch", "seq", config.hidden_size), "[B, S, E]"),
+            positions,
+            _Slot("past_key", "past", ("batch", 1, "past", c), "[B, 1, P, C] (latent)"),
+            _Slot("past_value", "past", ("batch", 1, "past", r), "[B, 1, P, R] (rotated shared key)"),
+        ],
+        [
+            ("out", "[B, S, E]"),
+            ("present_key", "[B, 1, P+S, C] (latent)"),
+            ("present_value", "[B, 1, P+S, R] (rotated shared key)"),
+        ],
+    )
+
+
 @dataclasses.dataclass
 class ExportUnit:
     """A module ready for export plus everything needed to trace it and describe its graph.
@@ -318,7 +353,7 @@ class ExportUnit:
     unit: str
     module: nn.Module
     inner: nn.Module
-    config: AttentionConfig
+    config: AttentionConfig | MLAConfig
     dtype: torch.dtype
     slots: list[_Slot]
     outputs: list[tuple[str, str]]
@@ -333,7 +368,9 @@ class ExportUnit:
 
     @property
     def scheme(self) -> PositionalScheme:
-        return self.inner.scheme if isinstance(self.inner, AttentionBlock) else self.inner  # type: ignore[return-value]
+        if isinstance(self.inner, (AttentionBlock, MLABlock)):
+            return self.inner.scheme  # type: ignore[return-value]
+        return self.inner  # type: ignore[return-value]
 
     def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
         """name -> (symbolic shape, layout, role)."""
@@ -376,11 +413,11 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
     if unit not in UNITS:
         raise ExportError(f"unknown export unit {unit!r}; use one of {list(UNITS)}.")
     if unit == "block":
-        if not isinstance(inner, AttentionBlock):
-            raise ExportError("unit 'block' exports an AttentionBlock; pass one (or a scheme name).")
-        slots, outputs = _slots("block", inner.scheme.placement, inner.config)
+        if not isinstance(inner, (AttentionBlock, MLABlock)):
+            raise ExportError("unit 'block' exports an AttentionBlock or an MLABlock; pass one (or a scheme name).")
+        slots, outputs = _slots("block", inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
         return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
-    scheme = inner.scheme if isinstance(inner, AttentionBlock) else inner
+    scheme = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
     if not isinstance(scheme, PositionalScheme):
         raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
     if scheme.placement not in _OP_CLASSES or "op" not in scheme.spec.exports:
@@ -394,9 +431,9 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
                 f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
                 f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
             )
-        slots, outputs = _slots("op-3d", scheme.placement, scheme.config)
+        slots, outputs = _slots("op-3d", scheme.placement, scheme.config, scheme.spec.position_axes)
         return ExportUnit("op-3d", RotateProjectionOp(scheme), scheme, scheme.config, dtype, slots, outputs)
-    slots, outputs = _slots("op", scheme.placement, scheme.config)
+    slots, outputs = _slots("op", scheme.placement, scheme.config, scheme.spec.position_axes)
     return ExportUnit("op", _OP_CLASSES[scheme.placement](scheme), scheme, scheme.config, dtype, slots, outputs)
 
 
@@ -428,6 +465,59 @@ def positions_for(shape: FeedShape, kind: str, position_limit: int | None = None
     return np.repeat(row[None, :], shape.batch, axis=0)
 
 
+MULTI_AXIS_FEEDS: tuple[str, ...] = ("vision", "text")
+"""What the ``[A, B, S]`` ids of multi-axis feeds hold: a vision-like block (an image between text, or a patch
+grid) or text only (every axis the token's position)."""
+
+
+def multi_axis_positions(
+    shape: FeedShape, axes: int, content: str = "vision", position_limit: int | None = None
+) -> np.ndarray:
+    """Realistic int64 ids ``[A, B, S]`` of the new tokens of a multi-axis scheme.
+
+    The whole sequence (``past + seq`` tokens per row) is laid out, and its last ``seq`` tokens are the feed's:
+
+    - ``text``: every axis holds the token's position (:func:`positions_for`), where M-RoPE is plain RoPE;
+    - ``vision``, 3 axes (M-RoPE, as transformers' Qwen2-VL ``get_rope_index`` lays out a prompt): ``1 + b % 3``
+      text tokens (row b), an image of ``rows x cols`` patches at ``(t, t + row, t + col)`` (rows ≈ √(n/2),
+      cols = rows + 1, so height and width differ), then text resuming at ``t + max(rows, cols)``;
+    - ``vision``, 2 axes (axial): patches of a grid ``ceil(√n)`` wide in raster order, ``(row, col)``.
+
+    ``shape.start`` (if set) shifts every id by ``start - past``, so ids stay within ``[0, shape.last]``.
+    ``position_limit`` wraps ids into ``[0, limit)`` (tracing samples of tiny tables only).
+    """
+    if content not in MULTI_AXIS_FEEDS:
+        raise ConfigError(f"multi-axis feed content must be one of {list(MULTI_AXIS_FEEDS)}, got {content!r}.")
+    total = shape.kv_seq
+    rows = []
+    for b in range(shape.batch):
+        order = np.arange(total, dtype=np.int64)
+        if content == "text":
+            ids = np.repeat(order[None], axes, axis=0)
+        elif axes == 2:
+            width = math.isqrt(total - 1) + 1  # ceil(√total)
+            ids = np.stack((order // width, order % width))
+        else:
+            ids = _prompt_with_image(total, text=min(1 + b % 3, total), axes=axes)
+        rows.append(ids[:, shape.past :] + (shape.first - shape.past))
+    out = np.stack(rows, axis=1)
+    return out % position_limit if position_limit is not None else out
+
+
+def _prompt_with_image(total: int, text: int, axes: int) -> np.ndarray:
+    """``[axes, total]`` ids: ``text`` text tokens, an image block, text after it (see :func:`multi_axis_positions`)."""
+    room = total - text - 1  # keep one text token after the image
+    side = math.isqrt(max(room, 0) // 2)
+    rows, cols = (side, side + 1) if side >= 1 and side * (side + 1) <= room else (0, 0)
+    ids = [np.repeat(np.arange(text, dtype=np.int64)[None], axes, axis=0)]
+    if rows:
+        row, col = np.repeat(np.arange(rows), cols), np.tile(np.arange(cols), rows)
+        ids.append(text + np.stack([np.zeros(rows * cols, np.int64), row, col])[:axes])
+    resume = text + max(rows, cols) + np.arange(total - text - rows * cols, dtype=np.int64)
+    ids.append(np.repeat(resume[None], axes, axis=0))
+    return np.concatenate(ids, axis=1)
+
+
 def make_inputs(
     slots: Sequence[_Slot],
     shape: FeedShape,
@@ -435,13 +525,17 @@ def make_inputs(
     *,
     seed: int = 0,
     position_limit: int | None = None,
+    multi_axis: str = "vision",
 ) -> list[np.ndarray]:
-    """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions."""
+    """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions
+    (multi-axis ids ``[A, B, S]`` by :func:`multi_axis_positions` with ``multi_axis`` content)."""
     rng = np.random.default_rng(seed)
     np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
     arrays = []
     for slot in slots:
-        if slot.kind in ("pos_q", "pos_k"):
+        if slot.kind == "pos_q" and len(slot.shape) == 3:
+            arrays.append(multi_axis_positions(shape, int(slot.shape[0]), multi_axis, position_limit))
+        elif slot.kind in ("pos_q", "pos_k"):
             arrays.append(positions_for(shape, slot.kind, position_limit))
         else:
             sizes = tuple(_size(d, shape) for d in slot.shape)
@@ -462,17 +556,19 @@ def slots_from_manifest(manifest: Any) -> list[_Slot]:
     return slots
 
 
-def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0) -> dict[str, np.ndarray]:
+def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0, multi_axis: str = "vision") -> dict[str, np.ndarray]:
     """A feed dict for an exported model: realistic position ids, random activations in the graph dtype.
 
     Args:
         manifest: the model's :class:`posenc.export.Manifest`.
         shape: batch, new tokens and cached tokens.
         seed: seed of the activations.
+        multi_axis: ids of multi-axis schemes (``[A, B, S]``): ``vision`` (an image between text, or a patch grid)
+            or ``text`` (see :func:`multi_axis_positions`).
 
     Returns:
         ``{input name: numpy array}`` in the manifest's input order.
     """
     slots = slots_from_manifest(manifest)
-    arrays = make_inputs(slots, shape, manifest.dtype, seed=seed)
+    arrays = make_inputs(slots, shape, manifest.dtype, seed=seed, multi_axis=multi_axis)
     return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

@@ -19,7 +19,10 @@ bias), otherwise the attention stays decomposed.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
+from collections.abc import Iterator
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
@@ -27,6 +30,23 @@ from onnxscript.rewriter import pattern
 from posenc.graphs import match_utils as mu
 
 _NEG_INF = float("-inf")
+_DECLINED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attention_declined", default=None)
+"""Where the running :func:`fuse_attention` collects why it left an attention decomposed (None: not collecting)."""
+
+
+def _decline(reason: str) -> None:
+    collected = _DECLINED.get()
+    if collected is not None and reason not in collected:
+        collected.append(reason)
+
+
+@contextlib.contextmanager
+def _collecting(declined: list[str] | None) -> Iterator[None]:
+    token = _DECLINED.set(declined)
+    try:
+        yield
+    finally:
+        _DECLINED.reset(token)
 
 
 def _unrepeated(value: ir.Value) -> ir.Value:
@@ -51,12 +71,20 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
     """One variant of the exported attention (with or without float32 softmax, bias, boolean mask)."""
 
     def __init__(
-        self, scaled: bool, wide: bool, biased: bool, masked: bool, capped: bool, softmax_precision: bool
+        self,
+        scaled: bool,
+        wide: bool,
+        biased: bool,
+        masked: bool,
+        capped: bool,
+        softmax_precision: bool,
+        equal_head_dims: bool = False,
     ) -> None:
         flags = (("scaled", scaled), ("f32", wide), ("bias", biased), ("cap", capped), ("mask", masked))
         super().__init__(name="attention" + "".join(f"_{p}" for p, on in flags if on))
         self.scaled, self.wide, self.biased, self.masked, self.capped = scaled, wide, biased, masked, capped
         self.softmax_precision = softmax_precision
+        self.equal_head_dims = equal_head_dims
 
     def pattern(self, op, q, k, v, scale, bias, cap, cap_again, allowed, fill):  # type: ignore[no-untyped-def]
         scores = op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2]))
@@ -96,6 +124,14 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             return result.fail("head counts are unknown or do not group", q)
         if mu.dtype(q) not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
             return result.fail("Attention takes float32, float16 or bfloat16", q)
+        qk_dim, v_dim = mu.static_dim(q, 3), mu.static_dim(v, 3)
+        if self.equal_head_dims and (qk_dim is None or qk_dim != v_dim):
+            reason = (
+                f"attention: q/k head dim {qk_dim} differs from v's {v_dim} (multi-head latent attention), and "
+                f"TensorRT's Attention needs one head dim for q, k and v"
+            )
+            _decline(reason)
+            return result.fail(reason, v)
         return result
 
     def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):  # type: ignore[no-untyped-def]
@@ -119,18 +155,24 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
         return op.Attention(*inputs, **attributes)
 
 
-def _rules(softmax_precision: bool, softcap: bool) -> pattern.RewriteRuleSet:
+def _rules(softmax_precision: bool, softcap: bool, equal_head_dims: bool) -> pattern.RewriteRuleSet:
     variants = itertools.product((True, False), repeat=5)
     # Attention caps the scores before adding its mask: a capped score bias has no fused form.
     allowed = [(s, w, b, m, c) for s, w, b, m, c in variants if not c or (softcap and not b)]
-    rules = [_SoftmaxAttention.rule(*variant, softmax_precision) for variant in allowed]
+    rules = [_SoftmaxAttention.rule(*variant, softmax_precision, equal_head_dims) for variant in allowed]
     return pattern.RewriteRuleSet(rules, commute=True)
 
 
-_ATTENTION_RULES = {(p, c): _rules(p, c) for p in (True, False) for c in (True, False)}
+_ATTENTION_RULES = {(p, c, e): _rules(p, c, e) for p in (True, False) for c in (True, False) for e in (True, False)}
 
 
-def fuse_attention(model: ir.Model, softmax_precision: bool = True, softcap: bool = True) -> int:
+def fuse_attention(
+    model: ir.Model,
+    softmax_precision: bool = True,
+    softcap: bool = True,
+    equal_head_dims: bool = False,
+    declined: list[str] | None = None,
+) -> int:
     """Replace exported softmax attention by ONNX ``Attention`` ops with the bias as additive mask.
 
     Args:
@@ -140,11 +182,15 @@ def fuse_attention(model: ir.Model, softmax_precision: bool = True, softcap: boo
             float32 anyway).
         softcap: fuse a logit soft-cap into the ``softcap`` attribute (ONNX Runtime); ``False`` leaves
             soft-capped attention decomposed (TensorRT's parser rejects ``softcap``).
+        equal_head_dims: fuse only attention whose v has the head dim of q and k (TensorRT's layer needs one;
+            multi-head latent attention's v is narrower), leaving the others decomposed.
+        declined: if given, receives why an attention was left decomposed (one line per reason).
 
     Returns:
         The number of attention computations fused.
     """
-    return _ATTENTION_RULES[softmax_precision, softcap].apply_to_model(model)
+    with _collecting(declined):
+        return _ATTENTION_RULES[softmax_precision, softcap, equal_head_dims].apply_to_model(model)
 
 
 class _CausalIntoMask(pattern.RewriteRuleClassBase):

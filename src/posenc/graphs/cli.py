@@ -43,6 +43,8 @@ def _optimize(args: argparse.Namespace) -> int:
     for record in result.passes:
         note = f"  ({record.skipped})" if record.skipped else ""
         print(f"  {record.name:<22} {record.count}{note}")
+        for reason in record.declined:
+            print(f"  {'':<22}   left decomposed: {reason}")
     if result.parity:
         worst = max(result.parity.items(), key=lambda item: item[1].max_abs_diff)
         print(f"  parity on ONNX Runtime CPU: max |diff| {worst[1].max_abs_diff:.3g} ({worst[0]}) within tolerance")

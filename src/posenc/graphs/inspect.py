@@ -61,6 +61,8 @@ class InspectReport:
     fused_ops: dict[str, int]
     fusions: dict[str, int] | None
     target: str | None
+    declined: tuple[str, ...]
+    """Why the recorded passes left constructs decomposed (the manifest's ``optimized`` record)."""
     tensorrt: TensorRTParse | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +80,7 @@ class InspectReport:
         else:
             applied = ", ".join(f"{name} {n}" for name, n in self.fusions.items() if n) or "none"
             lines.append(f"fusions applied (target {self.target}): {applied}")
+        lines.extend(f"left decomposed: {reason}" for reason in self.declined)
         if self.tensorrt is not None:
             trt = self.tensorrt
             if trt.parsed is None:
@@ -138,5 +141,6 @@ def inspect_model(
         fused_ops=dict(sorted(fused.items())),
         fusions=fusions,
         target=record.target if record else None,
+        declined=tuple(reason for item in (record.passes if record else ()) for reason in item.declined),
         tensorrt=tensorrt,
     )

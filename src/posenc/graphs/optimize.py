@@ -105,23 +105,32 @@ def _plugin_pass(model: ir.Model) -> int:
     return int(rope_to_plugin(model, fuse_decomposed=False))
 
 
-def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Callable[[ir.Model], int], bool]]:
+Pass = Callable[[ir.Model, list[str]], int]
+"""``run(model, declined) -> matches rewritten``; ``declined`` collects why matches were left decomposed."""
+
+
+def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     """``(name, pass, needs opset 23)`` in order."""
-    plan: list[tuple[str, Callable[[ir.Model], int], bool]] = [
-        ("convert_contrib_rope", rope.convert_contrib_rope, True)
-    ]
+    plan: list[tuple[str, Pass, bool]] = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True)]
     if rope_mode in ("fused", "plugin"):
-        plan += [("fuse_rope", rope.fuse_rope, True), ("fuse_partial_rope", rope.fuse_partial_rope, True)]
-    ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap
-    plan.append(("fuse_attention", lambda m: attention.fuse_attention(m, softmax_precision=ort, softcap=ort), True))
+        plan += [
+            ("fuse_rope", lambda m, _: rope.fuse_rope(m), True),
+            ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True),
+        ]
+    ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v
+
+    def fuse_attention(model: ir.Model, declined: list[str]) -> int:
+        return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined)
+
+    plan.append(("fuse_attention", fuse_attention, True))
     if rope_mode == "fused" and target == "ort-cpu":
-        plan.append(("rope_to_3d", rope.rope_to_3d, True))
+        plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True))
     if rope_mode == "fused" and target == "trt":
-        plan.append(("rope_for_tensorrt", rope.rope_for_tensorrt, True))
+        plan.append(("rope_for_tensorrt", lambda m, _: rope.rope_for_tensorrt(m), True))
     if target == "trt":
-        plan.append(("fold_causal_into_mask", attention.fold_causal_into_mask, True))
+        plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True))
     if rope_mode == "plugin":
-        plan.append(("rope_plugin", _plugin_pass, True))
+        plan.append(("rope_plugin", lambda m, _: _plugin_pass(m), True))
     return plan
 
 
@@ -149,7 +158,8 @@ def optimize_model(
         if needs_opset and opset < MIN_FUSION_OPSET:
             records.append(PassRecord(name, 0, f"opset {opset} < {MIN_FUSION_OPSET}: re-export with opset 23 to fuse"))
             continue
-        records.append(PassRecord(name, int(run(model))))
+        declined: list[str] = []
+        records.append(PassRecord(name, int(run(model, declined)), declined=tuple(declined)))
         fold.infer_shapes(model)
     records.append(PassRecord("cleanup", fold.cleanup(model)))
     return OptimizeResult(model=model, target=target, rope=rope_mode, passes=records)

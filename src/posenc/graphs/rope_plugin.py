@@ -312,7 +312,7 @@ def rope_to_plugin(
             key = (PLUGIN_NAMESPACE, source.plugin_name, "")
             if source.plugin_name in used and key not in model.functions:
                 model.functions[key] = ir.serde.deserialize_function(rope_function(source, opset))
-        model.ir_version = max(model.ir_version, 8)
+        model.ir_version = max(model.ir_version, 9)  # the twins' attribute defaults need IR 9
     _LOG.info("replaced %d RotaryEmbedding pairs with posenc RoPE plugin nodes", len(pairs))
     return len(pairs)
 

@@ -55,6 +55,7 @@ from posenc.rope_types.registry import (
     InvFreq,
     RopeType,
     ScaleRate,
+    SlotAxes,
     get,
     names,
     parameter_keys,
@@ -75,6 +76,7 @@ __all__ = [
     "InvFreq",
     "RopeType",
     "ScaleRate",
+    "SlotAxes",
     "at_least",
     "default_inv_freq",
     "dynamic_ntk_base",
@@ -93,7 +95,8 @@ __all__ = [
     "transformers_schemes",
     "unregister",
     "watch",
+    "yarn_get_mscale",
 ]
 
 # The built-in types register themselves on import; keep this import last.
-from posenc.rope_types.builtin import ROFORMER, dynamic_ntk_base
+from posenc.rope_types.builtin import ROFORMER, dynamic_ntk_base, yarn_get_mscale

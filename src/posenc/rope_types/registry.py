@@ -24,6 +24,7 @@ __all__ = [
     "InvFreq",
     "RopeType",
     "ScaleRate",
+    "SlotAxes",
     "get",
     "names",
     "parameter_keys",
@@ -70,6 +71,14 @@ class ScaleRate(Protocol):
     """``(rotary_dim, params) -> λ`` float64 ``[rotary_dim // 2]``: per pair, the log of the factor by which q grows
     per position (k shrinks by the same factor), for types that scale as well as rotate (xPos). ``params`` as for
     :class:`InvFreq`; bad values raise :class:`ConfigError`."""
+
+    def __call__(self, rotary_dim: int, params: Mapping[str, Any]) -> torch.Tensor: ...
+
+
+class SlotAxes(Protocol):
+    """``(rotary_dim, params) -> axes`` int64 ``[rotary_dim // 2]``: for a multi-axis type, which axis of the position
+    ids ``[A, B, S]`` frequency slot i reads (M-RoPE's temporal/height/width sections, axial's rows and columns).
+    ``params`` as for :class:`InvFreq`; bad values raise :class:`ConfigError`."""
 
     def __call__(self, rotary_dim: int, params: Mapping[str, Any]) -> torch.Tensor: ...
 
@@ -121,7 +130,9 @@ class RopeType:
             int(D * p) // 2 on frequency 0 (they pass through: in the ``half`` layout the features
             [int(D * p) // 2, D/2) and their partners [D/2 + int(D * p) // 2, D)).
         position_axes: axes of the position ids: 1 (``[B, S]``), or more for multi-axis types (M-RoPE's
-            temporal/height/width ids ``[3, B, S]``; axial), whose frequency slots are split between the axes.
+            temporal/height/width ids ``[3, B, S]``; axial's rows and columns ``[2, B, S]``), whose frequency slots
+            are split between the axes by :attr:`slot_axes`.
+        slot_axes: for a multi-axis type, the :class:`SlotAxes` rule: slot i's angle is ``ids[axis_i] · inv_freq_i``.
         claims: ``{rope_type label: key}``: a config that names another type but carries a truthy ``key`` is this
             type (HunYuan's checkpoints label NTK-α ``"dynamic"`` with an ``alpha``; transformers' HunYuan module
             switches on the same rule). :func:`rope_type_name` applies it.
@@ -150,6 +161,7 @@ class RopeType:
     position_axes: int = 1
     claims: Mapping[str, str] = dataclasses.field(default_factory=dict)
     scale_rate: ScaleRate | None = None
+    slot_axes: SlotAxes | None = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -178,6 +190,10 @@ class RopeType:
             raise ConfigError(f"{where}: partial_rotary must be one of {list(PARTIAL_ROTARY_MODES)}.")
         if self.position_axes < 1:
             raise ConfigError(f"{where}: position_axes must be >= 1.")
+        if (self.position_axes > 1) != (self.slot_axes is not None):
+            raise ConfigError(f"{where}: a multi-axis type (position_axes > 1) needs slot_axes, and only it has them.")
+        if self.position_axes > 1 and (self.length_dependent or self.scale_rate is not None):
+            raise ConfigError(f"{where}: multi-axis positions need static frequencies and a pure rotation.")
         for label, key in self.claims.items():
             if label in (self.name, *self.aliases) or key not in self.param_names:
                 raise ConfigError(

@@ -96,6 +96,9 @@ class SchemeSpec:
     length_dependent: bool = False
     """Frequencies depend on the current length (dynamic NTK, LongRoPE): keys cached at an earlier step
     were encoded with other frequencies than a full recompute would use."""
+    position_axes: int = 1
+    """Axes of the position ids: 1 (``[B, S]``), or A > 1 for multi-axis schemes (``[A, B, S]``: M-RoPE's temporal,
+    height and width ids; axial RoPE's rows and columns). Blocks of multi-axis schemes mask in token order."""
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -153,6 +156,7 @@ class SchemeSpec:
             "tolerances": {k: dataclasses.asdict(v) for k, v in self.tolerances.items()},
             "cases": {k: dict(v) for k, v in self.cases.items()},
             "length_dependent": self.length_dependent,
+            "position_axes": self.position_axes,
         }
 
 
@@ -289,8 +293,9 @@ class PositionalScheme(TableHolder):
         return 1.0 / math.sqrt(self.config.head_dim)
 
     def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:
-        """:func:`attention_mask` with this scheme's ``config.sliding_window`` (for schemes that attend)."""
-        return attention_mask(q_pos, k_pos, causal, self.config.sliding_window)
+        """:func:`attention_mask` with this scheme's ``config.sliding_window`` and ``attention_chunk_size`` (for
+        schemes that attend)."""
+        return attention_mask(q_pos, k_pos, causal, self.config.sliding_window, self.config.attention_chunk_size)
 
     def attend(
         self,
@@ -310,13 +315,29 @@ def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 
 def attention_mask(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, sliding_window: int | None = None
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    causal: bool,
+    sliding_window: int | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor | None:
     """Which keys each query sees: boolean ``[B, 1, Sq, Sk]`` (True = may attend), or ``None`` for all.
 
     Causal: key position <= query position, and with a window ``w`` also ``k_pos > q_pos - w`` (transformers'
-    ``sliding_window_overlay``); bidirectional with a window: ``|q_pos - k_pos| < w``.
+    ``sliding_window_overlay``); bidirectional with a window: ``|q_pos - k_pos| < w``. With chunks of ``c``
+    positions (Llama 4's chunked attention, transformers' ``chunked_overlay``) also ``k_pos // c == q_pos // c``.
     """
+    mask = _window_mask(q_pos, k_pos, causal, sliding_window)
+    if chunk_size is None:
+        return mask
+    same = (torch.div(k_pos, chunk_size, rounding_mode="floor").unsqueeze(1)
+            == torch.div(q_pos, chunk_size, rounding_mode="floor").unsqueeze(2)).unsqueeze(1)  # fmt: skip
+    return same if mask is None else mask & same
+
+
+def _window_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, sliding_window: int | None
+) -> torch.Tensor | None:
     if sliding_window is None:
         return causal_mask(q_pos, k_pos) if causal else None
     if causal:

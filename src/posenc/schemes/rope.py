@@ -317,11 +317,8 @@ class Rotary(PositionalScheme):
         return get_spec(RT.get(self.rope_type).scheme)
 
     def build(self) -> None:
-        axes = RT.get(self.rope_type).position_axes
-        if axes != 1:
-            raise ConfigError(
-                f"rope_type {self.rope_type!r} takes {axes}-axis position ids; RoPE schemes take [B, S] ids only."
-            )
+        entry = RT.get(self.rope_type)
+        self.position_axes = entry.position_axes
         self.layout = self.params["layout"]
         self.rotary_dim = rotary_width(self.rope_type, self.config.head_dim, self.params["partial_rotary_factor"])
         rate = scale_rate(self.rope_type, self.params, self.config)
@@ -345,6 +342,10 @@ class Rotary(PositionalScheme):
         )
         self.angles = build()
         self.key_angles = None if rate is None else build(key=True)
+        if entry.slot_axes is not None:
+            axes = entry.slot_axes(self.rotary_dim, rope_parameters(self.rope_type, self.params, self.config))
+            select = F.one_hot(axes, self.position_axes).T.reshape(self.position_axes, 1, 1, -1)
+            self.register_table("axis_select", select.to(self.table_dtype))
 
     @property
     def position_limit(self) -> int | None:
@@ -365,9 +366,22 @@ class Rotary(PositionalScheme):
         super().check_positions(position_ids)
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` of q (attention factor and q's scale included)."""
+        """``position_ids [B, S]`` (``[A, B, S]`` for a multi-axis type) -> cos, sin ``[B, S, r/2]`` of q (attention
+        factor and q's scale included). A multi-axis type computes each slot's cos/sin from every axis and keeps the
+        axis the slot reads (a one-hot sum, exact): the same per-token cos/sin a fused ``RotaryEmbedding`` takes."""
         self.check_positions(position_ids)
-        return self.angles(position_ids)
+        if self.position_axes == 1:
+            return self.angles(position_ids)
+        self._check_axes(position_ids)
+        cos, sin = self.angles(position_ids)  # [A, B, S, r/2]
+        return (cos * self.axis_select).sum(0), (sin * self.axis_select).sum(0)
+
+    def _check_axes(self, position_ids: torch.Tensor) -> None:
+        if not PF.is_tracing() and (position_ids.dim() != 3 or position_ids.shape[0] != self.position_axes):
+            raise ConfigError(
+                f"{self.spec.name} takes position ids [{self.position_axes}, B, S] (one row per axis), got shape "
+                f"{list(position_ids.shape)}."
+            )
 
     def key_cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [B, S]`` -> cos, sin ``[B, S, r/2]`` of k: :meth:`cos_sin` unless the type scales q and k."""
@@ -413,6 +427,7 @@ def rope_scheme_spec(entry: RT.RopeType) -> SchemeSpec:
         validate=_validate_rope(entry.name),
         length_dependent=entry.length_dependent,
         verified_against=entry.reference,
+        position_axes=entry.position_axes,
     )
 
 

@@ -103,10 +103,12 @@ class CompiledRope:
     removed_scratch_params: int
 
 
-def spec_for_build(source: AngleSource | str, attrs: dict[str, Any], head_dim: int) -> tuple[RopeKernelSpec, QKFormat]:
+def spec_for_build(
+    source: AngleSource | str, attrs: dict[str, Any], head_dim: int, key_head_dim: int | None = None
+) -> tuple[RopeKernelSpec, QKFormat]:
     """The kernel spec of a plugin node at engine build time; bad attributes raise :class:`BuildError`."""
     try:
-        return RopeKernelSpec.from_plugin_attributes(source, attrs, head_dim)
+        return RopeKernelSpec.from_plugin_attributes(source, attrs, head_dim, key_head_dim)
     except ConfigError as exc:
         raise BuildError(f"cannot build the posenc RoPE plugin ({getattr(source, 'value', source)}): {exc}") from exc
 
@@ -208,7 +210,7 @@ def kernel_signature(
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     if aligned:
         divisible = [a for a, t in pointers.items() if t is not None]
-        if spec.head_dim % 16 == 0:
+        if spec.head_dim % 16 == 0 and spec.key_head_dim == spec.head_dim:
             divisible += list(_QK_STRIDES)
         if spec.angles in (AngleSource.TABLE, AngleSource.CACHE) and spec.half % 16 == 0:
             divisible += ["sc_0", "sc_1"] if spec.angles is AngleSource.CACHE else ["sc_0"]
@@ -343,16 +345,17 @@ def contiguous_scalar_args(
     computes its launch arguments symbolically with the same code the CPU tests check against torch strides.
     """
     fmt = parse_qk_format(qk_format)
+    Dk = k_shape[3]
     if fmt is QKFormat.BHSD:
         _, Hq, S, D = q_shape
         Hkv = k_shape[1]
         q_strides = [Hq * S * D, S * D, D]
-        k_strides = [Hkv * S * D, S * D, D]
+        k_strides = [Hkv * S * Dk, S * Dk, Dk]
     else:
         _, S, Hq, D = q_shape
         Hkv = k_shape[2]
         q_strides = [S * Hq * D, D, Hq * D]
-        k_strides = [S * Hkv * D, D, Hkv * D]
+        k_strides = [S * Hkv * Dk, Dk, Hkv * Dk]
     half = spec.half
     sc: list[Any] = [0, 0]
     if spec.angles is AngleSource.TABLE:
@@ -366,7 +369,7 @@ def contiguous_scalar_args(
     if spec.angles.uses_positions:
         if positions_shape is None:
             raise BuildError(f"{spec.plugin_name} needs the positions shape.")
-        pos_rows = positions_shape[0]
+        pos_rows = positions_shape[-2] if spec.axes > 1 else positions_shape[0]  # multi-axis: [A, rows, S]
         sp = [S, 1] if spec.positions is PositionMode.IDS else [1, 0]
     return [S, Hq, Hkv, pos_rows, *q_strides, *k_strides, *q_strides, *k_strides, *sc, *sp]
 

@@ -4,8 +4,11 @@ Grid: ``(B * S, cdiv(Hq, BLOCK_H) + cdiv(Hkv, BLOCK_H))``. A program owns one to
 q (first ``cdiv(Hq, BLOCK_H)`` column blocks) or of k (the rest). It gets cos/sin for its token once (table
 row, cache row, or computed from the position) and reuses them for every head of its block; each head row is
 read with contiguous loads (``x[:r/2]`` and ``x[r/2:r]`` for ``half``; one ``[r]`` load split into even/odd
-lanes for ``interleaved``) and the pass-through tail ``x[r:]`` is copied. Math runs in float32; angles
-computed in the kernel use float32-exact range reduction (static frequencies, mirroring
+lanes for ``interleaved``) and the pass-through tail ``x[r:]`` is copied. Multi-axis positions (M-RoPE's
+``[3, B, S]``, axial's ``[2, B, S]``, contiguous) give each frequency slot the id of its axis (chunked sections
+or Qwen3-VL's interleaved t,h,w); q's rotated slice may start at ``ROT_OFFSET`` (MLA: the rope part after the
+position-free part of each head; k, its one shared rope head, has its own head dim ``HEAD_DIM_K``). Math runs
+in float32; angles computed in the kernel use float32-exact range reduction (static frequencies, mirroring
 :func:`posenc.functional.exact_angles`) or float64 (dynamic NTK).
 
 Argument order is the TensorRT ahead-of-time contract: tensor inputs, int32 scalars, tensor outputs.
@@ -54,6 +57,19 @@ def _row_length(pos_ptr, prow, S, sp_b, sp_s, POSITIONS: tl.constexpr, BLOCK_S: 
     else:
         length = tl.load(pos_ptr + prow * sp_b).to(tl.int64) + S
     return length
+
+
+@triton.jit
+def _slot_axis(i, SEC_T: tl.constexpr, SEC_H: tl.constexpr, SEC_W: tl.constexpr, SEC_INTERLEAVED: tl.constexpr):
+    """Position axis of each frequency slot ``i``: chunks of SEC_T, SEC_H, SEC_W slots, or interleaved t,h,w
+    (height where ``i % 3 == 1`` and ``i < 3·SEC_H``, width where ``i % 3 == 2`` and ``i < 3·SEC_W``)."""
+    if SEC_INTERLEAVED:
+        height = ((i % 3) == 1) & (i < 3 * SEC_H)
+        width = ((i % 3) == 2) & (i < 3 * SEC_W)
+        axis = tl.where(height, 1, tl.where(width, 2, 0))
+    else:
+        axis = (i >= SEC_T).to(tl.int32) + (i >= SEC_T + SEC_H).to(tl.int32)
+    return axis.to(tl.int64)
 
 
 @triton.jit
@@ -125,14 +141,20 @@ def _rotate_heads(
     BLOCK_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr,
     COPY_TAIL: tl.constexpr,
+    OFFSET: tl.constexpr,
+    BLOCK_HEAD: tl.constexpr,
 ):
-    """Rotate heads ``[h0, h0 + BLOCK_H)`` of one token; cos/sin ``[BLOCK_HALF]`` float32."""
+    """Rotate features ``[OFFSET, OFFSET + ROT)`` of heads ``[h0, h0 + BLOCK_H)`` of one token (cos/sin
+    ``[BLOCK_HALF]`` float32); with ``COPY_TAIL`` the other features ``[0, OFFSET)`` and ``[OFFSET + ROT, D)`` are
+    copied."""
     HALF: tl.constexpr = ROT // 2
     heads = h0 + tl.arange(0, BLOCK_H)
     hmask = heads < n_heads
     heads64 = heads.to(tl.int64)
-    x_row = x_ptr + (b * sx_b + s * sx_s) + heads64[:, None] * sx_h
-    o_row = o_ptr + (b * so_b + s * so_s) + heads64[:, None] * so_h
+    x_base = x_ptr + (b * sx_b + s * sx_s) + heads64[:, None] * sx_h
+    o_base = o_ptr + (b * so_b + s * so_s) + heads64[:, None] * so_h
+    x_row = x_base + OFFSET
+    o_row = o_base + OFFSET
     c = cos[None, :]
     sn = sin[None, :]
     if INTERLEAVED:
@@ -150,10 +172,15 @@ def _rotate_heads(
         tl.store(o_row + d[None, :], (x1 * c - x2 * sn).to(o_ptr.dtype.element_ty), mask=mask)
         tl.store(o_row + HALF + d[None, :], (x2 * c + x1 * sn).to(o_ptr.dtype.element_ty), mask=mask)
     if COPY_TAIL:
-        t = ROT + tl.arange(0, BLOCK_TAIL)
+        t = OFFSET + ROT + tl.arange(0, BLOCK_TAIL)
         tmask = hmask[:, None] & (t < HEAD_DIM)[None, :]
-        tail = tl.load(x_row + t[None, :], mask=tmask, other=0.0)
-        tl.store(o_row + t[None, :], tail.to(o_ptr.dtype.element_ty), mask=tmask)
+        tail = tl.load(x_base + t[None, :], mask=tmask, other=0.0)
+        tl.store(o_base + t[None, :], tail.to(o_ptr.dtype.element_ty), mask=tmask)
+        if OFFSET > 0:
+            lead = tl.arange(0, BLOCK_HEAD)
+            lmask = hmask[:, None] & (lead < OFFSET)[None, :]
+            head = tl.load(x_base + lead[None, :], mask=lmask, other=0.0)
+            tl.store(o_base + lead[None, :], head.to(o_ptr.dtype.element_ty), mask=lmask)
 
 
 @triton.jit
@@ -204,13 +231,24 @@ def rope_qk_kernel(
     NTK_FACTOR_LO: tl.constexpr,
     POWER_HI: tl.constexpr,
     POWER_LO: tl.constexpr,
+    ROT_OFFSET: tl.constexpr,
+    HEAD_DIM_K: tl.constexpr,
+    BLOCK_HEAD: tl.constexpr,
+    AXES: tl.constexpr,
+    SEC_T: tl.constexpr,
+    SEC_H: tl.constexpr,
+    SEC_W: tl.constexpr,
+    SEC_INTERLEAVED: tl.constexpr,
 ):
-    """RoPE on q ``[B, Hq, S, D]``-like and k ``[B, Hkv, S, D]``-like strided views (strides in elements).
+    """RoPE on q ``[B, Hq, S, D]``-like and k ``[B, Hkv, S, Dk]``-like strided views (strides in elements).
 
     Inputs by angle source: TABLE cos/sin ``[P, r/2]`` (row stride ``sc_0``); CACHE cos/sin ``[B, S, r/2]``
     (strides ``sc_0``, ``sc_1``); FREQ turns ``[n_sets, 3, r/2]`` float32 contiguous in ``cos_ptr``; NTK none.
     Positions ``[POS_ROWS, S]`` ids or ``[POS_ROWS]`` offsets (strides ``sp_b``, ``sp_s``); a row index past
-    ``POS_ROWS - 1`` reuses the last row (broadcast of a single row).
+    ``POS_ROWS - 1`` reuses the last row (broadcast of a single row). With ``AXES`` > 1 the ids are
+    ``[AXES, POS_ROWS, S]``, contiguous (axis stride ``POS_ROWS · sp_b``), and slot i reads the axis
+    :func:`_slot_axis` gives it. q rotates features ``[ROT_OFFSET, ROT_OFFSET + r)`` of its ``HEAD_DIM``; k
+    features ``[0, r)`` of ``HEAD_DIM_K``.
     """
     HALF: tl.constexpr = ROT // 2
     token = tl.program_id(0)
@@ -226,7 +264,11 @@ def rope_qk_kernel(
         sin = tl.load(sin_ptr + offs, mask=imask, other=0.0).to(tl.float32)
     else:
         prow = tl.minimum(b, POS_ROWS - 1)
-        if POSITIONS == IDS:
+        if AXES > 1:
+            axis = _slot_axis(i, SEC_T, SEC_H, SEC_W, SEC_INTERLEAVED)
+            row = axis * POS_ROWS + prow  # contiguous [AXES, POS_ROWS, S]
+            pos = tl.load(pos_ptr + row * sp_b + s * sp_s, mask=imask, other=0).to(tl.int64)
+        elif POSITIONS == IDS:
             pos = tl.load(pos_ptr + prow * sp_b + s * sp_s).to(tl.int64)
         else:
             pos = tl.load(pos_ptr + prow * sp_b).to(tl.int64) + s
@@ -287,6 +329,8 @@ def rope_qk_kernel(
             BLOCK_TAIL,
             BLOCK_H,
             COPY_TAIL,
+            ROT_OFFSET,
+            BLOCK_HEAD,
         )
     else:
         _rotate_heads(
@@ -306,11 +350,13 @@ def rope_qk_kernel(
             sin,
             INTERLEAVED,
             ROT,
-            HEAD_DIM,
+            HEAD_DIM_K,
             BLOCK_HALF,
             BLOCK_TAIL,
             BLOCK_H,
             COPY_TAIL,
+            0,
+            BLOCK_HEAD,
         )
 
 

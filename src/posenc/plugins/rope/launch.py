@@ -153,12 +153,13 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, spec: RopeKernelSpec, fmt: QKFor
         raise ConfigError(f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}.")
     h_axis, s_axis = (1, 2) if fmt is QKFormat.BHSD else (2, 1)
     B, S, D = q.shape[0], q.shape[s_axis], q.shape[3]
-    if k.shape[0] != B or k.shape[s_axis] != S or k.shape[3] != D:
+    if k.shape[0] != B or k.shape[s_axis] != S:
+        raise ConfigError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and sequence ({fmt.value}).")
+    if spec.head_dim != D or spec.key_head_dim != k.shape[3]:
         raise ConfigError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, sequence and head dim ({fmt.value})."
+            f"q/k head dims {D}/{k.shape[3]} do not match the kernel's head_dim {spec.head_dim} and key_head_dim "
+            f"{spec.key_head_dim}."
         )
-    if spec.head_dim != D:
-        raise ConfigError(f"q/k head dim {D} does not match the kernel's head_dim {spec.head_dim}.")
     return B, S, q.shape[h_axis], k.shape[h_axis]
 
 
@@ -207,6 +208,15 @@ def _check_positions_tensor(spec: RopeKernelSpec, positions: torch.Tensor | None
     if positions is None or positions.dtype not in (torch.int64, torch.int32):
         got = None if positions is None else positions.dtype
         raise ConfigError(f"angle source {spec.angles.value!r} needs int64 (or int32) positions, got {got}.")
+    if spec.axes > 1:
+        if positions.dim() != 3 or positions.shape[0] != spec.axes or positions.shape[1] not in (1, B):
+            raise ConfigError(
+                f"multi-axis position ids must be [{spec.axes}, B or 1, S] = [{spec.axes}, {B}, {S}], got "
+                f"{tuple(positions.shape)}."
+            )
+        if positions.shape[2] != S:
+            raise ConfigError(f"position ids must have S = {S} columns, got {tuple(positions.shape)}.")
+        return positions.contiguous()  # the kernel steps between axes by rows · row stride
     if spec.positions is PositionMode.IDS:
         if positions.dim() != 2 or positions.shape[0] not in (1, B) or positions.shape[1] != S:
             raise ConfigError(f"position ids must be [B or 1, S] = [{B}, {S}], got {tuple(positions.shape)}.")
@@ -236,11 +246,13 @@ def rope_qk(
     Args:
         q: ``[B, Hq, S, D]`` (``bhsd``) or ``[B, S, Hq, D]`` (``bshd``), any strides with a contiguous last axis;
             float32/float16/bfloat16.
-        k: same layout with Hkv heads (Hkv may differ from Hq).
+        k: same layout with Hkv heads (Hkv may differ from Hq) and ``spec.key_head_dim`` features (MLA: the shared
+            rope slice, while q's rotated features start at ``spec.rotary_offset``).
         spec: what to compute (:class:`RopeKernelSpec`).
         cos, sin: TABLE ``[max_positions, r/2]`` or CACHE ``[B|1, S, r/2]``, any float dtype above.
         turns: FREQ float32 ``[3, r/2]`` or ``[2, 3, r/2]`` (:func:`freq_inputs`).
-        positions: ids ``[B|1, S]`` or offsets ``[B|1]`` (per ``spec.positions``), int64/int32.
+        positions: ids ``[B|1, S]`` or offsets ``[B|1]`` (per ``spec.positions``), int64/int32; multi-axis ids
+            ``[A, B|1, S]`` when ``spec.mrope_section`` is set.
         qk_format: ``"bhsd"`` or ``"bshd"``.
         inplace: write the result into q and k (the tail is then left untouched).
         out: preallocated ``(q_out, k_out)`` of q's and k's shapes and dtype (e.g. TensorRT's output buffers).
@@ -302,8 +314,9 @@ def rope_qk(
         sc = (cos.stride(0), cos.stride(1))
     pos_rows, sp = 1, (0, 0)
     if spec.angles.uses_positions and positions is not None:
-        pos_rows = positions.shape[0]
-        sp = (positions.stride(0), positions.stride(1) if positions.dim() == 2 else 0)
+        rows = positions if positions.dim() < 3 else positions[0]  # multi-axis: [A, rows, S], contiguous
+        pos_rows = rows.shape[0]
+        sp = (rows.stride(0), rows.stride(1) if rows.dim() == 2 else 0)
     grid = launch_grid(fmt, tuple(q.shape), tuple(k.shape), block_h)
     kernel.rope_qk_kernel[grid](
         q,

@@ -31,12 +31,21 @@ __all__ = ["MIN_OPSET", "make_plugin_node", "rope_function", "rope_functions_for
 MIN_OPSET = 15
 """Smallest ai.onnx opset the twin supports (it uses CastLike and Shape with start/end)."""
 
+_SLICE = "rotary_offset: int = 0"
+_SECTIONS = (
+    "mrope_axes: int = 0, mrope_section_t: int = 0, mrope_section_h: int = 0, mrope_section_w: int = 0, "
+    "mrope_interleaved: int = 0"
+)
 _ATTRIBUTES = {
-    AngleSource.TABLE: "interleaved, rotary_dim, qk_format, position_mode",
-    AngleSource.CACHE: "interleaved, rotary_dim, qk_format",
-    AngleSource.FREQ: "interleaved, rotary_dim, qk_format, position_mode, attention_factor, longrope_original",
-    AngleSource.NTK: "interleaved, rotary_dim, qk_format, position_mode, rope_theta, factor, max_position_embeddings",
+    AngleSource.TABLE: f"interleaved, rotary_dim, qk_format, position_mode, {_SLICE}, {_SECTIONS}",
+    AngleSource.CACHE: f"interleaved, rotary_dim, qk_format, {_SLICE}",
+    AngleSource.FREQ: f"interleaved, rotary_dim, qk_format, position_mode, attention_factor, longrope_original, "
+    f"{_SLICE}, {_SECTIONS}",
+    AngleSource.NTK: f"interleaved, rotary_dim, qk_format, position_mode, rope_theta, factor, "
+    f"max_position_embeddings, {_SLICE}",
 }
+"""Each plugin's attributes; the slice and section attributes default to 0 (IR >= 9 function defaults), so nodes
+of one-axis, whole-head rotations need not carry them."""
 
 
 def make_plugin_node(
@@ -293,25 +302,122 @@ _ROTATION_INDICES = """
 """
 
 
-def _rotate(x: str, out: str) -> str:
+def _rotate(x: str, out: str, offset: str) -> str:
+    """Rotate features ``[offset, offset + r)`` of ``x`` (``offset``: a 1-D int64 value), keeping the others."""
     return f"""
     {x}_f = Cast <to = 1> ({x})
-    {x}_rot = Slice ({x}_f, ax0_zero, rot1, minus1)
-    {x}_tail = Slice ({x}_f, rot1, big1, minus1)
+    {x}_end = Add ({offset}, rot1)
+    {x}_lead = Slice ({x}_f, ax0_zero, {offset}, minus1)
+    {x}_rot = Slice ({x}_f, {offset}, {x}_end, minus1)
+    {x}_tail = Slice ({x}_f, {x}_end, big1, minus1)
     {x}_partner = Gather <axis = -1> ({x}_rot, partner)
     {x}_a = Mul ({x}_rot, cos_u)
     {x}_b = Mul ({x}_partner, sin_u)
     {x}_y = Add ({x}_a, {x}_b)
-    {x}_cat = Concat <axis = -1> ({x}_y, {x}_tail)
+    {x}_cat = Concat <axis = -1> ({x}_lead, {x}_y, {x}_tail)
     {out} = CastLike ({x}_cat, {x})
 """
 
 
-def rope_function(source: AngleSource | str, opset: int) -> onnx.FunctionProto:
+_OFFSET = """
+    q_offset_n = Constant <value_int: int = @rotary_offset> ()
+    q_offset = Unsqueeze (q_offset_n, ax0)
+"""
+
+# Multi-axis ids [A, B|1, S] (ids only): per-axis cos/sin [A, B, S, r/2], then each slot keeps its axis (a one-hot
+# over A, from the section attributes: chunks, or Qwen3-VL's t,h,w interleaving) and the axes are summed away.
+_MULTI_POSITIONS = """
+    pos64 = Cast <to = 7> (positions)
+    axes_n = Constant <value_int: int = @mrope_axes> ()
+    axes1 = Unsqueeze (axes_n, ax0)
+    abs_ = Concat <axis = 0> (axes1, batch1, seq1)
+    pos = Expand (pos64, abs_)
+"""
+
+_MULTI_FREQ = """
+    turns_d = Cast <to = 11> (turns)
+    axm2 = Constant <value_ints: ints = [-2]> ()
+    turns_sum = ReduceSum <keepdims = 0> (turns_d, axm2)
+    width = Shape <start = -1> (turns_sum)
+    sets_shape = Concat <axis = 0> (minus1, width)
+    sets = Reshape (turns_sum, sets_shape)
+    row_turns = Gather <axis = 0> (sets, zero)
+    pos_d = Cast <to = 11> (pos)
+    pos_col = Unsqueeze (pos_d, minus1)
+    angle_turns = Mul (pos_col, row_turns)
+    whole = Floor (angle_turns)
+    frac_d = Sub (angle_turns, whole)
+    frac_f = Cast <to = 1> (frac_d)
+    two_pi = Constant <value_float: float = 6.2831853071795862> ()
+    radians = Mul (frac_f, two_pi)
+    factor_f = Constant <value_float: float = @attention_factor> ()
+    cos_raw = Cos (radians)
+    sin_raw = Sin (radians)
+    cos_axes = Mul (cos_raw, factor_f)
+    sin_axes = Mul (sin_raw, factor_f)
+"""
+
+_MULTI_TABLE = """
+    cos_rows = Gather <axis = 0> (cos_table, pos)
+    sin_rows = Gather <axis = 0> (sin_table, pos)
+    cos_axes = Cast <to = 1> (cos_rows)
+    sin_axes = Cast <to = 1> (sin_rows)
+"""
+
+_SELECT_AXES = """
+    three = Constant <value_int: int = 3> ()
+    rot_s = Constant <value_int: int = @rotary_dim> ()
+    half_s = Div (rot_s, two)
+    slots = Range (zero, half_s, one)
+    sec_t = Constant <value_int: int = @mrope_section_t> ()
+    sec_h = Constant <value_int: int = @mrope_section_h> ()
+    sec_w = Constant <value_int: int = @mrope_section_w> ()
+    inter_s = Constant <value_int: int = @mrope_interleaved> ()
+    sec_th = Add (sec_t, sec_h)
+    ge_t = GreaterOrEqual (slots, sec_t)
+    ge_th = GreaterOrEqual (slots, sec_th)
+    past_t = Cast <to = 7> (ge_t)
+    past_th = Cast <to = 7> (ge_th)
+    chunked = Add (past_t, past_th)
+    slot_mod = Mod (slots, three)
+    h3 = Mul (sec_h, three)
+    w3 = Mul (sec_w, three)
+    mod_1 = Equal (slot_mod, one)
+    mod_2 = Equal (slot_mod, two)
+    in_h = Less (slots, h3)
+    in_w = Less (slots, w3)
+    is_h = And (mod_1, in_h)
+    is_w = And (mod_2, in_w)
+    h_axis = Cast <to = 7> (is_h)
+    w_axis_b = Cast <to = 7> (is_w)
+    w_axis = Mul (w_axis_b, two)
+    interleaved_axes = Add (h_axis, w_axis)
+    not_inter_s = Sub (one, inter_s)
+    pick_i = Mul (interleaved_axes, inter_s)
+    pick_c = Mul (chunked, not_inter_s)
+    slot_axis = Add (pick_i, pick_c)
+    axis_ids = Range (zero, axes_n, one)
+    axis_col = Unsqueeze (axis_ids, ax1)
+    slot_row = Unsqueeze (slot_axis, ax0)
+    onehot_b = Equal (axis_col, slot_row)
+    onehot = Cast <to = 1> (onehot_b)
+    ax12 = Constant <value_ints: ints = [1, 2]> ()
+    onehot4 = Unsqueeze (onehot, ax12)
+    cos_pick = Mul (cos_axes, onehot4)
+    sin_pick = Mul (sin_axes, onehot4)
+    cos_f = ReduceSum <keepdims = 0> (cos_pick, ax0)
+    sin_f = ReduceSum <keepdims = 0> (sin_pick, ax0)
+"""
+
+
+def rope_function(source: AngleSource | str, opset: int, *, multi_axis: bool = False) -> onnx.FunctionProto:
     """The twin of one plugin as a model-local function for a model importing ai.onnx ``opset`` (>= 15).
 
+    ``multi_axis``: the twin of nodes with multi-axis position ids ``[A, B|1, S]`` (``mrope_axes`` > 0: M-RoPE,
+    axial; TABLE or FREQ). q's rotated features start at the ``rotary_offset`` attribute (MLA) in every twin.
+
     Raises:
-        ExportError: ``opset`` < 15.
+        ExportError: ``opset`` < 15, or ``multi_axis`` for a plugin without position ids or with in-graph lengths.
     """
     source = AngleSource(source)
     if opset < MIN_OPSET:
@@ -319,16 +425,19 @@ def rope_function(source: AngleSource | str, opset: int) -> onnx.FunctionProto:
             f"the posenc RoPE plugin's ONNX Runtime twin needs ai.onnx opset >= {MIN_OPSET}, the model imports "
             f"{opset}; export with a newer opset or emit the graph without functions (with_functions=False)."
         )
+    if multi_axis and source not in (AngleSource.TABLE, AngleSource.FREQ):
+        raise ExportError(f"{source.plugin_name} has no multi-axis form; M-RoPE and axial RoPE use TABLE or FREQ.")
     body = _SHAPES + "    ax0_zero = Constant <value_ints: ints = [0]> ()\n"
-    if source.uses_positions:
-        body += _POSITIONS
-    if source is AngleSource.TABLE:
-        body += _TABLE
+    if multi_axis:
+        body += _MULTI_POSITIONS + (_MULTI_TABLE if source is AngleSource.TABLE else _MULTI_FREQ) + _SELECT_AXES
+    elif source is AngleSource.TABLE:
+        body += _POSITIONS + _TABLE
     elif source is AngleSource.CACHE:
         body += _CACHE
     else:
-        body += _row_length(opset) + (_FREQ if source is AngleSource.FREQ else _NTK) + _ANGLES_FROM_TURNS
-    body += _ROTATION_INDICES + _rotate("q", "q_out") + _rotate("k", "k_out")
+        freq = _FREQ if source is AngleSource.FREQ else _NTK
+        body += _POSITIONS + _row_length(opset) + freq + _ANGLES_FROM_TURNS
+    body += _ROTATION_INDICES + _OFFSET + _rotate("q", "q_out", "q_offset") + _rotate("k", "k_out", "ax0_zero")
     text = (
         f'<domain: "{PLUGIN_NAMESPACE}", opset_import: ["" : {opset}]>\n'
         f"{source.plugin_name} <{_ATTRIBUTES[source]}> ({', '.join(source.inputs)}) => (q_out, k_out)\n"
@@ -338,12 +447,24 @@ def rope_function(source: AngleSource | str, opset: int) -> onnx.FunctionProto:
 
 
 def rope_functions_for(model: onnx.ModelProto) -> list[onnx.FunctionProto]:
-    """Twin functions for the plugin ops ``model`` uses that it does not define yet."""
+    """Twin functions for the plugin ops ``model`` uses that it does not define yet (the multi-axis twin where the
+    op's nodes carry ``mrope_axes``; one op type cannot mix one-axis and multi-axis nodes in a model).
+
+    Raises:
+        ExportError: nodes of one plugin op disagree on multi-axis positions.
+    """
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     defined = {(f.domain, f.name) for f in model.functions}
-    used = {n.op_type for n in model.graph.node if n.domain == PLUGIN_NAMESPACE}
+    kinds: dict[str, set[bool]] = {}
+    for node in model.graph.node:
+        if node.domain == PLUGIN_NAMESPACE:
+            axes = next((a.i for a in node.attribute if a.name == "mrope_axes"), 0)
+            kinds.setdefault(node.op_type, set()).add(axes > 0)
+    mixed = sorted(op for op, multi in kinds.items() if len(multi) > 1)
+    if mixed:
+        raise ExportError(f"{mixed} nodes mix one-axis and multi-axis positions; one twin function serves an op type.")
     return [
-        rope_function(source, opset)
+        rope_function(source, opset, multi_axis=kinds[source.plugin_name] == {True})
         for source in AngleSource
-        if source.plugin_name in used and (PLUGIN_NAMESPACE, source.plugin_name) not in defined
+        if source.plugin_name in kinds and (PLUGIN_NAMESPACE, source.plugin_name) not in defined
     ]

@@ -163,6 +163,12 @@ class RopeKernelSpec:
         longrope_original: ``FREQ`` only: if > 0, ``turns`` holds two sets ``[2, 3, r/2]`` and a row whose
             length (max position + 1) exceeds this uses the second (long) set.
         rope_theta, factor, max_position_embeddings: ``NTK`` only: Hugging Face's dynamic NTK parameters.
+        rotary_offset: first rotated feature of q's heads (MLA's decoupled RoPE: the rope part follows
+            ``qk_nope_head_dim`` position-free features, which are copied); k rotates from feature 0.
+        key_head_dim: k's head dim (default ``head_dim``; MLA's shared key slice is only the rope part).
+        mrope_section: multi-axis positions ``[A, B|1, S]`` (position ids, TABLE or FREQ): the frequency slots of
+            each axis, summing to r/2 — M-RoPE's ``(t, h, w)`` or axial RoPE's ``(rows, columns)``; empty: one axis.
+        mrope_interleaved: the slots interleave t,h,w,t,h,w,... (Qwen3-VL) instead of following in chunks.
     """
 
     angles: AngleSource
@@ -175,6 +181,10 @@ class RopeKernelSpec:
     rope_theta: float = 10000.0
     factor: float = 1.0
     max_position_embeddings: int = 0
+    rotary_offset: int = 0
+    key_head_dim: int | None = None
+    mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "angles", _parse_enum(AngleSource, self.angles, "angle source"))
@@ -202,6 +212,60 @@ class RopeKernelSpec:
                 )
         if self.angles is AngleSource.NTK:
             rope_inv_freq(self.rotary_dim, self.rope_parameters())  # the rope_type's own validation
+        self._check_slice()
+        self._check_sections()
+
+    def _check_slice(self) -> None:
+        offset = self.rotary_offset
+        if not _is_int(offset) or offset < 0 or offset + self.rotary_dim > self.head_dim:
+            raise ConfigError(
+                f"rotary_offset must be an int >= 0 with rotary_offset + rotary_dim <= head_dim "
+                f"({self.rotary_dim} + offset <= {self.head_dim}), got {offset!r}."
+            )
+        key = self.head_dim if self.key_head_dim is None else self.key_head_dim
+        if not _is_int(key) or not self.rotary_dim <= key <= MAX_HEAD_DIM:
+            raise ConfigError(
+                f"key_head_dim must be an int in [rotary_dim, {MAX_HEAD_DIM}] = [{self.rotary_dim}, {MAX_HEAD_DIM}], "
+                f"got {key!r}."
+            )
+        object.__setattr__(self, "key_head_dim", int(key))
+
+    def _check_sections(self) -> None:
+        sections = tuple(self.mrope_section)
+        object.__setattr__(self, "mrope_section", sections)
+        if not sections:
+            if self.mrope_interleaved:
+                raise ConfigError("mrope_interleaved needs mrope_section (the slots of each axis).")
+            return
+        if not 2 <= len(sections) <= 3 or not all(_is_int(n) and n >= 0 for n in sections):
+            raise ConfigError(f"mrope_section must be 2 or 3 slot counts >= 0, got {sections!r}.")
+        if sum(sections) != self.half:
+            raise ConfigError(f"mrope_section {list(sections)} must sum to r/2 = {self.half}.")
+        if self.angles not in (AngleSource.TABLE, AngleSource.FREQ) or self.positions is not PositionMode.IDS:
+            raise ConfigError(
+                "multi-axis positions (mrope_section) take position ids with a table or in-kernel frequencies; "
+                "pass per-token cos/sin (AngleSource.CACHE) for anything else."
+            )
+        if self.longrope_original:
+            raise ConfigError("multi-axis positions need one frequency set (no LongRoPE switch).")
+        counts = [self.slot_axes().count(axis) for axis in range(len(sections))]
+        if counts != list(sections):
+            raise ConfigError(
+                f"mrope_section {list(sections)} cannot be interleaved over {self.half} slots (t, h, w, t, h, w, ...); "
+                f"use sections like Qwen3-VL's [24, 20, 20] or chunks (mrope_interleaved=False)."
+            )
+
+    @property
+    def axes(self) -> int:
+        """Axes of the position ids (1, or the number of ``mrope_section`` entries)."""
+        return len(self.mrope_section) or 1
+
+    def slot_axes(self) -> list[int]:
+        """The position axis of each of the r/2 slots (what the kernel's ``_slot_axis`` computes)."""
+        t, h, w = (*self.mrope_section, 0, 0, 0)[:3]
+        if self.mrope_interleaved:
+            return [1 if i % 3 == 1 and i < 3 * h else 2 if i % 3 == 2 and i < 3 * w else 0 for i in range(self.half)]
+        return [int(i >= t) + int(i >= t + h) for i in range(self.half)]
 
     # ------------------------------------------------------------------------------------------------
     # derived sizes
@@ -213,8 +277,8 @@ class RopeKernelSpec:
 
     @property
     def tail(self) -> int:
-        """Features copied through unchanged (partial rotary)."""
-        return self.head_dim - self.rotary_dim
+        """q's features copied through unchanged after the rotated ones (partial rotary)."""
+        return self.head_dim - self.rotary_offset - self.rotary_dim
 
     @property
     def plugin_name(self) -> str:
@@ -245,6 +309,8 @@ class RopeKernelSpec:
             raise ConfigError(f"block_h must be a power of two >= 1, got {block_h!r}.")
         log2_theta = math.log2(self.rope_theta) if self.angles is AngleSource.NTK else 0.0
         power = RT.ntk_exponent(self.rotary_dim) if self.rotary_dim > 2 else 0.0
+        key_tail = int(self.key_head_dim or self.head_dim) - self.rotary_dim
+        sections = (*self.mrope_section, 0, 0, 0)[:3]
         consts: dict[str, Any] = {
             "ANGLES": _ANGLE_CODES[self.angles],
             "POSITIONS": _POSITION_CODES[self.positions],
@@ -252,9 +318,17 @@ class RopeKernelSpec:
             "ROT": self.rotary_dim,
             "HEAD_DIM": self.head_dim,
             "BLOCK_HALF": next_power_of_2(self.half),
-            "BLOCK_TAIL": next_power_of_2(max(self.tail, 1)),
+            "BLOCK_TAIL": next_power_of_2(max(self.tail, key_tail, 1)),
             "BLOCK_H": block_h,
-            "COPY_TAIL": bool(copy_tail and self.tail > 0),
+            "COPY_TAIL": bool(copy_tail and (self.tail > 0 or key_tail > 0 or self.rotary_offset > 0)),
+            "ROT_OFFSET": int(self.rotary_offset),
+            "HEAD_DIM_K": int(self.key_head_dim or self.head_dim),
+            "BLOCK_HEAD": next_power_of_2(max(self.rotary_offset, 1)),
+            "AXES": self.axes,
+            "SEC_T": sections[0],
+            "SEC_H": sections[1],
+            "SEC_W": sections[2],
+            "SEC_INTERLEAVED": bool(self.mrope_interleaved),
             "ATTN_FACTOR": float(self.attention_factor) if self.angles is AngleSource.FREQ else 1.0,
             "LONGROPE_ORIGINAL": int(self.longrope_original),
             "NTK_MAX_POS": int(self.max_position_embeddings),
@@ -287,13 +361,20 @@ class RopeKernelSpec:
             attrs["rope_theta"] = float(self.rope_theta)
             attrs["factor"] = float(self.factor)
             attrs["max_position_embeddings"] = int(self.max_position_embeddings)
+        if self.rotary_offset:
+            attrs["rotary_offset"] = int(self.rotary_offset)
+        if self.mrope_section:
+            attrs["mrope_axes"] = self.axes
+            for name, count in zip(SECTION_ATTRIBUTES, (*self.mrope_section, 0, 0)[:3], strict=True):
+                attrs[name] = int(count)
+            attrs["mrope_interleaved"] = int(self.mrope_interleaved)
         return attrs
 
     @classmethod
     def from_plugin_attributes(
-        cls, angles: AngleSource | str, attrs: Mapping[str, Any], head_dim: int
+        cls, angles: AngleSource | str, attrs: Mapping[str, Any], head_dim: int, key_head_dim: int | None = None
     ) -> tuple[RopeKernelSpec, QKFormat]:
-        """Inverse of :meth:`plugin_attributes` (the head dim comes from q's shape)."""
+        """Inverse of :meth:`plugin_attributes` (the head dims come from q's and k's shapes)."""
         source = _parse_enum(AngleSource, angles, "angle source")
         fmt_code = int(attrs.get("qk_format", 0))
         formats = {code: fmt for fmt, code in _FORMAT_CODES.items()}
@@ -317,8 +398,22 @@ class RopeKernelSpec:
             rope_theta=float(attrs.get("rope_theta", 10000.0)),
             factor=float(attrs.get("factor", 1.0)),
             max_position_embeddings=int(attrs.get("max_position_embeddings", 0)),
+            rotary_offset=int(attrs.get("rotary_offset", 0)),
+            key_head_dim=None if key_head_dim is None else int(key_head_dim),
+            mrope_section=_sections(attrs),
+            mrope_interleaved=bool(int(attrs.get("mrope_interleaved", 0))),
         )
         return spec, formats[fmt_code]
+
+
+SECTION_ATTRIBUTES: tuple[str, str, str] = ("mrope_section_t", "mrope_section_h", "mrope_section_w")
+"""Node attributes carrying ``mrope_section`` (one int each; the plugin fields are scalars)."""
+
+
+def _sections(attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """``mrope_section`` from node attributes: ``mrope_axes`` counts (2 for axial, 3 for M-RoPE; 0: one axis)."""
+    axes = int(attrs.get("mrope_axes", 0))
+    return tuple(int(attrs.get(name, 0)) for name in SECTION_ATTRIBUTES[:axes])
 
 
 _ANGLE_CODES = {AngleSource.TABLE: 0, AngleSource.CACHE: 1, AngleSource.FREQ: 2, AngleSource.NTK: 3}

@@ -88,11 +88,11 @@ def _dtype_name(trt: Any, dtype: Any) -> str:
     return names[dtype]
 
 
-def _static_head_dim(q: Any) -> int:
-    dim = q.shape_expr[-1]
+def _static_head_dim(x: Any) -> int:
+    dim = x.shape_expr[-1]
     if getattr(dim, "is_fake", False) or not dim.is_constant:
         raise BuildError(
-            "the posenc RoPE plugin needs a static head dim (last axis of q); make it static in the graph."
+            "the posenc RoPE plugin needs static head dims (last axis of q and k); make them static in the graph."
         )
     return int(dim.constant_value())
 
@@ -103,7 +103,7 @@ def _aot(source: AngleSource, inputs: dict[str, Any], attrs: dict[str, Any], tac
     q, k = inputs["q"], inputs["k"]
     if len(q.shape_expr) != 4 or len(k.shape_expr) != 4:
         raise BuildError("the posenc RoPE plugin takes 4-D q and k ([B, H, S, D] or [B, S, H, D]).")
-    spec, fmt = spec_for_build(source, attrs, _static_head_dim(q))
+    spec, fmt = spec_for_build(source, attrs, _static_head_dim(q), _static_head_dim(k))
     block_h, num_warps = TACTICS.get(int(tactic), TACTICS[_DEFAULT_TACTIC])
     table = inputs.get("cos_table", inputs.get("cos"))
     positions = inputs.get("positions")
@@ -143,7 +143,7 @@ def _impl(source: AngleSource, tensors: dict[str, Any], attrs: dict[str, Any], o
     with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
         t = {name: torch.as_tensor(value, device="cuda") for name, value in tensors.items()}
         out = (torch.as_tensor(outputs[0], device="cuda"), torch.as_tensor(outputs[1], device="cuda"))
-        spec, fmt = RopeKernelSpec.from_plugin_attributes(source, attrs, t["q"].shape[-1])
+        spec, fmt = RopeKernelSpec.from_plugin_attributes(source, attrs, t["q"].shape[-1], t["k"].shape[-1])
         rope_qk(
             t["q"],
             t["k"],
