@@ -18,10 +18,15 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from posenc import __version__
 from posenc.cli_args import PosencParser, add
 from posenc.errors import PosencError
+
+if TYPE_CHECKING:  # annotations only: `posenc --help` loads neither onnx nor ONNX Runtime
+    from posenc.export.manifest import OutputDrift
+    from posenc.graphs.manifests import ModelInfo
 
 # Modules that contribute subcommands, in the order of the pipeline.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -86,7 +91,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def optimize_parity_check(before: bytes, after: bytes, info: object) -> dict[str, dict[str, float]]:
+def optimize_parity_check(before: bytes, after: bytes, info: ModelInfo) -> dict[str, OutputDrift]:
     """The before/after check of ``posenc optimize``: :func:`posenc.validate.check_ort_parity`.
 
     Composed here because ``posenc.graphs`` sits below ``posenc.validate`` and does not import it; imported on

@@ -240,7 +240,10 @@ class MLABlock(nn.Module):
         out = self.attend(q_nope, q_rope, latent, k_rope, position_ids, key_positions)
         return out, latent, k_rope
 
-    positions = AttentionBlock.positions  # one rule for default, broadcast and checked [B, S] position ids
+    def positions(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
+        """``position_ids [B, S]``: the block's one rule for default, broadcast and checked ids
+        (:meth:`posenc.blocks.AttentionBlock.positions`, which reads only ``self.scheme``)."""
+        return AttentionBlock.positions(self, hidden, position_ids, past)  # type: ignore[arg-type]  # duck-typed self
 
     def project(
         self, hidden: torch.Tensor, position_ids: torch.Tensor

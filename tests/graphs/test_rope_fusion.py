@@ -15,6 +15,7 @@ from posenc import rope_types as RT
 from posenc.errors import PositionError
 from posenc.export import FeedShape, check_feed, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
+from posenc.graphs.rope import INTERLEAVED_FOR_TENSORRT
 from posenc.schemes import Placement, specs
 from posenc.validate import tolerance_for
 from tests.conftest import SMALL
@@ -74,11 +75,17 @@ def test_fusion_finds_every_rotation_and_keeps_parity(export_cache, case: Matrix
     before = ort_run(path, feed)
     for target in ("ort-cpu", "trt"):
         model = load_model(path)
+        attends = bool(nodes(model, "Softmax"))
         result = optimize_model(model, target)
         counts = result.counts
-        assert counts["fuse_rope"] == expected, (target, counts)
-        assert counts["fuse_partial_rope"] == (expected if _partial(case) else 0), (target, counts)
-        assert op_counts(model)["RotaryEmbedding"] == expected
+        # TensorRT-RTX builds no Attention after an interleaved RotaryEmbedding: such rotations stay decomposed
+        kept = target == "trt" and attends and case.params.get("layout") == "interleaved"
+        fused = 0 if kept else expected
+        declined = {reason for record in result.passes for reason in record.declined}
+        assert (INTERLEAVED_FOR_TENSORRT in declined) == kept, (target, declined)
+        assert counts["fuse_rope"] == fused, (target, counts)
+        assert counts["fuse_partial_rope"] == (fused if _partial(case) else 0), (target, counts)
+        assert op_counts(model)["RotaryEmbedding"] == fused
         if manifest.placement == "qk":
             assert not nodes(model, "Slice"), "a decomposed rotation is left in the graph"
         for node in nodes(model, "RotaryEmbedding"):

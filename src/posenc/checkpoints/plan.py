@@ -29,3 +29,17 @@ class LayerPlan:
     layer: int
     layer_type: str | None = None
     decoder: bool = True
+
+    @property
+    def attention(self) -> AttentionConfig:
+        """``config`` of a (grouped-query) attention layer; TypeError for an MLA layer's plan."""
+        if not isinstance(self.config, AttentionConfig):
+            raise TypeError(f"layer {self.layer} is multi-head latent attention; it has no AttentionConfig.")
+        return self.config
+
+    @property
+    def mla(self) -> MLAConfig:
+        """``config`` of a multi-head latent attention layer; TypeError for any other layer's plan."""
+        if not isinstance(self.config, MLAConfig):
+            raise TypeError(f"layer {self.layer} is not multi-head latent attention; it has no MLAConfig.")
+        return self.config

@@ -80,9 +80,9 @@ PROJECTION_RULES: tuple[Rule, ...] = (
         ("q_proj.bias", "q_proj.bias"),
         ("k_proj.bias", "k_proj.bias"),
         ("v_proj.bias", "v_proj.bias"),
-        when=lambda plan: plan.config.qkv_bias,
+        when=lambda plan: plan.attention.qkv_bias,
     ),
-    *rename(("o_proj.bias", "o_proj.bias"), when=lambda plan: plan.config.out_bias),
+    *rename(("o_proj.bias", "o_proj.bias"), when=lambda plan: plan.attention.out_bias),
 )
 """Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj`` modules (and their biases), named as in the block."""
 
@@ -90,7 +90,7 @@ PROJECTION_RULES: tuple[Rule, ...] = (
 def norm_rules(transform: Transform = same) -> tuple[Rule, ...]:
     """Per-head q/k RMSNorm weights (``q_norm``/``k_norm``), through ``transform`` (e.g. Gemma's ``1 + w``)."""
     return tuple(
-        Rule((target,), (target,), transform, when=lambda plan: plan.config.qk_norm != "none")
+        Rule((target,), (target,), transform, when=lambda plan: plan.attention.qk_norm != "none")
         for target in ("q_norm.weight", "k_norm.weight")
     )
 
@@ -99,7 +99,7 @@ def float64_scheme(plan: LayerPlan) -> Any:
     """posenc's scheme of ``plan`` with float64 angles (dynamic tables where the scheme has them)."""
     modes = get_spec(plan.scheme).table_modes
     mode = TableMode.DYNAMIC if TableMode.DYNAMIC in modes else TableMode.PRECOMPUTED
-    return build_scheme(plan.scheme, plan.config, plan.params, mode, table_dtype=torch.float64)
+    return build_scheme(plan.scheme, plan.attention, plan.params, mode, table_dtype=torch.float64)
 
 
 class RotaryReference(ModuleReference):

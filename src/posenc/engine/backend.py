@@ -163,7 +163,7 @@ def trt_logger(backend: Backend) -> Any:
         return existing
     trt = backend.trt
 
-    class PosencTrtLogger(trt.ILogger):  # type: ignore[misc, name-defined]
+    class PosencTrtLogger(trt.ILogger):  # type: ignore[name-defined]  # trt is the module imported at run time
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 

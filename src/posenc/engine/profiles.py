@@ -105,7 +105,9 @@ def input_shapes(
         low, opt, high = [], [], []
         for dim in dims:
             if isinstance(dim, int) and dim >= 0:
-                low.append(dim), opt.append(dim), high.append(dim)
+                low.append(dim)
+                opt.append(dim)
+                high.append(dim)
                 continue
             key = str(dim)
             if key not in profile:
@@ -113,6 +115,8 @@ def input_shapes(
                     f"input {name!r} has dynamic dimension {key!r} with no range; give one with "
                     f"--profile {key}=MIN:OPT:MAX."
                 )
-            low.append(profile[key].min), opt.append(profile[key].opt), high.append(profile[key].max)
+            low.append(profile[key].min)
+            opt.append(profile[key].opt)
+            high.append(profile[key].max)
         shapes[name] = (low, opt, high)
     return shapes

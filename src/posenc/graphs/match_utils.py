@@ -101,6 +101,22 @@ def producer_of(value: ir.Value | None, op_type: str, domain: str = "") -> ir.No
     return node
 
 
+def operand(node: ir.Node, index: int) -> ir.Value:
+    """Input ``index`` of ``node``, which a matched pattern guarantees; ValueError when it is absent."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise ValueError(f"{node.op_type} node {node.name!r} has no input {index}")
+    return value
+
+
+def producer(value: ir.Value) -> ir.Node:
+    """The node producing ``value`` (an output of a matched node); ValueError for a graph input or initializer."""
+    node = value.producer()
+    if node is None:
+        raise ValueError(f"value {value.name!r} has no producer")
+    return node
+
+
 def int_attr(node: ir.Node, name: str, default: int = 0) -> int:
     attr = node.attributes.get(name)
     return default if attr is None else int(attr.value)

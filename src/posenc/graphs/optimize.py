@@ -105,6 +105,11 @@ def _plugin_pass(model: ir.Model) -> int:
     return int(rope_to_plugin(model, fuse_decomposed=False))
 
 
+def _attends(model: ir.Model) -> bool:
+    """True when the graph has a softmax: an attention the attention fusion will turn into an ``Attention``."""
+    return any(node.op_type == "Softmax" for node in model.graph.all_nodes())
+
+
 Pass = Callable[[ir.Model, list[str]], int]
 """``run(model, declined) -> matches rewritten``; ``declined`` collects why matches were left decomposed."""
 
@@ -112,9 +117,13 @@ Pass = Callable[[ir.Model, list[str]], int]
 def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     """``(name, pass, needs opset 23)`` in order."""
     plan: list[tuple[str, Pass, bool]] = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True)]
+
+    def keep_interleaved(model: ir.Model) -> bool:  # TensorRT-RTX: no Attention after interleaved RotaryEmbedding
+        return target == "trt" and rope_mode == "fused" and _attends(model)
+
     if rope_mode in ("fused", "plugin"):
         plan += [
-            ("fuse_rope", lambda m, _: rope.fuse_rope(m), True),
+            ("fuse_rope", lambda m, d: rope.fuse_rope(m, not keep_interleaved(m), d), True),
             ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True),
         ]
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v

@@ -41,12 +41,12 @@ def _cos_sin_ok(x: ir.Value, cos3: ir.Value, sin3: ir.Value, ax_c: ir.Value, ax_
     )
 
 
-def _caches(op, cos3: ir.Value, sin3: ir.Value) -> list[ir.Value]:  # type: ignore[no-untyped-def]
+def _caches(op, cos3: ir.Value, sin3: ir.Value) -> list[ir.Value]:
     """Inputs 1.. of the fused op: 2-D tables + position ids when cos/sin are gathered, else 3-D caches."""
     gather_c, gather_s = mu.producer_of(cos3, "Gather"), mu.producer_of(sin3, "Gather")
     if gather_c is not None and gather_s is not None:
-        table_c, pos_c = gather_c.inputs[0], gather_c.inputs[1]
-        table_s, pos_s = gather_s.inputs[0], gather_s.inputs[1]
+        table_c, pos_c = mu.operand(gather_c, 0), mu.operand(gather_c, 1)
+        table_s, pos_s = mu.operand(gather_s, 0), mu.operand(gather_s, 1)
         if (
             pos_c is pos_s
             and mu.int_attr(gather_c, "axis") == 0
@@ -68,14 +68,14 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rope_half", remove_nodes=False)
 
-    def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s):
         x1 = op.Slice(x, s1, e1, a1, st1)
         x2 = op.Slice(x, s2, e2, a2, st2)
         c = op.Unsqueeze(cos3, ax_c)
         s = op.Unsqueeze(sin3, ax_s)
         return op.Concat(op.Sub(op.Mul(x1, c), op.Mul(x2, s)), op.Add(op.Mul(x2, c), op.Mul(x1, s)), axis=-1)
 
-    def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, **_):
         result = pattern.MatchResult()
         width = mu.static_dim(x, -1)
         if mu.rank(x) != 4 or width is None or width % 2:
@@ -97,7 +97,7 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
         return result
 
-    def rewrite(self, op, x, cos3, sin3, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, cos3, sin3, **_):
         return op.RotaryEmbedding(x, *_caches(op, cos3, sin3), interleaved=0)
 
 
@@ -107,7 +107,7 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rope_interleaved", remove_nodes=False)
 
-    def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, shape):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, shape):
         x1 = op.Slice(x, s1, e1, a1, st1)
         x2 = op.Slice(x, s2, e2, a2, st2)
         c = op.Unsqueeze(cos3, ax_c)
@@ -116,7 +116,7 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
         second = op.Unsqueeze(op.Add(op.Mul(x2, c), op.Mul(x1, s)), u2)
         return op.Reshape(op.Concat(first, second, axis=-1), shape, _outputs=["out"])
 
-    def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, out, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, out, **_):
         result = pattern.MatchResult()
         width = mu.static_dim(x, -1)
         if mu.rank(x) != 4 or width is None or width % 2:
@@ -141,20 +141,20 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
         return result
 
-    def rewrite(self, op, x, cos3, sin3, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, cos3, sin3, **_):
         return op.RotaryEmbedding(x, *_caches(op, cos3, sin3), interleaved=1)
 
 
-def _copy_rotary(op, rope: ir.Value, x: ir.Value, **overrides: int):  # type: ignore[no-untyped-def]
+def _copy_rotary(op, rope: ir.Value, x: ir.Value, **overrides: int):
     """A RotaryEmbedding like the one producing ``rope`` but on input ``x`` and with attribute overrides."""
-    node = rope.producer()
+    node = mu.producer(rope)
     attributes = {name: attr.value for name, attr in node.attributes.items()}
     attributes.update(overrides)
     return op.RotaryEmbedding(x, *node.inputs[1:], **attributes)
 
 
-def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, e2, a2, st2, s0) -> bool:  # type: ignore[no-untyped-def]
-    node = rope.producer()
+def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, e2, a2, st2, s0) -> bool:
+    node = mu.producer(rope)
     rotary = mu.const_ints(r1)
     tail_end = mu.const_ints(e2)
     return (
@@ -181,17 +181,17 @@ class _PartialRotation(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rope_partial")
 
-    def pattern(self, op, x, s0, r1, a1, st1, r2, e2, a2, st2):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, s0, r1, a1, st1, r2, e2, a2, st2):
         head = op.Slice(x, s0, r1, a1, st1)
         rope = op.RotaryEmbedding(head, _allow_other_inputs=True, _outputs=["rope"])
         return op.Concat(rope, op.Slice(x, r2, e2, a2, st2), axis=-1)
 
-    def check(self, context, x, rope, s0, r1, a1, st1, r2, e2, a2, st2, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, rope, s0, r1, a1, st1, r2, e2, a2, st2, **_):
         if not _partial_ok(x, rope, r1, a1, st1, r2, e2, a2, st2, s0):
             return pattern.MatchResult().fail("not a rotation of the leading r features plus the untouched rest")
         return True
 
-    def rewrite(self, op, x, rope, r1, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, rope, r1, **_):
         return _copy_rotary(op, rope, x, rotary_embedding_dim=mu.const_ints(r1)[0])
 
 
@@ -201,17 +201,17 @@ class _PartialRotationInFloat(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rope_partial_cast")
 
-    def pattern(self, op, x, s0, r1, a1, st1, r2, e2, a2, st2):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, s0, r1, a1, st1, r2, e2, a2, st2):
         head = op.Cast(op.Slice(x, s0, r1, a1, st1), _outputs=["head"])
         rope = op.RotaryEmbedding(head, _allow_other_inputs=True, _outputs=["rope"])
         return op.Concat(op.Cast(rope, _outputs=["back"]), op.Slice(x, r2, e2, a2, st2), axis=-1)
 
-    def check(self, context, x, head, rope, back, s0, r1, a1, st1, r2, e2, a2, st2, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, head, rope, back, s0, r1, a1, st1, r2, e2, a2, st2, **_):
         if mu.dtype(back) != mu.dtype(x) or not _partial_ok(x, rope, r1, a1, st1, r2, e2, a2, st2, s0):
             return pattern.MatchResult().fail("not a float32 rotation of the leading r features plus the rest")
         return True
 
-    def rewrite(self, op, x, head, rope, r1, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, head, rope, r1, **_):
         wide = op.Cast(x, to=mu.dtype(head))
         rotated = _copy_rotary(op, rope, wide, rotary_embedding_dim=mu.const_ints(r1)[0])
         return op.Cast(rotated, to=mu.dtype(x))
@@ -221,13 +221,37 @@ _CORE_RULES = pattern.RewriteRuleSet([_HalfRotation.rule(), _InterleavedRotation
 _PARTIAL_RULES = pattern.RewriteRuleSet([_PartialRotation.rule(), _PartialRotationInFloat.rule()])
 
 
-def fuse_rope(model: ir.Model) -> int:
-    """Replace decomposed half and interleaved rotations by 4-D ``RotaryEmbedding`` nodes (opset 23).
+_HALF_RULES = pattern.RewriteRuleSet([_HalfRotation.rule()], commute=True)
+
+INTERLEAVED_FOR_TENSORRT = (
+    "interleaved rotation left decomposed for TensorRT: TensorRT-RTX 1.7 fails to build an Attention layer fed "
+    "by an interleaved RotaryEmbedding (Myelin CHECK in ssa.cpp), while the decomposed rotation builds"
+)
+"""Why :func:`fuse_rope` keeps interleaved rotations decomposed when asked to (``posenc optimize --target trt``)."""
+
+
+def fuse_rope(model: ir.Model, interleaved: bool = True, declined: list[str] | None = None) -> int:
+    """Replace decomposed half (and, unless ``interleaved`` is False, interleaved) rotations by 4-D
+    ``RotaryEmbedding`` nodes (opset 23).
+
+    Args:
+        interleaved: fuse interleaved (GPT-J / complex-form) rotations too; False leaves them decomposed and,
+            when the graph has one (a ``x[..., 0::2]`` slice), appends :data:`INTERLEAVED_FOR_TENSORRT` to
+            ``declined``.
 
     Returns:
         The number of rotations fused (each rotated tensor counts once).
     """
-    return _CORE_RULES.apply_to_model(model)
+    if interleaved:
+        return _CORE_RULES.apply_to_model(model)
+    fused = _HALF_RULES.apply_to_model(model)
+    pair_slices = any(
+        node.op_type == "Slice" and len(node.inputs) > 4 and mu.is_ints(node.inputs[4], [2])
+        for node in model.graph.all_nodes()
+    )
+    if pair_slices and declined is not None:
+        declined.append(INTERLEAVED_FOR_TENSORRT)
+    return fused
 
 
 def fuse_partial_rope(model: ir.Model) -> int:
@@ -260,20 +284,20 @@ class _RotateBeforeHeadTranspose(pattern.RewriteRuleClassBase):
         super().__init__(name="rope_3d_cast" if with_cast else "rope_3d")
         self.with_cast = with_cast
 
-    def pattern(self, op, y, shape4):  # type: ignore[no-untyped-def]
+    def pattern(self, op, y, shape4):
         split = op.Reshape(y, shape4, _outputs=["split"])
         x4 = op.Transpose(split, perm=[0, 2, 1, 3])
         if self.with_cast:
             x4 = op.Cast(x4, _outputs=["wide"])
         return op.RotaryEmbedding(x4, _allow_other_inputs=True, _outputs=["rope"])
 
-    def check(self, context, y, split, rope, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, y, split, rope, **_):
         node = rope.producer()
         if mu.int_attr(node, "num_heads") or _heads_from_reshape(y, split) is None:
             return pattern.MatchResult().fail("not a [B, S, H*D] projection split into static heads", split)
         return True
 
-    def rewrite(self, op, y, shape4, split, rope, wide=None, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, y, shape4, split, rope, wide=None, **_):
         heads = _heads_from_reshape(y, split)
         source = op.Cast(y, to=mu.dtype(wide)) if self.with_cast else y
         rotated = _copy_rotary(op, rope, source, num_heads=heads)
@@ -292,12 +316,12 @@ class _HeadsMergedBack(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="heads_merged_back")
 
-    def pattern(self, op, y, shape4, shape3):  # type: ignore[no-untyped-def]
+    def pattern(self, op, y, shape4, shape3):
         split = op.Reshape(y, shape4, _allow_other_attributes=True)
         back = op.Transpose(op.Transpose(split, perm=[0, 2, 1, 3]), perm=[0, 2, 1, 3])
         return op.Reshape(back, shape3, _allow_other_attributes=True, _outputs=["merged"])
 
-    def check(self, context, y, merged, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, y, merged, **_):
         shape = y.shape
         producer = y.producer()
         if shape is None and producer is not None and producer.op_type == "RotaryEmbedding":
@@ -312,7 +336,7 @@ class _HeadsMergedBack(pattern.RewriteRuleClassBase):
                 return pattern.MatchResult().fail("the merge does not restore y's [B, S, H*D] shape", merged)
         return True
 
-    def rewrite(self, op, y, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, y, **_):
         return op.Identity(y)
 
 
@@ -350,7 +374,7 @@ class _CastCache:
     def reset(self) -> None:
         self._done.clear()
 
-    def __call__(self, op, cache: ir.Value, target: ir.DataType) -> ir.Value:  # type: ignore[no-untyped-def]
+    def __call__(self, op, cache: ir.Value, target: ir.DataType) -> ir.Value:
         if mu.dtype(cache) == target:
             return cache
         key = (id(cache), target)
@@ -377,16 +401,16 @@ class _RotaryInActivationDtype(pattern.RewriteRuleClassBase):
     def setup(self) -> None:
         self.cast_cache.reset()
 
-    def pattern(self, op, x):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x):
         rope = op.RotaryEmbedding(op.Cast(x), _allow_other_inputs=True, _outputs=["rope"])
         return op.Cast(rope, _outputs=["back"])
 
-    def check(self, context, x, rope, back, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, rope, back, **_):
         if mu.dtype(back) != mu.dtype(x) or mu.dtype(x) not in _FLOATS:
             return pattern.MatchResult().fail("the casts do not return to the activation dtype", back)
         return True
 
-    def rewrite(self, op, x, rope, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, rope, **_):
         node = rope.producer()
         target = mu.dtype(x)
         inputs = [x, self.cast_cache(op, node.inputs[1], target), self.cast_cache(op, node.inputs[2], target)]
@@ -406,7 +430,7 @@ class _RotaryTensorRTInputs(pattern.RewriteRuleClassBase):
     def setup(self) -> None:
         self.cast_cache.reset()
 
-    def pattern(self, op, x, cos, sin, pos=None):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, cos, sin, pos=None):
         if self.with_positions:
             return op.RotaryEmbedding(x, cos, sin, pos, _outputs=["rope"])
         return op.RotaryEmbedding(x, cos, sin, _outputs=["rope"])
@@ -414,7 +438,7 @@ class _RotaryTensorRTInputs(pattern.RewriteRuleClassBase):
     def _pos_needs_batch(self, x: ir.Value, pos: ir.Value) -> bool:
         return mu.static_dim(pos, 0) == 1 and mu.static_dim(x, 0) != 1
 
-    def check(self, context, x, cos, sin, pos=None, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, cos, sin, pos=None, **_):
         known = [mu.dtype(v) for v in (x, cos, sin, pos) if v is not None]
         if None in known:
             return pattern.MatchResult().fail("dtypes unknown (run shape inference first)")
@@ -424,7 +448,7 @@ class _RotaryTensorRTInputs(pattern.RewriteRuleClassBase):
             return pattern.MatchResult().fail("already in TensorRT's form")
         return True
 
-    def rewrite(self, op, x, cos, sin, rope, pos=None, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, cos, sin, rope, pos=None, **_):
         node = rope.producer()
         target = mu.dtype(x)
         inputs = [x, self.cast_cache(op, cos, target), self.cast_cache(op, sin, target)]
@@ -471,7 +495,7 @@ class _ContribRotary(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="rope_from_contrib")
 
-    def pattern(self, op, x, pos, cos, sin):  # type: ignore[no-untyped-def]
+    def pattern(self, op, x, pos, cos, sin):
         return op.RotaryEmbedding(x, pos, cos, sin, _domain="com.microsoft", _outputs=["rope"])
 
     def _num_heads(self, node: ir.Node, x: ir.Value, cos: ir.Value) -> int | None:
@@ -483,7 +507,7 @@ class _ContribRotary(pattern.RewriteRuleClassBase):
             return None
         return width // (2 * half)
 
-    def check(self, context, x, pos, cos, sin, rope, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, x, pos, cos, sin, rope, **_):
         result = pattern.MatchResult()
         node = rope.producer()
         if mu.int_attr(node, "is_packed_batching"):
@@ -499,7 +523,7 @@ class _ContribRotary(pattern.RewriteRuleClassBase):
             return result.fail("3-D input needs num_heads (or a static hidden size) to convert", x)
         return result
 
-    def rewrite(self, op, x, pos, cos, sin, rope, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, x, pos, cos, sin, rope, **_):
         node = rope.producer()
         seq_axis = 2 if mu.rank(x) == 4 else 1
         if mu.rank(pos) == 1:  # start offset: positions offset .. offset + S - 1 for every batch row

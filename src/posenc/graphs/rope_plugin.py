@@ -32,6 +32,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 from posenc.errors import ConfigError
+from posenc.graphs import match_utils as mu
 from posenc.plugins.rope.ort_twin import rope_function
 from posenc.plugins.rope.spec import PLUGIN_NAMESPACE, PLUGIN_VERSION, AngleSource, QKFormat, RopeKernelSpec
 
@@ -76,26 +77,25 @@ def _static(value: ir.Value, axis: int) -> int | None:
 
 def _fold_casts(node: ir.Node) -> tuple[ir.Value, ir.Value, ir.Node | None]:
     """``(plugin input, value to replace, Cast-back node)``: skip a float32 up-cast/down-cast pair."""
-    x, out = node.inputs[0], node.outputs[0]
-    up = x.producer() if x is not None else None
+    x, out = mu.operand(node, 0), node.outputs[0]
+    up = x.producer()
+    source = up.inputs[0] if up is not None and up.inputs else None
+    low = mu.dtype(source)
     users = list(out.uses())
     if (
         up is not None
+        and source is not None
+        and low is not None
         and up.op_type == "Cast"
         and up.domain in ("", "ai.onnx")
         and x.dtype == ir.DataType.FLOAT
-        and up.inputs[0] is not None
-        and up.inputs[0].dtype in _LOW_PRECISION
+        and low in _LOW_PRECISION
         and len(users) == 1
         and not out.is_graph_output()
     ):
         down = users[0].node
-        if (
-            down.op_type == "Cast"
-            and down.domain in ("", "ai.onnx")
-            and _int_attr(down, "to") == up.inputs[0].dtype.value
-        ):
-            return up.inputs[0], down.outputs[0], down
+        if down.op_type == "Cast" and down.domain in ("", "ai.onnx") and _int_attr(down, "to") == low.value:
+            return source, down.outputs[0], down
     return x, out, None
 
 
@@ -226,14 +226,14 @@ def _replace_pair(graph: ir.Graph, a: _Rotation, b: _Rotation, index: int) -> No
     replacements: list[ir.Value] = []
     for tag, rot, value in (("q", a, plugin.outputs[0]), ("k", b, plugin.outputs[1])):
         value.name = f"{prefix}_{tag}_out"
-        value.dtype = rot.x.dtype
+        value.type = rot.x.type
         if rot.num_heads:
             value.shape = None
             shape = _const(f"{prefix}_{tag}_merge_shape", [0, 0, -1])
             merge = ir.Node("", "Reshape", [value, shape.outputs[0]], name=f"{prefix}_{tag}_merge")
             new_nodes += [shape, merge]
             value = merge.outputs[0]
-        value.dtype = rot.out.dtype
+        value.type = rot.out.type
         value.shape = rot.out.shape
         replacements.append(value)
     old_nodes = [a.node, b.node] + [r.folded_cast for r in (a, b) if r.folded_cast is not None]

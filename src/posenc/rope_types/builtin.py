@@ -281,7 +281,7 @@ def _yarn(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: SeqL
     return inv_freq, float(attention_factor)
 
 
-_POSITIVE_OPTIONAL = {"optional": True, "minimum": 0, "exclusive_minimum": True}
+_POSITIVE_OPTIONAL: dict[str, Any] = {"optional": True, "minimum": 0, "exclusive_minimum": True}
 
 register(
     RopeType(

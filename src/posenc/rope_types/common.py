@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -85,8 +85,9 @@ def ntk_exponent(rotary_dim: T) -> T:
 def at_least(length: T, minimum: Any) -> T:
     """``max(length, minimum)`` for a number, a tensor (``clamp``) or any value with ``clamp(min=...)``."""
     if isinstance(length, (int, float)):
-        return max(length, minimum)  # type: ignore[return-value]
-    return length.clamp(min=minimum)  # type: ignore[attr-defined, no-any-return]
+        return max(length, minimum)
+    clampable: Any = length  # a tensor or a symbolic value: anything with clamp(min=...)
+    return cast(T, clampable.clamp(min=minimum))
 
 
 def switch_at(length: Any, point: int, below: T, above: T) -> T:
@@ -96,5 +97,5 @@ def switch_at(length: Any, point: int, below: T, above: T) -> T:
     if length is None:
         return below
     if isinstance(length, torch.Tensor):
-        return torch.where(length > point, above, below)  # type: ignore[arg-type, return-value]
+        return cast(T, torch.where(length > point, cast(torch.Tensor, above), cast(torch.Tensor, below)))
     return above if length > point else below

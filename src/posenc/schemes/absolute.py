@@ -159,6 +159,11 @@ class SinusoidalAbsolute(_Absolute):
     ``table_dtype`` is float64; no table limit, accurate to ~1e-6 rad below position 2**24.
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    table: torch.Tensor
+    inv_freq: torch.Tensor
+    turns: torch.Tensor
+
     def build(self) -> None:
         self.layout = self.params["layout"]
         dim, base = self.config.hidden_size, self.params["base"]

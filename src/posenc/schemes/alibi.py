@@ -33,6 +33,11 @@ class Alibi(PositionalScheme):
     k_pos ``[B, Sk]`` -> bias ``[B, H, Sq, Sk]``.
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    key_table: torch.Tensor
+    slopes: torch.Tensor
+    table: torch.Tensor
+
     def build(self) -> None:
         symmetric = self.params["symmetric"]
         self.symmetric = (not self.config.causal) if symmetric is None else bool(symmetric)

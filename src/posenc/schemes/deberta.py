@@ -50,6 +50,10 @@ class Deberta(PositionalScheme):
     are projected; ``dynamic``: bucket magnitudes from a lookup table, sign applied (no float log, no limit).
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    row_table: torch.Tensor
+    magnitude_buckets: torch.Tensor
+
     def build(self) -> None:
         self.position_buckets = int(self.params["position_buckets"])
         self.max_relative_positions = int(self.params["max_relative_positions"])

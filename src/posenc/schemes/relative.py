@@ -123,6 +123,9 @@ class ShawRelative(PositionalScheme):
     Shapes: q, k, v ``[B, H, S, D]``; positions ``[B, S]`` -> ``[B, H, Sq, D]``.
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    row_table: torch.Tensor
+
     def build(self) -> None:
         self.max_relative_position = int(self.params["max_relative_position"])
         rows, d = 2 * self.max_relative_position + 1, self.config.head_dim
@@ -229,6 +232,11 @@ class TransformerXL(PositionalScheme):
     ``precomputed``: ``R`` over distances ``±(M - 1)``; ``dynamic``: ``R`` from float32-exact angles
     (float64 angles when ``table_dtype`` is float64).
     """
+
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    r_table: torch.Tensor
+    inv_freq: torch.Tensor
+    turns: torch.Tensor
 
     def build(self) -> None:
         h, d, hidden = self.config.num_heads, self.config.head_dim, self.config.hidden_size

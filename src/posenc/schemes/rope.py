@@ -53,6 +53,14 @@ class RotaryAngles(TableHolder):
     scale ``exp(p * log_scale)`` in ``table_dtype`` (its relative error in float32 is ~1e-7 · |p · log_scale|).
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+    inv_freq: torch.Tensor
+    phase: torch.Tensor
+    turns: torch.Tensor
+    log_scale: torch.Tensor
+
     def __init__(
         self,
         inv_freq: torch.Tensor,
@@ -407,7 +415,11 @@ def _rope_tolerances() -> dict[str, Tolerance]:
     }
 
 
-_FAMILY_CASES = {"default": {}, "partial": {"partial_rotary_factor": 0.5}, "interleaved": {"layout": "interleaved"}}
+_FAMILY_CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "partial": {"partial_rotary_factor": 0.5},
+    "interleaved": {"layout": "interleaved"},
+}
 
 
 def rope_scheme_spec(entry: RT.RopeType) -> SchemeSpec:
@@ -516,7 +528,14 @@ class LeakyReRope(ReRope):
 
 
 _WINDOW = Param("window", "int", 512, "window w: exact relative positions for |i - j| < w", minimum=1)
-_RE_CASES = {"default": {"window": 6}, "interleaved": {"window": 5, "layout": "interleaved"}}
+_RE_CASES: dict[str, dict[str, Any]] = {"default": {"window": 6}, "interleaved": {"window": 5, "layout": "interleaved"}}
+
+
+def _check_rotary_dim(params: dict[str, Any], config: AttentionConfig) -> None:
+    """Refuse a ``partial_rotary_factor`` that rotates no pair of the head dim (raises ConfigError)."""
+    rotary_dim_of(config.head_dim, params["partial_rotary_factor"])
+
+
 _REROPE_CITE = f"{SU_2023_REROPE}; {ZHAO_2023_LLM_SURVEY}, book §5.4 (position truncation)"
 
 ReRope.spec = SchemeSpec(
@@ -530,7 +549,7 @@ ReRope.spec = SchemeSpec(
     summary="RoPE whose relative position is clipped to the window w beyond it; two score matrices.",
     tolerances=_rope_tolerances(),
     cases=_RE_CASES,
-    validate=lambda p, c: rotary_dim_of(c.head_dim, p["partial_rotary_factor"]) and None,
+    validate=_check_rotary_dim,
     verified_against="naive per-(i, j) rotation by g(i - j) (ReRoPE's g of kexue.fm/archives/9708)",
 )
 LeakyReRope.spec = SchemeSpec(
@@ -558,7 +577,7 @@ LeakyReRope.spec = SchemeSpec(
         "default": {"window": 6, "factor": 4.0},
         "interleaved": {"window": 5, "factor": 3.0, "layout": "interleaved"},
     },
-    validate=lambda p, c: rotary_dim_of(c.head_dim, p["partial_rotary_factor"]) and None,
+    validate=_check_rotary_dim,
     verified_against="naive per-(i, j) rotation by g(i - j) (Leaky ReRoPE's g of kexue.fm/archives/9708)",
 )
 register(ReRope.spec, ReRope)

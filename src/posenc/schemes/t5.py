@@ -68,6 +68,10 @@ class T5BucketBias(TableHolder):
         init_std: standard deviation of the initial weights.
     """
 
+    # Buffers registered by register_table (which ones depends on the table mode): typed for the checker.
+    bucket_table: torch.Tensor
+    magnitude_buckets: torch.Tensor
+
     def __init__(
         self,
         num_heads: int,

@@ -43,7 +43,7 @@ def reference_only(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence
 
 RULES: tuple[Rule, ...] = (
     *fused_rules(),
-    Rule((), ("dense.bias",), reference_only, when=lambda plan: not plan.config.out_bias),
+    Rule((), ("dense.bias",), reference_only, when=lambda plan: not plan.attention.out_bias),
 )
 """The fused weight table; a ``dense.bias`` the module ignores is still read, because the module holds it."""
 

@@ -98,9 +98,9 @@ def split_in_proj(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[
     """v1 ``in_proj.weight [H·3D, E]`` (per head q, k, v rows), ``q_bias``, ``v_bias`` ``[H·D]`` -> q/k/v weights
     ``[H·D, E]`` and biases (the key bias zero), as ``transpose_for_scores(in_proj(x)).chunk(3, -1)`` splits them."""
     weight, q_bias, v_bias = tensors
-    h, d = plan.config.num_heads, plan.config.head_dim
+    h, d = plan.attention.num_heads, plan.attention.head_dim
     q, k, v = weight.view(h, 3, d, weight.shape[-1]).unbind(1)
-    rows = h * d  # type: ignore[operator]
+    rows = h * d
     return q.reshape(rows, -1), k.reshape(rows, -1), v.reshape(rows, -1), q_bias, torch.zeros_like(q_bias), v_bias
 
 

@@ -57,7 +57,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
 
 
 def _bias(plan: LayerPlan) -> bool:
-    return bool(plan.config.attention_bias)
+    return bool(plan.mla.attention_bias)
 
 
 def _lora(plan: LayerPlan) -> bool:

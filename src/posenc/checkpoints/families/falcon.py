@@ -79,7 +79,7 @@ class FalconReference(rotary.RotaryReference):
     @property
     def cached_copies(self) -> int:  # type: ignore[override]
         """The new decoder architecture caches each kv head once per query head of its group."""
-        return self.plan.config.kv_groups if self.attention.new_decoder_architecture else 1
+        return self.plan.attention.kv_groups if self.attention.new_decoder_architecture else 1
 
     def call(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any

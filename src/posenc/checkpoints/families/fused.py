@@ -24,14 +24,14 @@ from posenc.checkpoints.family import LayerPlan, Rule, rename
 
 def split_grouped_qkv(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
     """Fused ``[Hkv·(g + 2)·D, ...]`` (weight or bias) -> q ``[H·D, ...]``, k ``[Hkv·D, ...]``, v ``[Hkv·D, ...]``."""
-    config = plan.config
+    config = plan.attention
     kv, groups, dim = config.num_kv_heads, config.kv_groups, config.head_dim
     fused = tensors[0]
     rest = tuple(fused.shape[1:])
     grouped = fused.reshape(kv, groups + 2, dim, *rest)
-    query = grouped[:, :groups].reshape(kv * groups * dim, *rest)  # type: ignore[operator]
-    key = grouped[:, groups].reshape(kv * dim, *rest)  # type: ignore[operator]
-    value = grouped[:, groups + 1].reshape(kv * dim, *rest)  # type: ignore[operator]
+    query = grouped[:, :groups].reshape(kv * groups * dim, *rest)
+    key = grouped[:, groups].reshape(kv * dim, *rest)
+    value = grouped[:, groups + 1].reshape(kv * dim, *rest)
     return query, key, value
 
 
@@ -45,10 +45,10 @@ def fused_rules(fused: str = "query_key_value", out: str = "dense") -> tuple[Rul
             tuple(f"{t}.bias" for t in targets),
             (f"{fused}.bias",),
             split_grouped_qkv,
-            when=lambda plan: plan.config.qkv_bias,
+            when=lambda plan: plan.attention.qkv_bias,
         ),
         *rename(("o_proj.weight", f"{out}.weight")),
-        *rename(("o_proj.bias", f"{out}.bias"), when=lambda plan: plan.config.out_bias),
+        *rename(("o_proj.bias", f"{out}.bias"), when=lambda plan: plan.attention.out_bias),
     )
 
 

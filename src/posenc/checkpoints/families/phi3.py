@@ -21,9 +21,9 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
 
 def split_qkv(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
     """``qkv_proj.weight [(H + 2 Hkv) D, E]`` -> q ``[H D, E]``, k ``[Hkv D, E]``, v ``[Hkv D, E]``."""
-    config = plan.config
+    config = plan.attention
     q_rows = config.num_heads * config.head_dim
-    kv_rows = config.num_kv_heads * config.head_dim  # type: ignore[operator]
+    kv_rows = config.num_kv_heads * config.head_dim
     return torch.split(tensors[0], [q_rows, kv_rows, kv_rows], dim=0)
 
 

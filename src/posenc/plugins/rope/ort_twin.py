@@ -19,6 +19,8 @@ otherwise; for TensorRT < 10.7 emit the graph without functions (``with_function
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 import onnx.parser
 
@@ -72,7 +74,7 @@ def make_plugin_node(
             f"{spec.plugin_name} takes inputs {list(spec.angles.inputs)} and outputs [q_out, k_out]; "
             f"got {inputs} -> {outputs}."
         )
-    attrs: dict[str, object] = dict(spec.plugin_attributes(qk_format))
+    attrs: dict[str, Any] = dict(spec.plugin_attributes(qk_format))
     attrs["plugin_namespace"] = PLUGIN_NAMESPACE
     if aot:
         attrs["aot"] = 1

@@ -425,7 +425,7 @@ def _parse_enum(cls: type[enum.Enum], value: Any, what: str) -> Any:
     try:
         return cls(value)
     except ValueError:
-        valid = [m.value for m in cls]  # type: ignore[attr-defined]
+        valid = [m.value for m in cls]
         raise ConfigError(f"unknown {what} {value!r}; use one of {valid}.") from None
 
 
