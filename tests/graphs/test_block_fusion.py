@@ -10,6 +10,7 @@ import pytest
 
 from posenc.export import FeedShape, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
+from posenc.graphs.optimize import TRT_INTERLEAVED_ROPE_REASON
 from posenc.schemes import Placement, specs
 from posenc.validate import tolerance_for
 from tests.graphs.artifacts import count_rotations, export_case
@@ -35,17 +36,25 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
     feed = make_feed(manifest, FeedShape(batch=2, seq=5, past=3), seed=4)
     rotations, reference = count_rotations(path, feed)
     model = load_model(path)
-    counts = optimize_model(model, target).counts
-    assert counts["fuse_attention"] == 1
+    result = optimize_model(model, target)
+    counts = result.counts
     assert counts["fuse_rope"] == rotations
-    (attention,) = nodes(model, "Attention")
-    heads = {value.shape[1] for value in attention.inputs[:3]}
-    assert heads == {manifest.attention["num_heads"], manifest.attention["num_kv_heads"]}, "GQA heads unrepeated"
-    assert attention.inputs[3] is not None, "causal mask (and the bias) must reach the op as attn_mask"
-    if manifest.placement == "score":
-        assert attention.inputs[3].dtype == attention.inputs[0].dtype, "additive mask in the activation dtype"
-    if target == "trt":
-        assert "softmax_precision" not in attention.attributes, "TensorRT's parser rejects softmax_precision"
+    declined = [reason for record in result.passes for reason in record.declined]
+    if target == "trt" and case.params.get("layout") == "interleaved":  # TensorRT-RTX cannot build both fused
+        assert counts["fuse_attention"] == 0
+        assert declined == [TRT_INTERLEAVED_ROPE_REASON]
+        assert not nodes(model, "Attention")
+    else:
+        assert counts["fuse_attention"] == 1
+        assert not declined
+        (attention,) = nodes(model, "Attention")
+        heads = {value.shape[1] for value in attention.inputs[:3]}
+        assert heads == {manifest.attention["num_heads"], manifest.attention["num_kv_heads"]}, "GQA heads unrepeated"
+        assert attention.inputs[3] is not None, "causal mask (and the bias) must reach the op as attn_mask"
+        if manifest.placement == "score":
+            assert attention.inputs[3].dtype == attention.inputs[0].dtype, "additive mask in the activation dtype"
+        if target == "trt":
+            assert "softmax_precision" not in attention.attributes, "TensorRT's parser rejects softmax_precision"
     for node in nodes(model, "RotaryEmbedding"):
         if target == "ort-cpu":
             assert node.inputs[0].shape.rank() == 3
@@ -70,3 +79,17 @@ def test_plugin_mode_replaces_the_rotation_pair(export_cache, tmp_path) -> None:
     assert result.counts["rope_plugin"] == 1
     assert not nodes(result.model, "RotaryEmbedding")
     assert result.parity is not None, "the plugin's ONNX Runtime twin lets parity be checked"
+
+
+def test_interleaved_rope_block_builds_for_tensorrt(export_cache, tmp_path) -> None:
+    """The graph TensorRT-RTX failed to build (interleaved RotaryEmbedding next to a fused Attention) builds once the
+    attention stays decomposed, keeping the native rotary layer."""
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed")
+    from posenc.engine import build_engine
+    from posenc.graphs import optimize_file
+
+    source = export_case(export_cache, BLOCKS[1])
+    fused = optimize_file(source, tmp_path / "interleaved.trt.onnx", "trt")
+    result = build_engine(fused.path, tmp_path / "interleaved.engine", targets=["sm89"])
+    assert result.manifest.layers.get("ROTARY_EMBEDDING") == 2
+    assert result.manifest.engine_bytes > 0

@@ -6,7 +6,9 @@ Targets:
   graph has a head transpose (ONNX Runtime's CPU kernel is several times faster there), attention into
   ``Attention``; precision as exported (float32 rotation and softmax inside the casts of fp16 graphs).
 - ``trt``: ``RotaryEmbedding`` on 4-D ``[B, H, S, D]`` with caches in the activation dtype and int64
-  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask.
+  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask;
+  attention stays decomposed (reason recorded) in graphs with an interleaved ``RotaryEmbedding``, which
+  TensorRT-RTX cannot build next to a fused ``Attention`` (:data:`TRT_INTERLEAVED_ROPE_REASON`).
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
@@ -36,6 +38,14 @@ from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_in
 from posenc.records import to_json
 
 MIN_FUSION_OPSET = 23
+
+TRT_INTERLEAVED_ROPE_REASON = (
+    "attention: q/k are rotated by an interleaved RotaryEmbedding (GPT-J pairs, complex-form RoPE), and "
+    "tensorrt_rtx 1.7.1 fails to build an engine holding it and a fused Attention (Myelin: MyelinCheckException "
+    "in ssa.cpp); the rotation stays fused, the attention decomposed"
+)
+"""Why the ``trt`` target leaves attention decomposed in a graph with interleaved rotations (either fusion alone
+builds; found with the Llama 4 RoPE layer and GPT-J-style blocks, fp32 and fp16, both table modes)."""
 
 ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, OutputDrift]]
 """``check(before, after, info) -> {output: OutputDrift}``: runs the serialized models
@@ -120,7 +130,9 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v
 
     def fuse_attention(model: ir.Model, declined: list[str]) -> int:
-        return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined)
+        interleaved = not ort and rope_mode != "plugin" and rope.has_interleaved_rotary(model)
+        refusal = TRT_INTERLEAVED_ROPE_REASON if interleaved else None
+        return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined, refusal=refusal)
 
     plan.append(("fuse_attention", fuse_attention, True))
     if rope_mode == "fused" and target == "ort-cpu":

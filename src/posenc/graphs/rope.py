@@ -527,10 +527,19 @@ def convert_contrib_rope(model: ir.Model) -> int:
     return count
 
 
+def has_interleaved_rotary(model: ir.Model) -> bool:
+    """Whether the graph holds a ``RotaryEmbedding`` with ``interleaved=1`` (GPT-J pairs, complex-form RoPE)."""
+    return any(
+        node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx") and mu.int_attr(node, "interleaved")
+        for node in model.graph.all_nodes()
+    )
+
+
 __all__ = [
     "convert_contrib_rope",
     "fuse_partial_rope",
     "fuse_rope",
+    "has_interleaved_rotary",
     "rope_for_tensorrt",
     "rope_to_3d",
 ]
