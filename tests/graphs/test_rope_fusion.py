@@ -201,6 +201,10 @@ def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_decl
     assert all("different cos/sin" in reason for reason in declined), declined
     assert len(nodes(model, "RotaryEmbedding")) == 2
     assert model_io.default_opset(model) >= 23
+    # `posenc optimize --rope plugin` records the same reasons (the manifest and `posenc inspect` show them)
+    plugin = optimize_model(load_model(path), "trt", "plugin")
+    (record,) = [record for record in plugin.passes if record.name == "rope_plugin"]
+    assert (record.count, list(record.declined)) == (0, declined)
 
 
 def _constant(value: ir.Value) -> np.ndarray:

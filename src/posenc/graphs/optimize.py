@@ -104,7 +104,7 @@ def check_rope_mode(mode: str) -> str:
     return mode
 
 
-def _plugin_pass(model: ir.Model) -> int:
+def _plugin_pass(model: ir.Model, declined: list[str]) -> int:
     try:
         from posenc.graphs.rope_plugin import rope_to_plugin
     except ImportError as exc:
@@ -112,7 +112,7 @@ def _plugin_pass(model: ir.Model) -> int:
             f"--rope plugin needs posenc.graphs.rope_plugin, which could not be imported ({exc}); "
             f"use --rope fused, or install posenc with its plugin support."
         ) from None
-    return int(rope_to_plugin(model, fuse_decomposed=False))
+    return int(rope_to_plugin(model, fuse_decomposed=False, declined=declined))
 
 
 Pass = Callable[[ir.Model, list[str]], int]
@@ -142,7 +142,7 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     if target == "trt":
         plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True))
     if rope_mode == "plugin":
-        plan.append(("rope_plugin", lambda m, _: _plugin_pass(m), True))
+        plan.append(("rope_plugin", _plugin_pass, True))
     return plan
 
 
