@@ -59,13 +59,11 @@ class FeatureCase:
     @property
     def fused_attention_expected(self) -> dict[str, int]:
         """Attention fusions per target: declined for schemes that attend themselves, a soft-cap on TensorRT
-        (its parser rejects ``softcap``), interleaved RoPE on TensorRT (TensorRT-RTX cannot build it next to a
-        fused Attention) and a soft-capped score bias (``Attention`` caps before its mask)."""
+        (its parser rejects ``softcap``) and a soft-capped score bias (``Attention`` caps before its mask)."""
         if self.scheme in ("shaw", "rerope", "leaky_rerope"):
             return {"ort-cpu": 0, "trt": 0}
         capped = self.config.logit_softcap is not None
-        interleaved = self.scheme.startswith("rope") and self.params.get("layout") == "interleaved"
-        return {"ort-cpu": int(not (capped and self.biased)), "trt": int(not (capped or interleaved))}
+        return {"ort-cpu": int(not (capped and self.biased)), "trt": int(not capped)}
 
 
 FEATURE_CASES = [

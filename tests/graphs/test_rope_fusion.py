@@ -76,9 +76,12 @@ def test_fusion_finds_every_rotation_and_keeps_parity(export_cache, case: Matrix
         model = load_model(path)
         result = optimize_model(model, target)
         counts = result.counts
-        assert counts["fuse_rope"] == expected, (target, counts)
-        assert counts["fuse_partial_rope"] == (expected if _partial(case) else 0), (target, counts)
-        assert op_counts(model)["RotaryEmbedding"] == expected
+        # ReRoPE's ops attend: TensorRT-RTX cannot build an interleaved RotaryEmbedding there, so it stays decomposed
+        refused = target == "trt" and manifest.placement == "attention" and case.params.get("layout") == "interleaved"
+        fused = 0 if refused else expected
+        assert counts["fuse_rope"] == fused, (target, counts)
+        assert counts["fuse_partial_rope"] == (fused if _partial(case) else 0), (target, counts)
+        assert op_counts(model).get("RotaryEmbedding", 0) == fused
         if manifest.placement == "qk":
             assert not nodes(model, "Slice"), "a decomposed rotation is left in the graph"
         for node in nodes(model, "RotaryEmbedding"):

@@ -32,8 +32,6 @@ from posenc.graphs import match_utils as mu
 _NEG_INF = float("-inf")
 _DECLINED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attention_declined", default=None)
 """Where the running :func:`fuse_attention` collects why it left an attention decomposed (None: not collecting)."""
-_REFUSAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("attention_refusal", default=None)
-"""Why the running :func:`fuse_attention` leaves every otherwise fusible attention decomposed (None: it fuses)."""
 
 
 def _decline(reason: str) -> None:
@@ -43,13 +41,12 @@ def _decline(reason: str) -> None:
 
 
 @contextlib.contextmanager
-def _collecting(declined: list[str] | None, refusal: str | None) -> Iterator[None]:
-    token, refused = _DECLINED.set(declined), _REFUSAL.set(refusal)
+def _collecting(declined: list[str] | None) -> Iterator[None]:
+    token = _DECLINED.set(declined)
     try:
         yield
     finally:
         _DECLINED.reset(token)
-        _REFUSAL.reset(refused)
 
 
 def _unrepeated(value: ir.Value) -> ir.Value:
@@ -135,10 +132,6 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             )
             _decline(reason)
             return result.fail(reason, v)
-        refusal = _REFUSAL.get()
-        if refusal is not None:
-            _decline(refusal)
-            return result.fail(refusal, q)
         return result
 
     def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):  # type: ignore[no-untyped-def]
@@ -179,7 +172,6 @@ def fuse_attention(
     softcap: bool = True,
     equal_head_dims: bool = False,
     declined: list[str] | None = None,
-    refusal: str | None = None,
 ) -> int:
     """Replace exported softmax attention by ONNX ``Attention`` ops with the bias as additive mask.
 
@@ -193,13 +185,11 @@ def fuse_attention(
         equal_head_dims: fuse only attention whose v has the head dim of q and k (TensorRT's layer needs one;
             multi-head latent attention's v is narrower), leaving the others decomposed.
         declined: if given, receives why an attention was left decomposed (one line per reason).
-        refusal: if given, every attention that would fuse is left decomposed for this reason (a runtime that
-            cannot build the fused op in this graph); attention declined for another reason keeps that one.
 
     Returns:
         The number of attention computations fused.
     """
-    with _collecting(declined, refusal):
+    with _collecting(declined):
         return _ATTENTION_RULES[softmax_precision, softcap, equal_head_dims].apply_to_model(model)
 
 

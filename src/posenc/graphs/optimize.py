@@ -7,8 +7,8 @@ Targets:
   ``Attention``; precision as exported (float32 rotation and softmax inside the casts of fp16 graphs).
 - ``trt``: ``RotaryEmbedding`` on 4-D ``[B, H, S, D]`` with caches in the activation dtype and int64
   full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask;
-  attention stays decomposed (reason recorded) in graphs with an interleaved ``RotaryEmbedding``, which
-  TensorRT-RTX cannot build next to a fused ``Attention`` (:data:`TRT_INTERLEAVED_ROPE_REASON`).
+  interleaved rotations in attention blocks stay decomposed (reason recorded), as TensorRT-RTX fails to build
+  blocks holding an interleaved ``RotaryEmbedding`` (:data:`TRT_INTERLEAVED_ROPE_REASON`; ``--rope plugin`` takes them).
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
@@ -40,12 +40,14 @@ from posenc.records import to_json
 MIN_FUSION_OPSET = 23
 
 TRT_INTERLEAVED_ROPE_REASON = (
-    "attention: q/k are rotated by an interleaved RotaryEmbedding (GPT-J pairs, complex-form RoPE), and "
-    "tensorrt_rtx 1.7.1 fails to build an engine holding it and a fused Attention (Myelin: MyelinCheckException "
-    "in ssa.cpp); the rotation stays fused, the attention decomposed"
+    "interleaved rotation (GPT-J pairs, Llama 4's complex-form RoPE): tensorrt_rtx 1.7.1 fails to build "
+    "attention blocks holding an interleaved RotaryEmbedding (Myelin: MyelinCheckException in ssa.cpp), so for "
+    "TensorRT it stays decomposed; `--rope plugin` fuses it into posenc's plugin"
 )
-"""Why the ``trt`` target leaves attention decomposed in a graph with interleaved rotations (either fusion alone
-builds; found with the Llama 4 RoPE layer and GPT-J-style blocks, fp32 and fp16, both table modes)."""
+"""Why ``--target trt`` leaves interleaved rotations decomposed. Seen with the Llama 4 RoPE layer, GPT-J and
+``rope`` blocks with ``layout=interleaved`` (full or partial, grouped or not, fp32 and fp16, both table modes), with
+``Attention`` fused or not; the same blocks build with the rotation decomposed, and a lone interleaved op builds."""
+
 
 ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, OutputDrift]]
 """``check(before, after, info) -> {output: OutputDrift}``: runs the serialized models
@@ -115,6 +117,11 @@ def _plugin_pass(model: ir.Model, declined: list[str]) -> int:
     return int(rope_to_plugin(model, fuse_decomposed=False, declined=declined))
 
 
+def _attends(model: ir.Model) -> bool:
+    """Whether the graph computes attention (a block, not a lone positional op)."""
+    return any(node.op_type in ("Softmax", "Attention") for node in model.graph.all_nodes())
+
+
 Pass = Callable[[ir.Model, list[str]], int]
 """``run(model, declined) -> matches rewritten``; ``declined`` collects why matches were left decomposed."""
 
@@ -123,16 +130,20 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     """``(name, pass, needs opset 23)`` in order."""
     plan: list[tuple[str, Pass, bool]] = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True)]
     if rope_mode in ("fused", "plugin"):
+
+        def fuse_rope(model: ir.Model, declined: list[str]) -> int:
+            refuse = (target, rope_mode) == ("trt", "fused") and _attends(model)
+            refusal = TRT_INTERLEAVED_ROPE_REASON if refuse else None
+            return rope.fuse_rope(model, interleaved_refusal=refusal, declined=declined)
+
         plan += [
-            ("fuse_rope", lambda m, _: rope.fuse_rope(m), True),
+            ("fuse_rope", fuse_rope, True),
             ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True),
         ]
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v
 
     def fuse_attention(model: ir.Model, declined: list[str]) -> int:
-        interleaved = not ort and rope_mode != "plugin" and rope.has_interleaved_rotary(model)
-        refusal = TRT_INTERLEAVED_ROPE_REASON if interleaved else None
-        return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined, refusal=refusal)
+        return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined)
 
     plan.append(("fuse_attention", fuse_attention, True))
     if rope_mode == "fused" and target == "ort-cpu":

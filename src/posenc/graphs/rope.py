@@ -102,10 +102,13 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
 
 
 class _InterleavedRotation(pattern.RewriteRuleClassBase):
-    """Pairs ``(x[..., 0::2], x[..., 1::2])`` rotated, stacked and flattened -> RotaryEmbedding(interleaved=1)."""
+    """Pairs ``(x[..., 0::2], x[..., 1::2])`` rotated, stacked and flattened -> RotaryEmbedding(interleaved=1).
 
-    def __init__(self) -> None:
+    With a ``refusal`` every match is left decomposed and the reason appended to ``declined``."""
+
+    def __init__(self, refusal: str | None = None, declined: list[str] | None = None) -> None:
         super().__init__(name="rope_interleaved", remove_nodes=False)
+        self.refusal, self.declined = refusal, declined
 
     def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, shape):  # type: ignore[no-untyped-def]
         x1 = op.Slice(x, s1, e1, a1, st1)
@@ -139,6 +142,10 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
             return result.fail("the flatten does not restore the input's shape", out)
         if not _cos_sin_ok(x, cos3, sin3, ax_c, ax_s, width // 2):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
+        if self.refusal is not None:
+            if self.declined is not None and self.refusal not in self.declined:
+                self.declined.append(self.refusal)
+            return result.fail(self.refusal, x)
         return result
 
     def rewrite(self, op, x, cos3, sin3, **_):  # type: ignore[no-untyped-def]
@@ -221,13 +228,22 @@ _CORE_RULES = pattern.RewriteRuleSet([_HalfRotation.rule(), _InterleavedRotation
 _PARTIAL_RULES = pattern.RewriteRuleSet([_PartialRotation.rule(), _PartialRotationInFloat.rule()])
 
 
-def fuse_rope(model: ir.Model) -> int:
+def fuse_rope(model: ir.Model, *, interleaved_refusal: str | None = None, declined: list[str] | None = None) -> int:
     """Replace decomposed half and interleaved rotations by 4-D ``RotaryEmbedding`` nodes (opset 23).
+
+    Args:
+        model: rewritten in place.
+        interleaved_refusal: if given, interleaved rotations stay decomposed for this reason (a runtime that cannot
+            build the fused form), appended once to ``declined``.
+        declined: receives the reasons for rotations left decomposed.
 
     Returns:
         The number of rotations fused (each rotated tensor counts once).
     """
-    return _CORE_RULES.apply_to_model(model)
+    if interleaved_refusal is None:
+        return _CORE_RULES.apply_to_model(model)
+    rules = [_HalfRotation.rule(), _InterleavedRotation.rule(interleaved_refusal, declined)]
+    return pattern.RewriteRuleSet(rules, commute=True).apply_to_model(model)
 
 
 def fuse_partial_rope(model: ir.Model) -> int:
@@ -527,19 +543,10 @@ def convert_contrib_rope(model: ir.Model) -> int:
     return count
 
 
-def has_interleaved_rotary(model: ir.Model) -> bool:
-    """Whether the graph holds a ``RotaryEmbedding`` with ``interleaved=1`` (GPT-J pairs, complex-form RoPE)."""
-    return any(
-        node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx") and mu.int_attr(node, "interleaved")
-        for node in model.graph.all_nodes()
-    )
-
-
 __all__ = [
     "convert_contrib_rope",
     "fuse_partial_rope",
     "fuse_rope",
-    "has_interleaved_rotary",
     "rope_for_tensorrt",
     "rope_to_3d",
 ]
