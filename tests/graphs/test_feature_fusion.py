@@ -26,9 +26,9 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     record = load_manifest(path, verify=False).optimized.counts
     model = load_model(path)
     assert record["fuse_attention"] == case.fused_attention_expected[target]
-    # ReRoPE's rotations too; TensorRT-RTX builds no Attention after an interleaved RotaryEmbedding (kept decomposed)
-    kept = target == "trt" and case.params.get("layout") == "interleaved"
-    assert record["fuse_rope"] == (0 if kept else rotations)
+    interleaved = case.scheme.startswith("rope") and case.params.get("layout") == "interleaved"
+    fused = 0 if target == "trt" and interleaved else rotations  # TensorRT-RTX cannot build it in a block
+    assert record["fuse_rope"] == fused  # ReRoPE's rotations too
     if case.scheme == "rope" and target == "ort-cpu":  # a q/k norm before RoPE sits between the head split and it
         before_rope = case.config.qk_norm != "none" and not case.config.qk_norm_after_rope
         assert record["rope_to_3d"] == (0 if before_rope else rotations)

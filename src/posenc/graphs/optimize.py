@@ -6,7 +6,9 @@ Targets:
   graph has a head transpose (ONNX Runtime's CPU kernel is several times faster there), attention into
   ``Attention``; precision as exported (float32 rotation and softmax inside the casts of fp16 graphs).
 - ``trt``: ``RotaryEmbedding`` on 4-D ``[B, H, S, D]`` with caches in the activation dtype and int64
-  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask.
+  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask;
+  interleaved rotations in attention blocks stay decomposed (reason recorded), as TensorRT-RTX fails to build
+  blocks holding an interleaved ``RotaryEmbedding`` (:data:`TRT_INTERLEAVED_ROPE_REASON`; ``--rope plugin`` takes them).
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
@@ -36,6 +38,16 @@ from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_in
 from posenc.records import to_json
 
 MIN_FUSION_OPSET = 23
+
+TRT_INTERLEAVED_ROPE_REASON = (
+    "interleaved rotation (GPT-J pairs, Llama 4's complex-form RoPE): tensorrt_rtx 1.7.1 fails to build "
+    "attention blocks holding an interleaved RotaryEmbedding (Myelin: MyelinCheckException in ssa.cpp), so for "
+    "TensorRT it stays decomposed; `--rope plugin` fuses it into posenc's plugin"
+)
+"""Why ``--target trt`` leaves interleaved rotations decomposed. Seen with the Llama 4 RoPE layer, GPT-J and
+``rope`` blocks with ``layout=interleaved`` (full or partial, grouped or not, fp32 and fp16, both table modes), with
+``Attention`` fused or not; the same blocks build with the rotation decomposed, and a lone interleaved op builds."""
+
 
 ParityCheck = Callable[[bytes, bytes, ModelInfo], dict[str, OutputDrift]]
 """``check(before, after, info) -> {output: OutputDrift}``: runs the serialized models
@@ -94,7 +106,7 @@ def check_rope_mode(mode: str) -> str:
     return mode
 
 
-def _plugin_pass(model: ir.Model) -> int:
+def _plugin_pass(model: ir.Model, declined: list[str]) -> int:
     try:
         from posenc.graphs.rope_plugin import rope_to_plugin
     except ImportError as exc:
@@ -102,12 +114,12 @@ def _plugin_pass(model: ir.Model) -> int:
             f"--rope plugin needs posenc.graphs.rope_plugin, which could not be imported ({exc}); "
             f"use --rope fused, or install posenc with its plugin support."
         ) from None
-    return int(rope_to_plugin(model, fuse_decomposed=False))
+    return int(rope_to_plugin(model, fuse_decomposed=False, declined=declined))
 
 
 def _attends(model: ir.Model) -> bool:
-    """True when the graph has a softmax: an attention the attention fusion will turn into an ``Attention``."""
-    return any(node.op_type == "Softmax" for node in model.graph.all_nodes())
+    """Whether the graph computes attention (a block, not a lone positional op)."""
+    return any(node.op_type in ("Softmax", "Attention") for node in model.graph.all_nodes())
 
 
 Pass = Callable[[ir.Model, list[str]], int]
@@ -117,13 +129,15 @@ Pass = Callable[[ir.Model, list[str]], int]
 def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     """``(name, pass, needs opset 23)`` in order."""
     plan: list[tuple[str, Pass, bool]] = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True)]
-
-    def keep_interleaved(model: ir.Model) -> bool:  # TensorRT-RTX: no Attention after interleaved RotaryEmbedding
-        return target == "trt" and rope_mode == "fused" and _attends(model)
-
     if rope_mode in ("fused", "plugin"):
+
+        def fuse_rope(model: ir.Model, declined: list[str]) -> int:
+            refuse = (target, rope_mode) == ("trt", "fused") and _attends(model)
+            refusal = TRT_INTERLEAVED_ROPE_REASON if refuse else None
+            return rope.fuse_rope(model, interleaved_refusal=refusal, declined=declined)
+
         plan += [
-            ("fuse_rope", lambda m, d: rope.fuse_rope(m, not keep_interleaved(m), d), True),
+            ("fuse_rope", fuse_rope, True),
             ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True),
         ]
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v
@@ -139,7 +153,7 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
     if target == "trt":
         plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True))
     if rope_mode == "plugin":
-        plan.append(("rope_plugin", lambda m, _: _plugin_pass(m), True))
+        plan.append(("rope_plugin", _plugin_pass, True))
     return plan
 
 

@@ -102,10 +102,13 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
 
 
 class _InterleavedRotation(pattern.RewriteRuleClassBase):
-    """Pairs ``(x[..., 0::2], x[..., 1::2])`` rotated, stacked and flattened -> RotaryEmbedding(interleaved=1)."""
+    """Pairs ``(x[..., 0::2], x[..., 1::2])`` rotated, stacked and flattened -> RotaryEmbedding(interleaved=1).
 
-    def __init__(self) -> None:
+    With a ``refusal`` every match is left decomposed and the reason appended to ``declined``."""
+
+    def __init__(self, refusal: str | None = None, declined: list[str] | None = None) -> None:
         super().__init__(name="rope_interleaved", remove_nodes=False)
+        self.refusal, self.declined = refusal, declined
 
     def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, shape):
         x1 = op.Slice(x, s1, e1, a1, st1)
@@ -139,6 +142,10 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
             return result.fail("the flatten does not restore the input's shape", out)
         if not _cos_sin_ok(x, cos3, sin3, ax_c, ax_s, width // 2):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
+        if self.refusal is not None:
+            if self.declined is not None and self.refusal not in self.declined:
+                self.declined.append(self.refusal)
+            return result.fail(self.refusal, x)
         return result
 
     def rewrite(self, op, x, cos3, sin3, **_):
@@ -221,37 +228,22 @@ _CORE_RULES = pattern.RewriteRuleSet([_HalfRotation.rule(), _InterleavedRotation
 _PARTIAL_RULES = pattern.RewriteRuleSet([_PartialRotation.rule(), _PartialRotationInFloat.rule()])
 
 
-_HALF_RULES = pattern.RewriteRuleSet([_HalfRotation.rule()], commute=True)
-
-INTERLEAVED_FOR_TENSORRT = (
-    "interleaved rotation left decomposed for TensorRT: TensorRT-RTX 1.7 fails to build an Attention layer fed "
-    "by an interleaved RotaryEmbedding (Myelin CHECK in ssa.cpp), while the decomposed rotation builds"
-)
-"""Why :func:`fuse_rope` keeps interleaved rotations decomposed when asked to (``posenc optimize --target trt``)."""
-
-
-def fuse_rope(model: ir.Model, interleaved: bool = True, declined: list[str] | None = None) -> int:
-    """Replace decomposed half (and, unless ``interleaved`` is False, interleaved) rotations by 4-D
-    ``RotaryEmbedding`` nodes (opset 23).
+def fuse_rope(model: ir.Model, *, interleaved_refusal: str | None = None, declined: list[str] | None = None) -> int:
+    """Replace decomposed half and interleaved rotations by 4-D ``RotaryEmbedding`` nodes (opset 23).
 
     Args:
-        interleaved: fuse interleaved (GPT-J / complex-form) rotations too; False leaves them decomposed and,
-            when the graph has one (a ``x[..., 0::2]`` slice), appends :data:`INTERLEAVED_FOR_TENSORRT` to
-            ``declined``.
+        model: rewritten in place.
+        interleaved_refusal: if given, interleaved rotations stay decomposed for this reason (a runtime that cannot
+            build the fused form), appended once to ``declined``.
+        declined: receives the reasons for rotations left decomposed.
 
     Returns:
         The number of rotations fused (each rotated tensor counts once).
     """
-    if interleaved:
+    if interleaved_refusal is None:
         return _CORE_RULES.apply_to_model(model)
-    fused = _HALF_RULES.apply_to_model(model)
-    pair_slices = any(
-        node.op_type == "Slice" and len(node.inputs) > 4 and mu.is_ints(node.inputs[4], [2])
-        for node in model.graph.all_nodes()
-    )
-    if pair_slices and declined is not None:
-        declined.append(INTERLEAVED_FOR_TENSORRT)
-    return fused
+    rules = [_HalfRotation.rule(), _InterleavedRotation.rule(interleaved_refusal, declined)]
+    return pattern.RewriteRuleSet(rules, commute=True).apply_to_model(model)
 
 
 def fuse_partial_rope(model: ir.Model) -> int:
