@@ -27,7 +27,7 @@ from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposa
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ConfigError, ModelFileError
-from posenc.export.files import atomic_outputs, json_text, settle
+from posenc.export.files import atomic_outputs, json_text, reading
 from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json
 from posenc.graphs.manifests import ModelInfo, read_model_info
 from posenc.paths import input_file, output_path, sha256_file
@@ -49,12 +49,14 @@ def verify_engine(engine_path: str | os.PathLike[str]) -> Path:
     Raises:
         ModelFileError: missing, not a regular file, empty, or not the bytes its manifest describes.
     """
-    settle(engine_path)
     path = input_file(engine_path, "engine", error=ModelFileError)
     manifest_path = engine_manifest_path(path)
-    if manifest_path.exists():
-        manifest = EngineManifest.from_dict(read_manifest_json(manifest_path), f"engine manifest {manifest_path}")
-        if sha256_file(path) != manifest.engine_sha256:
+    with reading(path):
+        manifest_json = read_manifest_json(manifest_path) if manifest_path.exists() else None
+        digest = sha256_file(path)
+    if manifest_json is not None:
+        manifest = EngineManifest.from_dict(manifest_json, f"engine manifest {manifest_path}")
+        if digest != manifest.engine_sha256:
             raise ModelFileError(
                 f"engine {path} does not match its manifest {manifest_path.name} (sha256 differs): it was modified "
                 f"or replaced. Rebuild it (`posenc build ...`)."

@@ -58,6 +58,7 @@ __all__ = [
     "load_weights_file",
     "manifest_path_for",
     "new_scratch",
+    "reading",
     "save_weights",
     "scratch_folder",
     "settle",
@@ -118,34 +119,40 @@ def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict
 # Folder locks, staging, journals
 # --------------------------------------------------------------------------------------------------
 
-_HELD: dict[Path, list[Any]] = {}  # folder -> [fd, depth]: locks this process holds (re-entrant)
-_HELD_GUARD = threading.RLock()
+_HELD: dict[tuple[int, Path], list[Any]] = {}  # (thread, folder) -> [fd, depth, shared]: locks held (re-entrant)
+_HELD_GUARD = threading.Lock()
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[bool]:
-    """Hold an exclusive ``flock`` on ``folder`` (re-entrant in this process); yields whether it is the outermost."""
-    key = folder.resolve()
+def _folder_lock(folder: Path, *, shared: bool = False) -> Iterator[bool]:
+    """Hold a ``flock`` on ``folder``: exclusive for writers, ``shared`` for readers (re-entrant in one thread; a
+    shared hold is upgraded when the same thread writes). Yields whether this is the outermost hold."""
+    key = (threading.get_ident(), folder.resolve())
     with _HELD_GUARD:
         held = _HELD.get(key)
-        if held is not None:
-            held[1] += 1
-            try:
-                yield False
-            finally:
-                held[1] -= 1
-            return
-        fd = os.open(key, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    if held is not None:
+        if held[2] and not shared and fcntl is not None:
+            fcntl.flock(held[0], fcntl.LOCK_EX)
+            held[2] = False
+        held[1] += 1
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            _HELD[key] = [fd, 1]
-            try:
-                yield True
-            finally:
-                del _HELD[key]
+            yield False
         finally:
-            os.close(fd)  # closing the descriptor releases the lock
+            held[1] -= 1
+        return
+    fd = os.open(key[1], os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        with _HELD_GUARD:
+            _HELD[key] = [fd, 1, shared]
+        try:
+            yield True
+        finally:
+            with _HELD_GUARD:
+                del _HELD[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _is_staging(name: str) -> bool:
@@ -165,8 +172,12 @@ def _finish_journals_and_clear_staging(folder: Path) -> None:
         try:
             moves = json.loads(journal.read_text(encoding="utf-8"))["moves"]
             for temp, final in moves:
-                if os.path.exists(temp):
-                    os.replace(temp, final)
+                # only staged files of this folder onto plain names of this folder: a journal found in an
+                # untrusted model's folder must not move anything else
+                if not (_plain_name(temp) and _is_staging(temp) and _plain_name(final) and not _is_staging(final)):
+                    continue
+                if (folder / temp).exists():
+                    os.replace(folder / temp, folder / final)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a journal that cannot be finished: its staging is removed below, the old files stay
         with contextlib.suppress(OSError):
@@ -177,11 +188,16 @@ def _finish_journals_and_clear_staging(folder: Path) -> None:
                 (folder / name).unlink()
 
 
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
 def settle(path: str | os.PathLike[str]) -> None:
     """Finish an interrupted write in ``path``'s folder (or in ``path`` itself, a folder) and remove stale staging.
 
-    Readers call it before reading, so that a model whose writer was killed between its renames reads as the new
-    complete artifact. Nothing happens when the folder has no journal or staging, or cannot be written.
+    Readers call it (through :func:`reading`) before reading, so that a model whose writer was killed between its
+    renames reads as the new complete artifact. Nothing happens when the folder has no journal or staging, or cannot
+    be written.
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -194,6 +210,27 @@ def settle(path: str | os.PathLike[str]) -> None:
                 _finish_journals_and_clear_staging(folder)
     except OSError:
         return
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Read the artifact at ``path`` (a file, or a folder) consistently: an interrupted write in its folder is
+    finished first (:func:`settle`), then a shared lock of the folder keeps writers out while the block reads
+    (they hold an exclusive one from staging to the last rename). Folders that cannot be locked are read as is."""
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+    settle(folder)
+    try:
+        lock = _folder_lock(folder, shared=True)
+        lock.__enter__()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _token() -> str:
@@ -263,7 +300,8 @@ def _land(pairs: list[tuple[Path, Path]], token: str) -> None:
     if len(order) > 1:
         journal = order[-1][1].parent / f"{STAGING_MARK}commit-{token}.json"
         staged = journal.with_name(f"{journal.name}{STAGING_MARK}{token}.tmp")
-        moves = [[str(temp.absolute()), str(final.absolute())] for temp, final in order]
+        here = journal.parent.resolve()  # the journal names the moves within its folder
+        moves = [[temp.name, final.name] for temp, final in order if final.parent.resolve() == here]
         try:
             staged.write_text(json.dumps({"moves": moves}), encoding="utf-8")
             os.replace(staged, journal)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.files import manifest_path_for, settle, write_text_atomic
+from posenc.export.files import manifest_path_for, reading, write_text_atomic
 from posenc.paths import input_file, member, sha256_file
 from posenc.provenance import WeightsSource
 from posenc.records import Document, field
@@ -239,7 +239,8 @@ def _resolve_paths(path: str | os.PathLike[str]) -> tuple[Path | None, Path]:
 def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manifest:
     """Read the manifest of an exported model.
 
-    An interrupted write in the model's folder is finished first (:func:`posenc.export.files.settle`).
+    An interrupted write in the model's folder is finished first, and the files are read under the folder's shared
+    lock (:func:`posenc.export.files.reading`).
 
     Args:
         path: the ONNX file (its ``.manifest.json`` beside it is read) or the manifest itself.
@@ -252,18 +253,18 @@ def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manif
     """
     if not str(path).strip():
         raise ModelFileError("the model path is empty; pass the path of an exported .onnx file.")
-    settle(path)
-    onnx_path, manifest_path = _resolve_paths(path)
-    if onnx_path is not None:
-        input_file(onnx_path, "model")
-    if not manifest_path.exists():
-        raise ModelFileError(
-            f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
-            f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
-        )
-    manifest = Manifest.from_dict(read_manifest_json(manifest_path), f"manifest {manifest_path}")
-    if verify:
-        verify_files(manifest, onnx_path, manifest_path)
+    with reading(path):  # no writer lands files in the folder while they are checked against each other
+        onnx_path, manifest_path = _resolve_paths(path)
+        if onnx_path is not None:
+            input_file(onnx_path, "model")
+        if not manifest_path.exists():
+            raise ModelFileError(
+                f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
+                f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
+            )
+        manifest = Manifest.from_dict(read_manifest_json(manifest_path), f"manifest {manifest_path}")
+        if verify:
+            verify_files(manifest, onnx_path, manifest_path)
     return manifest
 
 

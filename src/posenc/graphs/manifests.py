@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from posenc.errors import ModelFileError
-from posenc.export.files import manifest_path_for, settle, weights_path_for
+from posenc.export.files import manifest_path_for, reading, weights_path_for
 from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json, weights_file
 from posenc.paths import input_file, sha256_file
 from posenc.records import Document
@@ -112,16 +112,16 @@ def read_manifest(onnx_path: str | Path) -> AnyManifest | None:
 def read_model_info(onnx_path: str | Path) -> ModelInfo:
     """The file and its manifest; a manifest that no longer matches the file is an error.
 
-    An interrupted write in the folder is finished first (:func:`posenc.export.files.settle`).
+    An interrupted write in the folder is finished first (:func:`posenc.export.files.reading`).
 
     Raises:
         ModelFileError: the model is not a regular, non-empty file, or its manifest is unreadable or describes
             other bytes.
     """
-    settle(onnx_path)
     path = input_file(onnx_path, "ONNX model")
-    found = read_manifest(path)
-    digest = sha256_file(path)
+    with reading(path):  # no writer lands files in the folder while they are checked against each other
+        found = read_manifest(path)
+        digest = sha256_file(path)
     if found is not None and digest != found.onnx_sha256:
         raise ModelFileError(
             f"{path} does not match its manifest {manifest_path_for(path).name} (sha256 differs): the file was "
