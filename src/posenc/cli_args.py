@@ -162,11 +162,12 @@ def check_output(path: str | None, what: str = "output", *, folder: bool = False
         output_path(path, what, folder=folder)
 
 
-def check_input(path: str | None, what: str = "input file") -> None:
+def check_input(path: str | None, what: str = "input file", missing: str = "check the path") -> None:
     """Refuse, before the command works, an input that is not a regular, non-empty file
-    (:func:`posenc.paths.input_file`). ``None`` (not given) passes."""
+    (:func:`posenc.paths.input_file`; ``missing``: the remedy when it does not exist). ``None`` (not given)
+    passes."""
     if path is not None:
-        input_file(path, what)
+        input_file(path, what, missing=missing)
 
 
 def split_names(values: Sequence[str] | None) -> list[str]:

@@ -48,11 +48,11 @@ def _text(path: str | os.PathLike[str] | None, what: str, error: type[Exception]
     return Path(path)
 
 
-def _stat(path: Path, what: str, error: type[Exception]) -> os.stat_result:
+def _stat(path: Path, what: str, error: type[Exception], missing: str = "check the path") -> os.stat_result:
     try:
         return path.stat()
     except FileNotFoundError:
-        raise error(f"{what} {path} does not exist; check the path.") from None
+        raise error(f"{what} {path} does not exist; {missing}.") from None
     except OSError as exc:
         raise error(f"{what} {path} cannot be read ({exc.strerror}); check the path and its permissions.") from None
 
@@ -63,16 +63,18 @@ def input_file(
     *,
     error: type[Exception] = ModelFileError,
     allow_empty: bool = False,
+    missing: str = "check the path",
 ) -> Path:
     """``path`` as a :class:`Path` when it is an existing, non-empty regular file (symlinks followed).
 
-    Checked with ``stat`` only: nothing is opened, so a FIFO does not block.
+    Checked with ``stat`` only: nothing is opened, so a FIFO does not block. ``missing`` is the remedy named when
+    the file does not exist.
 
     Raises:
         ModelFileError (or ``error``): empty path, missing, a folder, a device, a FIFO, a socket, or an empty file.
     """
     checked = _text(path, what, error)
-    info = _stat(checked, what, error)
+    info = _stat(checked, what, error, missing)
     if not stat.S_ISREG(info.st_mode):
         kind = file_kind(info.st_mode)
         hint = "give the file inside it" if kind == "folder" else "posenc reads regular files only"
@@ -184,7 +186,7 @@ def member(
             f"{what} {name!r} leads out of the model's folder {folder} {how} (to {resolved}); a model may only "
             f"name files inside its folder. Refusing to read it; keep the file beside the model."
         )
-    checked = input_file(candidate, what, allow_empty=True)
+    checked = input_file(candidate, what, allow_empty=True, missing="it is missing: keep it beside the model")
     if sha256 is not None:
         actual = sha256_file(checked)
         if actual != sha256:

@@ -49,7 +49,9 @@ def verify_engine(engine_path: str | os.PathLike[str]) -> Path:
     Raises:
         ModelFileError: missing, not a regular file, empty, or not the bytes its manifest describes.
     """
-    path = input_file(engine_path, "engine", error=ModelFileError)
+    path = input_file(
+        engine_path, "engine", error=ModelFileError, missing=f"build it with `posenc build MODEL.onnx -o {engine_path}`"
+    )
     manifest_path = engine_manifest_path(path)
     with reading(path):
         manifest_json = read_manifest_json(manifest_path) if manifest_path.exists() else None

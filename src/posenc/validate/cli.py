@@ -61,7 +61,7 @@ def _validate(args: argparse.Namespace) -> int:
     for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):
         check_output(path, what)
     for engine in args.engine:
-        check_input(engine, "engine")
+        check_input(engine, "engine", missing=f"build it with `posenc build MODEL.onnx -o {engine}`")
     shapes = [feed for _, feed in args.shape or []]
     if args.batch is not None or args.seq is not None or args.past is not None:  # the old spelling of one shape
         batch, seq, past = (1 if args.batch is None else args.batch), (1 if args.seq is None else args.seq), args.past
