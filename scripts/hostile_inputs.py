@@ -478,7 +478,7 @@ def output_tries(fx: Fixtures) -> list[Try]:
         "validate --report": (False, lambda ws, o: ["validate", fx.copy("rope_op", ws / "m"), "--report", o]),
         "validate --json-out": (False, lambda ws, o: ["validate", fx.copy("rope_op", ws / "m"), "--json-out", o]),
         "sweep -o": (
-            False,
+            True,  # a folder or a new prefix
             lambda ws, o: [
                 "sweep",
                 "-s",
@@ -687,7 +687,7 @@ def number_tries(fx: Fixtures) -> list[Try]:
         ("--copy-mib", "0", ("copy_mib",)),
         ("--copy-mib", "100000000", ("bytes",)),
         ("--threads", "0", ("threads",)),
-        ("--shape", "100000,100000", ("bytes",)),
+        ("--shape", "100000,100000", ("exceeds", "smaller")),  # bench caps batch * positions before memory
         ("--unit", "bogus", ("unit",)),
         ("-s", "bogus", ("unknown scheme",)),
     ):

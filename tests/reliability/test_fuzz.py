@@ -149,7 +149,7 @@ def test_eager_blocks_refuse_with_posenc_errors_or_give_finite_outputs(case: dic
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=1500)
+@settings(FUZZ, max_examples=400)
 @given(case=cases())
 def test_eager_blocks_refuse_with_posenc_errors_or_give_finite_outputs_many(case: dict[str, Any]) -> None:
     run_eager(case)

@@ -111,6 +111,8 @@ def _sweep(args: argparse.Namespace) -> int:
     prefix = Path(args.output)
     if args.output.endswith(("/", os.sep)) or prefix.is_dir():  # a folder: OUT/sweep.json and OUT/sweep.md
         prefix = prefix / "sweep"
+    else:  # a prefix must be new (a FIFO, device or file given as -o is a mistake, not a prefix)
+        check_output(args.output, "sweep -o (a folder, or a new prefix for OUT.json and OUT.md)", folder=True)
     for suffix in (".json", ".md"):
         check_output(f"{prefix}{suffix}", "sweep report")
     report = position_sweep(
