@@ -177,3 +177,9 @@ def test_every_refusal_above_is_a_posenc_error() -> None:
     assert issubclass(ModelFileError, PosencError)
     with pytest.raises(PosencError):
         AttentionConfig(hidden_size=0, num_heads=1)
+
+
+def test_sweep_refuses_a_fifo_given_as_its_prefix(tmp_path, capsys) -> None:
+    fifo = special(tmp_path, "fifo")
+    refused(["sweep", "-s", "rope", "--last-position", "64", "-o", fifo], capsys, "fifo")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fifo.name]
