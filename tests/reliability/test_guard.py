@@ -126,3 +126,27 @@ def test_validate_derives_table_sizes_from_the_graph_not_the_manifest(graphs, tm
     manifest.write_text(json.dumps(data))
     with pytest.raises(ModelFileError, match="manifest was edited"):
         validate_onnx(model)
+
+
+def test_a_manifest_naming_other_inputs_or_a_longer_table_is_refused_by_validate_and_optimize(graphs, tmp_path) -> None:
+    import shutil
+
+    from posenc.graphs import optimize_file
+
+    result = graphs[("rope", True)]
+    for path in (result.path, result.manifest_path, result.weights_path):
+        shutil.copy(path, tmp_path / path.name)
+    model = tmp_path / result.path.name
+    manifest = manifest_path_for(model)
+    original = manifest.read_text()
+    data = json.loads(original)
+    data["inputs"][0]["name"] = "x"
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ModelFileError, match="does not describe this graph"):
+        validate_onnx(model)
+    data = json.loads(original)
+    data["max_positions"] = data["build_max_positions"] = 4 * ROWS
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ModelFileError, match="does not describe this graph"):
+        optimize_file(model, tmp_path / "o.onnx", "trt")
+    assert not (tmp_path / "o.onnx").exists()

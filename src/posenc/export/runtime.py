@@ -302,7 +302,8 @@ def build_eager(
 
 
 def check_graph_tables(manifest: Manifest, onnx_path: str | os.PathLike[str], module: nn.Module | None = None) -> None:
-    """Check the manifest's table sizes against the graph itself: a manifest is not trusted on its own.
+    """Check the manifest's table sizes (and input and output names) against the graph itself: a manifest is
+    not trusted on its own.
 
     The module the manifest describes is rebuilt (without weights, unless ``module`` is that rebuild) and
     every precomputed table over positions must be in the graph with the same shape (by name, else by shape),
@@ -325,6 +326,17 @@ def check_graph_tables(manifest: Manifest, onnx_path: str | os.PathLike[str], mo
             f"manifest was edited. Re-export the model (a manifest cannot be repaired by hand)."
         )
     graph = onnx.load(str(onnx_path), load_external_data=False)
+    for kind, recorded, held in (
+        ("inputs", [t.name for t in manifest.inputs], [v.name for v in graph.graph.input]),
+        ("outputs", [t.name for t in manifest.outputs], [v.name for v in graph.graph.output]),
+    ):
+        initializers = {init.name for init in graph.graph.initializer}
+        held = [name for name in held if name not in initializers]
+        if sorted(recorded) != sorted(held):
+            raise ModelFileError(
+                f"the manifest of {Path(onnx_path).name} names {kind} {recorded}, but the graph has {held}: the "
+                f"manifest does not describe this graph. Re-export the model."
+            )
     shapes = {init.name: tuple(int(d) for d in init.dims) for init in graph.graph.initializer}
     present = set(shapes.values())
     state = rebuilt.state_dict()

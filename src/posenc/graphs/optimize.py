@@ -30,6 +30,7 @@ import onnx_ir as ir
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
+from posenc.export.runtime import check_graph_tables
 from posenc.graphs import attention, fold, model_io, rope
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
@@ -192,6 +193,8 @@ def optimize_file(
         raise ConfigError(f"fold_limit must be an int >= 0 (elements), got {fold_limit!r}.")
     info = read_model_info(source)
     weights = info.weights()  # safe-path rule and sha256, before anything is read or copied
+    if info.manifest is not None and info.manifest.optimized is None:
+        check_graph_tables(info.manifest, source)  # an edited manifest must not travel on with the new graph
     model = model_io.load_model(source)
     original = model_io.model_to_proto(model).SerializeToString()
     result = optimize_model(model, target, rope_mode, fold_limit)
