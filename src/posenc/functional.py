@@ -203,7 +203,15 @@ def rope_cos_sin(
 
     Returns:
         ``(cos, sin)``, each ``[*position_ids.shape, r // 2]``.
+
+    Raises:
+        ConfigError: floating-point position ids (outside a traced graph).
     """
+    if not is_tracing() and (position_ids.is_floating_point() or position_ids.is_complex()):
+        raise ConfigError(
+            f"position_ids must be an integer tensor (positions are token indices), got {position_ids.dtype}; "
+            f"pass e.g. torch.arange(S) or ids cast with .long()."
+        )
     angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)
     return (
         (torch.cos(angles) * attention_factor).to(dtype),

@@ -183,3 +183,12 @@ def test_sweep_refuses_a_fifo_given_as_its_prefix(tmp_path, capsys) -> None:
     fifo = special(tmp_path, "fifo")
     refused(["sweep", "-s", "rope", "--last-position", "64", "-o", fifo], capsys, "fifo")
     assert sorted(p.name for p in tmp_path.iterdir()) == [fifo.name]
+
+
+def test_rope_cos_sin_refuses_floating_point_positions() -> None:
+    from posenc.functional import rope_cos_sin
+
+    with pytest.raises(ConfigError, match="integer"):
+        rope_cos_sin(torch.tensor([0.5]), torch.ones(4))
+    cos, _ = rope_cos_sin(torch.tensor([0, 1]), torch.ones(4))
+    assert cos.shape == (2, 4)
