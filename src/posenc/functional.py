@@ -276,11 +276,11 @@ def position_guard(position_ids: torch.Tensor, limit: int | None) -> tuple[torch
     valid = position_ids >= 0
     if limit is not None:
         valid = valid & (position_ids < limit)
-    safe = torch.where(valid, position_ids, torch.zeros_like(position_ids))
+    safe = torch.where(valid, position_ids, 0)  # scalar constants: no Shape/Expand nodes in the graph
     tripwire = torch.zeros(1, 1, dtype=torch.float32, device=position_ids.device)
-    row = (~valid).to(torch.int64)
+    row = torch.where(valid, 0, 1)
     trip = torch.nn.functional.embedding(row, tripwire).squeeze(-1)
-    poison = torch.where(valid, trip, torch.full_like(trip, float("nan")))
+    poison = torch.where(valid, trip, float("nan"))
     return safe, poison
 
 
