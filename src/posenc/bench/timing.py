@@ -71,7 +71,8 @@ class RunSettings:
         for name, low in (("threads", 1), ("copy_mib", 1), ("copy_repeats", 1), ("copy_alongside_mib", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
+                kind = "a positive int" if low == 1 else f"an int >= {low}"
+                raise ConfigError(f"{name} must be {kind}, got {value!r}.")
         check_bytes(
             2 * self.copy_mib << 20, f"the copy-bandwidth arrays of {self.copy_mib} MiB", "give a smaller --copy-mib."
         )
