@@ -148,15 +148,11 @@ class AttentionBlock(nn.Module):
         # An exported graph guards positions (posenc.functional.position_guard): safe ids go on, and the poison
         # (NaN for an invalid query or key position) enters the new q and k, so out and the cache carry it.
         position_ids, poison = self.scheme.guard(position_ids)
-        # Cached keys sit at 0..P-1, the new keys at the queries' own (guarded) positions.
+        # Cached keys sit at 0..P-1, the new keys at the queries' own positions.
         past_positions = torch.arange(past, device=hidden.device, dtype=position_ids.dtype)
-        if poison is not None:  # the cached keys are valid while P <= the table: guard the last one only
-            _, past_poison = self.scheme.guard(past_positions[-1:].unsqueeze(0))
-            poison = joint_poison(poison, past_poison)
-            limit = self.scheme.position_limit
-            if limit is not None:
-                past_positions = past_positions.clamp(max=limit - 1)  # lookups stay in bounds on every runtime
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), position_ids), dim=1)
+        key_positions, key_poison = self.scheme.guard(key_positions)
+        poison = joint_poison(poison, key_poison)
         q, k, v = self.project(hidden, position_ids)
         q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
         if past_key is not None and past_value is not None:
