@@ -16,12 +16,15 @@ from torch import nn
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.functional import is_tracing
+from posenc.memory import check_bytes
 from posenc.schemes import build_scheme
 from posenc.schemes.base import (
     Placement,
     PositionalScheme,
     TableMode,
     attention_mask,
+    joint_poison,
+    poisoned,
     repeat_kv,
     soft_cap,
     softmax_attention,
@@ -112,6 +115,12 @@ class AttentionBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        h, hkv, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+        check_bytes(
+            4 * (2 * e * h * d + 2 * e * hkv * d),  # q, o and k, v projections in float32
+            f"the projection weights of hidden size {e} with {h}/{hkv} heads of {d}",
+            "choose a smaller hidden size, head count or head dim.",
+        )
         if isinstance(scheme, PositionalScheme):
             given = {
                 "params": params,
@@ -134,7 +143,6 @@ class AttentionBlock(nn.Module):
         else:
             dtype = torch.float32 if table_dtype is None else table_dtype
             self.scheme = build_scheme(scheme, config, params, table_mode, max_positions, dtype)
-        h, hkv, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
@@ -158,14 +166,22 @@ class AttentionBlock(nn.Module):
             raise ConfigError("past_key was given without past_value; pass both or neither.")
         if past_value is not None and past_key is None:
             raise ConfigError("past_value was given without past_key; pass both or neither.")
-        q, k, v = self.project(hidden, position_ids)
-        if past_key is not None and past_value is not None:
-            k = torch.cat((past_key.to(k.dtype), k), dim=2)
-            v = torch.cat((past_value.to(v.dtype), v), dim=2)
+        # An exported graph guards positions (posenc.functional.position_guard): safe ids go on, and the poison
+        # (NaN for an invalid query or key position) enters the new q and k, so out and the cache carry it.
+        position_ids, poison = self.scheme.guard(position_ids)
+        if poison is not None and poison.dim() == 3:  # multi-axis ids [A, B, S]: any axis poisons the token
+            poison = poison.sum(dim=0)
         # Cached keys sit at 0..P-1, the new keys at the queries' own positions (token order for multi-axis ids).
         order = position_ids if position_ids.dim() == 2 else default_positions(b, s, past, hidden.device)
         past_positions = torch.arange(past, device=hidden.device, dtype=order.dtype)
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), order), dim=1)
+        key_positions, key_poison = self.scheme.guard(key_positions)
+        poison = joint_poison(poison, key_poison)
+        q, k, v = self.project(hidden, position_ids)
+        q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
+        if past_key is not None and past_value is not None:
+            k = torch.cat((past_key.to(k.dtype), k), dim=2)
+            v = torch.cat((past_value.to(v.dtype), v), dim=2)
         return self.attend(q, k, v, order, key_positions), k, v
 
     def positions(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:

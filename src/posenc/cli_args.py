@@ -16,14 +16,17 @@ shapes      ``--shape B,S[,P][@START]``, optionally ``NAME:`` before it, or the 
 checkpoint  ``--hf-model DIR`` (export) / ``--against-hf DIR`` (validate), ``--layer N``, ``--layer-type NAME``
 output      ``-o/--output``, ``--json`` (print the result as JSON on stdout), ``--json-out FILE`` (write it)
 run         ``-s/--scheme``, ``--unit``, ``--seed``, ``--threads``, ``--keep-models``, ``--quiet``,
-            ``--engine-target``
+            ``--engine-target``, ``--position-guard/--no-position-guard``
+
+Paths given on the command line are never empty (:func:`path_arg`); what they point at is checked by
+:mod:`posenc.paths` before a subcommand opens or writes anything (:func:`check_output`, :func:`check_input`).
 ==========  ======================================================================================================
 
 Old spellings (``bench --heads``, ``validate --json FILE``, ``--shape b=4,s=128``, ...) still parse for one
 release, hidden from ``--help``, each with a deprecation note on stderr.
 
-This module imports only :mod:`posenc.errors`, :mod:`posenc.config` and :mod:`posenc.export.units` (the
-shape type), so the ``cli.py`` of every layer may use it.
+This module imports only :mod:`posenc.errors`, :mod:`posenc.config`, :mod:`posenc.paths` and
+:mod:`posenc.export.units` (the shape type), so the ``cli.py`` of every layer may use it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, NoReturn, TextIO
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export.units import UNITS, FeedShape, parse_named_shape
+from posenc.paths import input_file, output_path
 
 # --------------------------------------------------------------------------------------------------
 # Values
@@ -73,6 +77,18 @@ def _choice(kind: str, choices: Sequence[str]) -> Callable[[str], str]:
 
 
 table_mode_arg = _choice("table mode", TABLE_MODES)
+
+
+def path_arg(text: str) -> str:
+    """A file or folder path: not empty and without NUL bytes. What it points at (a regular file, a folder, not a
+    device or FIFO) is checked by :mod:`posenc.paths` before the command opens or writes anything."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a file or folder path.")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"the path {text!r} holds a NUL byte; give a plain path.")
+    return text
+
+
 unit_arg = _choice("unit", UNITS)
 
 
@@ -137,6 +153,21 @@ def print_result(data: Any, text: str, *, as_json: bool, written: Sequence[objec
     for path in written:
         print(f"wrote {path}", file=notes)
     return notes
+
+
+def check_output(path: str | None, what: str = "output", *, folder: bool = False) -> None:
+    """Refuse, before the command works, an output the command could not write (:func:`posenc.paths.output_path`:
+    a folder where a file goes, a device, a FIFO, a path under a file). ``None`` (not given) passes."""
+    if path is not None:
+        output_path(path, what, folder=folder)
+
+
+def check_input(path: str | None, what: str = "input file", missing: str = "check the path") -> None:
+    """Refuse, before the command works, an input that is not a regular, non-empty file
+    (:func:`posenc.paths.input_file`; ``missing``: the remedy when it does not exist). ``None`` (not given)
+    passes."""
+    if path is not None:
+        input_file(path, what, missing=missing)
 
 
 def split_names(values: Sequence[str] | None) -> list[str]:
@@ -222,13 +253,13 @@ OPTIONS: dict[str, Option] = _options(
     Option(
         ("--hf-model",),
         "local Hugging Face checkpoint folder (config.json + *.safetensors or pytorch_model.bin); never downloads",
-        str,
+        path_arg,
         "DIR",
     ),
     Option(
         ("--against-hf",),
         "also compare with the attention module of this local Hugging Face checkpoint folder (needs transformers)",
-        str,
+        path_arg,
         "DIR",
     ),
     Option(("--layer",), "layer index in the checkpoint", int, "N"),
@@ -240,9 +271,9 @@ OPTIONS: dict[str, Option] = _options(
         "NAME",
     ),
     # output
-    Option(("-o", "--output"), "where to write:", str, "PATH"),
+    Option(("-o", "--output"), "where to write:", path_arg, "PATH"),
     Option(("--json",), "print the result as JSON on stdout (instead of text):", kind="switch"),
-    Option(("--json-out",), "write the result as JSON to this file:", str, "FILE"),
+    Option(("--json-out",), "write the result as JSON to this file:", path_arg, "FILE"),
     # run
     Option(("-s", "--scheme"), "registered scheme name (see `posenc list`)", str, "NAME"),
     Option(
@@ -257,6 +288,12 @@ OPTIONS: dict[str, Option] = _options(
     Option(("--keep-models",), "keep the ONNX graphs (and engines) under OUT/models", kind="switch"),
     Option(("--quiet",), "no progress output", kind="switch"),
     Option(("--engine-target",), "compute capability of the TensorRT engine, e.g. sm89", str, "SM"),
+    Option(
+        ("--position-guard",),
+        "guard the graph's positions: a position outside its table (or negative) raises in ONNX Runtime and gives "
+        "NaN in TensorRT instead of a plausible number (--no-position-guard leaves the guard out)",
+        kind="negatable",
+    ),
 )
 """Every shared option, by destination."""
 
@@ -460,11 +497,14 @@ __all__ = [
     "add",
     "add_alias",
     "add_geometry",
+    "check_input",
+    "check_output",
     "config_from_args",
     "deprecation_note",
     "dtype_arg",
     "geometry_given",
     "parse_shape",
+    "path_arg",
     "print_result",
     "shape_arg",
     "split_names",

@@ -11,6 +11,7 @@ from typing import Any
 
 from posenc import rope_types
 from posenc.errors import ConfigError
+from posenc.paths import input_file
 
 QK_NORMS: tuple[str, ...] = ("none", "rms", "l2")
 """Values of :attr:`AttentionConfig.qk_norm`."""
@@ -198,6 +199,8 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
         path = Path(source)
         if path.is_dir():
             path = path / "config.json"  # a model directory
+        if path.exists():  # a regular file: a FIFO or device would block or never end
+            input_file(path, "Hugging Face config", error=ConfigError)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

@@ -24,7 +24,6 @@ import dataclasses
 import json
 import multiprocessing
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 from posenc.bench.plan import ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE, BenchCase, resolve_schemes
 from posenc.bench.progress import Progress
 from posenc.bench.shapes import Shape
-from posenc.cli_args import add, split_names
+from posenc.cli_args import add, check_output, split_names
 from posenc.config import AttentionConfig
 from posenc.demo_checkpoints import CheckpointJob, checkpoint_section, run_checkpoint_job
 from posenc.demo_records import (
@@ -52,7 +51,7 @@ from posenc.demo_records import (
     WorstOutput,
 )
 from posenc.demo_stages import engine_stage, optimize_stage, run_stage
-from posenc.export.files import write_text_atomic
+from posenc.export.files import new_scratch, write_text_atomic
 
 __all__ = ["DEMO_CONFIG", "QUICK_CONFIG", "RESULT_NAME", "DemoOptions", "run_demo"]
 
@@ -185,6 +184,25 @@ def _engine_backend() -> tuple[str | None, str]:
     if not names:
         return None, f"no TensorRT backend is installed; {INSTALL_HINT}"
     return names[0], ""
+
+
+def check_engine_targets(requested: Sequence[str]) -> None:
+    """Refuse compute capabilities the installed TensorRT backend cannot build for (or that are not capabilities).
+
+    Raises:
+        ConfigError: names the target and the supported ones.
+    """
+    if not requested:
+        return
+    from posenc.engine.targets import normalize_target, resolve_targets
+
+    for target in requested:
+        normalize_target(target)
+    backend, _ = _engine_backend()
+    if backend is not None:
+        from posenc.engine.backend import load_backend
+
+        resolve_targets(load_backend(backend), requested)
 
 
 def _default_targets(backend: str | None, requested: Sequence[str]) -> tuple[str, ...]:
@@ -350,7 +368,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("bench", "parity"):  # a previous run's results must not appear in this run's report
         shutil.rmtree(out / stale, ignore_errors=True)
-    scratch = Path(tempfile.mkdtemp(prefix="posenc-demo-"))
+    scratch = new_scratch("demo")  # removed below, or by the next run if this one is killed
     models = out / "models" if options.keep_models else scratch / "models"
     for folder in (models, out / "parity", scratch / "sweep"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -447,6 +465,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     resolve_schemes(options.schemes or None)  # unknown names fail before any work
     checkpoint_section(options)  # unknown sample names too
+    check_output(args.output, "report folder", folder=True)  # and a report folder that cannot be one
+    check_engine_targets(options.engine_targets)  # and targets the engine backend cannot build for
     result = run_demo(options)
     if args.json:
         print((options.output / RESULT_NAME).read_text(), end="")

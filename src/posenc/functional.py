@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from posenc import rope_types as RT
-from posenc.errors import ConfigError, PositionError
+from posenc.errors import ConfigError, PosencError, PositionError
 
 __all__ = [
     "RANGE_REDUCTION_MAX_POSITION",
@@ -28,6 +28,7 @@ __all__ = [
     "deberta_log_bucket",
     "exact_angles",
     "is_tracing",
+    "position_guard",
     "rope_cos_sin",
     "rope_frequency_sets",
     "rope_inv_freq",
@@ -122,7 +123,21 @@ def rope_inv_freq(
     theta = params.get("rope_theta")
     base = RT.positive(10000.0 if theta is None else theta, "rope_theta")
     _check_seq_len(seq_len)
-    return entry.inv_freq(rotary_dim, base, params, seq_len)
+    try:
+        inv_freq, factor = entry.inv_freq(rotary_dim, base, params, seq_len)
+    except PosencError:
+        raise
+    except (ArithmeticError, ValueError, RuntimeError) as exc:  # the parameters' domain, found by the math
+        raise ConfigError(
+            f"rope_type {entry.name!r} cannot compute frequencies from {params} ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); these values leave its domain (see `posenc show {entry.scheme}`)."
+        ) from None
+    if not is_tracing() and not (bool(torch.isfinite(inv_freq).all()) and math.isfinite(float(factor))):
+        raise ConfigError(
+            f"rope_type {entry.name!r} with {params} gives non-finite frequencies or attention factor; choose "
+            f"parameters in its range (see `posenc show {entry.scheme}`)."
+        )
+    return inv_freq, factor
 
 
 def rope_frequency_sets(
@@ -188,7 +203,15 @@ def rope_cos_sin(
 
     Returns:
         ``(cos, sin)``, each ``[*position_ids.shape, r // 2]``.
+
+    Raises:
+        ConfigError: floating-point position ids (outside a traced graph).
     """
+    if not is_tracing() and (position_ids.is_floating_point() or position_ids.is_complex()):
+        raise ConfigError(
+            f"position_ids must be an integer tensor (positions are token indices), got {position_ids.dtype}; "
+            f"pass e.g. torch.arange(S) or ids cast with .long()."
+        )
     angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq.to(torch.float64)
     return (
         (torch.cos(angles) * attention_factor).to(dtype),
@@ -229,6 +252,36 @@ def is_tracing() -> bool:
     if is_exporting is not None and is_exporting():
         return True
     return bool(torch.onnx.is_in_onnx_export())
+
+
+def position_guard(position_ids: torch.Tensor, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The in-graph guard of exported tables: safe indices, and a poison that is 0 or NaN per position.
+
+    A position is valid when ``0 <= p < limit`` (``limit`` None: ``p >= 0``). The guard returns
+
+    - ``safe``: the position ids with every invalid one replaced by 0, so that every table lookup stays in
+      bounds on every runtime (TensorRT reads out-of-range gathers as zeros or worse);
+    - ``poison`` ``[*position_ids.shape]`` float32: 0 where valid, NaN where not, read through a one-row
+      tripwire table at row ``int(not valid)``: ONNX Runtime refuses the out-of-range row with an error
+      ("indices element out of data bounds"), a runtime that cannot raise (TensorRT) yields the NaN.
+
+    Callers add ``poison`` to what the positions produced (rotated q/k, embeddings, biases), so an invalid
+    position can never give a finite, plausible number. Eager code checks positions with
+    :class:`~posenc.errors.PositionError` instead; this is for graphs (it is traced, not run eagerly).
+
+    Args:
+        position_ids: int64 ``[...]``.
+        limit: exclusive upper bound (rows of the precomputed table), or None.
+    """
+    valid = position_ids >= 0
+    if limit is not None:
+        valid = valid & (position_ids < limit)
+    safe = torch.where(valid, position_ids, 0)  # scalar constants: no Shape/Expand nodes in the graph
+    tripwire = torch.zeros(1, 1, dtype=torch.float32, device=position_ids.device)
+    row = torch.where(valid, 0, 1)
+    trip = torch.nn.functional.embedding(row, tripwire).squeeze(-1)
+    poison = torch.where(valid, trip, float("nan"))
+    return safe, poison
 
 
 def exact_angles(position_ids: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
@@ -308,6 +361,14 @@ def apply_rope(
         raise ConfigError(f"rotary_dim {r} does not match cos/sin of last dim {half} (need rotary_dim = 2*{half}).")
     if r > x.shape[-1]:
         raise ConfigError(f"rotary_dim {r} exceeds the head dim {x.shape[-1]}; use rotary_dim <= head dim.")
+    if not is_tracing():
+        try:
+            torch.broadcast_shapes(cos.shape, sin.shape, (*x.shape[:-1], half))
+        except RuntimeError:
+            raise ConfigError(
+                f"cos {list(cos.shape)} and sin {list(sin.shape)} do not broadcast to x[..., :{r // 2}] of x "
+                f"{list(x.shape)}; give one cos/sin row per position of x (e.g. [B, 1, S, r/2] for x [B, H, S, D])."
+            ) from None
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     xr = x[..., :r].to(compute)
     c, s = cos.to(compute), sin.to(compute)

@@ -150,12 +150,12 @@ def test_optimize_makes_the_contrib_graph_parse(tmp_path) -> None:
 
 
 def test_an_output_path_that_cannot_be_written_leaves_no_manifest(export_cache, tmp_path) -> None:
-    from posenc.errors import ModelFileError
+    from posenc.errors import ConfigError
 
     source = fused_case(export_cache, ROPE)
     out = tmp_path / "rope.engine"
     out.mkdir()  # a directory where the engine should go
-    with pytest.raises(ModelFileError, match=r"cannot write .*rope\.engine: it is a directory"):
+    with pytest.raises(ConfigError, match=r"engine .*rope\.engine is a folder; give a file path"):
         build_engine(source, out, targets=["sm89"])
     assert [p.name for p in tmp_path.iterdir()] == ["rope.engine"]  # no manifest, no temporary file
     assert not list(out.iterdir())

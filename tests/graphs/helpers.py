@@ -19,6 +19,34 @@ def ort_run(model: ir.Model | Path | bytes, feed: dict[str, np.ndarray]) -> list
     return ort_session(model, ["CPUExecutionProvider"], check=False).run(None, feed)
 
 
+GUARD_OPS = frozenset(
+    {
+        "GreaterOrEqual",
+        "Less",
+        "And",
+        "Not",
+        "Where",
+        "Cast",
+        "Gather",
+        "Squeeze",
+        "Unsqueeze",
+        "Expand",
+        "Shape",
+        "Add",
+    }
+)
+"""Ops of the position guard (posenc.functional.position_guard): checks and a tripwire on the [B, S] position ids,
+and the Add of its poison to what the positions produced."""
+
+
+def past_guard(value: ir.Value) -> ir.Value:
+    """What ``value`` becomes after the position guard adds its poison (``value`` when no guard Add reads it)."""
+    users = [use.node for use in value.uses()]
+    if len(users) == 1 and users[0].op_type == "Add":
+        return users[0].outputs[0]
+    return value
+
+
 def op_counts(model: ir.Model) -> Counter:
     return Counter(node.op_type for node in model.graph.all_nodes())
 

@@ -19,6 +19,7 @@ from posenc.cli_args import (
     add,
     add_alias,
     add_geometry,
+    check_output,
     config_from_args,
     geometry_given,
     print_result,
@@ -54,6 +55,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         copy_repeats=args.copy_repeats,
         keep_models=args.keep_models,
         plots=not args.no_plots,
+        position_guard=args.position_guard,
     )
 
 
@@ -66,6 +68,7 @@ def _table_mode_choice(modes: list[str] | None) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    check_output(args.output, "results folder", folder=True)
     settings = settings_from_args(args)
     schemes = split_names(args.scheme)
     backends = split_names(args.backend)
@@ -147,6 +150,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     timing.add_argument("--copy-repeats", type=int, default=5, help="timed copies (default 5)")
     add(p, "output", default="bench-results", note="a folder: bench.json, bench.md and plots (default bench-results)")
     add(p, "keep_models")
+    add(p, "position_guard", default=True, note="default on; --no-position-guard times graphs without it")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     add(p, "quiet")
     add(p, "json", note="the benchmark document")

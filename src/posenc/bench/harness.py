@@ -84,7 +84,7 @@ def run_bench(
         _save(doc, out, plots=False)
         with torch_threads(settings.threads), contextlib.ExitStack() as stack:
             if store is None:
-                store = stack.enter_context(ModelStore(store_folder))
+                store = stack.enter_context(ModelStore(store_folder, position_guard=settings.position_guard))
             for case in cases:
                 for record in _run_case(case, backend_map, store, settings, bar):
                     doc.add(record)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc.bench.workloads import Workload
 from posenc.errors import PosencError
+from posenc.export.files import new_scratch
 from posenc.export.manifest import OptimizedRecord
 
 SESSION_CACHE_SIZE = 4
@@ -25,12 +25,15 @@ class ModelStore:
     """Exports, optimizes and builds on demand; each artifact once per workload key.
 
     Args:
-        folder: where files go; ``None`` makes a temporary folder removed by :meth:`close`.
+        folder: where files go; ``None`` makes a scratch folder removed by :meth:`close` (and by the next run
+            when this one is killed, :func:`posenc.export.files.new_scratch`).
+        position_guard: export graphs with the position guard (the default of ``posenc export``).
     """
 
-    def __init__(self, folder: Path | None = None) -> None:
+    def __init__(self, folder: Path | None = None, *, position_guard: bool = True) -> None:
         self._temporary = folder is None
-        self.folder = Path(tempfile.mkdtemp(prefix="posenc-bench-")) if folder is None else Path(folder)
+        self.position_guard = position_guard
+        self.folder = new_scratch("bench") if folder is None else Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._exported: dict[str, Path] = {}
         self._graph_inputs: dict[str, list[str]] = {}
@@ -70,7 +73,8 @@ class ModelStore:
             if failure:
                 raise SkipCase(failure)
             try:
-                self._exported[key] = workload.export(self.folder / f"{key}.onnx")
+                name = key if self.position_guard else f"{key}-unguarded"
+                self._exported[key] = workload.export(self.folder / f"{name}.onnx", self.position_guard)
             except PosencError as exc:
                 self._failures[(key, "export")] = f"export failed: {exc}"
                 raise SkipCase(self._failures[(key, "export")]) from None

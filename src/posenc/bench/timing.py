@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from posenc.errors import ConfigError
+from posenc.memory import check_bytes
 from posenc.records import field
 
 
@@ -36,7 +37,7 @@ class TimingSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
-        if self.max_seconds is not None and not self.max_seconds > 0:
+        if self.max_seconds is not None and not 0 < self.max_seconds < float("inf"):
             raise ConfigError(f"max_seconds must be > 0 (or None for no budget), got {self.max_seconds!r}.")
 
 
@@ -53,6 +54,8 @@ class RunSettings:
         plots: write PNG plots at the end.
         copy_alongside_mib: positional ops moving at least this many MiB per call are timed in alternating
             rounds with a ``copy_mib`` copy, and their roofline ratio uses that copy (0: never).
+        position_guard: export the graphs with the position guard (``posenc export``'s default); ``False``
+            measures graphs without it, to see what the guard costs.
     """
 
     timing: TimingSettings = dataclasses.field(default_factory=TimingSettings)
@@ -62,10 +65,17 @@ class RunSettings:
     keep_models: bool = False
     plots: bool = True
     copy_alongside_mib: int = 32
+    position_guard: bool = field(optional=True, default=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
-            raise ConfigError(f"threads must be a positive int, got {self.threads!r}.")
+        for name, low in (("threads", 1), ("copy_mib", 1), ("copy_repeats", 1), ("copy_alongside_mib", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                kind = "a positive int" if low == 1 else f"an int >= {low}"
+                raise ConfigError(f"{name} must be {kind}, got {value!r}.")
+        check_bytes(
+            2 * self.copy_mib << 20, f"the copy-bandwidth arrays of {self.copy_mib} MiB", "give a smaller --copy-mib."
+        )
 
 
 @dataclasses.dataclass(frozen=True)

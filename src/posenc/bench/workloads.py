@@ -33,7 +33,7 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
-from posenc.export.units import UNITS, make_inputs, make_unit
+from posenc.export.units import UNITS, check_call_size, make_inputs, make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 
@@ -93,12 +93,13 @@ class Workload:
         """File-name identifier of this workload's graph (see :func:`workload_key`)."""
         return workload_key(self.scheme, self.unit, self.table_mode, self.config, self.max_positions)
 
-    def export(self, path: Path) -> Path:
+    def export(self, path: Path, position_guard: bool = True) -> Path:
         """Write the ONNX graph (dynamic batch, sequence and past: one export serves every shape).
 
-        Every unit goes through :func:`posenc.export.export_onnx` (manifest beside the file).
+        Every unit goes through :func:`posenc.export.export_onnx` (manifest beside the file), with the position
+        guard unless ``position_guard`` is False.
         """
-        return export_onnx(path, unit=self.unit, module=self.inner).path
+        return export_onnx(path, unit=self.unit, module=self.inner, position_guard=position_guard).path
 
 
 def workload_key(scheme: str, unit: str, table_mode: str, config: AttentionConfig, max_positions: int) -> str:
@@ -149,6 +150,7 @@ def build_workload(
     mode = TableMode.parse(table_mode)
     max_positions = max(config.max_position_embeddings, shape.positions)
     feed_shape = shape.feed
+    check_call_size(config, feed_shape)
     torch.manual_seed(seed)  # learned tables and projections
     if unit == "block":
         inner: nn.Module = AttentionBlock(config, scheme, params, mode, max_positions)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ModelFileError
+from posenc.paths import member
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -62,6 +63,8 @@ class CheckpointSource:
             ConfigError: ``folder`` is not a local folder (e.g. a hub id), or its config.json is unusable.
             ModelFileError: no weights, a missing shard, or an unreadable index.
         """
+        if not str(folder).strip():
+            raise ConfigError("the checkpoint folder path is empty; pass a downloaded checkpoint folder.")
         path = Path(folder)
         if not path.exists():
             hint = (
@@ -179,12 +182,29 @@ def _looks_like_hub_id(text: str) -> bool:
     return len(parts) == 2 and all(parts) and not text.startswith((".", "/", "~"))
 
 
+def _safe(folder: Path, name: str, what: str) -> Path:
+    """``folder / name`` by the safe-path rule (:func:`posenc.paths.member`): inside the checkpoint folder, a regular
+    file, no symlink out, except the links of a Hugging Face cache snapshot into its repository's ``blobs``."""
+    return member(folder, name, what, allowed_roots=_hub_cache_blobs(folder))
+
+
+def _hub_cache_blobs(folder: Path) -> tuple[Path, ...]:
+    """``.../models--ORG--NAME/blobs`` when ``folder`` is a snapshot of the Hugging Face cache (whose files are
+    symlinks into it), else nothing."""
+    snapshots = folder.resolve().parent
+    repo = snapshots.parent
+    if snapshots.name == "snapshots" and repo.name.startswith(("models--", "datasets--")):
+        return (repo / "blobs",)
+    return ()
+
+
 def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"{path.parent} has no config.json; a checkpoint folder holds config.json beside its weights "
             f"(save_pretrained writes both)."
         )
+    path = _safe(path.parent, path.name, "the checkpoint's config.json")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -198,19 +218,21 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> file, from the index (sharded) or the single weights file's header."""
     for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
         index = folder / index_name
-        if index.is_file():
-            return _from_index(folder, index)
+        if index.exists():
+            return _from_index(folder, _safe(folder, index_name, "the checkpoint's shard index"))
     single = folder / "model.safetensors"
-    if single.is_file():
+    if single.exists():
         from safetensors import safe_open
 
+        single = _safe(folder, single.name, "the checkpoint's weights")
         try:
             with safe_open(str(single), framework="pt", device="cpu") as handle:
                 return dict.fromkeys(handle.keys(), single)
         except Exception as exc:
             raise ModelFileError(f"cannot open {single} ({exc}); the file may be truncated or corrupt.") from None
     legacy = folder / "pytorch_model.bin"
-    if legacy.is_file():
+    if legacy.exists():
+        legacy = _safe(folder, legacy.name, "the checkpoint's weights")
         try:
             state = torch.load(legacy, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:
@@ -228,20 +250,25 @@ def _weight_files(folder: Path) -> dict[str, Path]:
 def _from_index(folder: Path, index: Path) -> dict[str, Path]:
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = {str(name): folder / str(file) for name, file in weight_map.items()}
+        names = {str(name): str(file) for name, file in weight_map.items()}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ModelFileError(f"{index} is not a valid shard index ({exc!r}); re-download the checkpoint.") from None
     root = folder.resolve()
-    for file in sorted(set(files.values())):
-        if root not in file.resolve().parents:
-            raise ModelFileError(f"{index} names {file.name!r}, outside {folder}; refusing to read it.")
-    missing = sorted({file.name for file in files.values() if not file.is_file()})
+    for file in sorted(set(names.values())):
+        target = (folder / file).resolve()
+        outside = os.path.isabs(file) or not (target == root or root in target.parents)
+        if outside and not any(r in target.parents for r in _hub_cache_blobs(folder)):
+            raise ModelFileError(f"{index} names {file!r}, outside {folder}; refusing to read it.")
+    missing = sorted({file for file in names.values() if not (folder / file).exists()})
     if missing:
         raise ModelFileError(
             f"{index.name} names shard(s) {missing[:3]}{' ...' if len(missing) > 3 else ''} that are missing from "
             f"{folder}; download every shard of the checkpoint."
         )
-    return files
+    shards = {
+        file: _safe(folder, file, f"shard {file!r} named by {index.name}") for file in sorted(set(names.values()))
+    }
+    return {name: shards[file] for name, file in names.items()}
 
 
 __all__ = ["CheckpointSource", "tensor_sha256"]

@@ -26,10 +26,11 @@ from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_ba
 from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposable, parse_onnx
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
 from posenc.engine.targets import capability_tuple, resolve_targets
-from posenc.errors import BuildError, ModelFileError
-from posenc.export.files import atomic_outputs, json_text
-from posenc.export.manifest import Manifest, OptimizedRecord
+from posenc.errors import BuildError, ConfigError, ModelFileError
+from posenc.export.files import atomic_outputs, json_text, reading
+from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json
 from posenc.graphs.manifests import ModelInfo, read_model_info
+from posenc.paths import input_file, output_path, sha256_file
 from posenc.records import Document, field
 
 ENGINE_FORMAT = "posenc.engine/1"
@@ -39,6 +40,30 @@ def engine_manifest_path(engine_path: str | os.PathLike[str]) -> Path:
     """``model.engine`` -> ``model.engine.manifest.json``."""
     path = Path(engine_path)
     return path.with_name(path.name + ".manifest.json")
+
+
+def verify_engine(engine_path: str | os.PathLike[str]) -> Path:
+    """The engine file, checked before it is read: a regular, non-empty file whose manifest (when it has one)
+    records its sha256 (an interrupted ``posenc build`` in its folder is finished first).
+
+    Raises:
+        ModelFileError: missing, not a regular file, empty, or not the bytes its manifest describes.
+    """
+    path = input_file(
+        engine_path, "engine", error=ModelFileError, missing=f"build it with `posenc build MODEL.onnx -o {engine_path}`"
+    )
+    manifest_path = engine_manifest_path(path)
+    with reading(path):
+        manifest_json = read_manifest_json(manifest_path) if manifest_path.exists() else None
+        digest = sha256_file(path)
+    if manifest_json is not None:
+        manifest = EngineManifest.from_dict(manifest_json, f"engine manifest {manifest_path}")
+        if digest != manifest.engine_sha256:
+            raise ModelFileError(
+                f"engine {path} does not match its manifest {manifest_path.name} (sha256 differs): it was modified "
+                f"or replaced. Rebuild it (`posenc build ...`)."
+            )
+    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +205,16 @@ def build_engine(
         BuildError: the graph does not parse (names node and op) or the build fails. No engine file is
             written then.
     """
-    onnx_path, output = Path(onnx_path), Path(output)
+    onnx_path, output = Path(onnx_path), output_path(output, "engine")
+    if workspace_bytes is not None and (
+        isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or workspace_bytes <= 0
+    ):
+        raise ConfigError(f"workspace_bytes must be a positive int (bytes), got {workspace_bytes!r}.")
+    if timing_cache is not None:
+        output_path(timing_cache, "timing cache")  # read when it exists, written after the build
+    source = read_model_info(onnx_path)  # a manifest that no longer matches the file is an error
     trt_backend = load_backend(backend)
     chosen = resolve_targets(trt_backend, targets)
-    source = read_model_info(onnx_path)  # a manifest that no longer matches the file is an error
     source_manifest = source.manifest
     dim_profile = resolve_profile(source_manifest.dynamic_dims if source_manifest is not None else None, profile)
     configure_polygraphy(trt_backend)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from posenc.cli_args import add, add_alias
+from posenc.cli_args import add, add_alias, path_arg
 
 EPILOG = """\
 examples:
@@ -30,7 +30,7 @@ def _build(args: argparse.Namespace) -> int:
         profile=args.profile,
         backend=args.trt_backend,
         timing_cache=args.timing_cache,
-        workspace_bytes=args.workspace_mib * (1 << 20) if args.workspace_mib else None,
+        workspace_bytes=None if args.workspace_mib is None else args.workspace_mib * (1 << 20),
     )
     manifest = result.manifest
     if args.json:
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="ONNX file (ideally `posenc optimize --target trt` output)")
+    p.add_argument("model", type=path_arg, help="ONNX file (ideally `posenc optimize --target trt` output)")
     add(p, "output", required=True, note="the engine file; its manifest goes beside it")
     add(p, "engine_target", repeat=True, note="default: the backend's default")
     add_alias(p, "--target", "engine_target", use="--engine-target", append=True)
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="which TensorRT builds the engine (default: tensorrt if importable, else tensorrt_rtx)",
     )
     add_alias(p, "--backend", "trt_backend", use="--trt-backend", choices=BACKENDS)
-    p.add_argument("--timing-cache", help="timing cache file (datacenter TensorRT; RTX has none)")
+    p.add_argument("--timing-cache", type=path_arg, help="timing cache file (datacenter TensorRT; RTX has none)")
     p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
     add(p, "json", note="the engine manifest and the paths written")
     p.set_defaults(func=_build)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from posenc.engine.backend import NOISE, Backend, trt_logger
-from posenc.errors import BuildError, ModelFileError
+from posenc.errors import BuildError
+from posenc.export.runtime import check_model_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +63,16 @@ def _issues(parser: Any) -> list[ParseIssue]:
 def parse_onnx(backend: Backend, path: str | os.PathLike[str]) -> ParsedNetwork:
     """Parse an ONNX file into a strongly typed TensorRT network.
 
+    The file is checked first (:func:`posenc.export.check_model_file`): TensorRT's parser would accept some
+    bytes protobuf refuses, and would follow external data out of the model's folder.
+
     Raises:
-        ModelFileError: the file does not exist.
+        ModelFileError: the file is missing, not a regular file, not a valid ONNX model, or names external data
+            outside its folder.
         BuildError: TensorRT cannot parse the graph; the message names each failing node and its op.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"ONNX file {path} does not exist; pass the path of a .onnx file.")
+    check_model_file(path)
     trt = backend.trt
     builder = trt.Builder(trt_logger(backend))
     flags = 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from posenc.engine.backend import configure_polygraphy, load_backend
-from posenc.errors import BackendUnavailable, ModelFileError
+from posenc.errors import BackendUnavailable
 
 
 def engine_runner(path: str | os.PathLike[str], name: str | None = None) -> Any:
@@ -18,13 +17,14 @@ def engine_runner(path: str | os.PathLike[str], name: str | None = None) -> Any:
         name: runner name in reports (default ``trt:<file name>``).
 
     Raises:
-        ModelFileError: the file is missing.
+        ModelFileError: the file is missing or not a regular file, or its engine manifest (when present) records
+            other bytes.
         BackendUnavailable: datacenter ``tensorrt`` is not importable or no GPU is visible (TensorRT-RTX
             engines cannot be run on this machine either).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"engine {path} does not exist; build it with `posenc build model.onnx -o {path.name}`.")
+    from posenc.engine.build import verify_engine
+
+    path = verify_engine(path)
     backend = load_backend("tensorrt")
     from posenc.engine.targets import current_gpu_target
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from posenc.cli_args import add, add_geometry, config_from_args
+from posenc.cli_args import add, add_geometry, check_input, check_output, config_from_args
 from posenc.errors import ConfigError
 from posenc.provenance import describe_weights
 
@@ -85,12 +85,15 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
         module=module,
         optimize=not args.no_optimize,
         provenance=loaded.provenance(),
+        position_guard=args.position_guard,
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     from posenc.export import export_onnx
 
+    check_output(args.output, "ONNX model")
+    check_input(args.hf_config, "--hf-config file")
     if args.hf_model is not None:
         result = _export_checkpoint(args)
     else:
@@ -111,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
             max_positions=args.max_positions,
             optimize=not args.no_optimize,
             seed=args.seed,
+            position_guard=args.position_guard,
         )
     m = result.manifest
     if args.json:
@@ -162,6 +166,7 @@ def register(subparsers: Any) -> None:
     add(p, "seed", default=0, note="for the random weights when no --hf-model is given; default 0")
     add(p, "output", required=True, note="the .onnx file; its manifest and weights go beside it")
     p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")
+    add(p, "position_guard", default=True, note="default on; recorded in the manifest")
     add(p, "json", note="the manifest")
     p.set_defaults(func=_run)
 

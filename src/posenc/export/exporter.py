@@ -46,10 +46,12 @@ from posenc.export.files import (
 from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
 from posenc.export.units import SAMPLE_SHAPE, UNITS, ExportUnit, make_unit
 from posenc.mla import MLABlock, MLAConfig, build_block
+from posenc.paths import output_path
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
 from posenc.records import to_json
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import PositionalScheme, TableMode, table_keys
+from posenc.schemes.registry import check_finite_tables
 
 SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23)
 DEFAULT_OPSET = 23
@@ -359,6 +361,7 @@ def export_onnx(
     optimize: bool = True,
     seed: int = 0,
     provenance: WeightsSource | None = None,
+    position_guard: bool = True,
 ) -> ExportResult:
     """Export a scheme's positional op or a whole :class:`AttentionBlock` to ONNX, with manifest and weights.
 
@@ -381,6 +384,10 @@ def export_onnx(
         seed: seed of the fresh random weights of a block or scheme built from a name (recorded in the manifest).
         provenance: where ``module``'s weights came from, recorded as the manifest's ``weights.source`` (e.g.
             :meth:`posenc.checkpoints.LoadedLayer.provenance`); default :class:`~posenc.provenance.ModuleWeights`.
+        position_guard: guard the graph's positions (:func:`posenc.functional.position_guard`): a position
+            outside the table (or negative) makes ONNX Runtime raise and TensorRT return NaN, never a plausible
+            number. ``False`` leaves it out (measure what it costs with ``posenc bench --no-position-guard``);
+            recorded in the manifest.
 
     Returns:
         :class:`ExportResult` with the written paths and the manifest.
@@ -398,6 +405,9 @@ def export_onnx(
     opset = check_opset(opset)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be an int >= 0, got {seed!r}.")
+    if not isinstance(position_guard, bool):
+        raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
+    path = output_path(path, "ONNX model")  # before any work: a folder, device or FIFO is refused here
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
@@ -408,8 +418,10 @@ def export_onnx(
     inner = inner.to(activation).eval()
     for parameter in inner.parameters():
         parameter.requires_grad_(False)
+    _check_exportable(inner, activation)
     export_unit = make_unit(inner, unit, activation)
     scheme_module = export_unit.scheme
+    scheme_module.guard_exported = position_guard
     limit = scheme_module.position_limit
     sample = export_unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
     model, notes = to_onnx_model(
@@ -423,6 +435,42 @@ def export_onnx(
         optimize=optimize,
     )
     return _write_artifacts(Path(path), model, export_unit, notes, opset, source)
+
+
+ONNX_FILE_LIMIT = 2**31 - (1 << 24)
+"""Largest graph posenc writes as one file: protobuf's 2 GiB limit, less room for the graph itself."""
+
+
+def _check_exportable(inner: nn.Module, activation: torch.dtype) -> None:
+    """Refuse before tracing what cannot give a usable graph: more than 2 GiB of tensors, or values that are not
+    finite (or overflow the activation dtype for any input of magnitude 1) once cast to the graph's dtypes.
+
+    Raises:
+        ExportError: the tensors exceed ONNX's single-file limit.
+        ConfigError: a table or weight is not finite in its dtype, or a table's values exceed what the activation
+            dtype holds (e.g. rope_longrope with attention_factor 500000 in fp16).
+    """
+    from posenc.memory import human_bytes
+
+    tensors = [*inner.named_buffers(), *inner.named_parameters()]
+    total = sum(t.numel() * t.element_size() for _, t in tensors)
+    if total > ONNX_FILE_LIMIT:
+        raise ExportError(
+            f"the graph would hold {human_bytes(total)} ({total:,} bytes) of tables and weights, over ONNX's 2 GiB "
+            f"single-file limit; export with --table-mode dynamic or fewer --max-positions."
+        )
+    check_finite_tables(inner)
+    largest = torch.finfo(activation).max
+    tables = table_keys(inner)
+    for key, tensor in tensors:
+        if key in tables and tensor.is_floating_point() and tensor.numel():
+            peak = float(tensor.detach().abs().max())
+            if peak > largest:
+                raise ConfigError(
+                    f"table {key!r} holds values up to {peak:.4g}, beyond {dtype_name(activation)}'s largest "
+                    f"number {largest:.4g}: every output it scales would overflow to inf. Export in a wider dtype "
+                    f"(--dtype fp32 or bf16), or choose smaller scaling parameters (e.g. attention_factor)."
+                )
 
 
 def _weights_source(module: nn.Module | None, seed: int, provenance: WeightsSource | None) -> WeightsSource:
@@ -518,6 +566,7 @@ def _manifest(
         versions=library_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
+        position_guard=bool(scheme.guard_exported),
     )
 
 

@@ -1,36 +1,73 @@
 """File plumbing of exported artifacts: side-car names, hashes and atomic writes.
 
-Every artifact is written to a temporary name in its target directory and renamed into place with
-:func:`os.replace`, so an interrupted or failed export never leaves a half-written file behind.
+An artifact (a model with its manifest and weights, an engine with its manifest, a report) lands as a unit
+through :func:`atomic_outputs`:
+
+1. the writer takes an exclusive lock on each target folder (``flock`` on the folder itself: no lock file is
+   left behind), so two writers of the same folder take turns instead of interleaving;
+2. every file is written under a hidden staging name in its target's folder (``.NAME.posenc~TOKEN.tmp``);
+3. for more than one file, a hidden journal (``.posenc~commit-TOKEN.json``) listing the renames lands in one
+   atomic rename, then each staged file is renamed into place (side files first, the main file last), then the
+   journal goes.
+
+A process killed at any instant leaves the old complete artifact (killed before the journal landed) or a
+journal from which the new complete artifact is finished (:func:`settle`, run by the next writer of the folder
+and by every posenc reader before it reads). Staging and journals of dead writers are removed by the next run
+(:func:`settle`): while a writer holds a folder's lock nobody else stages there, so what it finds is stale.
+Files get ``0666 & ~umask`` (:func:`posenc.paths.file_mode`), like files the shell creates. This protects against
+killed processes and concurrent posenc writers, not against power loss (nothing is fsynced).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
+import secrets
+import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc.errors import ModelFileError
+from posenc.paths import file_mode, output_path, sha256_file
+
+try:  # POSIX advisory locks; elsewhere writers are not serialized
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 MANIFEST_SUFFIX = ".manifest.json"
 WEIGHTS_SUFFIX = ".weights.safetensors"
 WEIGHTS_FORMAT = "safetensors"
 LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
 """Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
+STAGING_MARK = ".posenc~"
+"""In the name of every staged file (``.NAME.posenc~TOKEN.tmp``) and journal (``.posenc~commit-TOKEN.json``)."""
+SCRATCH_PREFIX = "posenc-scratch-"
+"""Scratch folders in the system temp folder: ``posenc-scratch-KIND-PID-TOKEN`` (see :func:`scratch_folder`)."""
 
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_umask()
+__all__ = [
+    "MANIFEST_SUFFIX",
+    "WEIGHTS_FORMAT",
+    "WEIGHTS_SUFFIX",
+    "atomic_outputs",
+    "json_text",
+    "load_weights_file",
+    "manifest_path_for",
+    "new_scratch",
+    "reading",
+    "save_weights",
+    "scratch_folder",
+    "settle",
+    "sha256_file",
+    "weights_path_for",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 
 def _stem(onnx_path: str | os.PathLike[str]) -> Path:
@@ -78,23 +115,136 @@ def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict
     raise ModelFileError(f"weights {path} have unknown format {weights_format!r}; re-export the model.")
 
 
-def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
+# --------------------------------------------------------------------------------------------------
+# Folder locks, staging, journals
+# --------------------------------------------------------------------------------------------------
+
+_HELD: dict[tuple[int, Path], list[Any]] = {}  # (thread, folder) -> [fd, depth, shared]: locks held (re-entrant)
+_HELD_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path, *, shared: bool = False) -> Iterator[bool]:
+    """Hold a ``flock`` on ``folder``: exclusive for writers, ``shared`` for readers (re-entrant in one thread; a
+    shared hold is upgraded when the same thread writes). Yields whether this is the outermost hold."""
+    key = (threading.get_ident(), folder.resolve())
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+    if held is not None:
+        if held[2] and not shared and fcntl is not None:
+            fcntl.flock(held[0], fcntl.LOCK_EX)
+            held[2] = False
+        held[1] += 1
+        try:
+            yield False
+        finally:
+            held[1] -= 1
+        return
+    fd = os.open(key[1], os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        with _HELD_GUARD:
+            _HELD[key] = [fd, 1, shared]
+        try:
+            yield True
+        finally:
+            with _HELD_GUARD:
+                del _HELD[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _is_staging(name: str) -> bool:
+    return STAGING_MARK in name and (name.endswith(".tmp") or name.endswith(".json")) and name.startswith(".")
+
+
+def _finish_journals_and_clear_staging(folder: Path) -> None:
+    """With ``folder``'s lock held: finish every journal left by a killed writer, then remove stale staging."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(f"{STAGING_MARK}commit-") and name.endswith(".json")):
+            continue
+        journal = folder / name
+        try:
+            moves = json.loads(journal.read_text(encoding="utf-8"))["moves"]
+            for temp, final in moves:
+                # only staged files of this folder onto plain names of this folder: a journal found in an
+                # untrusted model's folder must not move anything else
+                if not (_plain_name(temp) and _is_staging(temp) and _plain_name(final) and not _is_staging(final)):
+                    continue
+                if (folder / temp).exists():
+                    os.replace(folder / temp, folder / final)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a journal that cannot be finished: its staging is removed below, the old files stay
+        with contextlib.suppress(OSError):
+            journal.unlink()
+    for name in names:
+        if _is_staging(name):
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and os.sep not in name
+
+
+def settle(path: str | os.PathLike[str]) -> None:
+    """Finish an interrupted write in ``path``'s folder (or in ``path`` itself, a folder) and remove stale staging.
+
+    Readers call it (through :func:`reading`) before reading, so that a model whose writer was killed between its
+    renames reads as the new complete artifact. Nothing happens when the folder has no journal or staging, or cannot
+    be written.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+    try:
+        if not any(_is_staging(name) for name in os.listdir(folder)):
+            return
+        with _folder_lock(folder) as outermost:
+            if outermost:
+                _finish_journals_and_clear_staging(folder)
+    except OSError:
+        return
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Read the artifact at ``path`` (a file, or a folder) consistently: an interrupted write in its folder is
+    finished first (:func:`settle`), then a shared lock of the folder keeps writers out while the block reads
+    (they hold an exclusive one from staging to the last rename). Folders that cannot be locked are read as is."""
+    folder = Path(path)
+    if not folder.is_dir():
+        folder = folder.parent
+    settle(folder)
+    try:
+        lock = _folder_lock(folder, shared=True)
+        lock.__enter__()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _token() -> str:
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
 @contextlib.contextmanager
 def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
-    """Give temporary paths for ``targets``; rename them all into place only if the block succeeds.
+    """Give staging paths for ``targets``; move them all into place, as a unit, only if the block succeeds.
 
-    Each temporary file lives in its target's directory (so the final :func:`os.replace` is atomic on
-    one filesystem). If the block raises, every temporary file is removed and no target is touched.
-    Targets are renamed last to first: list the main artifact first, so it appears only after its side
-    files (a reader that finds the new model also finds its new manifest).
+    See the module docstring for the protocol (folder lock, staging names, journal). If the block raises, every
+    staged file is removed and no target is touched. Targets land last to first: list the main artifact first,
+    so it appears only after its side files. Staged files may be replaced by the block (a writer that creates
+    its own file); permissions are set after the block.
 
     Example::
 
@@ -103,26 +253,65 @@ def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
             tmp_manifest.write_text(text)
 
     Raises:
-        ModelFileError: a target's directory cannot be created or written.
+        ConfigError: a target is an empty path, a folder, a device, a FIFO, or lies under a file.
+        ModelFileError: a target's folder cannot be created or written.
     """
-    finals = [Path(t) for t in targets]
+    finals = [output_path(t, "output") for t in targets]
+    folders: list[Path] = []
     for final in finals:
-        if final.is_dir():
-            raise ModelFileError(f"cannot write {final}: it is a directory; give a file path.")
-    temps: list[Path] = []
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ModelFileError(f"cannot write {final} ({exc}); choose a writable output path.") from None
+        if final.parent.resolve() not in [f.resolve() for f in folders]:
+            folders.append(final.parent)
+    with contextlib.ExitStack() as locks:
+        try:
+            for folder in sorted(folders, key=lambda f: str(f.resolve())):  # one order: no deadlock between writers
+                if locks.enter_context(_folder_lock(folder)):
+                    _finish_journals_and_clear_staging(folder)
+        except OSError as exc:
+            raise ModelFileError(f"cannot write in {folders[0]} ({exc}); choose a writable output path.") from None
+        token = _token()
+        temps = [final.parent / f".{final.name}{STAGING_MARK}{token}.tmp" for final in finals]
+        try:
+            for temp in temps:
+                try:
+                    temp.touch(mode=0o600, exist_ok=False)
+                except OSError as exc:
+                    raise ModelFileError(
+                        f"cannot write {temp.parent} ({exc}); choose a writable output path."
+                    ) from None
+            yield list(temps)
+            mode = file_mode()
+            for temp in temps:
+                os.chmod(temp, mode)  # a writer may have re-created the file (safetensors writes 0600)
+            _land(list(zip(temps, finals, strict=True)), token)
+        finally:
+            for temp in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    temp.unlink()
+
+
+def _land(pairs: list[tuple[Path, Path]], token: str) -> None:
+    """Rename staged files into place, side files first and the main file (first pair) last, through a journal."""
+    order = list(reversed(pairs))
+    journal = None
+    if len(order) > 1:
+        journal = order[-1][1].parent / f"{STAGING_MARK}commit-{token}.json"
+        staged = journal.with_name(f"{journal.name}{STAGING_MARK}{token}.tmp")
+        here = journal.parent.resolve()  # the journal names the moves within its folder
+        moves = [[temp.name, final.name] for temp, final in order if final.parent.resolve() == here]
+        try:
+            staged.write_text(json.dumps({"moves": moves}), encoding="utf-8")
+            os.replace(staged, journal)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise ModelFileError(f"cannot write in {journal.parent} ({exc}); choose a writable output path.") from None
+    landed: list[Path] = []
     try:
-        for final in finals:
-            try:
-                final.parent.mkdir(parents=True, exist_ok=True)
-                fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-            except OSError as exc:
-                raise ModelFileError(f"cannot write {final} ({exc}); choose a writable output path.") from None
-            os.close(fd)
-            os.chmod(name, _FILE_MODE)  # mkstemp creates 0600; artifacts get the usual permissions
-            temps.append(Path(name))
-        yield list(temps)
-        landed: list[Path] = []
-        for temp, final in reversed(list(zip(temps, finals, strict=True))):
+        for temp, final in order:
             try:
                 os.replace(temp, final)
             except OSError as exc:
@@ -131,9 +320,47 @@ def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
                 raise ModelFileError(f"cannot write {final} ({exc}); choose a writable file path.") from None
             landed.append(final)
     finally:
-        for temp in temps:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
+        if journal is not None:
+            with contextlib.suppress(OSError):
+                journal.unlink()
+
+
+def new_scratch(kind: str) -> Path:
+    """A new folder ``posenc-scratch-KIND-PID-TOKEN`` in the system temp folder (the caller removes it).
+
+    Scratch folders of processes that no longer run (killed before they could clean up) are removed first.
+    """
+    base = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in base.iterdir():
+            if entry.name.startswith(SCRATCH_PREFIX) and not _alive(entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{kind}-{os.getpid()}-", dir=base))
+
+
+@contextlib.contextmanager
+def scratch_folder(kind: str) -> Iterator[Path]:
+    """:func:`new_scratch`, removed when the block ends."""
+    folder = new_scratch(kind)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(name: str) -> bool:
+    """Whether the process whose id is in a scratch folder's name still runs (unknown: assume it does)."""
+    try:
+        pid = int(name.removeprefix(SCRATCH_PREFIX).split("-")[1])
+    except (IndexError, ValueError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

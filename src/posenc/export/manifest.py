@@ -28,6 +28,8 @@ read it instead of asking the user again. Fields (JSON keys):
 ``versions``               torch, onnx, onnxruntime, onnxscript, polygraphy, posenc, python
 ``created``                ISO-8601 UTC time
 ``notes``                  free-form remarks of the exporter (e.g. complex ops rewritten)
+``position_guard``         whether the graph guards its positions (:func:`posenc.functional.position_guard`: an
+                           invalid position raises in ONNX Runtime and gives NaN in TensorRT); absent: false
 ``optimized``              only in graphs written by ``posenc optimize``: ``{"target", "rope", "passes",
                            "parity", "source_onnx", "source_sha256"[, "previous"]}`` (:class:`OptimizedRecord`)
 
@@ -48,7 +50,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.files import manifest_path_for, sha256_file, write_text_atomic
+from posenc.export.files import manifest_path_for, reading, write_text_atomic
+from posenc.paths import input_file, member, sha256_file
 from posenc.provenance import WeightsSource
 from posenc.records import Document, field
 
@@ -190,6 +193,8 @@ class Manifest(Document):
     created: str
     notes: tuple[str, ...] = ()
     format: str = MANIFEST_FORMAT
+    position_guard: bool = field(optional=True, default=False)
+    """The graph guards its positions (an export option, on by default; manifests written before it: off)."""
     optimized: OptimizedRecord | None = field(optional=True, default=None)
     """Added by ``posenc optimize`` (:mod:`posenc.graphs`); absent in an export's manifest."""
 
@@ -238,25 +243,32 @@ def _resolve_paths(path: str | os.PathLike[str]) -> tuple[Path | None, Path]:
 def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manifest:
     """Read the manifest of an exported model.
 
+    An interrupted write in the model's folder is finished first, and the files are read under the folder's shared
+    lock (:func:`posenc.export.files.reading`).
+
     Args:
         path: the ONNX file (its ``.manifest.json`` beside it is read) or the manifest itself.
         verify: check that the ONNX file (when present) and the weights file hash to what the
-            manifest recorded.
+            manifest recorded (the weights by the safe-path rule, :func:`weights_file`).
 
     Raises:
-        ModelFileError: the manifest is missing, unreadable, or does not match its model or weights.
+        ModelFileError: the model or manifest is missing, not a regular file, unreadable, or does not match its
+            model or weights.
     """
-    onnx_path, manifest_path = _resolve_paths(path)
-    if onnx_path is not None and not onnx_path.exists():
-        raise ModelFileError(f"{onnx_path} does not exist; pass the path of an exported .onnx file.")
-    if not manifest_path.exists():
-        raise ModelFileError(
-            f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
-            f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
-        )
-    manifest = Manifest.from_dict(read_manifest_json(manifest_path), f"manifest {manifest_path}")
-    if verify:
-        verify_files(manifest, onnx_path, manifest_path)
+    if not str(path).strip():
+        raise ModelFileError("the model path is empty; pass the path of an exported .onnx file.")
+    with reading(path):  # no writer lands files in the folder while they are checked against each other
+        onnx_path, manifest_path = _resolve_paths(path)
+        if onnx_path is not None:
+            input_file(onnx_path, "model")
+        if not manifest_path.exists():
+            raise ModelFileError(
+                f"no manifest {manifest_path.name} beside {onnx_path or manifest_path}; posenc writes one on export. "
+                f"Re-export with `posenc export ... -o {onnx_path or 'model.onnx'}` (a manifest cannot be guessed)."
+            )
+        manifest = Manifest.from_dict(read_manifest_json(manifest_path), f"manifest {manifest_path}")
+        if verify:
+            verify_files(manifest, onnx_path, manifest_path)
     return manifest
 
 
@@ -264,8 +276,9 @@ def read_manifest_json(manifest_path: Path) -> dict[str, Any]:
     """The JSON object stored in ``manifest_path`` (any format: export, graphs or engine manifests).
 
     Raises:
-        ModelFileError: the file is unreadable, not JSON, or not a JSON object.
+        ModelFileError: the file is not a regular file, unreadable, not JSON, or not a JSON object.
     """
+    input_file(manifest_path, "manifest")
     try:
         data = json.loads(manifest_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -276,27 +289,30 @@ def read_manifest_json(manifest_path: Path) -> dict[str, Any]:
 
 
 def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path) -> None:
-    """Check the hashes of the ONNX file and the weights file against the manifest."""
+    """Check the hashes of the ONNX file and the weights file (by the safe-path rule) against the manifest."""
     if onnx_path is not None:
-        actual = sha256_file(onnx_path)
+        actual = sha256_file(input_file(onnx_path, "model"))
         if actual != manifest.onnx_sha256:
             raise ModelFileError(
                 f"{onnx_path} does not match its manifest {manifest_path.name} (sha256 {actual[:12]}... != "
                 f"{manifest.onnx_sha256[:12]}...): the file was modified, truncated or replaced. Re-export it "
                 f"(`posenc export ...`), or restore the file the manifest describes."
             )
-    weights = weights_file(manifest, manifest_path)
-    if not weights.exists():
-        raise ModelFileError(
-            f"weights file {weights} named by {manifest_path.name} is missing; keep it beside the model or re-export."
-        )
-    actual = sha256_file(weights)
-    if actual != manifest.weights.sha256:
-        raise ModelFileError(
-            f"{weights} does not match the sha256 in {manifest_path.name}; it was modified or replaced. Re-export."
-        )
+    weights_file(manifest, manifest_path)
 
 
-def weights_file(manifest: Manifest, manifest_path: str | os.PathLike[str]) -> Path:
-    """Absolute path of the weights file (stored relative to the manifest's directory)."""
-    return Path(manifest_path).parent / manifest.weights.path
+def weights_file(manifest: Manifest, manifest_path: str | os.PathLike[str], *, verify: bool = True) -> Path:
+    """The weights file a manifest names, by the safe-path rule (:func:`posenc.paths.member`): inside the
+    manifest's folder, a regular file reached without a symlink out, and (``verify``) hashing to the recorded
+    sha256, checked before anyone reads or copies it.
+
+    Raises:
+        ModelFileError: the name leads out of the folder, the file is missing or not regular, or its bytes changed.
+    """
+    manifest_path = Path(manifest_path)
+    return member(
+        manifest_path.parent,
+        manifest.weights.path,
+        f"weights file named by {manifest_path.name}",
+        sha256=manifest.weights.sha256 if verify else None,
+    )

@@ -20,6 +20,7 @@ from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, Posit
 from posenc.export.files import load_weights_file, manifest_path_for
 from posenc.export.manifest import Manifest, load_manifest, weights_file
 from posenc.export.units import make_unit
+from posenc.paths import input_file, member
 from posenc.schemes.base import table_keys
 
 # --------------------------------------------------------------------------------------------------
@@ -189,13 +190,24 @@ def ort_session(
         ) from None
 
 
-def check_model_file(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`ModelFileError` unless ``path`` is a readable, structurally valid ONNX model."""
-    import onnx
+def check_model_file(path: str | os.PathLike[str]) -> Any:
+    """Check that ``path`` is a readable, structurally valid ONNX model whose external data is safe to read.
 
-    path = Path(path)
-    if not path.exists():
-        raise ModelFileError(f"{path} does not exist; pass the path of an exported .onnx file.")
+    The file must be a regular, non-empty file; every tensor stored outside it (external data) must be named by
+    the safe-path rule (:func:`posenc.paths.member`: inside the model's folder, no symlink out, a regular file).
+    Nothing outside the model's folder is opened.
+
+    Returns:
+        the ``onnx.ModelProto`` without its external data.
+
+    Raises:
+        ModelFileError: missing, not a regular file, empty, not ONNX, invalid, or naming external data outside
+            its folder.
+    """
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    path = input_file(path, "ONNX model")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
@@ -203,12 +215,19 @@ def check_model_file(path: str | os.PathLike[str]) -> None:
             f"{path} is not a readable ONNX file ({type(exc).__name__}); it may be truncated or corrupt. "
             f"Re-export it with `posenc export ... -o {path}`."
         ) from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelFileError(f"{path} holds no ONNX graph (no nodes, no outputs); re-export it.")
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            member(path.parent, location, f"external data of tensor {tensor.name!r} in {path.name}")
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
         raise ModelFileError(
             f"{path} is not a valid ONNX model ({str(exc).splitlines()[0][:200]}); re-export it."
         ) from None
+    return model
 
 
 def run_onnx(
@@ -222,11 +241,24 @@ def run_onnx(
 
     Returns:
         ``{output name: array}``.
+
+    Raises:
+        ConfigError, PositionError: the feed does not fit the manifest (or the graph's guard refused a position).
+        ModelFileError: ONNX Runtime failed to run the model.
     """
     manifest = manifest or load_manifest(path)
     check_feed(manifest, feed)
     session = session or ort_session(path)
-    outputs = session.run(None, dict(feed))
+    try:
+        outputs = session.run(None, dict(feed))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        text = " ".join(str(exc).split())
+        if "out of data bounds" in text or "out of range" in text:
+            raise PositionError(
+                f"the graph's position guard refused a position of the feed ({text[-160:]}); position ids must be "
+                f">= 0 and below the model's table ({manifest.max_positions} rows)."
+            ) from None
+        raise ModelFileError(f"ONNX Runtime could not run {path}: {text[:300]}") from None
     return {meta.name: value for meta, value in zip(session.get_outputs(), outputs, strict=True)}
 
 
@@ -267,6 +299,64 @@ def build_eager(
     else:
         inner = build_scheme(manifest.scheme, config.rope_config() if isinstance(config, MLAConfig) else config, *rest)
     return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
+
+
+def check_graph_tables(manifest: Manifest, onnx_path: str | os.PathLike[str], module: nn.Module | None = None) -> None:
+    """Check the manifest's table sizes (and input and output names) against the graph itself: a manifest is
+    not trusted on its own.
+
+    The module the manifest describes is rebuilt (without weights, unless ``module`` is that rebuild) and
+    every precomputed table over positions must be in the graph with the same shape (by name, else by shape),
+    and its position limit must be the manifest's ``max_positions``. An edited ``max_positions`` or
+    ``build_max_positions`` (a longer table promised than the graph holds) is refused.
+
+    Raises:
+        ModelFileError: names the table, the shape the manifest implies and the one the graph holds.
+    """
+    import onnx
+
+    rebuilt = module if module is not None else build_eager(manifest, dtype=torch.float32)
+    scheme = getattr(rebuilt, "scheme", rebuilt)
+    inner_scheme = getattr(scheme, "scheme", scheme)
+    limit = getattr(inner_scheme, "position_limit", None)
+    if limit != manifest.max_positions:
+        raise ModelFileError(
+            f"the manifest of {Path(onnx_path).name} says max_positions {manifest.max_positions}, but the module it "
+            f"describes (build_max_positions {manifest.build_max_positions}) serves positions below {limit}: the "
+            f"manifest was edited. Re-export the model (a manifest cannot be repaired by hand)."
+        )
+    graph = onnx.load(str(onnx_path), load_external_data=False)
+    for kind, recorded, held in (
+        ("inputs", [t.name for t in manifest.inputs], [v.name for v in graph.graph.input]),
+        ("outputs", [t.name for t in manifest.outputs], [v.name for v in graph.graph.output]),
+    ):
+        initializers = {init.name for init in graph.graph.initializer}
+        held = [name for name in held if name not in initializers]
+        if sorted(recorded) != sorted(held):
+            raise ModelFileError(
+                f"the manifest of {Path(onnx_path).name} names {kind} {recorded}, but the graph has {held}: the "
+                f"manifest does not describe this graph. Re-export the model."
+            )
+    shapes = {init.name: tuple(int(d) for d in init.dims) for init in graph.graph.initializer}
+    present = set(shapes.values())
+    state = rebuilt.state_dict()
+    rows = manifest.build_max_positions
+    for key in sorted(table_keys(rebuilt) if manifest.table_mode == "precomputed" else ()):
+        if key not in state:
+            continue
+        want = tuple(int(d) for d in state[key].shape)
+        if not any(d >= rows for d in want):
+            continue  # not a table over positions (e.g. inverse frequencies), whatever the exporter made of it
+        got = shapes.get(key)
+        if got is None and want in present:
+            continue  # renamed by the exporter, the shape is there
+        if got != want:
+            held = f"holds {list(got)}" if got is not None else "holds no such table"
+            raise ModelFileError(
+                f"{Path(onnx_path).name}: the manifest implies position table {key!r} of shape {list(want)} "
+                f"(max_positions {manifest.max_positions}), but the graph {held}: the manifest does not describe "
+                f"this graph. Re-export the model."
+            )
 
 
 def load_weights(

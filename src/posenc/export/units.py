@@ -48,8 +48,9 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
+from posenc.memory import attention_call_bytes, check_bytes
 from posenc.mla import MLABlock, MLAConfig
-from posenc.schemes.base import Placement, PositionalScheme
+from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 UNITS: tuple[str, ...] = ("op", "op-3d", "block")
 
@@ -180,7 +181,8 @@ class EmbeddingOp(_SchemeOp):
     """``(hidden [B, S, E], position_ids [B, S]) -> hidden [B, S, E]``."""
 
     def forward(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.scheme.embed(hidden, position_ids)
+        position_ids, poison = self.scheme.guard(position_ids)
+        return poisoned(self.scheme.embed(hidden, position_ids), poison, 1)
 
 
 class RotateOp(_SchemeOp):
@@ -189,14 +191,17 @@ class RotateOp(_SchemeOp):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scheme.rotate(q, k, position_ids)
+        position_ids, poison = self.scheme.guard(position_ids)
+        q_rot, k_rot = self.scheme.rotate(q, k, position_ids)
+        return poisoned(q_rot, poison, 2), poisoned(k_rot, poison, 2)
 
 
 class RotateProjectionOp(_SchemeOp):
     """``(q [B, S, H*D], k [B, S, Hkv*D], position_ids [B, S]) -> (q_rot, k_rot)`` in the projection layout.
 
     Splits heads, calls the scheme's :meth:`~posenc.schemes.base.PositionalScheme.rotate` and merges heads
-    back (``posenc optimize --target ort-cpu`` turns that into two 3-D RotaryEmbedding nodes and nothing else).
+    back (``posenc optimize --target ort-cpu`` turns that into two 3-D RotaryEmbedding nodes and nothing else;
+    the position guard's poison is added after the merge, where it leaves that pattern whole).
     """
 
     def forward(
@@ -204,12 +209,13 @@ class RotateProjectionOp(_SchemeOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.scheme.config
         b, s = q.shape[0], q.shape[1]
+        position_ids, poison = self.scheme.guard(position_ids)
         q4 = q.reshape(b, s, cfg.num_heads, cfg.head_dim).transpose(1, 2)
         k4 = k.reshape(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         q_rot, k_rot = self.scheme.rotate(q4, k4, position_ids)
         return (
-            q_rot.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim),
-            k_rot.transpose(1, 2).reshape(b, s, cfg.num_kv_heads * cfg.head_dim),
+            poisoned(q_rot.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim), poison, 1),
+            poisoned(k_rot.transpose(1, 2).reshape(b, s, cfg.num_kv_heads * cfg.head_dim), poison, 1),
         )
 
 
@@ -217,7 +223,9 @@ class BiasOp(_SchemeOp):
     """``(q [B, H, S, D], k [B, H, Sk, D], q_pos [B, S], k_pos [B, Sk]) -> bias [B|1, H, S, Sk]``."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        return self.scheme.bias(q, k, q_pos, k_pos)
+        q_pos, q_poison = self.scheme.guard(q_pos)
+        k_pos, k_poison = self.scheme.guard(k_pos)
+        return poisoned(poisoned(self.scheme.bias(q, k, q_pos, k_pos), q_poison, 2), k_poison, 3)
 
 
 class AttendOp(_SchemeOp):
@@ -226,7 +234,10 @@ class AttendOp(_SchemeOp):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor:
-        return self.scheme.attend(q, k, v, q_pos, k_pos, self.scheme.config.causal)
+        q_pos, q_poison = self.scheme.guard(q_pos)
+        k_pos, k_poison = self.scheme.guard(k_pos)
+        out = self.scheme.attend(q, k, v, q_pos, k_pos, self.scheme.config.causal)
+        return poisoned(out, joint_poison(q_poison, k_poison), 2)
 
 
 _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
@@ -556,6 +567,25 @@ def slots_from_manifest(manifest: Any) -> list[_Slot]:
     return slots
 
 
+def check_call_size(config: AttentionConfig | MLAConfig, shape: FeedShape) -> None:
+    """Refuse a shape whose call (inputs, caches, scores, in the float64 reference) this machine cannot hold.
+
+    An MLA block is sized as the multi-head attention it expands to (every head its own keys of width
+    nope + rope), an upper bound of what its call holds.
+
+    Raises:
+        ConfigError: names the bytes (:func:`posenc.memory.check_bytes`).
+    """
+    if isinstance(config, MLAConfig):
+        kv_heads, head_dim = config.num_heads, config.qk_nope_head_dim + config.qk_rope_head_dim
+    else:
+        kv_heads, head_dim = config.num_kv_heads, config.head_dim
+    needed = attention_call_bytes(
+        shape.batch, shape.seq, shape.past, config.hidden_size, config.num_heads, kv_heads, head_dim
+    )
+    check_bytes(needed, f"a call at shape {shape.label}", "give smaller --shape sizes (B,S[,P]).")
+
+
 def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0, multi_axis: str = "vision") -> dict[str, np.ndarray]:
     """A feed dict for an exported model: realistic position ids, random activations in the graph dtype.
 
@@ -569,6 +599,7 @@ def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0, multi_axis: str
     Returns:
         ``{input name: numpy array}`` in the manifest's input order.
     """
+    check_call_size(manifest.attention_config(), shape)
     slots = slots_from_manifest(manifest)
     arrays = make_inputs(slots, shape, manifest.dtype, seed=seed, multi_axis=multi_axis)
     return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

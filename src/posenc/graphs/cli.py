@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from posenc.cli_args import add
+from posenc.cli_args import add, check_output, path_arg
 
 OPTIMIZE_EPILOG = """\
 examples:
@@ -34,6 +34,7 @@ def _optimize(args: argparse.Namespace) -> int:
     from posenc.graphs.optimize import optimize_file
 
     output = Path(args.output) if args.output else _default_output(Path(args.model), args.target)
+    check_output(str(output), "optimized model")
     check = None if args.no_parity else args.parity_check
     result = optimize_file(args.model, output, args.target, args.rope, check=check, fold_limit=args.fold_limit)
     if args.json:
@@ -77,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=OPTIMIZE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="ONNX file (from `posenc export`)")
+    p.add_argument("model", type=path_arg, help="ONNX file (from `posenc export`)")
     p.add_argument("--target", required=True, choices=TARGETS, help="runtime the graph is for")
     p.add_argument(
         "--rope",
@@ -106,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=INSPECT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="ONNX file")
+    p.add_argument("model", type=path_arg, help="ONNX file")
     p.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT parse")
     add(p, "json", note="the inspection report")
     p.set_defaults(func=_inspect)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from posenc.errors import ModelFileError
-from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
-from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json
+from posenc.export.files import manifest_path_for, reading, weights_path_for
+from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json, weights_file
+from posenc.paths import input_file, sha256_file
 from posenc.records import Document
 
 GRAPHS_FORMAT = "posenc.graphs/1"
@@ -62,7 +63,17 @@ class ModelInfo:
 
     @property
     def weights_path(self) -> Path | None:
+        """Where the manifest's weights file would be (not checked; :meth:`weights` checks it)."""
         return None if self.manifest is None else self.manifest_file.parent / self.manifest.weights.path
+
+    def weights(self) -> Path | None:
+        """The manifest's weights file by the safe-path rule, its sha256 checked (``None``: no export manifest).
+
+        Raises:
+            ModelFileError: the name leads out of the model's folder, the file is missing or not regular, or its
+                bytes do not match the manifest.
+        """
+        return None if self.manifest is None else weights_file(self.manifest, self.manifest_file)
 
     @property
     def optimized(self) -> OptimizedRecord | None:
@@ -99,14 +110,22 @@ def read_manifest(onnx_path: str | Path) -> AnyManifest | None:
 
 
 def read_model_info(onnx_path: str | Path) -> ModelInfo:
-    """The file and its manifest; a manifest that no longer matches the file is an error."""
-    path = Path(onnx_path)
-    found = read_manifest(path)
-    digest = sha256_file(path) if path.exists() else None
-    if isinstance(found, Manifest) and digest is not None and digest != found.onnx_sha256:
+    """The file and its manifest; a manifest that no longer matches the file is an error.
+
+    An interrupted write in the folder is finished first (:func:`posenc.export.files.reading`).
+
+    Raises:
+        ModelFileError: the model is not a regular, non-empty file, or its manifest is unreadable or describes
+            other bytes.
+    """
+    path = input_file(onnx_path, "ONNX model")
+    with reading(path):  # no writer lands files in the folder while they are checked against each other
+        found = read_manifest(path)
+        digest = sha256_file(path)
+    if found is not None and digest != found.onnx_sha256:
         raise ModelFileError(
             f"{path} does not match its manifest {manifest_path_for(path).name} (sha256 differs): the file was "
-            f"modified after export. Re-export it, or remove the stale manifest."
+            f"modified or replaced after the manifest was written. Re-export it, or remove the stale manifest."
         )
     manifest = found if isinstance(found, Manifest) else None
     graph = found if isinstance(found, GraphManifest) else None

@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from posenc.errors import ModelFileError
 from posenc.export.files import write_bytes_atomic
+from posenc.export.runtime import check_model_file
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -18,11 +19,11 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load an ONNX file into the in-memory IR that the passes rewrite.
 
     Raises:
-        ModelFileError: the file is missing, truncated or not an ONNX model.
+        ModelFileError: the file is missing, not a regular file, truncated, not an ONNX model, or names external
+            data outside its folder (:func:`posenc.export.check_model_file`).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"ONNX file {path} does not exist; pass the path of a .onnx file (see `posenc export`).")
+    check_model_file(path)  # a regular, non-empty, valid ONNX file whose external data stays inside its folder
     try:
         return ir.load(path)
     except Exception as exc:  # protobuf raises DecodeError, onnx raises its own; all mean the same here

@@ -32,9 +32,11 @@ import onnx_ir as ir
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
+from posenc.export.runtime import check_graph_tables
 from posenc.graphs import attention, fold, model_io, rope
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
+from posenc.paths import output_path
 from posenc.records import to_json
 
 MIN_FUSION_OPSET = 23
@@ -217,17 +219,21 @@ def optimize_file(
         ParityError: raised by ``check`` (e.g. the optimized graph's outputs differ from the original's on
             ONNX Runtime CPU by more than the scheme's tolerance); nothing is written then.
     """
-    source, output = Path(source), Path(output)
+    source, output = Path(source), output_path(output, "optimized model")
     if source.resolve() == output.resolve():
         raise ModelFileError(f"output {output} is the input file; write the optimized model to a new path.")
+    if isinstance(fold_limit, bool) or not isinstance(fold_limit, int) or fold_limit < 0:
+        raise ConfigError(f"fold_limit must be an int >= 0 (elements), got {fold_limit!r}.")
     info = read_model_info(source)
+    weights = info.weights()  # safe-path rule and sha256, before anything is read or copied
+    if info.manifest is not None and info.manifest.optimized is None:
+        check_graph_tables(info.manifest, source)  # an edited manifest must not travel on with the new graph
     model = model_io.load_model(source)
     original = model_io.model_to_proto(model).SerializeToString()
     result = optimize_model(model, target, rope_mode, fold_limit)
     optimized = model_io.model_to_proto(result.model).SerializeToString()
     if check is not None and _runs_on_ort(result.model):
         result.parity = check(original, optimized, info)
-    weights = info.weights_path if info.weights_path is not None and info.weights_path.exists() else None
     new_weights = info.weights_path_for(output) if weights is not None else None
     copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
     manifest_path = info.manifest_path_for(output)

@@ -25,7 +25,7 @@ from torch import nn
 
 from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, PositionError
-from posenc.functional import is_tracing
+from posenc.functional import is_tracing, position_guard
 from posenc.params import Param
 
 if TYPE_CHECKING:
@@ -196,6 +196,9 @@ class PositionalScheme(TableHolder):
     """
 
     spec: SchemeSpec
+    guard_exported: bool = True
+    """Whether an exported graph guards this scheme's positions (:meth:`guard`); ``export_onnx(position_guard=...)``
+    sets it on the module it exports."""
 
     def __init__(
         self,
@@ -254,6 +257,18 @@ class PositionalScheme(TableHolder):
                     f"{self.beyond_table_remedy(high)}"
                 )
 
+    def guard(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(position ids, poison)`` for a graph being exported: :func:`posenc.functional.position_guard` with
+        this scheme's :attr:`position_limit` while tracing with :attr:`guard_exported` on; otherwise the ids
+        unchanged and ``None`` (eager calls check positions with :meth:`check_positions`).
+
+        Callers (the export units and :class:`~posenc.blocks.AttentionBlock`) pass the safe ids on and add the
+        poison to what the positions produced (:func:`poisoned`).
+        """
+        if not (self.guard_exported and is_tracing()):
+            return position_ids, None
+        return position_guard(position_ids, self.position_limit)
+
     def beyond_table_remedy(self, position: int) -> str:
         """What a user whose position ids reach ``position`` (past the table) should do; schemes may override."""
         longer = f"export with a longer table (max_positions > {position})"
@@ -307,6 +322,25 @@ class PositionalScheme(TableHolder):
         causal: bool,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+
+def poisoned(x: torch.Tensor, poison: torch.Tensor | None, seq_axis: int) -> torch.Tensor:
+    """``x`` plus ``poison [B, S]`` (0 or NaN per position, :meth:`PositionalScheme.guard`) broadcast over every
+    axis of ``x`` but batch (axis 0) and ``seq_axis``; ``x`` itself when there is no poison."""
+    if poison is None:
+        return x
+    for axis in range(1, x.dim()):
+        if axis != seq_axis:
+            poison = poison.unsqueeze(axis)
+    return x + poison.to(x.dtype)
+
+
+def joint_poison(query: torch.Tensor | None, keys: torch.Tensor | None) -> torch.Tensor | None:
+    """Per query ``[B, Sq]``: its own poison plus that of every key ``[B, Sk]`` it may attend (an invalid key
+    position poisons every query of its row)."""
+    if query is None or keys is None:
+        return query if keys is None else keys.sum(dim=1, keepdim=True)
+    return query + keys.sum(dim=1, keepdim=True)
 
 
 def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

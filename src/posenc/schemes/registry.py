@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from posenc.config import AttentionConfig
-from posenc.errors import ConfigError
-from posenc.schemes.base import PositionalScheme, SchemeSpec, TableMode
+from posenc.errors import ConfigError, PosencError
+from posenc.memory import check_bytes
+from posenc.schemes.base import Placement, PositionalScheme, SchemeSpec, TableMode
 
 SchemeFactory = Callable[..., PositionalScheme]
 """A scheme module class, or a callable with its constructor's signature (e.g. ``functools.partial`` of one class
@@ -103,6 +104,44 @@ def build_scheme(
         raise ConfigError(f"max_positions must be a positive int, got {max_positions!r}.")
     if table_dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise ConfigError(f"table_dtype must be a floating dtype, got {table_dtype}.")
+    if mode is TableMode.PRECOMPUTED:
+        # the widest row a table of this placement has: rotations store head_dim-wide cos/sin, the others
+        # (embeddings, biases, TUPE's position embeddings) at most hidden size, heads or head_dim wide
+        widths = (config.head_dim,) if spec.placement is Placement.QK else (config.hidden_size, config.num_heads)
+        width = max(*widths, config.head_dim)
+        check_bytes(
+            2 * max_positions * width * 16,  # relative tables cover 2N - 1 distances; float64 while computed
+            f"{name}'s precomputed tables of {max_positions:,} positions",
+            "give fewer --max-positions, or --table-mode dynamic (tables computed in the graph, no length limit)"
+            if TableMode.DYNAMIC in spec.table_modes
+            else "give fewer --max-positions.",
+        )
     resolved = spec.resolve(params, config)
-    module = cls(config, resolved, mode, max_positions, table_dtype=table_dtype)
+    try:
+        module = cls(config, resolved, mode, max_positions, table_dtype=table_dtype)
+    except PosencError:
+        raise
+    except (ArithmeticError, ValueError, RuntimeError) as exc:  # the parameters' domain, found by the math
+        raise ConfigError(
+            f"{name} cannot be built with parameters {resolved} ({type(exc).__name__}: {str(exc)[:200]}); these "
+            f"values leave the scheme's domain: see `posenc show {name}` for what each parameter means."
+        ) from None
+    check_finite_tables(module)
     return module
+
+
+def check_finite_tables(module: torch.nn.Module) -> None:
+    """Refuse a scheme whose tables or parameters hold inf or NaN: its outputs could not be finite.
+
+    Raises:
+        ConfigError: names the scheme, the tensor and its parameters.
+    """
+    for key, tensor in (*module.named_buffers(), *module.named_parameters()):
+        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+            spec = getattr(module, "spec", None)
+            name = spec.name if spec is not None else type(module).__name__
+            raise ConfigError(
+                f"{name} with parameters {getattr(module, 'params', {})} computes non-finite values in {key!r} "
+                f"({tensor.dtype}); no output could be finite. Choose parameters in the scheme's range "
+                f"(`posenc show {name}`), or a wider table dtype."
+            )

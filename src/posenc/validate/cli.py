@@ -7,7 +7,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posenc.cli_args import OldValueSpelling, add, add_alias, print_result, split_names
+from posenc.cli_args import (
+    OldValueSpelling,
+    add,
+    add_alias,
+    check_input,
+    check_output,
+    path_arg,
+    print_result,
+    split_names,
+)
 from posenc.errors import ConfigError
 
 VALIDATE_EPILOG = """\
@@ -49,6 +58,10 @@ def _validate(args: argparse.Namespace) -> int:
     from posenc.export.units import FeedShape
     from posenc.validate.parity import validate_onnx
 
+    for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):
+        check_output(path, what)
+    for engine in args.engine:
+        check_input(engine, "engine", missing=f"build it with `posenc build MODEL.onnx -o {engine}`")
     shapes = [feed for _, feed in args.shape or []]
     if args.batch is not None or args.seq is not None or args.past is not None:  # the old spelling of one shape
         batch, seq, past = (1 if args.batch is None else args.batch), (1 if args.seq is None else args.seq), args.past
@@ -95,6 +108,13 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if "bf16" in (args.dtype or ()):
         raise ConfigError("sweep runs on ONNX Runtime CPU, which has no bf16 kernels; use --dtype fp32 or fp16.")
+    prefix = Path(args.output)
+    if args.output.endswith(("/", os.sep)) or prefix.is_dir():  # a folder: OUT/sweep.json and OUT/sweep.md
+        prefix = prefix / "sweep"
+    else:  # a prefix must be new (a FIFO, device or file given as -o is a mistake, not a prefix)
+        check_output(args.output, "sweep -o (a folder, or a new prefix for OUT.json and OUT.md)", folder=True)
+    for suffix in (".json", ".md"):
+        check_output(f"{prefix}{suffix}", "sweep report")
     report = position_sweep(
         split_names(args.scheme) or None,
         dtypes=args.dtype or ("fp32", "fp16"),
@@ -104,9 +124,6 @@ def _sweep(args: argparse.Namespace) -> int:
         per_bucket=args.per_bucket,
         seed=args.seed,
     )
-    prefix = Path(args.output)
-    if args.output.endswith(("/", os.sep)) or prefix.is_dir():  # a folder: OUT/sweep.json and OUT/sweep.md
-        prefix = prefix / "sweep"
     written = report.save(json_path=f"{prefix}.json", markdown=f"{prefix}.md")
     print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
     return 0 if report.passed else 1
@@ -121,7 +138,7 @@ def register(subparsers: Any) -> None:
         epilog=VALIDATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="the .onnx file written by `posenc export`")
+    p.add_argument("model", type=path_arg, help="the .onnx file written by `posenc export`")
     add(p, "shape", repeat=True, note="default: four small shapes that fit the model's table")
     add_alias(p, "--batch", "batch", use="--shape B,S,P", type=int)
     add_alias(p, "--seq", "seq", use="--shape B,S,P", type=int)
@@ -129,7 +146,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(batch=None, seq=None, past=None)
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto", help="ONNX Runtime provider")
     add(p, "seed", default=0, note="for the random inputs; default 0")
-    p.add_argument("--report", metavar="OUT.md", help="write the Markdown table")
+    p.add_argument("--report", metavar="OUT.md", type=path_arg, help="write the Markdown table")
     add(p, "json", note="the parity report")
     add(p, "json_out", note="the parity report")
     p.keep_old_value_spelling(
@@ -141,12 +158,13 @@ def register(subparsers: Any) -> None:
             "use --json-out FILE to write it.",
         )
     )
-    p.add_argument("--runs", metavar="OUT.runs.json", help="write polygraphy's RunResults (all outputs)")
+    p.add_argument("--runs", metavar="OUT.runs.json", type=path_arg, help="write polygraphy's RunResults (all outputs)")
     p.add_argument(
         "--engine",
         action="append",
         default=[],
         metavar="ENGINE",
+        type=path_arg,
         help="also run this TensorRT engine (posenc build output) with polygraphy's TrtRunner (repeat; GPU only)",
     )
     checkpoint = p.add_argument_group("the checkpoint's own attention module as a reference")

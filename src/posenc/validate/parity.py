@@ -19,7 +19,7 @@ from typing import Any
 from posenc.errors import ConfigError
 from posenc.export.files import write_text_atomic
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_model_file, load_eager, ort_providers
+from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
 from posenc.export.units import FeedShape
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
@@ -168,7 +168,8 @@ def validate_onnx(
         :class:`ParityReport` (``.passed``, ``.to_markdown()``, ``.save(...)``).
 
     Raises:
-        ModelFileError: missing/corrupt ONNX file, manifest or weights, or hash mismatch.
+        ModelFileError: missing/corrupt ONNX file, manifest or weights, hash mismatch, or a manifest whose table
+            sizes the graph does not have (:func:`posenc.export.runtime.check_graph_tables`).
         PositionError: a shape reaches past the precomputed table.
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
         ConfigError: no shapes, no references, or an unknown runner / reference name.
@@ -178,6 +179,7 @@ def validate_onnx(
     path = Path(path)
     check_model_file(path)
     manifest = manifest or load_manifest(path)
+    check_graph_tables(manifest, path)  # table sizes from the graph, not from the manifest alone
     shapes = list(shapes) if shapes is not None else default_shapes(manifest)
     if not shapes:
         raise ConfigError("validate_onnx needs at least one FeedShape.")

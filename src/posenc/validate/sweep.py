@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,10 +39,11 @@ import torch
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
-from posenc.export.files import write_text_atomic
+from posenc.export.files import scratch_folder, write_text_atomic
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed, load_eager, ort_providers
 from posenc.export.units import slots_from_manifest
+from posenc.memory import check_bytes
 from posenc.records import to_json
 from posenc.schemes import get_spec, specs
 from posenc.schemes.base import Placement, TableMode
@@ -354,6 +354,15 @@ def position_sweep(
 
     names = list(schemes) if schemes is not None else sweep_schemes()
     config = config or SWEEP_CONFIG
+    if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < 1:
+        raise ConfigError(f"max_position (--last-position) must be an int >= 1, got {max_position!r}.")
+    if isinstance(per_bucket, bool) or not isinstance(per_bucket, int) or per_bucket < 1:
+        raise ConfigError(f"per_bucket must be an int >= 1, got {per_bucket!r}.")
+    check_bytes(  # one feed per bucket: per_bucket positions, each with its keys
+        per_bucket * (len(KEY_OFFSETS) + 1) * config.num_heads * config.head_dim * 8 * 8,
+        f"sweep feeds of {per_bucket:,} positions per bucket",
+        "give a smaller --per-bucket.",
+    )
     if buckets is None:
         buckets = [(lo, min(hi, max_position + 1)) for lo, hi in DEFAULT_BUCKETS if lo <= max_position]
     buckets = tuple((int(lo), int(hi)) for lo, hi in buckets)
@@ -361,7 +370,7 @@ def position_sweep(
         raise ConfigError(f"the last bucket ends at {buckets[-1][1]}, past max_position + 1 = {max_position + 1}.")
     positions = sample_positions(buckets, per_bucket, seed)
     series: list[SweepSeries] = []
-    with tempfile.TemporaryDirectory(prefix="posenc-sweep-") as scratch:
+    with scratch_folder("sweep") as scratch:  # removed afterwards, or by the next run if this one is killed
         folder = Path(workdir) if workdir is not None else Path(scratch)
         for name in names:
             spec = get_spec(name)
