@@ -239,7 +239,7 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
         hidden_size=int(hidden),
         num_heads=int(heads),
         num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim) if head_dim else None,
+        head_dim=int(head_dim) if head_dim else int(hidden) // int(heads),
         causal=causal,
         max_position_embeddings=int(max_pos),
     )
@@ -310,7 +310,7 @@ def _hf_scheme(
     partial = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", data.get("rotary_pct")))
     if partial is None and data.get("rotary_dim"):
         partial = int(data["rotary_dim"]) / config.head_dim
-    params: dict[str, Any] = {"rope_theta": float(theta)}
+    params = {"rope_theta": float(theta)}
     if partial is not None:
         params["partial_rotary_factor"] = float(partial)
     if model_type in ("gptj", "codegen", "glm"):

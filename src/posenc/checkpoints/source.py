@@ -156,7 +156,7 @@ class CheckpointSource:
                     f"cannot read {path} as a weights-only PyTorch checkpoint ({type(exc).__name__}); posenc "
                     f"never unpickles code. Convert it to safetensors or re-save it with save_pretrained."
                 ) from None
-        return self._open[path]  # type: ignore[no-any-return]  # torch.load returns Any
+        return self._open[path]
 
     def close(self) -> None:
         self._stack.close()

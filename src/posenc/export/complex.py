@@ -119,31 +119,31 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def _h_identity(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_identity(n, x, rank, args, kwargs, flags):
     return x
 
 
-def _h_polar(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_polar(n, x, rank, args, kwargs, flags):
     magnitude, angle = args[0], args[1]
     return _pair(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
 
 
-def _h_complex(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_complex(n, x, rank, args, kwargs, flags):
     return _pair(args[0], args[1])
 
 
 def _h_part(index: int) -> Callable[..., Any]:
-    def handler(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+    def handler(n, x, rank, args, kwargs, flags):
         return x[..., index]
 
     return handler
 
 
-def _h_mul(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_mul(n, x, rank, args, kwargs, flags):
     return _mul(args[0], bool(flags[0]), args[1], bool(flags[1]))
 
 
-def _h_div(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_div(n, x, rank, args, kwargs, flags):
     if flags[1]:
         raise ExportError("division by a complex tensor is not supported by the complex-to-real rewrite.")
     other = args[1]
@@ -151,7 +151,7 @@ def _h_div(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
 
 
 def _h_addsub(sign: float) -> Callable[..., Any]:
-    def handler(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+    def handler(n, x, rank, args, kwargs, flags):
         if not (flags[0] and flags[1]):
             raise ExportError("adding a real to a complex tensor is not supported; add complex tensors only.")
         alpha = kwargs.get("alpha", 1)
@@ -160,28 +160,28 @@ def _h_addsub(sign: float) -> Callable[..., Any]:
     return handler
 
 
-def _h_neg(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_neg(n, x, rank, args, kwargs, flags):
     return -x
 
 
-def _h_conj(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_conj(n, x, rank, args, kwargs, flags):
     return _pair(x[..., 0], -x[..., 1])
 
 
-def _h_view(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_view(n, x, rank, args, kwargs, flags):
     return torch.reshape(x, [*args[1], 2])
 
 
-def _h_expand(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_expand(n, x, rank, args, kwargs, flags):
     return x.expand(*args[1], 2)
 
 
-def _h_unsqueeze(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_unsqueeze(n, x, rank, args, kwargs, flags):
     dim = args[1]
     return x.unsqueeze(dim + rank + 1 if dim < 0 else dim)
 
 
-def _h_squeeze(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_squeeze(n, x, rank, args, kwargs, flags):
     if len(args) < 2:
         shape = n.args[0].meta["val"].shape
         dims = [i for i, size in enumerate(shape) if size == 1]
@@ -193,31 +193,31 @@ def _h_squeeze(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
     return result
 
 
-def _h_slice(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_slice(n, x, rank, args, kwargs, flags):
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
     rest = list(args[2:])
     return aten.slice.Tensor(x, _dim(dim, rank), *rest)
 
 
-def _h_select(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_select(n, x, rank, args, kwargs, flags):
     return x.select(_dim(args[1], rank), args[2])
 
 
-def _h_permute(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_permute(n, x, rank, args, kwargs, flags):
     return x.permute(*[_dim(d, rank) for d in args[1]], rank)
 
 
-def _h_transpose(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_transpose(n, x, rank, args, kwargs, flags):
     return x.transpose(_dim(args[1], rank), _dim(args[2], rank))
 
 
-def _h_flatten(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_flatten(n, x, rank, args, kwargs, flags):
     start = _dim(args[1] if len(args) > 1 else 0, rank)
     end = _dim(args[2] if len(args) > 2 else -1, rank)
     return x.flatten(start, end)
 
 
-def _h_cat(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_cat(n, x, rank, args, kwargs, flags):
     tensors, tensor_flags = args[0], flags[0]
     if not all(tensor_flags):
         raise ExportError("concatenating complex and real tensors is not supported by the complex-to-real rewrite.")
@@ -225,14 +225,14 @@ def _h_cat(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
     return torch.cat(list(tensors), dim=_dim(dim, _complex_rank(n.args[0][0])))
 
 
-def _h_index(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_index(n, x, rank, args, kwargs, flags):
     indices = args[1]
     if len(indices) > rank:
         raise ExportError("indexing a complex tensor with more indices than its rank is not supported.")
     return aten.index.Tensor(x, list(indices))
 
 
-def _h_to(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_to(n, x, rank, args, kwargs, flags):
     dtype = kwargs.get("dtype")
     if dtype is None and len(args) > 1 and isinstance(args[1], torch.dtype):
         dtype = args[1]
@@ -248,11 +248,11 @@ def _h_to(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
     return x[..., 0].to(dtype)  # complex -> real cast keeps the real part, as torch does
 
 
-def _h_clone(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_clone(n, x, rank, args, kwargs, flags):
     return x.clone()
 
 
-def _h_drop(n, x, rank, args, kwargs, flags):  # type: ignore[no-untyped-def]
+def _h_drop(n, x, rank, args, kwargs, flags):
     return None  # metadata assertions about the complex dtype no longer apply
 
 

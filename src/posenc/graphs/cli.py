@@ -37,10 +37,12 @@ def _optimize(args: argparse.Namespace) -> int:
     check_output(str(output), "optimized model")
     check = None if args.no_parity else args.parity_check
     result = optimize_file(args.model, output, args.target, args.rope, check=check, fold_limit=args.fold_limit)
+    manifest = result.manifest_path
+    assert manifest is not None  # optimize_file writes the manifest beside the model, always
     if args.json:
-        print(json.dumps({**result.to_dict(), "path": str(result.path), "manifest": str(result.manifest_path)}))
+        print(json.dumps({**result.to_dict(), "path": str(result.path), "manifest": str(manifest)}))
         return 0
-    print(f"wrote {result.path} (+ {result.manifest_path.name})")
+    print(f"wrote {result.path} (+ {manifest.name})")
     for record in result.passes:
         note = f"  ({record.skipped})" if record.skipped else ""
         print(f"  {record.name:<22} {record.count}{note}")

@@ -175,7 +175,7 @@ class TableHolder(nn.Module):
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> TableHolder:
         kept = self.__dict__.get("_kept_dtype_buffers", set())
-        originals = {name: self._buffers[name] for name in kept if self._buffers.get(name) is not None}
+        originals = {name: buffer for name in kept if (buffer := self._buffers.get(name)) is not None}
         result = super()._apply(fn, recurse)
         for name, original in originals.items():
             moved = self._buffers[name]
