@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX ?=
 JOBS ?= 2
 
-.PHONY: setup test test-slow lint demo bench clean
+.PHONY: setup test test-slow lint typecheck demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +26,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/ruff format --check src tests scripts
 
+# mypy over src/ (its settings in pyproject.toml): clean, every remaining ignore with its reason beside it.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
 # `make test`: everything this machine can run in under ten minutes on 2 cores (gpu/trt tests skip with
 # the reason). `make test-slow`: the redundant variants left out of it.
-test: $(STAMP) lint
+test: $(STAMP) lint typecheck
 	$(VENV)/bin/pytest -n $(JOBS) -q -m "not slow"
 
 test-slow: $(STAMP)

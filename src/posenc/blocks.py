@@ -104,6 +104,8 @@ class AttentionBlock(nn.Module):
     ``share_att_key`` uses ``q_proj`` / ``k_proj`` for its position terms (no ``scheme.pos_*_proj`` keys).
     """
 
+    scheme: PositionalScheme  # the positional scheme module, a submodule
+
     def __init__(
         self,
         config: AttentionConfig,
@@ -223,13 +225,13 @@ class AttentionBlock(nn.Module):
         k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
         norms = self.q_norm is not None and self.k_norm is not None
         if norms and not cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
         if placement is Placement.QK:
             q, k = self.scheme.rotate(q, k, position_ids)
         if norms and cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         return q, k, v
 
     def attend(

@@ -109,7 +109,7 @@ def inspect_tensorrt_check(path: object) -> object:
     """
     from posenc.engine.parse_check import check_parse
 
-    return check_parse(path)  # type: ignore[arg-type]
+    return check_parse(path)  # type: ignore[arg-type]  # the caller passes a path-like object
 
 
 def build_parser() -> argparse.ArgumentParser:

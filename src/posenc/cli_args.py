@@ -334,7 +334,7 @@ def add(
         return target.add_argument(*option.flags, action=argparse.BooleanOptionalAction, default=default, help=text)
     return target.add_argument(
         *option.flags,
-        type=option.type,
+        type=option.type or str,
         metavar=option.metavar,
         action="append" if repeat else "store",
         default=default,
@@ -442,14 +442,14 @@ class PosencParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
-    def parse_known_args(  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]  # narrower than argparse's overloads
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         if args is not None and self.old_value_spellings:
             args = self._rewrite_old_spellings(list(args))
         return super().parse_known_args(args, namespace)
 
-    def parse_args(  # type: ignore[override]
+    def parse_args(  # type: ignore[override]  # narrower than argparse's overloads
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
         """As argparse's, but unrecognized arguments are reported by the subcommand that was given them."""
@@ -461,7 +461,8 @@ class PosencParser(argparse.ArgumentParser):
     def _owner(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return action.choices.get(getattr(parsed, action.dest, None), self)  # type: ignore[union-attr]
+                chosen = getattr(parsed, action.dest, None)
+                return action.choices.get(chosen, self) if isinstance(chosen, str) else self
         return self
 
     def _rewrite_old_spellings(self, args: list[str]) -> list[str]:

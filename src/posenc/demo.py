@@ -137,7 +137,8 @@ def run_pipeline_job(job: PipelineJob) -> PipelineRecord:
     optimized = run_stage(OptimizeStage, lambda: optimize_stage(source, folder / f"{job.stem}.ort-cpu.onnx", "ort-cpu"))
     if optimized.ok:
         paths["ort-cpu"] = Path(optimized.path)
-    parity = {graph: run_stage(ParityStage, validate(graph)) for graph in ("exported", "ort-cpu") if graph in paths}
+    graphs: tuple[str, ...] = ("exported", "ort-cpu")
+    parity = {graph: run_stage(ParityStage, validate(graph)) for graph in graphs if graph in paths}
     engine = engine_stage(source, folder, job.stem, job.engine_backend, job.engine_reason, job.engine_targets)
     return PipelineRecord(job.scheme, job.table_mode, exported, optimized, parity, engine)
 
@@ -310,7 +311,8 @@ def _submit_all(
             sweep_future = pool.submit(run_sweep_job, options.quick, str(sweep_folder))
             checking = {pool.submit(run_checkpoint_job, job): job for job in checkpoint_jobs}
             pending = {pool.submit(run_pipeline_job, job): job for job in jobs}
-            for future in futures.as_completed([sweep_future, *checking, *pending]):
+            submitted: list[futures.Future[Any]] = [sweep_future, *checking, *pending]
+            for future in futures.as_completed(submitted):
                 if future is sweep_future:
                     swept(future.result())
                     continue
@@ -345,10 +347,9 @@ def _adopt_graphs(store: Any, result: DemoResult, config: AttentionConfig) -> No
         if not record.export.ok:
             continue
         key = workload_key(record.scheme, "block", record.table_mode, config, config.max_position_embeddings)
-        optimize = record.optimize
-        fused = optimize is not None and optimize.ok
-        optimized = {"ort-cpu": Path(optimize.path)} if fused else {}
-        notes = {"ort-cpu": optimize.optimized} if fused and optimize.optimized is not None else {}
+        optimize = record.optimize if record.optimize is not None and record.optimize.ok else None
+        optimized = {"ort-cpu": Path(optimize.path)} if optimize is not None else {}
+        notes = {"ort-cpu": optimize.optimized} if optimize is not None and optimize.optimized is not None else {}
         store.adopt(key, Path(record.export.path), optimized, notes)
 
 

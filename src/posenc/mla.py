@@ -177,6 +177,8 @@ class MLABlock(nn.Module):
     :func:`mla_score_scale`) under the causal mask; ``o_proj``.
     """
 
+    scheme: PositionalScheme  # the positional scheme module, a submodule
+
     def __init__(
         self,
         config: MLAConfig,
@@ -301,8 +303,9 @@ def build_block(
     table_dtype: torch.dtype | None = None,
 ) -> AttentionBlock | MLABlock:
     """The block of a geometry: :class:`MLABlock` for an :class:`MLAConfig`, else :class:`AttentionBlock`."""
-    cls = MLABlock if isinstance(config, MLAConfig) else AttentionBlock
-    return cls(config, scheme, params, table_mode, max_positions, table_dtype)  # type: ignore[arg-type]
+    if isinstance(config, MLAConfig):
+        return MLABlock(config, scheme, params, table_mode, max_positions, table_dtype)
+    return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
 
 
 def attention_config_from_dict(data: Mapping[str, Any]) -> Geometry:

@@ -130,9 +130,9 @@ class Document:
         """
         what = what or f"the {cls.__name__}"
         found = data.get("format") if isinstance(data, Mapping) else None
-        if found != cls.FORMAT:  # type: ignore[attr-defined]
-            raise RecordError(f"{what} has format {found!r}, not {cls.FORMAT!r}; {cls.REMEDY}.")  # type: ignore[attr-defined]
-        return from_json(cls, data, what, cls.REMEDY)  # type: ignore[attr-defined]
+        if found != cls.FORMAT:  # type: ignore[attr-defined]  # FORMAT/REMEDY: class attributes of each record type
+            raise RecordError(f"{what} has format {found!r}, not {cls.FORMAT!r}; {cls.REMEDY}.")  # type: ignore[attr-defined]  # set by each record type
+        return from_json(cls, data, what, cls.REMEDY)  # type: ignore[attr-defined]  # set by each record type
 
 
 # --------------------------------------------------------------------------------------------------

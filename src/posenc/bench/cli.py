@@ -91,8 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     out = Path(args.output)
     doc = run_bench(cases, settings, out, progress=not args.quiet)
-    bw = doc.copy_bandwidth
-    lines = [f"copy bandwidth {bw.bytes_per_s / 1e9:.1f} GB/s; {len(doc.ok())} of {len(doc.records)} measurements ran."]
+    bw = "n/a" if doc.copy_bandwidth is None else f"{doc.copy_bandwidth.bytes_per_s / 1e9:.1f} GB/s"
+    lines = [f"copy bandwidth {bw}; {len(doc.ok())} of {len(doc.records)} measurements ran."]
     if doc.targets:
         lines.append(markdown_table(*target_rows(doc)))
     lines.append(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")

@@ -39,7 +39,7 @@ from posenc.bench.timing import Timer, Timing, TimingSettings, measure, time_sam
 from posenc.config import AttentionConfig
 from posenc.dtypes import torch_dtype
 from posenc.plugins.rope.launch import rope_qk
-from posenc.plugins.rope.spec import TACTICS, RopeKernelSpec
+from posenc.plugins.rope.spec import TACTICS, AngleSource, RopeKernelSpec
 
 __all__ = [
     "DECODE",
@@ -130,7 +130,7 @@ class KernelCaseResult:
 
     def best_kernel(self) -> Contender | None:
         timed = [c for c in self.contenders if c.name.startswith("posenc kernel") and c.timing is not None]
-        return min(timed, key=lambda c: c.timing.median) if timed else None  # type: ignore[union-attr]
+        return min(timed, key=lambda c: c.timing.median) if timed else None  # type: ignore[union-attr]  # timed holds timed contenders only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +234,7 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 10) -> CopyB
 
 def _kernel_call(t: dict[str, torch.Tensor], case: KernelCase, block_h: int | None, num_warps: int | None):
     d = case.config.head_dim
-    spec = RopeKernelSpec("table", d, d, "half")
+    spec = RopeKernelSpec(AngleSource.TABLE, d, d, "half")
     out = (torch.empty_like(t["q"]), torch.empty_like(t["k"]))
 
     def call() -> None:
@@ -320,7 +320,7 @@ def _trt_engine_call(t: dict[str, torch.Tensor], case: KernelCase, native: bool)
     return call
 
 
-def _plugin_onnx(t: dict[str, torch.Tensor], case: KernelCase):  # type: ignore[no-untyped-def]
+def _plugin_onnx(t: dict[str, torch.Tensor], case: KernelCase):
     import onnx
     from onnx import TensorProto, helper
 
@@ -329,7 +329,7 @@ def _plugin_onnx(t: dict[str, torch.Tensor], case: KernelCase):  # type: ignore[
     elem = {torch.bfloat16: TensorProto.BFLOAT16, torch.float16: TensorProto.FLOAT16, torch.float32: TensorProto.FLOAT}
     q_type = elem[t["q"].dtype]
     d = case.config.head_dim
-    spec = RopeKernelSpec("table", d, d)
+    spec = RopeKernelSpec(AngleSource.TABLE, d, d)
     node = make_plugin_node(spec, ["q", "k", "cos", "sin", "pos"], ["q_rot", "k_rot"])
     inputs = [
         helper.make_tensor_value_info("q", q_type, list(t["q"].shape)),
@@ -355,7 +355,7 @@ def _plugin_onnx(t: dict[str, torch.Tensor], case: KernelCase):  # type: ignore[
 def _timed(name: str, timed: tuple[Timing, str], nbytes: int, copy: CopyBandwidth, **tactic: int | None) -> Contender:
     timing, method = timed
     rate = nbytes / timing.median
-    return Contender(name, timing, method, rate, rate / copy.bytes_per_s, **tactic)  # type: ignore[arg-type]
+    return Contender(name, timing, method, rate, rate / copy.bytes_per_s, **tactic)  # type: ignore[arg-type]  # tactic: the kernel knobs by name
 
 
 def bench_case(

@@ -73,7 +73,7 @@ def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
                 cells.append(r.status)
         ok = [r for r in by_backend.values() if r.status == "ok" and r.bytes_per_s]
         best = max(ok, key=lambda r: r.bytes_per_s or 0.0, default=None)
-        gbs = "—" if best is None else f"{best.bytes_per_s / 1e9:.1f} ({best.backend})"
+        gbs = "—" if best is None else f"{(best.bytes_per_s or 0.0) / 1e9:.1f} ({best.backend})"
         share = "—" if best is None or best.roofline_ratio is None else f"{100 * best.roofline_ratio:.0f} %"
         rows.append([scheme, unit, mode, shape.label, f"{h}/{hkv}/{d}", *cells, gbs, share])
     return headers, rows

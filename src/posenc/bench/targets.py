@@ -38,6 +38,20 @@ def _check(name: str, measured: float | None, threshold: float, detail: str) -> 
     return TargetCheck(name, measured, threshold, passed, detail)
 
 
+def _ms(record: BenchRecord | None) -> str:
+    """A record's median latency as ``"1.23 ms"`` (``"n/a"`` when it has none)."""
+    if record is None or record.median is None:
+        return "n/a"
+    return f"{record.median * 1e3:.2f} ms"
+
+
+def _ratio(numerator: BenchRecord | None, denominator: BenchRecord | None) -> float | None:
+    """``numerator.median / denominator.median``, or None when either is missing."""
+    if numerator is None or denominator is None or not numerator.median or not denominator.median:
+        return None
+    return numerator.median / denominator.median
+
+
 def _bandwidth_detail(record: BenchRecord, doc: BenchDocument) -> str:
     moved = record.bytes_per_s or 0.0
     if record.copy_bytes_per_s:
@@ -46,7 +60,7 @@ def _bandwidth_detail(record: BenchRecord, doc: BenchDocument) -> str:
         copy = f"copy {doc.copy_bandwidth.bytes_per_s / 1e9:.1f} GB/s (start of run)"
     else:
         copy = "no copy bandwidth"
-    return f"median {record.median * 1e3:.2f} ms, {moved / 1e9:.1f} GB/s; {copy}"
+    return f"median {_ms(record)}, {moved / 1e9:.1f} GB/s; {copy}"
 
 
 def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
@@ -67,17 +81,13 @@ def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
                 "no fused graph was timed" if fused is None else _bandwidth_detail(fused, doc),
             )
         )
-        speedup = None
-        if fused is not None and decomposed is not None:
-            speedup = decomposed.median / fused.median
+        speedup = _ratio(decomposed, fused)
         checks.append(
             _check(
                 f"{label}: decomposed latency ÷ fused latency",
                 speedup,
                 ROPE_SPEEDUP_TARGET,
-                "needs both graphs timed"
-                if speedup is None
-                else f"decomposed {decomposed.median * 1e3:.2f} ms, fused {fused.median * 1e3:.2f} ms",
+                "needs both graphs timed" if speedup is None else f"decomposed {_ms(decomposed)}, fused {_ms(fused)}",
             )
         )
     schemes = dict.fromkeys(
@@ -91,11 +101,11 @@ def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
         ]
         # the deployable ORT CPU graph: the faster of the exported and the optimized one (named in the detail)
         ort = min((g for g in graphs if g is not None), key=lambda g: g.median or float("inf"), default=None)
-        ratio = None if eager is None or ort is None else eager.median / ort.median
+        ratio = _ratio(eager, ort)
         detail = (
             "needs eager and ORT CPU timings"
-            if ratio is None
-            else f"eager {eager.median * 1e3:.2f} ms, {ort.backend} {ort.median * 1e3:.2f} ms"
+            if ratio is None or ort is None
+            else f"eager {_ms(eager)}, {ort.backend} {_ms(ort)}"
         )
         checks.append(_check(f"{scheme} block, B=1 S=512: eager latency ÷ ORT CPU latency", ratio, 1.0, detail))
     return checks

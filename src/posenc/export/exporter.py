@@ -147,7 +147,7 @@ def _quiet_exporter() -> Iterator[None]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _exact_scalar_tensor(s: float, dtype: int = 1, layout: str = "", device: str = "", pin_memory: bool = False):  # type: ignore[no-untyped-def]
+def _exact_scalar_tensor(s: float, dtype: int = 1, layout: str = "", device: str = "", pin_memory: bool = False):
     """``aten.scalar_tensor`` as an ONNX constant holding ``s`` exactly in ``dtype``.
 
     torch.onnx (2.13) turns the Python scalar of ``x / (2 * math.pi)`` or ``x * 2.7`` into a float32
@@ -162,7 +162,7 @@ def _exact_scalar_tensor(s: float, dtype: int = 1, layout: str = "", device: str
 
     element = onnx.TensorProto.FLOAT if dtype in (-1, None) else int(dtype)
     value = np.array(s, dtype=onnx.helper.tensor_dtype_to_np_dtype(element))
-    return op.Constant(value=ir.tensor(value))
+    return op.Constant(value=ir.tensor(value))  # type: ignore[arg-type]  # onnxscript takes onnx_ir tensors too
 
 
 def _translation_table() -> dict[Any, Any]:
@@ -232,6 +232,8 @@ def to_onnx_model(
             )
         except Exception as exc:
             raise ExportError(f"torch.onnx.export failed: {_first_line(exc)}") from exc
+    if onnx_program is None:
+        raise ExportError("torch.onnx.export returned no program; report this with the command that caused it.")
     model = onnx_program.model_proto
     if opset < 18:
         model = _downgrade_opset(model, opset)
@@ -412,7 +414,10 @@ def export_onnx(
         torch.manual_seed(seed)
         inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
     source = _weights_source(module, seed, provenance)
-    spec = (inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner).spec  # type: ignore[union-attr]
+    scheme_module = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
+    if not isinstance(scheme_module, PositionalScheme):
+        raise ExportError(f"cannot export {type(inner).__name__}: pass a positional scheme or a block.")
+    spec = scheme_module.spec
     dtype = check_dtype(dtype, spec.name)
     activation = torch_dtype(dtype)
     inner = inner.to(activation).eval()

@@ -37,7 +37,7 @@ from posenc.paths import file_mode, output_path, sha256_file
 try:  # POSIX advisory locks; elsewhere writers are not serialized
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl on this platform: locks are no-ops
 
 MANIFEST_SUFFIX = ".manifest.json"
 WEIGHTS_SUFFIX = ".weights.safetensors"

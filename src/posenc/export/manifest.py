@@ -214,7 +214,7 @@ class Manifest(Document):
     def output_names(self) -> list[str]:
         return [s.name for s in self.outputs]
 
-    def attention_config(self):  # type: ignore[no-untyped-def]
+    def attention_config(self):
         """The geometry the module was built with: a :class:`posenc.config.AttentionConfig`, or a
         :class:`posenc.mla.MLAConfig` for an MLA block (its dict says ``"block": "mla"``)."""
         from posenc.mla import attention_config_from_dict

@@ -108,7 +108,7 @@ def _past_table(manifest: Manifest, what: str, position: int) -> str:
     from posenc.schemes.base import TableMode
 
     if manifest.table_mode == TableMode.DYNAMIC.value:  # a limit of the scheme itself (xPos: its scales' range)
-        limit = f"position {manifest.max_positions - 1}, the last this {manifest.scheme} model serves"
+        limit = f"position {(manifest.max_positions or 0) - 1}, the last this {manifest.scheme} model serves"
         return f"{what}, past {limit}; see `posenc show {manifest.scheme}` for what bounds it."
     remedy = f"re-export with a longer table (`posenc export ... --max-positions {position + 1}` or more)"
     if TableMode.DYNAMIC in get_spec(manifest.scheme).table_modes:
@@ -294,6 +294,7 @@ def build_eager(
         tables = torch_dtype(table_dtype)
     config = manifest.attention_config()
     rest = (manifest.params, manifest.table_mode, manifest.build_max_positions, tables)
+    inner: nn.Module
     if manifest.unit == "block":
         inner = build_block(config, manifest.scheme, *rest)
     else:
@@ -351,10 +352,10 @@ def check_graph_tables(manifest: Manifest, onnx_path: str | os.PathLike[str], mo
         if got is None and want in present:
             continue  # renamed by the exporter, the shape is there
         if got != want:
-            held = f"holds {list(got)}" if got is not None else "holds no such table"
+            found = "holds no such table" if got is None else f"holds {list(got)}"
             raise ModelFileError(
                 f"{Path(onnx_path).name}: the manifest implies position table {key!r} of shape {list(want)} "
-                f"(max_positions {manifest.max_positions}), but the graph {held}: the manifest does not describe "
+                f"(max_positions {manifest.max_positions}), but the graph {found}: the manifest does not describe "
                 f"this graph. Re-export the model."
             )
 
@@ -381,9 +382,9 @@ def load_weights(
     wrapped = any(k.startswith("scheme.") for k in target) and not any(k.startswith("scheme.") for k in state)
     prefix = "scheme." if wrapped else ""
     tables = table_keys(module)
-    saved_tables = set(saved_tables or ())
+    kept_tables = set(saved_tables or ())
     missing = [k for k in target if k not in tables and k.removeprefix(prefix) not in state]
-    unexpected = [k for k in state if k not in saved_tables and prefix + k not in target]
+    unexpected = [k for k in state if k not in kept_tables and prefix + k not in target]
     if missing or unexpected:
         raise ModelFileError(
             f"the weights file does not fit the module of its manifest (missing {missing[:5]}, unexpected "

@@ -319,15 +319,15 @@ def _slots(
         _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
         _Slot("k", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]"),
     ]
-    positions = [
+    pair = [
         _Slot("q_pos", "pos_q", ("batch", "seq"), "[B, S]"),
         _Slot("k_pos", "pos_k", ("batch", "kv_seq"), "[B, Sk]"),
     ]
     if placement is Placement.SCORE:
-        return [*qk, *positions], [("bias", "[B|1, H, S, Sk]")]
+        return [*qk, *pair], [("bias", "[B|1, H, S, Sk]")]
     if placement is Placement.ATTENTION:
         v = _Slot("v", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]")
-        return [*qk, v, *positions], [("attn_out", "[B, H, S, D]")]
+        return [*qk, v, *pair], [("attn_out", "[B, H, S, D]")]
     raise ExportError(f"placement {placement.value!r} has no positional op; export unit 'block' instead.")
 
 
@@ -380,8 +380,8 @@ class ExportUnit:
     @property
     def scheme(self) -> PositionalScheme:
         if isinstance(self.inner, (AttentionBlock, MLABlock)):
-            return self.inner.scheme  # type: ignore[return-value]
-        return self.inner  # type: ignore[return-value]
+            return self.inner.scheme
+        return self.inner  # type: ignore[return-value]  # an op unit wraps the scheme itself
 
     def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
         """name -> (symbolic shape, layout, role)."""

@@ -54,13 +54,15 @@ def _unrepeated(value: ir.Value) -> ir.Value:
     reshape = mu.producer_of(value, "Reshape")
     expand = mu.producer_of(reshape.inputs[0] if reshape else None, "Expand")
     unsqueeze = mu.producer_of(expand.inputs[0] if expand else None, "Unsqueeze")
-    if unsqueeze is None or not mu.is_ints(unsqueeze.inputs[1], [2]):
+    if expand is None or unsqueeze is None or not mu.is_ints(unsqueeze.inputs[1], [2]):
         return value
     source, expanded = unsqueeze.inputs[0], expand.outputs[0]
-    kv_heads, groups, heads = mu.static_dim(source, 1), mu.static_dim(expanded, 2), mu.static_dim(value, 1)
-    if mu.rank(source) != 4 or mu.rank(expanded) != 5 or None in (kv_heads, groups, heads):
+    if source is None or mu.rank(source) != 4 or mu.rank(expanded) != 5:
         return value
-    if kv_heads * groups != heads or mu.static_dim(expanded, 1) != kv_heads:  # type: ignore[operator]
+    kv_heads, groups, heads = mu.static_dim(source, 1), mu.static_dim(expanded, 2), mu.static_dim(value, 1)
+    if kv_heads is None or groups is None or heads is None:
+        return value
+    if kv_heads * groups != heads or mu.static_dim(expanded, 1) != kv_heads:
         return value
     if not all(mu.same_dim(source, i, value, i) for i in (0, 2, 3)):
         return value
@@ -86,7 +88,7 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
         self.softmax_precision = softmax_precision
         self.equal_head_dims = equal_head_dims
 
-    def pattern(self, op, q, k, v, scale, bias, cap, cap_again, allowed, fill):  # type: ignore[no-untyped-def]
+    def pattern(self, op, q, k, v, scale, bias, cap, cap_again, allowed, fill):
         scores = op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2]))
         if self.scaled:
             scores = op.Mul(scores, scale)
@@ -103,7 +105,7 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             probs = op.Cast(probs, _outputs=["narrow"])
         return op.MatMul(probs, v)
 
-    def check(self, context, q, k, v, scale=None, bias=None, allowed=None, fill=None, wide=None, narrow=None, **kw):  # type: ignore[no-untyped-def]
+    def check(self, context, q, k, v, scale=None, bias=None, allowed=None, fill=None, wide=None, narrow=None, **kw):
         result = pattern.MatchResult()
         if not all(mu.rank(t) == 4 for t in (q, k, v)):
             return result.fail("q, k, v are not [B, H, S, D]", q)
@@ -134,7 +136,7 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             return result.fail(reason, v)
         return result
 
-    def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):
         mask = None
         if self.biased and self.masked:
             fill = op.Constant(value=ir.tensor([_NEG_INF], dtype=mu.dtype(bias)))
@@ -146,7 +148,7 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
         if mask is not None and self.biased and mu.dtype(bias) != mu.dtype(q):
             mask = op.Cast(mask, to=mu.dtype(q))
         factor = mu.const_scalar(scale) if self.scaled else 1.0  # e.g. T5 does not scale its scores
-        attributes: dict[str, float | int] = {"scale": factor}  # type: ignore[dict-item]
+        attributes: dict[str, float | int] = {"scale": factor}
         if self.wide and self.softmax_precision:
             attributes["softmax_precision"] = int(ir.DataType.FLOAT)
         if self.capped:
@@ -199,10 +201,10 @@ class _CausalIntoMask(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="causal_into_mask")
 
-    def pattern(self, op, q, k, v, mask):  # type: ignore[no-untyped-def]
+    def pattern(self, op, q, k, v, mask):
         return op.Attention(q, k, v, mask, _outputs=["out"])
 
-    def check(self, context, q, k, v, mask, out, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, q, k, v, mask, out, **_):
         node = out.producer()
         if not mu.int_attr(node, "is_causal"):
             return pattern.MatchResult().fail("not causal")
@@ -212,7 +214,7 @@ class _CausalIntoMask(pattern.RewriteRuleClassBase):
             return pattern.MatchResult().fail("only 4-D attention with a typed mask is rewritten", q)
         return True
 
-    def rewrite(self, op, q, k, v, mask, out, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, q, k, v, mask, out, **_):
         node = out.producer()
         zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
         rows = op.Range(zero, op.Squeeze(op.Shape(q, start=2, end=3)), one)

@@ -124,7 +124,7 @@ def inspect_model(
         if tensor is None:
             continue
         shape = tuple(int(d) for d in tensor.shape.numpy())
-        tables.append(Initializer(value.name, tensor.dtype.name.lower(), shape, int(tensor.nbytes)))
+        tables.append(Initializer(value.name or "", tensor.dtype.name.lower(), shape, int(tensor.nbytes)))
     tables.sort(key=lambda item: -item.bytes)
     manifest = read_manifest(path)
     record = None if manifest is None else manifest.optimized

@@ -239,11 +239,11 @@ def optimize_file(
     manifest_path = info.manifest_path_for(output)
     written = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), result.record(), new_weights)
     # Model, manifest and weights land together (the model last), or none of them does.
-    with atomic_outputs(output, manifest_path, *([new_weights] if copy else [])) as temps:
+    with atomic_outputs(output, manifest_path, *([new_weights] if copy and new_weights is not None else [])) as temps:
         temps[0].write_bytes(optimized)
         temps[1].write_text(json_text(written.to_dict()))
         if copy:
-            shutil.copyfile(weights, temps[2])  # type: ignore[arg-type]
+            shutil.copyfile(weights, temps[2])  # type: ignore[arg-type]  # weights is set when copy is
     result.path, result.manifest_path, result.written = output, manifest_path, written.optimized
     return result
 

@@ -176,7 +176,7 @@ def _partial_ok(x: ir.Value, rope: ir.Value, r1, a1, st1, r2, e2, a2, st2, s0) -
         and mu.is_ints(st1, [1])
         and mu.is_ints(st2, [1])
         and mu.static_dim(x, -1) is not None
-        and 0 < rotary[0] < mu.static_dim(x, -1)  # type: ignore[operator]
+        and 0 < rotary[0] < mu.static_dim(x, -1)  # type: ignore[operator]  # None compares False via the rank check above
         and tail_end is not None
         and tail_end[0] >= mu.static_dim(x, -1)  # type: ignore[operator]  # the tail runs to the last feature
     )

@@ -79,7 +79,7 @@ def default_inv_freq(rotary_dim: int, base: Any, device: torch.device | None = N
 def ntk_exponent(rotary_dim: T) -> T:
     """``r / (r - 2)``: the power of the scale in NTK-aware bases, chosen so that the lowest frequency is
     interpolated by exactly the scale while the highest stays (an int, or a symbolic value)."""
-    return rotary_dim / (rotary_dim - 2)  # type: ignore[operator, return-value]
+    return rotary_dim / (rotary_dim - 2)  # type: ignore[operator, return-value]  # an int or a symbolic (traced) value
 
 
 def at_least(length: T, minimum: Any) -> T:

@@ -265,7 +265,7 @@ class FloaterDynamics(nn.Module):
 
 
 def _refresh_after_load(module: nn.Module, incompatible_keys: Any) -> None:
-    module.refresh_table()  # type: ignore[operator]
+    module.refresh_table()  # type: ignore[operator]  # the hook is registered on Floater only
 
 
 class Floater(_Absolute):

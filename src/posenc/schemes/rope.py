@@ -84,7 +84,7 @@ class RotaryAngles(TableHolder):
             angles = positions * inv_freq + phase
             factor = self.attention_factor
             if log_scale is not None:
-                factor = torch.exp(positions * log_scale.to(torch.float64)) * factor  # type: ignore[assignment]
+                factor = torch.exp(positions * log_scale.to(torch.float64)) * factor  # type: ignore[assignment]  # a float becomes a tensor here
             self.register_table("cos_table", (torch.cos(angles) * factor).to(table_dtype))
             self.register_table("sin_table", (torch.sin(angles) * factor).to(table_dtype))
             return
@@ -321,7 +321,7 @@ class Rotary(PositionalScheme):
         super().__init__(*args, **kwargs)
 
     @property
-    def spec(self) -> SchemeSpec:  # type: ignore[override]
+    def spec(self) -> SchemeSpec:  # type: ignore[override]  # a property over the base's class attribute
         return get_spec(RT.get(self.rope_type).scheme)
 
     def build(self) -> None:

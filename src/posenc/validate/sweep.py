@@ -230,7 +230,7 @@ def _sweep_feed(manifest: Manifest, positions: np.ndarray, seed: int) -> dict[st
     return feed
 
 
-def _per_position(manifest: Manifest, outputs: list[np.ndarray], references: list[np.ndarray], n: int):  # type: ignore[no-untyped-def]
+def _per_position(manifest: Manifest, outputs: list[np.ndarray], references: list[np.ndarray], n: int):
     """(max_abs, max_rel, max_ulps, within_rounding) per position, arrays of length n."""
     max_abs = np.zeros(n)
     scale = np.zeros(n)

@@ -61,7 +61,7 @@ def _bias(plan: LayerPlan) -> bool:
 
 
 def _lora(plan: LayerPlan) -> bool:
-    return plan.config.q_lora_rank is not None  # type: ignore[union-attr]
+    return plan.mla.q_lora_rank is not None
 
 
 RULES: tuple[Rule, ...] = (
@@ -110,7 +110,7 @@ class DeepseekReference(ModuleReference):
 
 def _rope_plan(plan: LayerPlan) -> LayerPlan:
     """The plan of the rope slice alone (the geometry its scheme is built for)."""
-    return LayerPlan(plan.config.rope_config(), plan.scheme, plan.params, plan.layer)  # type: ignore[union-attr]
+    return LayerPlan(plan.mla.rope_config(), plan.scheme, plan.params, plan.layer)
 
 
 def reference(

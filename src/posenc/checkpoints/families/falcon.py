@@ -77,7 +77,7 @@ class FalconReference(rotary.RotaryReference):
     cache_argument = "layer_past"
 
     @property
-    def cached_copies(self) -> int:  # type: ignore[override]
+    def cached_copies(self) -> int:  # type: ignore[override]  # a property in the base, a method here
         """The new decoder architecture caches each kv head once per query head of its group."""
         return self.plan.attention.kv_groups if self.attention.new_decoder_architecture else 1
 

@@ -79,7 +79,7 @@ def _offset_cache(cache: Any, first: int, layer: int) -> Any:
     """``cache`` whose ``get_seq_length`` reports ``first`` (the first new position) for the module's temperature;
     keys and values stay the cache's."""
 
-    class OffsetCache(type(cache)):  # type: ignore[misc]
+    class OffsetCache(type(cache)):  # type: ignore[misc]  # a subclass of the cache's runtime class
         def get_seq_length(self, layer_idx: int = 0) -> int:
             return first
 
@@ -91,7 +91,7 @@ def reference(
     hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
 ) -> Llama4Reference:
     import_transformers()
-    return Llama4Reference.build(hf, plan, tensors, "llama4", "Llama4Text", angles, dtype)  # type: ignore[return-value]
+    return Llama4Reference.build(hf, plan, tensors, "llama4", "Llama4Text", angles, dtype)  # type: ignore[return-value]  # build() returns the calling subclass
 
 
 LLAMA4 = register(

@@ -202,7 +202,7 @@ def kernel_signature(
                 signature[arg] = "constexpr"
                 constexprs[arg] = None
             else:
-                signature[arg] = pointers[arg]  # type: ignore[assignment]
+                signature[arg] = pointers[arg]  # type: ignore[assignment]  # triton's signature maps names to type strings
         elif arg in _SCALAR_NAMES:
             signature[arg] = "i32"
         else:
