@@ -171,8 +171,6 @@ class AttentionBlock(nn.Module):
         # An exported graph guards positions (posenc.functional.position_guard): safe ids go on, and the poison
         # (NaN for an invalid query or key position) enters the new q and k, so out and the cache carry it.
         position_ids, poison = self.scheme.guard(position_ids)
-        if poison is not None and poison.dim() == 3:  # multi-axis ids [A, B, S]: any axis poisons the token
-            poison = poison.sum(dim=0)
         # Cached keys sit at 0..P-1, the new keys at the queries' own positions (token order for multi-axis ids).
         order = position_ids if position_ids.dim() == 2 else default_positions(b, s, past, hidden.device)
         past_positions = torch.arange(past, device=hidden.device, dtype=order.dtype)

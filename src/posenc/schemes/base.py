@@ -267,7 +267,10 @@ class PositionalScheme(TableHolder):
         """
         if not (self.guard_exported and is_tracing()):
             return position_ids, None
-        return position_guard(position_ids, self.position_limit)
+        safe, poison = position_guard(position_ids, self.position_limit)
+        if poison.dim() == 3:  # multi-axis ids [A, B, S] (M-RoPE, axial): an invalid id on any axis poisons its token
+            poison = poison.sum(dim=0)
+        return safe, poison
 
     def beyond_table_remedy(self, position: int) -> str:
         """What a user whose position ids reach ``position`` (past the table) should do; schemes may override."""
