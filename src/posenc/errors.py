@@ -26,7 +26,7 @@ class ModelFileError(PosencError):
     """An ONNX or engine file is missing, truncated, corrupt or does not match its manifest."""
 
 
-class BackendUnavailable(PosencError, ImportError):  # noqa: N818 (name fixed by DESIGN.md)
+class BackendUnavailable(PosencError, ImportError):  # noqa: N818 (a public name of the posenc API since v0.1.0)
     """An optional backend (tensorrt, tensorrt_rtx, triton, transformers, ...) is not installed."""
 
 

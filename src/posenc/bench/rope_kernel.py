@@ -18,8 +18,9 @@ decode-sized cases (launch-bound, working set in L2 as after the QKV GEMM) repla
 and report time per launch. A CPU run (``device="cpu"``) uses Triton's interpreter and the wall clock to test the
 harness; its numbers mean nothing.
 
-Bytes counted (notes/performance.md §2): q and k read and written once, ``2 (Nq + Nk) e``; fp32 cos/sin rows
-``2 U (r/2) 4`` with U distinct positions (B*S); int64 positions ``8 B S``.
+Bytes counted (the roofline model of Williams, Waterman and Patterson, "Roofline: An Insightful Visual Performance
+Model for Multicore Architectures", 2009, https://doi.org/10.1145/1498765.1498785): q and k read and written once,
+``2 (Nq + Nk) e``; fp32 cos/sin rows ``2 U (r/2) 4`` with U distinct positions (B*S); int64 positions ``8 B S``.
 """
 
 from __future__ import annotations
