@@ -70,6 +70,38 @@ def default_positions(batch: int, seq: int, past: int, device: torch.device | No
     return (torch.arange(seq, device=device) + past).unsqueeze(0).expand(batch, seq)
 
 
+def block_scheme(
+    config: AttentionConfig,
+    scheme: str | PositionalScheme,
+    params: Mapping[str, Any] | None,
+    table_mode: TableMode | str | None,
+    max_positions: int | None,
+    table_dtype: torch.dtype | None,
+) -> PositionalScheme:
+    """The scheme module of a block whose positions have geometry ``config``: ``scheme`` itself when it is built
+    (for ``config``; the other arguments must then be unset), else built by name (tables float32 by default).
+
+    Raises:
+        ConfigError: options given with a built scheme, or a scheme built for another geometry.
+    """
+    if not isinstance(scheme, PositionalScheme):
+        dtype = torch.float32 if table_dtype is None else table_dtype
+        return build_scheme(scheme, config, params, table_mode, max_positions, dtype)
+    given = {"params": params, "table_mode": table_mode, "max_positions": max_positions, "table_dtype": table_dtype}
+    extra = [name for name, value in given.items() if value]
+    if extra:
+        raise ConfigError(
+            f"pass {', '.join(extra)} only with a scheme name; the built {scheme.spec.name!r} module "
+            f"already fixed them (build it with build_scheme(..., table_mode=..., max_positions=...))."
+        )
+    if scheme.config != config:
+        raise ConfigError(
+            f"the built {scheme.spec.name!r} module was built for {scheme.config}, but the block's config "
+            f"is {config}; build the scheme with the block's config."
+        )
+    return scheme
+
+
 class AttentionBlock(nn.Module):
     """Multi-head (grouped-query) attention with a positional scheme plugged in where it acts.
 
@@ -123,28 +155,7 @@ class AttentionBlock(nn.Module):
             f"the projection weights of hidden size {e} with {h}/{hkv} heads of {d}",
             "choose a smaller hidden size, head count or head dim.",
         )
-        if isinstance(scheme, PositionalScheme):
-            given = {
-                "params": params,
-                "table_mode": table_mode,
-                "max_positions": max_positions,
-                "table_dtype": table_dtype,
-            }
-            extra = [name for name, value in given.items() if value]
-            if extra:
-                raise ConfigError(
-                    f"pass {', '.join(extra)} only with a scheme name; the built {scheme.spec.name!r} module "
-                    f"already fixed them (build it with build_scheme(..., table_mode=..., max_positions=...))."
-                )
-            if scheme.config != config:
-                raise ConfigError(
-                    f"the built {scheme.spec.name!r} module was built for {scheme.config}, but the block's config "
-                    f"is {config}; build the scheme with the block's config."
-                )
-            self.scheme = scheme
-        else:
-            dtype = torch.float32 if table_dtype is None else table_dtype
-            self.scheme = build_scheme(scheme, config, params, table_mode, max_positions, dtype)
+        self.scheme = block_scheme(config, scheme, params, table_mode, max_positions, table_dtype)
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)

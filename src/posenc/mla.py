@@ -23,10 +23,9 @@ import torch
 from torch import nn
 
 from posenc import rope_types as RT
-from posenc.blocks import AttentionBlock, HeadRMSNorm
+from posenc.blocks import AttentionBlock, HeadRMSNorm, block_scheme
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes import build_scheme
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, attention_mask, softmax_attention
 
 MLA_KIND = "mla"
@@ -190,16 +189,7 @@ class MLABlock(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        rope = config.rope_config()
-        if isinstance(scheme, PositionalScheme):
-            if params or table_mode or max_positions or table_dtype:
-                raise ConfigError("pass params, table_mode, max_positions or table_dtype only with a scheme name.")
-            if scheme.config != rope:
-                raise ConfigError(f"the built {scheme.spec.name!r} module is not built for this MLA rope slice {rope}.")
-            self.scheme = scheme
-        else:
-            dtype = torch.float32 if table_dtype is None else table_dtype
-            self.scheme = build_scheme(scheme, rope, params, table_mode, max_positions, dtype)
+        self.scheme = block_scheme(config.rope_config(), scheme, params, table_mode, max_positions, table_dtype)
         spec = self.scheme.spec
         if spec.placement is not Placement.QK or spec.position_axes != 1:
             raise ConfigError(
