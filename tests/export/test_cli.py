@@ -60,7 +60,7 @@ def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:  # ty
 def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = str(tmp_path / "x.onnx")
     assert main(["export", "--scheme", "rope", "--opset", "19", "-o", out]) == 2
-    assert "[17, 18, 23]" in capsys.readouterr().err
+    assert "[17, 18, 23, 24]" in capsys.readouterr().err
     assert main(["export", "--scheme", "rope", "--param", "factor", "-o", out]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["export", "--scheme", "rope", "--dtype", "fp8", "-o", out]) == 2

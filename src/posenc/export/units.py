@@ -26,10 +26,22 @@ Three units exist:
 ``block``
     :class:`posenc.blocks.AttentionBlock`: hidden ``[B, S, E]``, position_ids ``[B, S]`` (int64),
     past_key / past_value ``[B, Hkv, P, D]`` -> out ``[B, S, E]``, present_key / present_value
-    ``[B, Hkv, P + S, D]``. The past inputs always exist; P = 0 is a valid size.
+    ``[B, Hkv, P + S, D]``. The past inputs always exist; P = 0 is a valid size. The concatenated cache
+    (``--kv-cache concat``): every step copies the whole cache into new presents.
+``block-inplace``
+    the same block over a preallocated cache (``--kv-cache inplace``,
+    :meth:`posenc.blocks.AttentionBlock.forward_in_place`): hidden ``[B, S, E]``, position_ids ``[B, S]``,
+    key_cache / value_cache ``[B, Hkv, C, D]`` (finite values in every slot), past_length ``[B]`` (int64, slots
+    filled per row) -> out ``[B, S, E]``, present_key / present_value ``[B, Hkv, C, D]``: the caches with the new
+    keys and values at slots ``past_length .. past_length + S - 1``, written by one ONNX ``TensorScatter`` each
+    (opset 24). Bind each present to its cache's buffer and a step writes only the new slots. Attention reads
+    the slots up to the longest row's ``past_length + S``. ``C`` is static: the block's ``max_positions`` (the
+    rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires.
 
 A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
-``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``.
+``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds of a
+``block-inplace`` graph hold ``past`` filled slots per row; the slots after the new tokens hold random values too
+(which the attention must not read).
 """
 
 from __future__ import annotations
@@ -50,6 +62,27 @@ from posenc.errors import ConfigError, ExportError
 from posenc.schemes.base import Placement, PositionalScheme
 
 UNITS: tuple[str, ...] = ("op", "op-3d", "block")
+"""The units a user names (``--unit``); the block's cache layout is chosen apart (``--kv-cache``)."""
+BLOCK_INPLACE = "block-inplace"
+"""The block over a preallocated, in-place cache (``--unit block --kv-cache inplace``)."""
+ALL_UNITS: tuple[str, ...] = (*UNITS, BLOCK_INPLACE)
+KV_CACHES: tuple[str, ...] = ("concat", "inplace")
+"""Cache layouts of an exported block: ``concat`` (past in, past + new out) and ``inplace`` (preallocated)."""
+
+
+def unit_for_cache(unit: str, kv_cache: str) -> str:
+    """The export unit of ``unit`` with cache layout ``kv_cache``: ``("block", "inplace")`` -> ``block-inplace``.
+
+    Raises:
+        ExportError: an unknown layout, or ``inplace`` for a unit without a cache.
+    """
+    if kv_cache not in KV_CACHES:
+        raise ExportError(f"unknown kv cache layout {kv_cache!r}; use one of {list(KV_CACHES)}.")
+    if kv_cache == "concat":
+        return unit
+    if unit not in ("block", BLOCK_INPLACE):
+        raise ExportError(f"--kv-cache inplace is a layout of the block's cache; unit {unit!r} has no cache.")
+    return BLOCK_INPLACE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +260,25 @@ class AttendOp(_SchemeOp):
         return self.scheme.attend(q, k, v, q_pos, k_pos, self.scheme.config.causal)
 
 
+class InPlaceBlock(nn.Module):
+    """``(hidden, position_ids, key_cache, value_cache, past_length) -> (out, present_key, present_value)``:
+    :meth:`posenc.blocks.AttentionBlock.forward_in_place` (the unit ``block-inplace``)."""
+
+    def __init__(self, block: AttentionBlock) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        past_length: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.block.forward_in_place(hidden, position_ids, key_cache, value_cache, past_length)
+
+
 _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
     Placement.EMBEDDING: EmbeddingOp,
     Placement.QK: RotateOp,
@@ -243,13 +295,16 @@ _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     name: str
-    kind: str  # "act", "pos_q", "pos_k", "past"
+    kind: str  # "act", "pos_q", "pos_k", "past" (a cache), "length" (filled cache slots per row)
     shape: tuple[int | str, ...]
     layout: str
 
 
-def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[list[_Slot], list[tuple[str, str]]]:
-    """Input slots and ``(output name, layout)`` of a unit."""
+def _slots(
+    unit: str, placement: Placement, config: AttentionConfig, cache_slots: int | None = None
+) -> tuple[list[_Slot], list[tuple[str, str]]]:
+    """Input slots and ``(output name, layout)`` of a unit (``cache_slots``: ``C`` of ``block-inplace``, default the
+    context length)."""
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     if unit == "block":
         return (
@@ -260,6 +315,18 @@ def _slots(unit: str, placement: Placement, config: AttentionConfig) -> tuple[li
                 _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
+        )
+    if unit == BLOCK_INPLACE:
+        c = config.max_position_embeddings if cache_slots is None else cache_slots
+        return (
+            [
+                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]"),
+                _Slot("key_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                _Slot("value_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                _Slot("past_length", "length", ("batch",), "[B]"),
+            ],
+            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", "[B, Hkv, C, D]")],
         )
     if unit == "op-3d":
         return (
@@ -337,7 +404,7 @@ class ExportUnit:
 
     def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
         """name -> (symbolic shape, layout, role)."""
-        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache"}
+        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length"}
         return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
 
     def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
@@ -373,13 +440,14 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
     """
-    if unit not in UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(UNITS)}.")
-    if unit == "block":
+    if unit not in ALL_UNITS:
+        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
+    if unit in ("block", BLOCK_INPLACE):
         if not isinstance(inner, AttentionBlock):
-            raise ExportError("unit 'block' exports an AttentionBlock; pass one (or a scheme name).")
-        slots, outputs = _slots("block", inner.scheme.placement, inner.config)
-        return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
+            raise ExportError(f"unit {unit!r} exports an AttentionBlock; pass one (or a scheme name).")
+        slots, outputs = _slots(unit, inner.scheme.placement, inner.config, int(inner.scheme.max_positions))
+        module = inner if unit == "block" else InPlaceBlock(inner)
+        return ExportUnit(unit, module, inner, inner.config, dtype, slots, outputs)
     scheme = inner.scheme if isinstance(inner, AttentionBlock) else inner
     if not isinstance(scheme, PositionalScheme):
         raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
@@ -436,13 +504,16 @@ def make_inputs(
     seed: int = 0,
     position_limit: int | None = None,
 ) -> list[np.ndarray]:
-    """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions."""
+    """Numpy inputs in slot order: standard-normal activations (and caches, every slot) in ``dtype``, realistic
+    int64 positions, ``past`` filled slots per row of a preallocated cache."""
     rng = np.random.default_rng(seed)
     np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
     arrays = []
     for slot in slots:
         if slot.kind in ("pos_q", "pos_k"):
             arrays.append(positions_for(shape, slot.kind, position_limit))
+        elif slot.kind == "length":
+            arrays.append(np.full(shape.batch, shape.past, dtype=np.int64))
         else:
             sizes = tuple(_size(d, shape) for d in slot.shape)
             arrays.append(rng.standard_normal(sizes).astype(np.float32).astype(np_dtype))
@@ -451,7 +522,7 @@ def make_inputs(
 
 def slots_from_manifest(manifest: Any) -> list[_Slot]:
     """Input slots of a manifest's graph (for :func:`make_feed`)."""
-    kinds = {"activation": "act", "cache": "past"}
+    kinds = {"activation": "act", "cache": "past", "length": "length"}
     slots = []
     for spec in manifest.inputs:
         if spec.role == "positions":

@@ -5,8 +5,15 @@ Targets:
 - ``ort-cpu``: RoPE fused into ``RotaryEmbedding`` on the 3-D ``[B, S, H*D]`` projection output where the
   graph has a head transpose (ONNX Runtime's CPU kernel is several times faster there), attention into
   ``Attention``; precision as exported (float32 rotation and softmax inside the casts of fp16 graphs).
+- ``ort-cuda``: as ``ort-cpu`` without the CPU layouts; an in-place block's cache writes and attention become
+  ONNX Runtime's contrib ``GroupQueryAttention`` over the shared cache buffer, rotary fused where it can
+  (:func:`posenc.graphs.cache.gqa_over_cache`; what it cannot express keeps ``Attention``, the reason recorded).
 - ``trt``: ``RotaryEmbedding`` on 4-D ``[B, H, S, D]`` with caches in the activation dtype and int64
-  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask.
+  full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask; an
+  in-place block's ``TensorScatter`` writes become TensorRT's KV-cache update layers.
+
+In-place blocks (``--kv-cache inplace``) on ``ort-cpu`` also get :func:`posenc.graphs.cache.decode_over_cache`:
+decode steps attend over the cache buffers without copying them.
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
@@ -18,6 +25,7 @@ The before/after parity check is the caller's :data:`ParityCheck` (``posenc opti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import shutil
@@ -30,7 +38,8 @@ import onnx_ir as ir
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
-from posenc.graphs import attention, fold, model_io, rope
+from posenc.graphs import attention, cache, fold, model_io, rope
+from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
 from posenc.records import to_json
@@ -50,7 +59,7 @@ class OptimizeResult:
 
     Attributes:
         model: the rewritten IR model.
-        target: ``ort-cpu`` or ``trt``.
+        target: ``ort-cpu``, ``ort-cuda`` or ``trt``.
         rope: ``fused``, ``plugin`` or ``keep``.
         passes: every pass in order with its match count.
         parity: ``{output: OutputDrift}`` of the check before/after, when run.
@@ -105,36 +114,51 @@ def _plugin_pass(model: ir.Model) -> int:
     return int(rope_to_plugin(model, fuse_decomposed=False))
 
 
-def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Callable[[ir.Model], int], bool]]:
-    """``(name, pass, needs opset 23)`` in order."""
-    plan: list[tuple[str, Callable[[ir.Model], int], bool]] = [
-        ("convert_contrib_rope", rope.convert_contrib_rope, True)
-    ]
+Plan = list[tuple[str, Callable[[ir.Model], int], bool, str]]
+"""``(name, pass, needs opset 23, why it cannot run here or "")`` in order."""
+
+
+def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> Plan:
+    """The passes of ``target`` (``facts``: what the manifest says about an in-place block's cache)."""
+    plan: Plan = [("convert_contrib_rope", rope.convert_contrib_rope, True, "")]
     if rope_mode in ("fused", "plugin"):
-        plan += [("fuse_rope", rope.fuse_rope, True), ("fuse_partial_rope", rope.fuse_partial_rope, True)]
+        plan += [("fuse_rope", rope.fuse_rope, True, ""), ("fuse_partial_rope", rope.fuse_partial_rope, True, "")]
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap
-    plan.append(("fuse_attention", lambda m: attention.fuse_attention(m, softmax_precision=ort, softcap=ort), True))
+    plan.append(
+        ("fuse_attention", functools.partial(attention.fuse_attention, softmax_precision=ort, softcap=ort), True, "")
+    )
+    in_place = facts is not None and facts.in_place
+    if in_place and target == "ort-cpu":
+        plan.append(("decode_over_cache", cache.decode_over_cache, True, attention_refusal(facts) or ""))
+    if in_place and target == "ort-cuda":
+        plan.append(("gqa_over_cache", cache.gqa_over_cache, True, gqa_refusal(facts) or ""))
     if rope_mode == "fused" and target == "ort-cpu":
-        plan.append(("rope_to_3d", rope.rope_to_3d, True))
+        plan.append(("rope_to_3d", rope.rope_to_3d, True, ""))
     if rope_mode == "fused" and target == "trt":
-        plan.append(("rope_for_tensorrt", rope.rope_for_tensorrt, True))
+        plan.append(("rope_for_tensorrt", rope.rope_for_tensorrt, True, ""))
     if target == "trt":
-        plan.append(("fold_causal_into_mask", attention.fold_causal_into_mask, True))
+        plan.append(("fold_causal_into_mask", attention.fold_causal_into_mask, True, ""))
     if rope_mode == "plugin":
-        plan.append(("rope_plugin", _plugin_pass, True))
+        plan.append(("rope_plugin", _plugin_pass, True, ""))
     return plan
 
 
 def optimize_model(
-    model: ir.Model, target: str, rope_mode: str = "fused", fold_limit: int = DEFAULT_FOLD_LIMIT
+    model: ir.Model,
+    target: str,
+    rope_mode: str = "fused",
+    fold_limit: int = DEFAULT_FOLD_LIMIT,
+    facts: CacheFacts | None = None,
 ) -> OptimizeResult:
     """Run the passes for ``target`` on ``model`` (in place).
 
     Args:
         model: the IR model (see :func:`posenc.graphs.model_io.load_model`).
-        target: ``ort-cpu`` or ``trt``.
+        target: ``ort-cpu``, ``ort-cuda`` or ``trt``.
         rope_mode: ``fused``, ``plugin`` or ``keep``.
         fold_limit: largest constant (elements) constant folding may read or create.
+        facts: what the manifest says about the block's cache and mask (:meth:`CacheFacts.of`); the passes of
+            the in-place cache run only with it.
 
     Returns:
         :class:`OptimizeResult` with every pass and its match count. Fusions need opset 23 (the
@@ -145,9 +169,12 @@ def optimize_model(
     fold.infer_shapes(model)
     records = [PassRecord("fold_constants", fold.fold_constants(model, fold_limit))]
     opset = model_io.default_opset(model)
-    for name, run, needs_opset in _pass_plan(target, rope_mode):
+    for name, run, needs_opset, refusal in _pass_plan(target, rope_mode, facts):
         if needs_opset and opset < MIN_FUSION_OPSET:
             records.append(PassRecord(name, 0, f"opset {opset} < {MIN_FUSION_OPSET}: re-export with opset 23 to fuse"))
+            continue
+        if refusal:
+            records.append(PassRecord(name, 0, refusal))
             continue
         records.append(PassRecord(name, int(run(model))))
         fold.infer_shapes(model)
@@ -190,7 +217,7 @@ def optimize_file(
     info = read_model_info(source)
     model = model_io.load_model(source)
     original = model_io.model_to_proto(model).SerializeToString()
-    result = optimize_model(model, target, rope_mode, fold_limit)
+    result = optimize_model(model, target, rope_mode, fold_limit, CacheFacts.of(info.manifest))
     optimized = model_io.model_to_proto(result.model).SerializeToString()
     if check is not None and _runs_on_ort(result.model):
         result.parity = check(original, optimized, info)
