@@ -392,7 +392,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
             key = _projection(k) or op.Reshape(op.Transpose(k, perm=[0, 2, 1, 3]), merged_width)
             cos = sin = positions = None
         value = _projection(v) or op.Reshape(op.Transpose(v, perm=[0, 2, 1, 3]), merged_width)
-        seq = op.Shape(q, start=2, end=3)
+        seq = op.Shape(query, start=1, end=2)  # [B, S, H*D]: not q, so a fused rotation leaves no node behind
         filled = op.Add(past_length, seq)  # [B]: slots filled after this step
         seqlens = op.Cast(op.Sub(filled, op.Constant(value_ints=[1])), to=ir.DataType.INT32)
         total = op.Cast(op.ReduceMax(filled, keepdims=0), to=ir.DataType.INT32)
