@@ -23,8 +23,9 @@ from posenc.validate.decode import DECODE_STEPS, decode_schedule, validate_decod
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
 CONTIGUOUS = {"transformer_xl"}
 """Schemes that need contiguous key positions (rel_shift): their long jump fills the cache instead."""
-QUICK = ("rope", "rerope")
-"""One scheme that rotates q/k (fused paths) and one that computes attention itself (kept path), in ``make test``."""
+QUICK = ("rope",)
+"""The scheme of ``make test`` (fused paths); a scheme computing attention itself is stepped in
+``tests/graphs/test_cache_passes.py``, every scheme's eager in-place path in ``tests/test_in_place_cache.py``."""
 
 
 def _export_both(scheme: str, folder: Path) -> list[Path]:
