@@ -6,7 +6,13 @@
    fused}; op-level, and block-level unless ``--quick``);
 3. parity: each built engine through polygraphy's TrtRunner against the float64 eager reference
    (``posenc validate`` machinery) at several shapes;
-4. benchmarks: ``posenc bench`` on the GPU backends present (skipped with ``--no-bench``).
+4. benchmarks: ``posenc bench`` on the GPU backends present (skipped with ``--no-bench``);
+5. decode: the in-place KV cache (``--kv-cache inplace``) against the concatenated one on ONNX Runtime CUDA (the
+   exported graphs and the ``ort-cuda`` graphs: contrib ``GroupQueryAttention`` over the shared buffer) and on
+   TensorRT (KV-cache update layers, cache and present on one device buffer): one decode step of the Llama-like
+   block at past 4095 against its bytes floor, both layouts in the same rounds; and multi-step decode parity of
+   the ``ort-cuda`` graphs on the CUDA provider (prefill, 64 single steps, a long jump) against the eager block
+   (skipped with ``--no-decode``). Untested on a GPU when written: no GPU was lent to that work.
 
 Writes one report, ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, and keeps going after a failure (each
 row says what failed). Usage::
@@ -102,12 +108,69 @@ def benchmarks(schemes: list[str] | None, out: Path) -> dict[str, Any]:
     except ImportError as exc:
         return {"status": "skipped", "reason": f"posenc.bench unavailable ({exc})"}
     names = [b.name for b in get_backends(None)]
-    gpu = [n for n in names if n in ("tensorrt", "ort-cuda", "torch")]
+    gpu = [n for n in names if n in ("tensorrt", "ort-cuda", "ort-cuda-fused", "torch")]
     try:
         doc = run_bench(make_plan(schemes, backends=gpu), RunSettings(), out / "bench", progress=False)
     except Exception as exc:
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "backends": gpu}
     return {"status": "ok", "backends": gpu, "records": len(doc.records), "folder": str(out / "bench")}
+
+
+DECODE_BACKENDS = ("ort-cuda", "ort-cuda-fused", "tensorrt")
+DECODE_CONFIG = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=2, max_position_embeddings=128)
+"""Multi-step decode parity: grouped heads, head_dim 32 (GroupQueryAttention needs a multiple of 16), 128 slots."""
+
+
+def decode_figures(schemes: list[str] | None, out: Path) -> dict[str, Any]:
+    """The decode step at past 4095 (both cache layouts, same rounds) on the GPU backends, and decode parity on CUDA."""
+    try:
+        from posenc.bench import RunSettings, run_bench
+        from posenc.bench.plan import DECODE_TARGET_SHAPE, LLAMA_LIKE, BenchCase, table_modes_for
+        from posenc.bench.tables import decode_rows, markdown_table
+    except ImportError as exc:
+        return {"status": "skipped", "reason": f"posenc.bench unavailable ({exc})"}
+    chosen = schemes or ["rope"]
+    cases = [
+        BenchCase(s, "block", mode, DECODE_TARGET_SHAPE, LLAMA_LIKE, DECODE_BACKENDS, reason, ("block-inplace",))
+        for s in chosen
+        for mode, reason in table_modes_for(s, "auto")
+    ]
+    result: dict[str, Any] = {"backends": list(DECODE_BACKENDS)}
+    try:
+        doc = run_bench(cases, RunSettings(), out / "decode", progress=False)
+        result.update(status="ok", table=markdown_table(*decode_rows(doc)), folder=str(out / "decode"))
+    except Exception as exc:
+        result.update(status="error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    result["parity"] = [decode_parity(scheme, out / "decode-parity") for scheme in chosen]
+    return result
+
+
+def decode_parity(scheme: str, folder: Path) -> dict[str, Any]:
+    """Multi-step decode parity of one scheme's concat and in-place fp16 graphs (exported and ``ort-cuda``) on CUDA
+    (ONNX Runtime's CUDA GroupQueryAttention kernel takes fp16 and bf16; an fp32 graph runs it on the CPU)."""
+    from posenc.export import export_onnx
+    from posenc.graphs import optimize_file
+    from posenc.validate import check_ort_parity
+    from posenc.validate.decode import validate_decode
+
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        paths = []
+        for layout in ("concat", "inplace"):
+            path = folder / f"{scheme}-{layout}.onnx"
+            export_onnx(path, scheme, kv_cache=layout, config=DECODE_CONFIG, dtype="float16")  # CUDA GQA: fp16
+            paths.append(path)
+            optimized = folder / f"{scheme}-{layout}.ort-cuda.onnx"
+            optimize_file(path, optimized, "ort-cuda", check=check_ort_parity)
+            paths.append(optimized)
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        jump = "fill" if scheme == "transformer_xl" else "position"
+        report = validate_decode(paths, jump=jump, providers=providers)
+        (folder / f"{scheme}.md").write_text(report.to_markdown())
+        worst = max((r.max_abs for r in report.rows), default=0.0)
+        return {"scheme": scheme, "passed": report.passed, "steps": len(report.schedule), "worst_abs_error": worst}
+    except Exception as exc:
+        return {"scheme": scheme, "passed": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -127,7 +190,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {r['case']} | {r.get('build')} | {r.get('parity', '-')} | {r.get('worst_abs_error', '-')} | {note} |"
         )
     lines += ["", f"Benchmarks: {json.dumps(report['benchmarks'])}", ""]
-    return "\n".join(lines)
+    decode = report.get("decode", {"status": "skipped"})
+    lines += ["## Decode: in-place vs concatenated KV cache (GPU)", ""]
+    lines += [decode.get("table") or f"status: {decode.get('status')} {decode.get('reason', '')}", ""]
+    for row in decode.get("parity", []):
+        verdict = "PASS" if row.get("passed") else "FAIL"
+        lines.append(f"- decode parity {row['scheme']} on CUDA: {verdict} {row.get('error', '')}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="op-level graphs only")
     parser.add_argument("--no-parity", action="store_true", help="build only")
     parser.add_argument("--no-bench", action="store_true", help="skip benchmarks")
+    parser.add_argument("--no-decode", action="store_true", help="skip the in-place KV cache decode figures")
     parser.add_argument(
         "--backend",
         default="tensorrt",
@@ -160,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     if rtx:
-        args.no_parity = args.no_bench = True  # RTX engines cannot run without an RTX-class GPU here
+        args.no_parity = args.no_bench = args.no_decode = True  # RTX engines cannot run without an RTX-class GPU here
     elif report["environment"]["compute_capability"] is None:
         print("gpu_check: no NVIDIA GPU visible (needs a CUDA build of torch and a driver).", file=sys.stderr)
         return 2
@@ -174,10 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.no_bench:
         report["benchmarks"] = benchmarks(args.schemes, out)
+    if not args.no_decode:
+        report["decode"] = decode_figures(args.schemes, out)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
     print(f"wrote {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
     failed = [r for r in report["cases"] if r.get("build") != "ok" or r.get("parity") in ("FAILED", "error")]
+    failed += [r for r in report.get("decode", {}).get("parity", []) if not r.get("passed")]
     return 1 if failed else 0
 
 

@@ -95,6 +95,10 @@ def _check_latency(out: Path, markdown: str) -> None:
         assert rows, scheme
         for row in rows:  # torch, ort-cpu and ort-cpu-fused columns hold times
             assert len(re.findall(r"\d+\.\d+ (?:ms|µs) \(", row)) >= 3, row
+    # the decode step against its bytes floor, both cache layouts (the in-place one timed beside the concat one)
+    for layout in ("concat", "in-place"):
+        pattern = rf"\| rope \| {layout} \| decode B=1 S=1 P=\d+ \| ort-cpu-fused \| [\d.]+ (?:ms|µs) \|"
+        assert re.search(pattern, latency), layout
     for backend in ("ort-cuda", "tensorrt"):  # missing backends: skipped, with the reason
         records = [r for r in bench["results"] if r["backend"] == backend]
         assert records

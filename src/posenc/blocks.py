@@ -15,7 +15,7 @@ from torch import nn
 
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.functional import is_tracing
+from posenc.functional import is_tracing, write_cache
 from posenc.memory import check_bytes
 from posenc.schemes import build_scheme
 from posenc.schemes.base import (
@@ -186,7 +186,7 @@ class AttentionBlock(nn.Module):
         order = position_ids if position_ids.dim() == 2 else default_positions(b, s, past, hidden.device)
         past_positions = torch.arange(past, device=hidden.device, dtype=order.dtype)
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), order), dim=1)
-        key_positions, key_poison = self.scheme.guard(key_positions)
+        key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
         q, k, v = self.project(hidden, position_ids)
         q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
@@ -194,6 +194,18 @@ class AttentionBlock(nn.Module):
             k = torch.cat((past_key.to(k.dtype), k), dim=2)
             v = torch.cat((past_value.to(v.dtype), v), dim=2)
         return self.attend(q, k, v, order, key_positions), k, v
+
+    def guard_keys(self, key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`PositionalScheme.guard` of the key positions ``[B, Sk]``, where the scheme reads a table with them.
+
+        Only ``score`` and ``attention`` schemes do (a bias or attention computed from query and key positions).
+        Elsewhere a key's position was used once, when its key was projected: the new keys' positions are the
+        queries' own (guarded, and their poison rides in ``k`` to every query that attends them), the cached keys'
+        are only compared by the masks. Skipping them keeps the guard off the cache's length at decode.
+        """
+        if self.scheme.placement in (Placement.SCORE, Placement.ATTENTION):
+            return self.scheme.guard(key_positions)
+        return key_positions, None
 
     def positions(self, hidden: torch.Tensor, position_ids: torch.Tensor | None, past: int) -> torch.Tensor:
         """``position_ids [B, S]`` of the new tokens: given (``[1, S]`` broadcast), or ``past + arange(S)``.
@@ -283,3 +295,64 @@ class AttentionBlock(nn.Module):
             out = softmax_attention(scores, v, mask)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
         return self.o_proj(out)
+
+    def forward_in_place(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        past_length: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step over preallocated caches: the new keys and values written at their slots, attention over the
+        filled slots only.
+
+        The same computation as :meth:`forward` with the cache rows ``0 .. past_length - 1`` as ``past_key`` /
+        ``past_value``: cached keys sit at positions ``0 .. P - 1``, the new ones at ``position_ids``. Each row of
+        the batch has its own ``past_length``; slots past ``past_length + S`` are never read (hidden by a key mask,
+        and left out of the attention altogether beyond the longest row). Schemes that compute attention
+        themselves (``attention`` placement) take no key mask: every row must then share its ``past_length``.
+
+        Shapes: hidden ``[B, S, E]``; position_ids ``[B, S]`` or ``[1, S]`` int64 (``[A, B, S]`` for multi-axis
+        schemes; default ``past_length + arange(S)``); key_cache / value_cache ``[B, Hkv, C, D]`` with finite values in every slot (zeros will do);
+        past_length ``[B]`` int64 with ``past_length + S <= C``. Returns ``(out [B, S, E], key_cache, value_cache)``
+        with the caches ``[B, Hkv, C, D]`` (new tensors in eager mode; one ``TensorScatter`` each once exported,
+        which runtimes run in place when the output is bound to the input's buffer).
+
+        Raises:
+            ConfigError: (eager) a cache too short, a negative ``past_length``, or rows of different
+                ``past_length`` for a scheme that computes attention itself.
+        """
+        s = hidden.shape[1]
+        past = past_length.to(torch.int64)[:, None]
+        token_order = past + torch.arange(s, device=hidden.device)  # [B, S]
+        position_ids = self.positions(hidden, token_order if position_ids is None else position_ids, 0)
+        position_ids, poison = self.scheme.guard(position_ids)
+        order = position_ids if position_ids.dim() == 2 else token_order  # multi-axis ids: masks use token order
+        attention_placement = self.scheme.placement is Placement.ATTENTION
+        if (
+            attention_placement
+            and not is_tracing()
+            and past_length.numel()
+            and bool((past_length != past_length[0]).any())
+        ):
+            raise ConfigError(
+                f"{self.scheme.spec.name} computes attention itself and cannot hide unfilled cache slots, so every "
+                f"row must share past_length (got {past_length.tolist()}); step the rows separately."
+            )
+        total = (past_length.max() + s).item()  # keys of the longest row: an unbacked size under export
+        torch._check(total >= s)
+        torch._check(total <= key_cache.shape[2])
+        slots = torch.arange(total, device=hidden.device)[None, :]
+        offset = (slots - past).clamp(0, s - 1)
+        key_positions = torch.where(slots < past, slots, order.gather(1, offset))  # [B, total]
+        key_positions, key_poison = self.guard_keys(key_positions)
+        poison = joint_poison(poison, key_poison)
+        q, k, v = self.project(hidden, position_ids)
+        q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
+        key_cache = write_cache(key_cache, k, past_length)
+        value_cache = write_cache(value_cache, v, past_length)
+        key_mask = None if attention_placement else slots < past + s
+        keys, values = key_cache.narrow(2, 0, total), value_cache.narrow(2, 0, total)
+        out = self.attend(q, keys, values, order, key_positions, key_mask)
+        return out, key_cache, value_cache

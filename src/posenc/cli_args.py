@@ -15,8 +15,8 @@ dtype       ``--dtype fp32|fp16|bf16``
 shapes      ``--shape B,S[,P][@START]``, optionally ``NAME:`` before it, or the presets ``prefill``/``decode``
 checkpoint  ``--hf-model DIR`` (export) / ``--against-hf DIR`` (validate), ``--layer N``, ``--layer-type NAME``
 output      ``-o/--output``, ``--json`` (print the result as JSON on stdout), ``--json-out FILE`` (write it)
-run         ``-s/--scheme``, ``--unit``, ``--seed``, ``--threads``, ``--keep-models``, ``--quiet``,
-            ``--engine-target``, ``--position-guard/--no-position-guard``
+run         ``-s/--scheme``, ``--unit``, ``--kv-cache concat|inplace``, ``--seed``, ``--threads``,
+            ``--keep-models``, ``--quiet``, ``--engine-target``, ``--position-guard/--no-position-guard``
 
 Paths given on the command line are never empty (:func:`path_arg`); what they point at is checked by
 :mod:`posenc.paths` before a subcommand opens or writes anything (:func:`check_output`, :func:`check_input`).
@@ -40,7 +40,7 @@ from typing import Any, NoReturn, TextIO
 
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export.units import UNITS, FeedShape, parse_named_shape
+from posenc.export.units import KV_CACHES, UNITS, FeedShape, parse_named_shape
 from posenc.paths import input_file, output_path
 
 # --------------------------------------------------------------------------------------------------
@@ -90,6 +90,7 @@ def path_arg(text: str) -> str:
 
 
 unit_arg = _choice("unit", UNITS)
+kv_cache_arg = _choice("kv cache layout", KV_CACHES)
 
 
 def parse_shape(text: str) -> tuple[str | None, FeedShape]:
@@ -282,6 +283,13 @@ OPTIONS: dict[str, Option] = _options(
         "projection layout",
         unit_arg,
         _choices_metavar(UNITS),
+    ),
+    Option(
+        ("--kv-cache",),
+        "the block's KV cache: concat (past in, past + new out: every step copies the cache) or inplace (a "
+        "preallocated cache of max-positions slots, new slots written in place; opset 24)",
+        kv_cache_arg,
+        _choices_metavar(KV_CACHES),
     ),
     Option(("--seed",), "random seed", int, "N"),
     Option(("--threads",), "intra-op threads of PyTorch and ONNX Runtime", int, "N"),

@@ -227,7 +227,8 @@ def plan_jobs(options: DemoOptions, folder: Path, parity: Path) -> list[Pipeline
 
 
 def bench_cases(options: DemoOptions, schemes: Sequence[str]) -> list[BenchCase]:
-    """Every scheme's block at a prefill and a decode shape on every backend, plus the RoPE op target."""
+    """Every scheme's block at a prefill and a decode shape on every backend (the decode step with both cache
+    layouts in the same rounds), plus the RoPE op target; ``--quick``: prefill, and RoPE's decode step."""
     from posenc.bench.backends import BACKEND_NAMES
     from posenc.bench.plan import table_modes_for
 
@@ -253,10 +254,20 @@ def bench_cases(options: DemoOptions, schemes: Sequence[str]) -> list[BenchCase]
             for unit in ("op-3d", "op")
         ]
     cases = list(rope_op) if "rope" in schemes else []
+    inplace = ("block-inplace",)
     for scheme in schemes:
         ((mode, _),) = table_modes_for(scheme, "auto")
-        cases += [BenchCase(scheme, "block", mode, shape, config, BACKEND_NAMES) for shape in shapes]
+        for shape in shapes:
+            paired = inplace if shape.past else ()
+            cases.append(BenchCase(scheme, "block", mode, shape, config, BACKEND_NAMES, with_units=paired))
+        if options.quick and scheme == "rope":
+            step = Shape("decode", 1, 1, config.max_position_embeddings - 1)
+            cases.append(BenchCase(scheme, "block", mode, step, config, QUICK_DECODE_BACKENDS, with_units=inplace))
     return cases
+
+
+QUICK_DECODE_BACKENDS = ("torch", "ort-cpu", "ort-cpu-fused")
+"""Backends of ``--quick``'s decode step (one per kind of graph, so the quick demo stays quick)."""
 
 
 def _bench_settings(options: DemoOptions) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from posenc.bench.plots import plot_latency, plot_roofline
 from posenc.bench.results import BenchDocument
-from posenc.bench.tables import backend_rows, latency_rows, skip_rows, target_rows
+from posenc.bench.tables import backend_rows, decode_rows, latency_rows, skip_rows, target_rows
 from posenc.demo_records import CheckpointParity, DemoResult, ParityStage, PipelineRecord, SweepStage
 from posenc.report.decay import plot_rope_decay
 from posenc.report.document import Report
@@ -304,8 +304,10 @@ def write_demo_report(result: DemoResult, bench_doc: BenchDocument | None, folde
         report.text(
             f"Median (p90) latency per backend, {bench_doc.settings.threads} threads, warm-up "
             f"{timing.warmup}, up to {timing.repeats} timed calls, ONNX Runtime with IOBinding and "
-            f"preallocated outputs. Bytes/s = (inputs read + outputs written + projection weights) / median; "
-            f"`% of copy BW` divides it by the copy bandwidth measured in the same run"
+            f"preallocated outputs. Bytes/s = the bytes a call must move / median (an op: inputs read + outputs "
+            f"written; a block step: its bytes floor, projection weights + hidden in and out + every cached and new "
+            f"key and value read once + the new ones written once); `% of copy BW` divides it by the copy bandwidth "
+            f"measured in the same run"
             + (f" (**{bw.bytes_per_s / 1e9:.1f} GB/s**, {bw.mib} MiB numpy copy)." if bw else ".")
             + " Large memory-bound ops are divided by a copy timed in the same alternating rounds instead, so "
             "the machine's drift hits both. Shares above 100 % mean the working set stayed in the CPU caches."
@@ -313,6 +315,14 @@ def write_demo_report(result: DemoResult, bench_doc: BenchDocument | None, folde
         if bench_doc.targets:
             report.table(*target_rows(bench_doc), caption="Targets (ratios from this one run):")
         report.table(*latency_rows(bench_doc))
+        headers, rows = decode_rows(bench_doc)
+        if rows:
+            report.table(
+                headers,
+                rows,
+                caption="Decode against its bytes floor: the concatenated cache (every step copies it) and the "
+                "in-place cache (a step writes only its new slots), timed in the same rounds as a copy:",
+            )
         latency = plot_latency(bench_doc, folder / "latency.png")
         roofline = plot_roofline(bench_doc, folder / "roofline.png")
         if latency is not None:

@@ -26,7 +26,14 @@ from posenc import rope_types as RT
 from posenc.blocks import AttentionBlock, HeadRMSNorm, block_scheme
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes.base import Placement, PositionalScheme, TableMode, attention_mask, softmax_attention
+from posenc.schemes.base import (
+    Placement,
+    PositionalScheme,
+    TableMode,
+    attention_mask,
+    poisoned,
+    softmax_attention,
+)
 
 MLA_KIND = "mla"
 """The ``block`` entry of an :class:`MLAConfig`'s dict (manifests tell the two geometries apart by it)."""
@@ -223,7 +230,11 @@ class MLABlock(nn.Module):
             raise ConfigError("pass past_key (latent) and past_value (rotated key slice) together, or neither.")
         past = 0 if past_key is None else past_key.shape[2]
         position_ids = self.positions(hidden, position_ids, past)
+        # An exported graph guards positions (posenc.functional.position_guard); the poison enters the new q and
+        # key slice, so out and the cache carry it (cached keys need none: AttentionBlock.guard_keys).
+        position_ids, poison = self.scheme.guard(position_ids)
         q_nope, q_rope, latent, k_rope = self.project(hidden, position_ids)
+        q_rope, k_rope = poisoned(q_rope, poison, 2), poisoned(k_rope, poison, 2)
         if past_key is not None and past_value is not None:
             latent = torch.cat((past_key.to(latent.dtype), latent), dim=2)
             k_rope = torch.cat((past_value.to(k_rope.dtype), k_rope), dim=2)

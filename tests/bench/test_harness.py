@@ -17,6 +17,14 @@ from posenc.config import AttentionConfig
 TINY = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
 FAST = RunSettings(timing=TimingSettings(warmup=1, repeats=3, min_repeats=1, max_seconds=0.5), threads=1, plots=True)
 FIXED_BW = CopyBandwidth(bytes_per_s=10e9, mib=1, repeats=1, samples=(10e9,))
+ALONGSIDE = RunSettings(
+    timing=TimingSettings(warmup=1, repeats=4, min_repeats=1, rounds=2, max_seconds=None),
+    threads=1,
+    copy_mib=1,
+    copy_alongside_mib=1,
+    plots=False,
+)
+"""A copy (and a GEMM for prefill blocks) timed in the same rounds as every case."""
 
 
 def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
@@ -114,15 +122,8 @@ def test_targets_are_ratios_of_records_from_one_document() -> None:
 
 def test_large_ops_are_divided_by_a_copy_timed_alongside(tmp_path) -> None:
     wide = AttentionConfig(hidden_size=512, num_heads=8, num_kv_heads=8, max_position_embeddings=256)
-    settings = RunSettings(
-        timing=TimingSettings(warmup=1, repeats=4, min_repeats=1, rounds=2, max_seconds=None),
-        threads=1,
-        copy_mib=1,
-        copy_alongside_mib=1,
-        plots=False,
-    )
     plan = make_plan(["rope"], ["op-3d", "block"], "precomputed", [Shape("prefill", 1, 160)], ["torch"], wide)
-    doc = run_bench(plan, settings, None, progress=False, bandwidth=FIXED_BW)
+    doc = run_bench(plan, ALONGSIDE, None, progress=False, bandwidth=FIXED_BW)
     op, block = doc.records
     assert op.bytes_moved >= 1 << 20
     assert op.copy_bytes_per_s is not None
@@ -150,3 +151,57 @@ def test_a_bench_document_with_a_renamed_or_missing_key_is_refused(tmp_path) -> 
     data["format"] = "posenc-bench/1"
     with pytest.raises(ModelFileError, match=r"posenc-bench/1.*re-run"):
         BenchDocument.from_dict(data)
+
+
+def test_decode_times_both_cache_layouts_against_a_copy_and_prefill_against_a_gemm(tmp_path) -> None:
+    shapes = [Shape("decode", 1, 1, 20), Shape("prefill", 1, 64)]
+    backends = ["ort-cpu", "ort-cpu-fused"]
+    plan = make_plan(["rope"], ["block"], "precomputed", shapes, backends, TINY, kv_caches=("concat", "inplace"))
+    assert [(c.unit, c.with_units) for c in plan] == [("block", ("block-inplace",))] * 2
+    doc = run_bench(plan, ALONGSIDE, tmp_path, progress=False, bandwidth=FIXED_BW)
+    decode = [r for r in doc.records if r.shape == shapes[0]]
+    prefill = [r for r in doc.records if r.shape == shapes[1]]
+    assert sorted((r.unit, r.backend) for r in decode) == sorted(
+        (u, b) for u in ("block", "block-inplace") for b in backends
+    )
+    for record in decode:
+        assert record.status == "ok", record.reason
+        assert record.bytes_moved == decode[0].bytes_moved  # one bytes floor whatever the layout
+        assert record.copy_bytes_per_s is not None  # a copy timed in the same rounds
+        assert math.isclose(record.roofline_ratio, record.bytes_per_s / record.copy_bytes_per_s)
+        assert record.flops_ratio is None
+    for record in prefill:
+        assert record.status == "ok", record.reason
+        assert record.gemm_flops_per_s is not None
+        assert math.isclose(record.flops_ratio, record.flops / record.timing.median / record.gemm_flops_per_s)
+    markdown = (tmp_path / "bench.md").read_text()
+    assert "## Decode against its bytes floor" in markdown
+    assert "| rope | in-place | decode B=1 S=1 P=20 | ort-cpu-fused |" in markdown
+
+
+def test_decode_targets_compare_the_layouts_of_one_document() -> None:
+    from posenc.bench.plan import DECODE_TARGET_SHAPE, LLAMA_LIKE
+    from posenc.bench.results import BenchRecord
+
+    def record(scheme, unit, backend, median, ratio=None):
+        timing = Timing(median=median, p90=median, mean=median, minimum=median, runs=1)
+        return BenchRecord(
+            scheme, unit, "precomputed", backend, DECODE_TARGET_SHAPE, LLAMA_LIKE, "ok", timing=timing,
+            bytes_moved=18_900_000, bytes_per_s=18_900_000 / median, roofline_ratio=ratio,
+        )  # fmt: skip
+
+    doc = BenchDocument(settings=RunSettings())
+    doc.records = [
+        record("rope", "block", "ort-cpu", 0.006),
+        record("rope", "block", "ort-cpu-fused", 0.0016, 0.5),
+        record("rope", "block-inplace", "ort-cpu", 0.005),
+        record("rope", "block-inplace", "ort-cpu-fused", 0.0008, 0.75),
+        record("t5", "block", "ort-cpu", 0.002),
+        record("t5", "block-inplace", "ort-cpu-fused", 0.003),
+    ]
+    checks = evaluate_targets(doc)
+    assert [c.passed for c in checks] == [True, False, True, False]
+    assert checks[0].measured == pytest.approx(0.75)
+    assert checks[1].measured == pytest.approx(0.0016 / 0.0008)  # 2x: short of 2.5x
+    assert checks[2].measured == pytest.approx(0.0016 / 0.0008)  # the faster graph of each layout
+    assert checks[3].measured == pytest.approx(0.002 / 0.003)

@@ -30,14 +30,18 @@ def test_rope_op_bytes_and_output_follow_the_formula() -> None:
     torch.testing.assert_close(w.outputs[0], q_expected)
 
 
-def test_block_bytes_include_the_projection_weights() -> None:
+def test_block_bytes_are_the_decode_step_floor_for_both_cache_layouts() -> None:
     shape = Shape("decode", batch=1, seq=1, past=4)
-    w = build_workload("alibi", "block", "dynamic", TINY, shape)
     e, h, hkv, d = 32, 4, 2, TINY.head_dim
     weights = 4 * (e * h * d + 2 * e * hkv * d + h * d * e)
-    io = 4 * e + 8 + 2 * 4 * hkv * 4 * d  # hidden, position, past key/value
-    out = 4 * e + 2 * 4 * hkv * 5 * d  # output, present key/value
-    assert w.bytes_moved == weights + io + out
+    hidden = 4 * 2 * e  # hidden read, out written
+    cache_read = 4 * 2 * hkv * 5 * d  # every cached and new key and value read once
+    new_written = 4 * 2 * hkv * 1 * d  # the new key and value written once
+    for unit in ("block", "block-inplace"):
+        w = build_workload("alibi", unit, "dynamic", TINY, shape)
+        assert w.bytes_moved == weights + hidden + cache_read + new_written, unit
+        # projections (q, k, v, o) and QK^T, PV over the 5 keys, 2 FLOPs per multiply-add
+        assert w.flops == 2 * e * (h * d + 2 * hkv * d) + 2 * h * d * e + 2 * 2 * h * 5 * d, unit
 
 
 def test_projection_layout_op_rotates_like_the_functional_contract() -> None:

@@ -60,7 +60,7 @@ def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:  # ty
 def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = str(tmp_path / "x.onnx")
     assert main(["export", "--scheme", "rope", "--opset", "19", "-o", out]) == 2
-    assert "[17, 18, 23]" in capsys.readouterr().err
+    assert "[17, 18, 23, 24]" in capsys.readouterr().err
     assert main(["export", "--scheme", "rope", "--param", "factor", "-o", out]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["export", "--scheme", "rope", "--dtype", "fp8", "-o", out]) == 2
@@ -94,3 +94,20 @@ def test_t5_direction_follows_causal_unless_given(tmp_path, capsys) -> None:  # 
         assert (scheme, geometry.causal, params["bidirectional"]) == ("t5", causal, bidirectional), extra
     geometry, _, params = _geometry(parser.parse_args([*base, "--scheme", "alibi", "--causal"]))
     assert "bidirectional" not in params  # another scheme than the imported one takes no T5 parameters
+
+
+def test_export_kv_cache_inplace_writes_a_preallocated_cache_block(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "rope.onnx"
+    argv = ["export", "--scheme", "rope", "--kv-cache", "inplace", "--hidden-size", "32", "--num-heads", "2"]
+    argv += ["--max-position-embeddings", "40", "-o", str(out)]
+    assert main(argv) == 0
+    manifest = load_manifest(out)
+    assert (manifest.unit, manifest.opset) == ("block-inplace", 24)
+    assert [(s.name, s.role) for s in manifest.inputs][2:] == [
+        ("key_cache", "cache"),
+        ("value_cache", "cache"),
+        ("past_length", "length"),
+    ]
+    assert manifest.input("key_cache").shape[2] == 40  # one slot per position the block serves
+    assert main(["export", "--scheme", "rope", "--kv-cache", "inplace", "--opset", "23", "-o", str(out)]) == 2
+    assert "--opset 24" in capsys.readouterr().err

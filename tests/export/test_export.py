@@ -153,10 +153,20 @@ def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path)
     assert validate_onnx(result.path, shapes=[FeedShape(2, 5, 3)]).passed
 
 
-@pytest.mark.parametrize("opset", [13, 16, 19, 24])
+@pytest.mark.parametrize("opset", [13, 16, 19, 25])
 def test_unsupported_opset_lists_the_supported_ones(opset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ExportError, match=r"\[17, 18, 23\]"):
+    with pytest.raises(ExportError, match=r"\[17, 18, 23, 24\]"):
         export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, opset=opset)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_in_place_cache_needs_opset_24_and_a_block(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ExportError, match="--opset 24"):
+        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, kv_cache="inplace", opset=23)
+    with pytest.raises(ExportError, match="has no cache"):
+        export_onnx(tmp_path / "x.onnx", "rope", unit="op", config=SMALL, kv_cache="inplace")
+    with pytest.raises(ExportError, match="kv cache layout"):
+        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, kv_cache="paged")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -74,7 +74,7 @@ def test_optimize_refuses_to_overwrite_its_input(exported) -> None:
 
 
 def test_unknown_target_and_rope_mode_list_the_valid_ones(exported) -> None:
-    with pytest.raises(ConfigError, match=r"\['ort-cpu', 'trt'\]"):
+    with pytest.raises(ConfigError, match=r"\['ort-cpu', 'ort-cuda', 'trt'\]"):
         optimize_file(exported, exported.with_name("x.onnx"), "tensorrt")
     with pytest.raises(ConfigError, match="fused"):
         optimize_file(exported, exported.with_name("x.onnx"), "trt", "fast")

@@ -1,4 +1,5 @@
-"""Backends a workload is timed on: eager PyTorch, ONNX Runtime (CPU decomposed / fused, CUDA), TensorRT.
+"""Backends a workload is timed on: eager PyTorch, ONNX Runtime (CPU decomposed / fused / GroupQueryAttention,
+CUDA exported / fused), TensorRT.
 
 Each backend says why it cannot run (:meth:`Backend.unavailable`) instead of failing, and turns a
 workload into a zero-argument callable whose outputs are preallocated (ONNX Runtime IOBinding), so the
@@ -19,6 +20,8 @@ from posenc.bench.models import ModelStore, SkipCase
 from posenc.bench.workloads import Workload
 from posenc.errors import BackendUnavailable, ConfigError
 from posenc.export.runtime import ort_session
+from posenc.export.units import BLOCK_INPLACE
+from posenc.validate.runners import CACHE_BUFFERS, bind_in_place
 
 Runner = Callable[[], Any]
 
@@ -69,19 +72,47 @@ def _bind_names(session: Any, workload: Workload) -> list[tuple[str, np.ndarray]
     )
 
 
+ORT_GRAPHS: dict[str, tuple[str, str | None, str]] = {
+    "decomposed": ("ort-cpu", None, "ONNX Runtime CPU, the exported (decomposed) graph"),
+    "fused": (
+        "ort-cpu-fused",
+        "ort-cpu",
+        "ONNX Runtime CPU, graph optimized for ort-cpu (fused RotaryEmbedding 3-D, Attention; in-place caches read "
+        "without copies when decoding)",
+    ),
+    "gqa": (
+        "ort-cpu-gqa",
+        "ort-cuda",
+        "ONNX Runtime CPU, graph optimized for ort-cuda (contrib GroupQueryAttention over the in-place cache)",
+    ),
+}
+"""Graph kind -> (backend name, the ``posenc optimize`` target of its graph or None for the export, description)."""
+
+
+def _model_path(workload: Workload, models: ModelStore, target: str | None) -> Path:
+    return models.exported(workload) if target is None else models.optimized(workload, target)
+
+
+def _in_place_caches(workload: Workload) -> dict[str, np.ndarray]:
+    """Copies of an in-place workload's caches (the buffers a timed call writes into), else nothing."""
+    if workload.unit != BLOCK_INPLACE:
+        return {}
+    return {name: workload.inputs[name].detach().numpy().copy() for name, _ in CACHE_BUFFERS}
+
+
 class OrtCpu(Backend):
-    """ONNX Runtime CPU on the exported graph (``graph="decomposed"``) or the optimized one (``"fused"``)."""
+    """ONNX Runtime CPU on the exported graph (``graph="decomposed"``), the one optimized for ``ort-cpu``
+    (``"fused"``), or the one optimized for ``ort-cuda`` (``"gqa"``, its contrib ops on the CPU kernels).
+
+    In-place cache graphs run as deployed: each present bound to its cache's buffer, so a step writes only its
+    new slots.
+    """
 
     def __init__(self, graph: str = "decomposed") -> None:
-        if graph not in ("decomposed", "fused"):
-            raise ConfigError(f"unknown graph kind {graph!r}; use 'decomposed' or 'fused'.")
+        if graph not in ORT_GRAPHS:
+            raise ConfigError(f"unknown graph kind {graph!r}; use one of {list(ORT_GRAPHS)}.")
         self.graph = graph
-        self.name = "ort-cpu" if graph == "decomposed" else "ort-cpu-fused"
-        self.description = (
-            "ONNX Runtime CPU, the exported (decomposed) graph"
-            if graph == "decomposed"
-            else "ONNX Runtime CPU, graph optimized for ort-cpu (fused RotaryEmbedding 3-D, Attention)"
-        )
+        self.name, self.target, self.description = ORT_GRAPHS[graph]
 
     def unavailable(self) -> str | None:
         if importlib.util.find_spec("onnxruntime") is None:
@@ -89,28 +120,31 @@ class OrtCpu(Backend):
         return None
 
     def model_path(self, workload: Workload, models: ModelStore) -> Path:
-        if self.graph == "decomposed":
-            return models.exported(workload)
-        return models.optimized(workload, "ort-cpu")
+        return _model_path(workload, models, self.target)
 
     def prepare(self, workload: Workload, models: ModelStore, threads: int) -> Runner:
+        import onnxruntime as ort
+
         path = self.model_path(workload, models)
         session = models.cached(
             ("ort-cpu", str(path), threads),
             lambda: ort_session(path, ["CPUExecutionProvider"], threads=threads, spinning=False, check=False),
         )
         feeds = _bind_names(session, workload)
-        binding = session.io_binding()
-        for name, array in feeds:
-            binding.bind_cpu_input(name, array)
+        buffers = _in_place_caches(workload)
+        keep: list[Any] = list(buffers.values())
+        caches = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}  # shares memory
+        binding = bind_in_place(session, dict(feeds), caches, other_outputs=False)
+        written = {present for cache, present in CACHE_BUFFERS if cache in caches}
         first = session.run(None, dict(feeds))  # learns output shapes; doubles as a warm-up call
-        keep: list[np.ndarray] = []
         for meta, value in zip(session.get_outputs(), first, strict=True):
+            if meta.name in written:
+                continue
             out = np.empty_like(value)
             keep.append(out)
             binding.bind_output(meta.name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
 
-        def run() -> list[np.ndarray]:
+        def run() -> list[Any]:
             session.run_with_iobinding(binding)
             return keep
 
@@ -118,8 +152,17 @@ class OrtCpu(Backend):
 
 
 class OrtCuda(Backend):
-    name = "ort-cuda"
-    description = "ONNX Runtime CUDA execution provider, inputs and outputs on the GPU"
+    """ONNX Runtime CUDA on the exported graph, or on the one optimized for ``ort-cuda`` (``fused=True``: contrib
+    ``GroupQueryAttention`` over an in-place cache); inputs and outputs on the GPU, in-place caches shared."""
+
+    def __init__(self, fused: bool = False) -> None:
+        self.fused = fused
+        self.name = "ort-cuda-fused" if fused else "ort-cuda"
+        self.description = (
+            "ONNX Runtime CUDA, graph optimized for ort-cuda (GroupQueryAttention over in-place caches)"
+            if fused
+            else "ONNX Runtime CUDA execution provider, inputs and outputs on the GPU"
+        )
 
     def unavailable(self) -> str | None:
         if importlib.util.find_spec("onnxruntime") is None:
@@ -133,19 +176,24 @@ class OrtCuda(Backend):
     def prepare(self, workload: Workload, models: ModelStore, threads: int) -> Runner:
         import onnxruntime as ort
 
-        path = models.exported(workload)
+        path = _model_path(workload, models, "ort-cuda" if self.fused else None)
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
         session = ort_session(path, providers, threads=threads, spinning=False, check=False)
         feeds = _bind_names(session, workload)
         first = session.run(None, dict(feeds))
         binding = session.io_binding()
         keep = []
+        caches = {}
         for name, array in feeds:
             value = ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0)
             keep.append(value)
             binding.bind_ortvalue_input(name, value)
+            if workload.unit == BLOCK_INPLACE and name in dict(CACHE_BUFFERS):
+                caches[dict(CACHE_BUFFERS)[name]] = value  # the present is written into its cache's buffer
         for meta, host in zip(session.get_outputs(), first, strict=True):
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(host.shape), host.dtype, "cuda", 0)
+            value = caches.get(meta.name) or ort.OrtValue.ortvalue_from_shape_and_type(
+                list(host.shape), host.dtype, "cuda", 0
+            )
             keep.append(value)
             binding.bind_ortvalue_output(meta.name, value)
 
@@ -176,6 +224,8 @@ class TensorRT(Backend):
 
     def prepare(self, workload: Workload, models: ModelStore, threads: int) -> Runner:
         engine_path = models.engine(workload)
+        if workload.unit == BLOCK_INPLACE:
+            return _tensorrt_in_place(engine_path, workload, models)
         try:
             from posenc.engine import engine_runner
 
@@ -194,9 +244,58 @@ class TensorRT(Backend):
         return run
 
 
+def _tensorrt_in_place(engine_path: Path, workload: Workload, models: ModelStore) -> Runner:
+    """A TensorRT engine of an in-place cache graph, each present bound to its cache's device buffer.
+
+    TensorRT's KV-cache update layer writes in place: its output must share the cache input's memory, which
+    polygraphy's ``TrtRunner`` (outputs of its own) does not do, so the engine runs through the TensorRT API here.
+    """
+    try:
+        import tensorrt as trt
+    except ImportError as exc:
+        raise SkipCase(f"the engine cannot be run here: {exc}") from None
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+    if engine is None:
+        raise SkipCase(f"TensorRT could not deserialize {engine_path} on this GPU")
+    context = engine.create_execution_context()
+    tensors = {name: t.contiguous().cuda() for name, t in workload.inputs.items()}
+    presents = {present: cache for cache, present in CACHE_BUFFERS}
+    for name, tensor in tensors.items():
+        context.set_input_shape(name, tuple(tensor.shape))
+        context.set_tensor_address(name, tensor.data_ptr())
+    for index in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(index)
+        if engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
+            continue
+        if name in presents:
+            context.set_tensor_address(name, tensors[presents[name]].data_ptr())  # written in place
+            continue
+        dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(name)))).dtype
+        tensors[name] = torch.empty(tuple(context.get_tensor_shape(name)), dtype=dtype, device="cuda")
+        context.set_tensor_address(name, tensors[name].data_ptr())
+    stream = torch.cuda.current_stream()
+    models.on_close(lambda: tensors.clear())
+
+    def run() -> Any:
+        context.execute_async_v3(stream.cuda_stream)
+        torch.cuda.synchronize()
+        return tensors
+
+    return run
+
+
 def all_backends() -> dict[str, Backend]:
     """Every backend by name, in the order results are shown."""
-    backends: list[Backend] = [EagerTorch(), OrtCpu("decomposed"), OrtCpu("fused"), OrtCuda(), TensorRT()]
+    backends: list[Backend] = [
+        EagerTorch(),
+        OrtCpu("decomposed"),
+        OrtCpu("fused"),
+        OrtCpu("gqa"),
+        OrtCuda(),
+        OrtCuda(fused=True),
+        TensorRT(),
+    ]
     return {b.name: b for b in backends}
 
 

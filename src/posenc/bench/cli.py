@@ -31,6 +31,7 @@ EPILOG = """\
 Examples:
   posenc bench --suite targets -o bench-targets        # the CPU targets, as ratios from one run
   posenc bench -s rope -s alibi --unit op --shape prefill --shape 4,128 -o bench-results
+  posenc bench -s rope --unit block --kv-cache concat --kv-cache inplace --shape 1,1,4095 -o bench-decode
   posenc bench -s rope --backend torch --backend ort-cpu --repeats 20 --threads 1
   posenc bench -s rope --unit op-3d --shape long:1,2048 --hidden-size 4096 --num-heads 32 -o bench-rope
 
@@ -38,8 +39,9 @@ Shapes: B,S[,P][@START] (batch, new tokens, cached tokens, first position), NAME
 (long:1,2048), or the presets prefill (1,512) and decode (1,1,511).
 Geometry: head_dim is --hidden-size // --num-heads unless --head-dim is given; precomputed tables get
 max(--max-position-embeddings, last position + 1) rows.
-Backends: torch, ort-cpu (exported graph), ort-cpu-fused (posenc.graphs output), ort-cuda, tensorrt;
-those missing here are reported as skipped with the reason.
+Backends: torch, ort-cpu (exported graph), ort-cpu-fused (posenc.graphs output for ort-cpu), ort-cpu-gqa (the
+ort-cuda graph on the CPU: contrib GroupQueryAttention), ort-cuda, ort-cuda-fused, tensorrt; those missing here
+are reported as skipped with the reason. A block with both --kv-cache layouts times them in the same rounds.
 Writes OUT/bench.json (after every measurement), OUT/bench.md, OUT/latency.png, OUT/roofline.png.
 """
 
@@ -73,10 +75,10 @@ def _run(args: argparse.Namespace) -> int:
     schemes = split_names(args.scheme)
     backends = split_names(args.backend)
     if args.suite == "targets":
-        if args.unit or args.shape or args.table_mode or geometry_given(args):
+        if args.unit or args.shape or args.table_mode or args.kv_cache or geometry_given(args):
             raise ConfigError(
-                "--suite targets fixes units, shapes, table modes and geometry; drop --unit/--shape/--table-mode "
-                "and the geometry options (or leave out --suite to choose them)."
+                "--suite targets fixes units, cache layouts, shapes, table modes and geometry; drop --unit/--kv-cache/"
+                "--shape/--table-mode and the geometry options (or leave out --suite to choose them)."
             )
         cases = targets_plan(schemes or None, backends or None)
     else:
@@ -88,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             shapes or None,
             backends or None,
             config_from_args(args, LLAMA_LIKE),
+            args.kv_cache or ("concat",),
         )
     out = Path(args.output)
     doc = run_bench(cases, settings, out, progress=not args.quiet)
@@ -119,6 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--suite", choices=SUITES, default="default", help="what to measure (default: the options below)")
     add(p, "scheme", repeat=True, note="or comma-separated; default: every registered scheme")
     add(p, "unit", repeat=True, note="default: every unit the scheme exports")
+    add(p, "kv_cache", repeat=True, note="the block's cache layouts to time (both: in the same rounds); default concat")
     add(p, "table_mode", repeat=True, note="give both for both; default: precomputed where the scheme has it")
     p.keep_old_value_spelling(
         OldValueSpelling(

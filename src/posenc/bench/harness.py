@@ -1,5 +1,9 @@
 """Runs a benchmark plan: copy bandwidth first, then every case on every backend, saving as it goes.
 
+Within a case every backend (and every unit the case times together, e.g. a block's two cache layouts) runs in
+alternating rounds, with a copy timed alongside large ops and decode steps (their bytes' roofline) and a GEMM of the
+same FLOPs alongside prefill blocks (their compute roofline).
+
 Results are written after each measurement (``bench.json``, ``bench.md``); plots when the run ends.
 Ctrl-C keeps everything measured so far: the document is marked ``interrupted``, written out, and the
 interrupt propagates (``posenc bench`` exits with status 130).
@@ -16,19 +20,22 @@ import torch
 
 from posenc.bench.backends import Backend, Runner, get_backends
 from posenc.bench.bandwidth import CopyBandwidth, CopyRunner, measure_copy_bandwidth
+from posenc.bench.gemm import GemmRunner
 from posenc.bench.models import ModelStore, SkipCase
 from posenc.bench.plan import BenchCase
 from posenc.bench.progress import Progress
 from posenc.bench.results import BackendInfo, BenchDocument, BenchRecord
 from posenc.bench.tables import format_seconds
 from posenc.bench.timing import RunSettings, Timing, measure, measure_interleaved
-from posenc.bench.workloads import Workload, build_workload
+from posenc.bench.workloads import BLOCK_UNITS, Workload, build_workload
 from posenc.errors import PosencError
 from posenc.export.files import write_text_atomic
 
 JSON_NAME = "bench.json"
 COPY_RUNNER = "copy"
-"""Name of the copy timed alongside large ops (never a backend name)."""
+"""Name of the copy timed alongside large ops and decode steps (never a backend name)."""
+GEMM_RUNNER = "gemm"
+"""Name of the GEMM timed alongside prefill blocks (never a backend name)."""
 MARKDOWN_NAME = "bench.md"
 
 
@@ -112,10 +119,12 @@ def _backends_of(cases: Sequence[BenchCase]) -> dict[str, Backend]:
     return {b.name: b for b in get_backends(names)} if names else {}
 
 
-def _record(case: BenchCase, backend: str, status: str, reason: str = "", **extra: Any) -> BenchRecord:
+def _record(
+    case: BenchCase, backend: str, status: str, reason: str = "", unit: str | None = None, **extra: Any
+) -> BenchRecord:
     return BenchRecord(
         scheme=case.scheme,
-        unit=case.unit,
+        unit=case.unit if unit is None else unit,
         table_mode=case.table_mode,
         backend=backend,
         shape=case.shape,
@@ -129,69 +138,109 @@ def _record(case: BenchCase, backend: str, status: str, reason: str = "", **extr
 def _run_case(
     case: BenchCase, backends: dict[str, Backend], store: ModelStore, settings: RunSettings, bar: Progress
 ) -> Iterator[BenchRecord]:
-    """Yield one record per backend of ``case``."""
+    """Yield one record per backend of ``case`` (and per backend of each of its :attr:`~BenchCase.with_units`)."""
+    units = (case.unit, *case.with_units)
     if case.skip_reason:
-        for name in case.backends:
-            bar.step(f"{case.label} {name}: skipped")
-            yield _record(case, name, "skipped", case.skip_reason)
+        for unit in units:
+            for name in case.backends:
+                bar.step(f"{case.label} {name}: skipped")
+                yield _record(case, name, "skipped", case.skip_reason, unit=unit)
         return
     bar.show(f"{case.label}: building")
-    try:
-        workload = build_workload(case.scheme, case.unit, case.table_mode, case.config, case.shape)
-    except PosencError as exc:
-        for name in case.backends:
-            bar.step(f"{case.label} {name}: skipped")
-            yield _record(case, name, "skipped", str(exc))
-        return
+    workloads: dict[str, Workload] = {}
+    records: dict[tuple[str, str], BenchRecord] = {}
+    for unit in units:
+        try:
+            workloads[unit] = build_workload(case.scheme, unit, case.table_mode, case.config, case.shape)
+        except PosencError as exc:
+            for name in case.backends:
+                records[(unit, name)] = _record(case, name, "skipped", str(exc), unit=unit)
     if any(backends[name].unavailable() is None for name in case.backends):
         # Exporting tells which inputs the op reads, so every backend's byte count (and roofline ratio) is the
         # same whichever backends run; an export failure is recorded per backend below.
-        with contextlib.suppress(SkipCase):
-            bar.show(f"{case.label}: exporting")
-            store.exported(workload)
-    records: dict[str, BenchRecord] = {}
+        for workload in workloads.values():
+            with contextlib.suppress(SkipCase):
+                bar.show(f"{case.label}: exporting {workload.unit}")
+                store.exported(workload)
     runners: dict[str, Runner] = {}
-    for name in case.backends:
-        backend = backends[name]
-        reason = backend.unavailable()
-        if reason:
-            records[name] = _record(case, name, "skipped", reason)
-            continue
-        bar.show(f"{case.label} {name}: preparing")
-        try:
-            runners[name] = backend.prepare(workload, store, settings.threads)
-        except SkipCase as exc:
-            records[name] = _record(case, name, "skipped", str(exc))
-        except Exception as exc:  # one broken case must not end a long run; the message goes into the report
-            records[name] = _record(case, name, "error", f"{type(exc).__name__}: {exc}")
+    for unit, workload in workloads.items():
+        for name in case.backends:
+            backend = backends[name]
+            reason = backend.unavailable()
+            if reason:
+                records[(unit, name)] = _record(case, name, "skipped", reason, unit=unit)
+                continue
+            bar.show(f"{case.label} {name} {unit}: preparing")
+            try:
+                runners[_runner_name(name, unit, case)] = backend.prepare(workload, store, settings.threads)
+            except SkipCase as exc:
+                records[(unit, name)] = _record(case, name, "skipped", str(exc), unit=unit)
+            except Exception as exc:  # one broken case must not end a long run; the message goes into the report
+                records[(unit, name)] = _record(case, name, "error", f"{type(exc).__name__}: {exc}", unit=unit)
     if runners:
-        copy = _copy_alongside(case, workload, settings, store)
-        if copy is not None:
-            runners[COPY_RUNNER] = copy
+        main = workloads.get(case.unit) or next(iter(workloads.values()))
+        copy = _copy_alongside(case, main, settings, store)
+        gemm = _gemm_alongside(main, settings, store)
+        for label, alongside in ((COPY_RUNNER, copy), (GEMM_RUNNER, gemm)):
+            if alongside is not None:
+                runners[label] = alongside
         bar.show(f"{case.label}: timing {', '.join(runners)}")
         outcomes = _time_runners(runners, settings)
-        copy_timing = outcomes.pop(COPY_RUNNER, None)
+        copy_timing, gemm_timing = outcomes.pop(COPY_RUNNER, None), outcomes.pop(GEMM_RUNNER, None)
         copy_bps = copy.bytes_per_call / copy_timing.median if isinstance(copy_timing, Timing) else None
-        for name, outcome in outcomes.items():
-            if isinstance(outcome, Exception):
-                records[name] = _record(case, name, "error", f"{type(outcome).__name__}: {outcome}")
-            else:
-                records[name] = _ok_record(case, name, workload, outcome, store)
-                records[name].copy_bytes_per_s = copy_bps
+        gemm_fps = gemm.flops_per_call / gemm_timing.median if isinstance(gemm_timing, Timing) else None
+        for unit, workload in workloads.items():
+            for name in case.backends:
+                outcome = outcomes.get(_runner_name(name, unit, case))
+                if outcome is None:
+                    continue
+                if isinstance(outcome, Exception):
+                    records[(unit, name)] = _record(
+                        case, name, "error", f"{type(outcome).__name__}: {outcome}", unit=unit
+                    )
+                else:
+                    record = _ok_record(case, name, workload, outcome, store)
+                    record.copy_bytes_per_s, record.gemm_flops_per_s = copy_bps, gemm_fps
+                    records[(unit, name)] = record
     runners.clear()  # release sessions before the next case allocates
-    for name in case.backends:
-        record = records[name]
-        done = format_seconds(record.median) if record.status == "ok" else record.status
-        bar.step(f"{case.label} {name}: {done}")
-        yield record
+    for unit in units:
+        for name in case.backends:
+            record = records[(unit, name)]
+            done = format_seconds(record.median) if record.status == "ok" else record.status
+            bar.step(f"{case.label} {name} {unit}: {done}")
+            yield record
+
+
+def _runner_name(backend: str, unit: str, case: BenchCase) -> str:
+    return backend if unit == case.unit else f"{backend}[{unit}]"
+
+
+DECODE_MAX_SEQ = 16
+"""Calls of at most this many new tokens after a cache are decode steps (bandwidth-bound); longer ones prefill."""
+PREFILL_MIN_SEQ = 64
+"""Block calls of at least this many tokens are compared with a GEMM of their FLOPs."""
 
 
 def _copy_alongside(case: BenchCase, workload: Workload, settings: RunSettings, store: ModelStore) -> Any:
-    """A copy to time with a large memory-bound op (see :attr:`RunSettings.copy_alongside_mib`), else None."""
+    """A copy to time with a large memory-bound op or a decode step (see :attr:`RunSettings.copy_alongside_mib`),
+    else None."""
     limit = settings.copy_alongside_mib
-    if not limit or not case.unit.startswith("op") or workload.bytes_moved < limit * (1 << 20):
+    if not limit:
+        return None
+    decode = workload.unit in BLOCK_UNITS and case.shape.past > 0 and case.shape.seq <= DECODE_MAX_SEQ
+    large_op = case.unit.startswith("op") and workload.bytes_moved >= limit * (1 << 20)
+    if not (decode or large_op):
         return None
     return store.cached(("copy", settings.copy_mib), lambda: CopyRunner(settings.copy_mib))
+
+
+def _gemm_alongside(workload: Workload, settings: RunSettings, store: ModelStore) -> GemmRunner | None:
+    """A GEMM of a prefill block call's FLOPs, to time in the same rounds (else None)."""
+    if not settings.copy_alongside_mib or workload.flops is None or workload.shape.seq < PREFILL_MIN_SEQ:
+        return None
+    rows, width = workload.shape.batch * workload.shape.seq, workload.config.hidden_size
+    key = ("gemm", workload.flops, rows, width, settings.threads)
+    return store.cached(key, lambda: GemmRunner.matching(workload.flops or 0, rows, width, settings.threads))
 
 
 def _time_runners(runners: dict[str, Runner], settings: RunSettings) -> dict[str, Timing | Exception]:
@@ -212,16 +261,23 @@ def _time_runners(runners: dict[str, Runner], settings: RunSettings) -> dict[str
         return outcomes
 
 
+GRAPH_TARGETS = {"ort-cpu-fused": "ort-cpu", "ort-cpu-gqa": "ort-cuda", "ort-cuda-fused": "ort-cuda"}
+"""Backend -> the ``posenc optimize`` target of the graph it runs (its optimization record goes into the record)."""
+
+
 def _ok_record(case: BenchCase, name: str, workload: Workload, timing: Timing, store: ModelStore) -> BenchRecord:
-    graph = store.graph_notes.get((workload.key, "ort-cpu")) if name == "ort-cpu-fused" else None
+    target = GRAPH_TARGETS.get(name)
+    graph = store.graph_notes.get((workload.key, target)) if target else None
     return _record(
         case,
         name,
         "ok",
+        unit=workload.unit,
         timing=timing,
         bytes_moved=workload.bytes_moved,
         bytes_per_s=workload.bytes_moved / timing.median,
         graph=graph,
+        flops=workload.flops,
     )
 
 
@@ -242,6 +298,8 @@ def _save(doc: BenchDocument, out: Path | None, plots: bool) -> None:
 
 def _fill_ratios(doc: BenchDocument) -> None:
     for record in doc.records:
+        if record.flops and record.gemm_flops_per_s and record.median:
+            record.flops_ratio = record.flops / record.median / record.gemm_flops_per_s
         if record.bytes_per_s is None:
             continue
         if record.copy_bytes_per_s:

@@ -1,7 +1,9 @@
 """What a benchmark run measures: a list of cases (scheme, unit, table mode, shape, geometry, backends).
 
 Named suites: ``default`` (every scheme, op and block, prefill and decode, every backend) and ``targets``
-(exactly the comparisons of the project's CPU targets; see :mod:`posenc.bench.targets`).
+(exactly the comparisons of the project's CPU targets; see :mod:`posenc.bench.targets`). A case may time further
+units of its scheme in the same alternating rounds (:attr:`BenchCase.with_units`: a block's in-place cache beside
+its concatenated one), so their ratio shares the machine's drift.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from collections.abc import Sequence
 
 from posenc.bench.backends import get_backends
 from posenc.bench.shapes import PRESETS, Shape
-from posenc.bench.workloads import UNITS, check_unit
+from posenc.bench.workloads import ALL_UNITS, UNITS, check_unit
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
+from posenc.export.units import KV_CACHES, unit_for_cache
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import TableMode
 
@@ -30,6 +33,9 @@ ROPE_TARGET_CONFIG = AttentionConfig(
 
 ROPE_TARGET_SHAPE = Shape("prefill", batch=1, seq=2048)
 BLOCK_TARGET_SHAPE = Shape("prefill", batch=1, seq=512)
+DECODE_TARGET_SHAPE = Shape("decode", batch=1, seq=1, past=LLAMA_LIKE.max_position_embeddings - 1)
+"""One decode step with the context full but one slot (past 4095 of 4096): the in-place cache's target shape."""
+DECODE_BACKENDS: tuple[str, ...] = ("ort-cpu", "ort-cpu-fused")
 TABLE_MODE_CHOICES = ("auto", "precomputed", "dynamic", "all")
 SUITES = ("default", "targets")
 
@@ -46,10 +52,13 @@ class BenchCase:
     backends: tuple[str, ...]
     skip_reason: str = ""
     """Non-empty: the case is recorded as skipped for every backend (e.g. an unsupported table mode)."""
+    with_units: tuple[str, ...] = ()
+    """Further units of the scheme timed on the same backends in the same alternating rounds (records of their own)."""
 
     @property
     def label(self) -> str:
-        return f"{self.scheme} {self.unit} {self.table_mode} {self.shape.label}"
+        units = "+".join((self.unit, *self.with_units))
+        return f"{self.scheme} {units} {self.table_mode} {self.shape.label}"
 
 
 def table_modes_for(scheme: str, choice: str) -> list[tuple[str, str]]:
@@ -87,17 +96,25 @@ def make_plan(
     shapes: Sequence[Shape] | None = None,
     backends: Sequence[str] | None = None,
     config: AttentionConfig = LLAMA_LIKE,
+    kv_caches: Sequence[str] = ("concat",),
 ) -> list[BenchCase]:
     """The cross product of the choices, in an order that reuses each export across backends.
 
+    ``kv_caches``: the block's cache layouts (``concat``, ``inplace``); a block with both is timed as one case (the
+    in-place unit in :attr:`BenchCase.with_units`).
+
     Raises:
-        ConfigError: unknown scheme, unit, table mode choice or backend; an empty shape list.
+        ConfigError: unknown scheme, unit, cache layout, table mode choice or backend; an empty shape list.
     """
     names = resolve_schemes(schemes)
     unit_list = list(dict.fromkeys(units or UNITS))
     for unit in unit_list:
-        if unit not in UNITS:
+        if unit not in ALL_UNITS:
             raise ConfigError(f"unknown unit {unit!r}; use one of {list(UNITS)}.")
+    layouts = list(dict.fromkeys(kv_caches or ("concat",)))
+    for layout in layouts:
+        if layout not in KV_CACHES:
+            raise ConfigError(f"unknown kv cache layout {layout!r}; use one of {list(KV_CACHES)}.")
     explicit_units = bool(units)
     shape_list = list(shapes) if shapes is not None else list(PRESETS.values())
     if not shape_list:
@@ -112,7 +129,8 @@ def make_plan(
             for mode, mode_reason in table_modes_for(scheme, table_mode):
                 for shape in shape_list:
                     reason = unit_reason or mode_reason or ""
-                    cases.append(BenchCase(scheme, unit, mode, shape, config, backend_names, reason))
+                    first, *rest = [unit_for_cache(unit, layout) for layout in layouts] if unit == "block" else [unit]
+                    cases.append(BenchCase(scheme, first, mode, shape, config, backend_names, reason, tuple(rest)))
     return cases
 
 
@@ -122,7 +140,11 @@ def targets_plan(schemes: Sequence[str] | None = None, backends: Sequence[str] |
     1. RoPE op, B=1 S=2048 H=32 D=128 fp32, precomputed tables, on the projection layout ``[B, S, H*D]``
        (unit ``op-3d``, the target) and on ``[B, H, S, D]`` (unit ``op``, for comparison): eager, ORT CPU
        decomposed and fused.
-    2. Every scheme's attention block (Llama-like geometry) at B=1 S=512: eager, ORT CPU decomposed and fused.
+    2. Every scheme's attention block (Llama-like geometry) at B=1 S=512: eager, ORT CPU decomposed and fused,
+       with a GEMM of the same FLOPs timed alongside.
+    3. Every scheme's decode step at past 4095 (:data:`DECODE_TARGET_SHAPE`): the concatenated and the in-place
+       cache on ORT CPU (exported and optimized graphs) in the same rounds, with a copy timed alongside; RoPE's
+       also on its ``ort-cuda`` graph run on CPU (``GroupQueryAttention``), for comparison.
     """
     chosen = tuple(backends) if backends else ("torch", "ort-cpu", "ort-cpu-fused")
     get_backends(list(chosen))
@@ -130,7 +152,11 @@ def targets_plan(schemes: Sequence[str] | None = None, backends: Sequence[str] |
         BenchCase("rope", unit, "precomputed", ROPE_TARGET_SHAPE, ROPE_TARGET_CONFIG, chosen)
         for unit in ("op-3d", "op")
     ]
+    decode = tuple(backends) if backends else DECODE_BACKENDS
     for scheme in resolve_schemes(schemes):
         for mode, reason in table_modes_for(scheme, "auto"):
             cases.append(BenchCase(scheme, "block", mode, BLOCK_TARGET_SHAPE, LLAMA_LIKE, chosen, reason))
+            on = (*decode, "ort-cpu-gqa") if scheme == "rope" and not backends else decode
+            inplace = ("block-inplace",)
+            cases.append(BenchCase(scheme, "block", mode, DECODE_TARGET_SHAPE, LLAMA_LIKE, on, reason, inplace))
     return cases

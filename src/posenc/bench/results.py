@@ -38,13 +38,17 @@ class BenchRecord:
         status: ``ok``, ``skipped`` (backend or unit not available here; see ``reason``) or ``error``.
         reason: why skipped or what failed.
         timing: median, p90, mean, min and number of the timed calls when ``ok``.
-        bytes_moved: inputs read + outputs written + projection weights read by one call.
+        bytes_moved: the bytes one call must move: an op's inputs read and outputs written; a block step's bytes
+            floor (weights + hidden in and out + every cached and new key and value read + the new ones written).
         bytes_per_s: ``bytes_moved / median``.
         roofline_ratio: ``bytes_per_s`` / copy bandwidth measured in the same run (``copy_bytes_per_s``
             when set, else the run's).
         graph: what graph optimization reported (passes and fusions applied), when a fused graph was timed.
         copy_bytes_per_s: copy bandwidth timed in the same alternating rounds as this record (large
-            memory-bound ops), so a shared machine's drift hits op and copy alike.
+            memory-bound ops, decode steps), so a shared machine's drift hits op and copy alike.
+        flops: a block call's FLOPs (projections + dense ``QKᵀ`` and ``PV``).
+        gemm_flops_per_s: the rate of an ONNX Runtime CPU GEMM of the same FLOPs timed in the same rounds (prefill).
+        flops_ratio: ``flops / median`` ÷ ``gemm_flops_per_s``: the share of the GEMM roofline.
     """
 
     scheme: str
@@ -61,6 +65,9 @@ class BenchRecord:
     roofline_ratio: float | None = None
     graph: OptimizedRecord | None = None
     copy_bytes_per_s: float | None = None
+    flops: int | None = field(optional=True, default=None)
+    gemm_flops_per_s: float | None = field(optional=True, default=None)
+    flops_ratio: float | None = field(optional=True, default=None)
 
     @property
     def median(self) -> float | None:

@@ -58,7 +58,7 @@ def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     cases: dict[tuple[Any, ...], dict[str, BenchRecord]] = {}
     for record in doc.records:
         cases.setdefault(_case_key(record), {})[record.backend] = record
-    headers = ["scheme", "unit", "tables", "shape", "H/Hkv/D", *backends, "best GB/s", "% of copy BW"]
+    headers = ["scheme", "unit", "tables", "shape", "H/Hkv/D", *backends, "best GB/s", "% of copy BW", "% of GEMM"]
     rows = []
     for key, by_backend in cases.items():
         scheme, unit, mode, shape, h, hkv, d = key
@@ -75,7 +75,33 @@ def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
         best = max(ok, key=lambda r: r.bytes_per_s or 0.0, default=None)
         gbs = "—" if best is None else f"{(best.bytes_per_s or 0.0) / 1e9:.1f} ({best.backend})"
         share = "—" if best is None or best.roofline_ratio is None else f"{100 * best.roofline_ratio:.0f} %"
-        rows.append([scheme, unit, mode, shape.label, f"{h}/{hkv}/{d}", *cells, gbs, share])
+        compute = max((r.flops_ratio for r in by_backend.values() if r.flops_ratio is not None), default=None)
+        gemm = "—" if compute is None else f"{100 * compute:.0f} %"
+        rows.append([scheme, unit, mode, shape.label, f"{h}/{hkv}/{d}", *cells, gbs, share, gemm])
+    return headers, rows
+
+
+def is_decode(record: BenchRecord) -> bool:
+    """A block step of at most 16 new tokens after a cache (bandwidth-bound: compared with its bytes floor)."""
+    return record.unit.startswith("block") and record.shape.past > 0 and record.shape.seq <= 16
+
+
+def decode_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    """Decode steps against their bytes floor: one row per (case, cache layout, backend) that ran."""
+    headers = ["scheme", "cache", "shape", "backend", "median", "bytes floor", "floor GB/s", "copy GB/s", "% of floor"]
+    rows = []
+    for r in doc.ok():
+        if not is_decode(r) or not r.bytes_per_s:
+            continue
+        copy = r.copy_bytes_per_s or (doc.copy_bandwidth.bytes_per_s if doc.copy_bandwidth else None)
+        layout = "in-place" if r.unit == "block-inplace" else "concat"
+        share = "—" if r.roofline_ratio is None else f"{100 * r.roofline_ratio:.0f} %"
+        floor = f"{(r.bytes_moved or 0) / 1e6:.1f} MB"
+        copy_text = "—" if copy is None else f"{copy / 1e9:.1f}"
+        rows.append(
+            [r.scheme, layout, r.shape.label, r.backend, format_seconds(r.median), floor, f"{r.bytes_per_s / 1e9:.1f}",
+             copy_text, share]
+        )  # fmt: skip
     return headers, rows
 
 
@@ -113,10 +139,14 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
             f"counted, median of {bw.repeats})."
         )
     lines += [
-        "Bytes per call = inputs read + outputs written + projection weights; `% of copy BW` = those bytes per "
-        "second ÷ the copy bandwidth (the roofline ratio; above 100 % the working set stayed in the CPU caches; "
-        "ops moving ≥ 32 MiB per call are divided by a copy timed in the same alternating rounds). "
-        "Latency cells: median (p90); the backends of one row were timed in alternating rounds.",
+        "Bytes per call: for an op, inputs read + outputs written; for a block, the step's bytes floor (projection "
+        "weights + hidden in and out + every cached and new key and value read once + the new ones written once, "
+        "whatever the cache layout). `% of copy BW` = those bytes per second ÷ the copy bandwidth (the roofline "
+        "ratio; above 100 % the working set stayed in the CPU caches; ops moving ≥ 32 MiB per call and decode steps "
+        "are divided by a copy timed in the same alternating rounds). `% of GEMM` (prefill blocks): the block's "
+        "FLOPs (projections + dense QKᵀ and PV) per second ÷ those of an ONNX Runtime GEMM of the same FLOPs timed in "
+        "the same rounds. Latency cells: median (p90); the backends of one row (and a block's two cache layouts) "
+        "were timed in alternating rounds.",
         "",
         "## Backends",
         "",
@@ -125,6 +155,9 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
     if doc.targets:
         lines += ["", "## Targets", "", markdown_table(*target_rows(doc))]
     lines += ["", "## Latency", "", markdown_table(*latency_rows(doc))]
+    headers, rows = decode_rows(doc)
+    if rows:
+        lines += ["", "## Decode against its bytes floor", "", markdown_table(headers, rows)]
     headers, rows = skip_rows(doc)
     if rows:
         lines += ["", "## Skipped and failed", "", markdown_table(headers, rows)]

@@ -6,18 +6,29 @@
 2. The same fused op is >= 5x faster than the decomposed export.
 3. Each scheme's exported attention block on ONNX Runtime CPU (the faster of the exported and the optimized
    graph) is no slower than eager PyTorch at B=1, S=512.
+4. There, every scheme whose attention the fused ops express (the optimized graph has a fused ``Attention``)
+   computes its FLOPs at >= 90 % of the rate of an ONNX Runtime GEMM of the same FLOPs timed in the same rounds.
+5. One decode step of the Llama-like RoPE block at past 4095 with the in-place cache, on its ``ort-cpu`` graph,
+   moves its bytes floor (weights + cache read + new entries written) at >= 70 % of the copy bandwidth timed in the
+   same rounds, and is >= 2.5x faster than the optimized concatenated-cache graph timed in the same rounds.
+6. Every scheme's decode step there: the in-place cache is no slower than the concatenated one (the faster of
+   the exported and the optimized graph of each).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from posenc.bench.plan import BLOCK_TARGET_SHAPE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE
+from posenc.bench.plan import BLOCK_TARGET_SHAPE, DECODE_TARGET_SHAPE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE
 from posenc.bench.results import BenchDocument, BenchRecord, TargetCheck
 
 ROPE_BANDWIDTH_TARGET = 0.85
 ROPE_SPEEDUP_TARGET = 5.0
 BLOCK_SPEED_TARGET = 1.0
+PREFILL_GEMM_TARGET = 0.90
+DECODE_FLOOR_TARGET = 0.70
+DECODE_SPEEDUP_TARGET = 2.5
+DECODE_NO_SLOWER_TARGET = 1.0
 
 
 def _find(doc: BenchDocument, **where: Any) -> BenchRecord | None:
@@ -108,4 +119,78 @@ def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
             else f"eager {_ms(eager)}, {ort.backend} {_ms(ort)}"
         )
         checks.append(_check(f"{scheme} block, B=1 S=512: eager latency ÷ ORT CPU latency", ratio, 1.0, detail))
+    checks += _prefill_checks(doc, schemes)
+    checks += _decode_checks(doc)
+    return checks
+
+
+def _fastest(doc: BenchDocument, scheme: str, unit: str, shape: Any) -> BenchRecord | None:
+    """The faster of the exported and the optimized ORT CPU graph of a case."""
+    found = [_find(doc, scheme=scheme, unit=unit, backend=name, shape=shape) for name in ("ort-cpu", "ort-cpu-fused")]
+    return min((r for r in found if r is not None), key=lambda r: r.median or float("inf"), default=None)
+
+
+def _attention_fused(record: BenchRecord | None) -> bool:
+    return record is not None and record.graph is not None and record.graph.counts.get("fuse_attention", 0) > 0
+
+
+def _prefill_checks(doc: BenchDocument, schemes: Any) -> list[TargetCheck]:
+    """Target 4: prefill FLOPs/s against a GEMM of the same FLOPs, for schemes with a fused Attention."""
+    checks = []
+    for scheme in schemes:
+        fused = _find(doc, scheme=scheme, unit="block", backend="ort-cpu-fused", shape=BLOCK_TARGET_SHAPE)
+        if not _attention_fused(fused):
+            continue  # the fused ops do not express this scheme's attention
+        best = max(
+            (r for r in (fused, _find(doc, scheme=scheme, unit="block", backend="ort-cpu", shape=BLOCK_TARGET_SHAPE))
+             if r is not None and r.flops_ratio is not None),
+            key=lambda r: r.flops_ratio or 0.0,
+            default=None,
+        )  # fmt: skip
+        detail = "no GEMM was timed alongside" if best is None else (
+            f"{best.backend} {best.median * 1e3:.2f} ms for {best.flops / 1e9:.2f} GFLOP: "
+            f"{best.flops / best.median / 1e9:.0f} GFLOP/s; GEMM {best.gemm_flops_per_s / 1e9:.0f} GFLOP/s"
+        )  # fmt: skip
+        name = f"{scheme} block prefill, B=1 S=512, ORT CPU: FLOP/s ÷ GEMM of the same FLOPs"
+        checks.append(_check(name, None if best is None else best.flops_ratio, PREFILL_GEMM_TARGET, detail))
+    return checks
+
+
+def _decode_checks(doc: BenchDocument) -> list[TargetCheck]:
+    """Targets 5 and 6: the decode step at past 4095."""
+    checks: list[TargetCheck] = []
+    shape = DECODE_TARGET_SHAPE
+    label = f"decode B=1 P={shape.past}"
+    inplace = _find(doc, scheme="rope", unit="block-inplace", backend="ort-cpu-fused", shape=shape)
+    concat = _find(doc, scheme="rope", unit="block", backend="ort-cpu-fused", shape=shape)
+    if inplace is not None or concat is not None:
+        floor = None if inplace is None else inplace.roofline_ratio
+        detail = "the in-place graph was not timed" if inplace is None else (
+            f"in-place {inplace.median * 1e3:.3f} ms for {inplace.bytes_moved / 1e6:.1f} MB: "
+            f"{_bandwidth_detail(inplace, doc)}"
+        )  # fmt: skip
+        checks.append(
+            _check(f"rope block {label}, in-place cache, ORT CPU: bytes floor/s ÷ copy bandwidth", floor,
+                   DECODE_FLOOR_TARGET, detail)
+        )  # fmt: skip
+        speedup = None if inplace is None or concat is None else concat.median / inplace.median
+        detail = "needs both graphs timed" if speedup is None else (
+            f"concat (optimized) {concat.median * 1e3:.3f} ms, in-place (optimized) {inplace.median * 1e3:.3f} ms"
+        )  # fmt: skip
+        checks.append(
+            _check(f"rope block {label}, ORT CPU: concat-cache latency ÷ in-place latency", speedup,
+                   DECODE_SPEEDUP_TARGET, detail)
+        )  # fmt: skip
+    schemes = dict.fromkeys(r.scheme for r in doc.records if r.unit == "block-inplace" and r.shape == shape)
+    for scheme in schemes:
+        inplace, concat = _fastest(doc, scheme, "block-inplace", shape), _fastest(doc, scheme, "block", shape)
+        ratio = None if inplace is None or concat is None else concat.median / inplace.median
+        detail = "needs both caches timed" if ratio is None else (
+            f"concat {concat.median * 1e3:.3f} ms ({concat.backend}), in-place {inplace.median * 1e3:.3f} ms "
+            f"({inplace.backend})"
+        )  # fmt: skip
+        checks.append(
+            _check(f"{scheme} block {label}: concat-cache latency ÷ in-place latency", ratio, DECODE_NO_SLOWER_TARGET,
+                   detail)
+        )  # fmt: skip
     return checks

@@ -7,12 +7,17 @@ Units:
 - ``op-3d``: for rotary (``qk``) schemes, the same rotation on the projection layout ``[B, S, H*D]`` that a
   deployed block feeds it (heads split, rotated, merged back). ONNX Runtime's CPU ``RotaryEmbedding`` runs
   several times faster on this layout, so it is the op the bandwidth target is about;
-- ``block``: the whole :class:`posenc.blocks.AttentionBlock` (with past key/value inputs, empty at prefill).
+- ``block``: the whole :class:`posenc.blocks.AttentionBlock` (with past key/value inputs, empty at prefill);
+- ``block-inplace``: the same block over a preallocated cache of ``max_positions`` slots (``--kv-cache inplace``),
+  its presents bound to the caches' buffers when timed.
 
 A :class:`Workload` holds the eager module (the reference every backend is compared with), named sample
-inputs in the order of the exported graph's inputs, and the bytes one call must move at least (inputs
-read, outputs written, projection weights read): the numerator of the roofline ratio. Position tables are
-not counted: a gather reads only the rows it needs.
+inputs in the order of the exported graph's inputs, and the bytes one call must move at least: the numerator of
+the roofline ratio. For an op, its inputs read and outputs written. For a block, the bytes floor of a step
+(:attr:`Workload.floor_bytes`), whatever its cache layout: the projection weights, the hidden states in and out,
+the keys and values of every cached and new slot read once, the new slots written once. Position tables are not
+counted: a gather reads only the rows it needs. A block also has its FLOPs (:attr:`Workload.flops`), the numerator
+of the ratio to a GEMM of the same size (prefill).
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
-from posenc.export.units import UNITS, check_call_size, make_inputs, make_unit
+from posenc.export.units import ALL_UNITS, BLOCK_INPLACE, UNITS, check_call_size, make_inputs, make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 
-__all__ = ["UNITS", "Workload", "build_workload", "check_unit", "workload_key"]
+__all__ = ["ALL_UNITS", "BLOCK_UNITS", "UNITS", "Workload", "build_workload", "check_unit", "workload_key"]
+
+BLOCK_UNITS: tuple[str, ...] = ("block", BLOCK_INPLACE)
+"""The units that are a whole attention block (their two cache layouts)."""
 
 
 @dataclasses.dataclass
@@ -75,9 +83,34 @@ class Workload:
 
     @property
     def bytes_moved(self) -> int:
-        """Inputs read + outputs written + projection weights read by one call."""
+        """The bytes one call must move: a block's :attr:`floor_bytes`; an op's inputs read and outputs written."""
+        if self.unit in BLOCK_UNITS:
+            return self.floor_bytes
         read = [t for name, t in self.inputs.items() if name not in self.unread]
         return sum(t.numel() * t.element_size() for t in (*read, *self.outputs)) + self.weight_bytes
+
+    @property
+    def floor_bytes(self) -> int:
+        """A block step's bytes floor: projection weights + hidden in + out + every cached and new key and value read
+        once + the new keys and values written once (the same for both cache layouts; 4-byte fp32 elements)."""
+        cfg, shape = self.config, self.shape
+        element = self.outputs[0].element_size()
+        activations = 2 * shape.batch * shape.seq * cfg.hidden_size
+        slot = 2 * shape.batch * cfg.num_kv_heads * cfg.head_dim  # one key and one value per row
+        return self.weight_bytes + element * (activations + slot * shape.total + slot * shape.seq)
+
+    @property
+    def flops(self) -> int | None:
+        """A block call's floating-point operations: the four projections and the attention's two products over
+        every key (``QKᵀ`` and ``PV``, dense as the kernels compute them); ``None`` for ops."""
+        if self.unit not in BLOCK_UNITS:
+            return None
+        cfg, shape = self.config, self.shape
+        tokens = shape.batch * shape.seq
+        width = cfg.num_heads * cfg.head_dim
+        projections = 2 * tokens * cfg.hidden_size * (2 * width + 2 * cfg.num_kv_heads * cfg.head_dim)
+        attention = 4 * tokens * cfg.num_heads * shape.total * cfg.head_dim
+        return projections + attention
 
     def mark_read_inputs(self, graph_inputs: list[str]) -> None:
         """Record which inputs the exported graph reads (the exporter removes the others)."""
@@ -117,8 +150,8 @@ def check_unit(scheme: str, unit: str) -> str | None:
     Raises:
         ConfigError: unknown scheme or unit.
     """
-    if unit not in UNITS:
-        raise ConfigError(f"unknown unit {unit!r}; use one of {list(UNITS)}.")
+    if unit not in ALL_UNITS:
+        raise ConfigError(f"unknown unit {unit!r}; use one of {list(ALL_UNITS)}.")
     spec = get_spec(scheme)
     if unit == "op" and (spec.placement is Placement.NONE or "op" not in spec.exports):
         return f"{scheme} has no positional op of its own (exports: {sorted(spec.exports)}); see its block."
@@ -152,7 +185,7 @@ def build_workload(
     feed_shape = shape.feed
     check_call_size(config, feed_shape)
     torch.manual_seed(seed)  # learned tables and projections
-    if unit == "block":
+    if unit in BLOCK_UNITS:
         inner: nn.Module = AttentionBlock(config, scheme, params, mode, max_positions)
     else:
         inner = build_scheme(scheme, config, params, mode, max_positions)
@@ -172,6 +205,6 @@ def build_workload(
         result = module(*inputs.values())
     outputs = tuple(result) if isinstance(result, (tuple, list)) else (result,)
     weights = 0
-    if unit == "block":
+    if unit in BLOCK_UNITS:
         weights = sum(p.numel() * p.element_size() for n, p in inner.named_parameters() if not n.startswith("scheme."))
     return Workload(scheme, unit, mode.value, shape, config, inner, module, inputs, output_names, outputs, weights)

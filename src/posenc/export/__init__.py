@@ -12,8 +12,8 @@ Public API (stable; the graph, engine, bench and demo stages build on it)::
     check_feed(manifest, feed)                                 # PositionError past a precomputed table
     outputs = run_onnx("out/rope.onnx", feed)                  # check_feed + ONNX Runtime
 
-- :func:`export_onnx` (path, scheme | module=, unit="block"|"op", params, config, table_mode, dtype,
-  opset=23|18|17, max_positions, table_dtype) -> :class:`ExportResult` ``(path, manifest,
+- :func:`export_onnx` (path, scheme | module=, unit="block"|"op", kv_cache="concat"|"inplace", params, config,
+  table_mode, dtype, opset=23|24|18|17, max_positions, table_dtype) -> :class:`ExportResult` ``(path, manifest,
   manifest_path, weights_path)``. Units and their inputs/outputs: :mod:`posenc.export.units`.
 - :func:`export_module` (module, args, path, input_names, output_names, dynamic_dims, opset) -> Path:
   any module, no manifest (e.g. a complex-number RoPE; see :mod:`posenc.export.complex`).
@@ -21,7 +21,8 @@ Public API (stable; the graph, engine, bench and demo stages build on it)::
   Files: ``model.onnx`` -> ``model.manifest.json`` and ``model.weights.safetensors`` (``state_dict``) beside it.
 - :func:`check_feed`, :func:`make_feed`, :func:`run_onnx`, :func:`ort_session`, :func:`load_eager`
   (rebuild the eager module from manifest + weights; float64 for the reference).
-- Constants: :data:`SUPPORTED_OPSETS` (17, 18, 23), :data:`DEFAULT_OPSET` (23), :data:`SAMPLE_SHAPE`.
+- Constants: :data:`SUPPORTED_OPSETS` (17, 18, 23, 24), :data:`DEFAULT_OPSET` (23; 24 for the in-place cache,
+  :data:`INPLACE_OPSET`), :data:`SAMPLE_SHAPE`, :data:`KV_CACHES`.
 
 Graph facts: dynamic ``batch``, ``seq``, ``past`` (block) / ``kv_seq`` (score and attention ops);
 the graph runs with ``past = 0``. Weights and activation inputs take the export dtype; position tables
@@ -35,6 +36,7 @@ from posenc.dtypes import dtype_name, torch_dtype
 from posenc.export.exporter import (
     DEFAULT_OPSET,
     EXPORT_DTYPES,
+    INPLACE_OPSET,
     SUPPORTED_OPSETS,
     ExportResult,
     check_dtype,
@@ -56,11 +58,25 @@ from posenc.export.runtime import (
     reference_inputs,
     run_onnx,
 )
-from posenc.export.units import SAMPLE_SHAPE, UNITS, FeedShape, make_feed, positions_for
+from posenc.export.units import (
+    ALL_UNITS,
+    BLOCK_INPLACE,
+    KV_CACHES,
+    SAMPLE_SHAPE,
+    UNITS,
+    FeedShape,
+    make_feed,
+    positions_for,
+    unit_for_cache,
+)
 
 __all__ = [
+    "ALL_UNITS",
+    "BLOCK_INPLACE",
     "DEFAULT_OPSET",
     "EXPORT_DTYPES",
+    "INPLACE_OPSET",
+    "KV_CACHES",
     "SAMPLE_SHAPE",
     "SUPPORTED_OPSETS",
     "UNITS",
@@ -90,5 +106,6 @@ __all__ = [
     "sha256_file",
     "to_onnx_model",
     "torch_dtype",
+    "unit_for_cache",
     "weights_path_for",
 ]

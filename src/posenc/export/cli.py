@@ -15,6 +15,7 @@ examples:
   posenc export --hf-model ckpt/ --layer 3 -o out/layer3.onnx       # a checkpoint's layer with its weights
   posenc export --hf-model ckpt/ --layer 5 --layer-type decoder --table-mode dynamic --dtype fp16 -o out/dec5.onnx
   posenc export --scheme rope -o out/rope.onnx
+  posenc export --scheme rope --kv-cache inplace -o out/rope_inplace.onnx   # preallocated cache, opset 24
   posenc export --scheme rope_yarn --param factor=8 --param original_max_position_embeddings=4096 \\
       --table-mode dynamic --dtype fp16 -o out/yarn_fp16.onnx
   posenc export --scheme alibi --unit op --num-heads 12 --hidden-size 768 -o out/alibi_bias.onnx   # head_dim 64
@@ -80,6 +81,7 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
     return export_onnx(
         args.output,
         unit=args.unit,
+        kv_cache=args.kv_cache,
         dtype=args.dtype,
         opset=args.opset,
         module=module,
@@ -106,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
             args.output,
             scheme,
             unit=args.unit,
+            kv_cache=args.kv_cache,
             params=params,
             config=config,
             table_mode=args.table_mode,
@@ -138,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` subcommand."""
-    from posenc.export.exporter import DEFAULT_OPSET, SUPPORTED_OPSETS
+    from posenc.export.exporter import DEFAULT_OPSET, INPLACE_OPSET, SUPPORTED_OPSETS
 
     p = subparsers.add_parser(
         "export",
@@ -151,9 +154,15 @@ def register(subparsers: Any) -> None:
     add(p, "scheme", note="or --hf-model / --hf-config")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="scheme parameter (repeat)")
     add(p, "unit", default="block", note="default block")
+    add(p, "kv_cache", default="concat", note="default concat")
     add(p, "table_mode", note="default: precomputed where the scheme has it")
     add(p, "dtype", default="fp32", note="default fp32")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"one of {list(SUPPORTED_OPSETS)}")
+    p.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help=f"one of {list(SUPPORTED_OPSETS)} (default {DEFAULT_OPSET}; {INPLACE_OPSET} with --kv-cache inplace)",
+    )
     add(p, "max_positions", note="default: the context length")
     add_geometry(p, "attention geometry (defaults: AttentionConfig(), or --hf-config)")
     p.add_argument(

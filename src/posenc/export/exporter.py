@@ -4,7 +4,7 @@ The path of one export::
 
     module (.to(dtype), tables stay float32) -> torch.export (dynamic batch/seq/past, samples >= 2)
       -> complex-to-real rewrite when needed (posenc.export.complex)
-      -> torch.onnx.export(dynamo=True, opset 23 | 18 | 17) -> drop unread inputs
+      -> torch.onnx.export(dynamo=True, opset 23 | 24 | 18 | 17) -> drop unread inputs
       -> model.onnx + model.weights.safetensors + model.manifest.json, written atomically together
 
 Weights are never silently random: the manifest's ``weights.source`` says where they came from (a checkpoint's
@@ -44,7 +44,14 @@ from posenc.export.files import (
     weights_path_for,
 )
 from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
-from posenc.export.units import SAMPLE_SHAPE, UNITS, ExportUnit, make_unit
+from posenc.export.units import (
+    ALL_UNITS,
+    BLOCK_INPLACE,
+    SAMPLE_SHAPE,
+    ExportUnit,
+    make_unit,
+    unit_for_cache,
+)
 from posenc.mla import MLABlock, MLAConfig, build_block
 from posenc.paths import output_path
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
@@ -53,8 +60,10 @@ from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import PositionalScheme, TableMode, table_keys
 from posenc.schemes.registry import check_finite_tables
 
-SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23)
+SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23, 24)
 DEFAULT_OPSET = 23
+INPLACE_OPSET = 24
+"""The in-place cache writes with ``TensorScatter``, an opset-24 op: ``block-inplace`` graphs need opset 24."""
 EXPORT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 _ONNX_ELEM_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64", 7: "int64", 6: "int32", 9: "bool"}
@@ -94,13 +103,27 @@ class ExportResult:
 
 
 def check_opset(opset: int) -> int:
-    """The opset as an int; anything but 17, 18, 23 raises :class:`ExportError`."""
+    """The opset as an int; anything but 17, 18, 23, 24 raises :class:`ExportError`."""
     if isinstance(opset, bool) or not isinstance(opset, int) or opset not in SUPPORTED_OPSETS:
         raise ExportError(
             f"opset {opset!r} is not supported; use one of {list(SUPPORTED_OPSETS)} (23 has the standard "
-            f"RotaryEmbedding and Attention ops; 17/18 are for older runtimes)."
+            f"RotaryEmbedding and Attention ops, 24 adds TensorScatter for the in-place cache; 17/18 are for older "
+            f"runtimes)."
         )
     return opset
+
+
+def default_opset(unit: str) -> int:
+    """The opset a unit is exported with unless one is given: 24 for ``block-inplace``, else 23."""
+    return INPLACE_OPSET if unit == BLOCK_INPLACE else DEFAULT_OPSET
+
+
+def _check_unit_opset(unit: str, opset: int) -> None:
+    if unit == BLOCK_INPLACE and opset < INPLACE_OPSET:
+        raise ExportError(
+            f"the in-place cache writes its new slots with TensorScatter, an opset-{INPLACE_OPSET} op; export "
+            f"--kv-cache inplace with --opset {INPLACE_OPSET} (opset {opset} has no in-place write)."
+        )
 
 
 def check_dtype(dtype: str | torch.dtype, scheme: str | None = None) -> str:
@@ -165,8 +188,21 @@ def _exact_scalar_tensor(s: float, dtype: int = 1, layout: str = "", device: str
     return op.Constant(value=ir.tensor(value))  # type: ignore[arg-type]  # onnxscript takes onnx_ir tensors too
 
 
+def _tensor_scatter(cache, new, past_length):  # type: ignore[no-untyped-def]
+    """``posenc::write_cache`` (:func:`posenc.functional.write_cache`) as ONNX ``TensorScatter`` (opset 24): the new
+    slots along the sequence axis of ``[B, Hkv, C, D]``, at ``past_length [B]`` per row."""
+    import onnxscript
+
+    return onnxscript.values.Opset("", INPLACE_OPSET).TensorScatter(cache, new, past_length, axis=2)
+
+
 def _translation_table() -> dict[Any, Any]:
-    return {torch.ops.aten.scalar_tensor.default: _exact_scalar_tensor}
+    import posenc.functional  # noqa: F401 (registers posenc::write_cache)
+
+    return {
+        torch.ops.aten.scalar_tensor.default: _exact_scalar_tensor,
+        torch.ops.posenc.write_cache.default: _tensor_scatter,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -319,8 +355,8 @@ def _build_inner(
     max_positions: int | None,
     table_dtype: torch.dtype,
 ) -> nn.Module:
-    if unit not in UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(UNITS)}.")
+    if unit not in ALL_UNITS:
+        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
     if module is not None:
         if scheme is not None or params or config is not None:
             raise ConfigError("pass either a built module or a scheme name (with params, config), not both.")
@@ -337,13 +373,17 @@ def _build_inner(
     if scheme is None:
         raise ConfigError("give a scheme name (see `posenc list`) or a built module.")
     spec = get_spec(scheme)
-    if ("op" if unit == "op-3d" else unit) not in spec.exports:
+    if {"op-3d": "op", BLOCK_INPLACE: "block"}.get(unit, unit) not in spec.exports:
         raise ExportError(f"scheme {scheme!r} cannot be exported as unit {unit!r}; it supports {sorted(spec.exports)}.")
     config = config or AttentionConfig()
     if unit == "block":
         return build_block(config, scheme, params, table_mode, max_positions, table_dtype)
     if isinstance(config, MLAConfig):
+        if unit == BLOCK_INPLACE:
+            raise ConfigError("an MLA block keeps its concatenated cache; export it with kv_cache='concat'.")
         config = config.rope_config()  # the op of an MLA geometry rotates its rope slice
+    if unit == BLOCK_INPLACE:
+        return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
     return build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)
 
 
@@ -352,11 +392,12 @@ def export_onnx(
     scheme: str | None = None,
     *,
     unit: str = "block",
+    kv_cache: str = "concat",
     params: Mapping[str, Any] | None = None,
     config: AttentionConfig | MLAConfig | None = None,
     table_mode: TableMode | str | None = None,
     dtype: str | torch.dtype = "float32",
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
     max_positions: int | None = None,
     table_dtype: torch.dtype = torch.float32,
     module: nn.Module | None = None,
@@ -372,13 +413,15 @@ def export_onnx(
         scheme: registered scheme name (see ``posenc list``); or give ``module``.
         unit: ``"block"`` (AttentionBlock), ``"op"`` (the scheme's op alone) or ``"op-3d"`` (a rotary op on
             the projection layout ``[B, S, H*D]``), see :mod:`posenc.export.units`.
+        kv_cache: the block's cache: ``concat`` (past in, past + new out) or ``inplace`` (a preallocated cache
+            written in place, unit ``block-inplace``: opset 24).
         params: scheme parameter overrides.
         config: attention geometry (default :class:`AttentionConfig()`; an :class:`~posenc.mla.MLAConfig` exports
             an :class:`~posenc.mla.MLABlock`, or its rope slice as the op).
         table_mode: ``precomputed`` (tables of ``max_positions`` rows as initializers) or ``dynamic``
             (tables computed in the graph from position ids); default: ``precomputed`` where the scheme has it.
         dtype: fp32 / fp16 / bf16: weights and activation inputs; position tables stay ``table_dtype``.
-        opset: 23 (default), 18 or 17.
+        opset: 23 (default; 24 for the in-place cache), 24, 18 or 17.
         max_positions: rows of precomputed tables (default ``config.max_position_embeddings``).
         table_dtype: dtype of position tables (float32; float16 only to measure what it costs).
         module: an already built (e.g. trained) AttentionBlock or PositionalScheme instead of a name.
@@ -404,7 +447,9 @@ def export_onnx(
         result = export_onnx("rope.onnx", "rope_yarn", params={"factor": 8.0}, table_mode="dynamic", dtype="fp16")
         print(result.manifest.inputs)
     """
-    opset = check_opset(opset)
+    unit = unit_for_cache(unit, kv_cache)
+    opset = check_opset(default_opset(unit) if opset is None else opset)
+    _check_unit_opset(unit, opset)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be an int >= 0, got {seed!r}.")
     if not isinstance(position_guard, bool):

@@ -5,7 +5,8 @@ read it instead of asking the user again. Fields (JSON keys):
 
 ``format``                 ``"posenc.export/1"``
 ``scheme``, ``family``, ``placement``, ``params``   registered scheme name and its resolved parameters
-``unit``                   ``"op"`` (the positional op alone), ``"op-3d"`` (RoPE on ``[B, S, H*D]``) or ``"block"``
+``unit``                   ``"op"`` (the positional op alone), ``"op-3d"`` (RoPE on ``[B, S, H*D]``), ``"block"``
+                           or ``"block-inplace"`` (the block over a preallocated cache)
 ``table_mode``             ``"precomputed"`` or ``"dynamic"``
 ``dtype``, ``table_dtype`` activation/weight dtype of the graph; dtype of position tables (float32)
 ``opset``                  ONNX opset of the default domain
@@ -37,8 +38,8 @@ Each JSON object is a record class below, read strictly by :func:`posenc.records
 unknown key is a :class:`~posenc.errors.ModelFileError` that says to re-export.
 
 Input roles: ``activation`` (float tensors), ``positions`` (int64 position ids that index tables),
-``cache`` (past keys/values). Dim names: ``batch`` B, ``seq`` S (new tokens / queries), ``past`` P
-(cached tokens), ``kv_seq`` keys (``P + S`` in a block).
+``cache`` (past keys/values, or a preallocated cache), ``length`` (filled cache slots per row). Dim names:
+``batch`` B, ``seq`` S (new tokens / queries), ``past`` P (cached tokens), ``kv_seq`` keys (``P + S`` in a block).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class OptimizedRecord:
     """What ``posenc optimize`` did to a graph (the manifest's ``optimized`` record).
 
     Attributes:
-        target: ``ort-cpu`` or ``trt``.
+        target: ``ort-cpu``, ``ort-cuda`` or ``trt``.
         rope: ``fused``, ``plugin`` or ``keep``.
         passes: every pass in order with its match count.
         parity: ``{output: OutputDrift}`` of the check before/after, or ``None`` when not run.

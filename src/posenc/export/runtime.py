@@ -19,7 +19,7 @@ from posenc.dtypes import NUMPY_DTYPES, torch_dtype
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
 from posenc.export.files import load_weights_file, manifest_path_for
 from posenc.export.manifest import Manifest, load_manifest, weights_file
-from posenc.export.units import make_unit
+from posenc.export.units import BLOCK_INPLACE, make_unit
 from posenc.paths import input_file, member
 from posenc.schemes.base import table_keys
 
@@ -96,11 +96,31 @@ def check_feed(manifest: Manifest, feed: Mapping[str, Any]) -> None:
             raise PositionError(f"input {spec.name!r} holds position {low}; position ids must be >= 0.")
         if limit is not None and high >= limit:
             raise PositionError(_past_table(manifest, f"input {spec.name!r} holds position {high}", high))
+    _check_cache_lengths(manifest, arrays, sizes)
     if limit is not None and manifest.unit == "block":
         keys = sizes.get("past", 0) + sizes.get("seq", 0)
         if keys > limit:
             what = f"past + seq = {keys} keys need positions up to {keys - 1}"
             raise PositionError(_past_table(manifest, what, keys - 1))
+
+
+def _check_cache_lengths(manifest: Manifest, arrays: Mapping[str, np.ndarray], sizes: Mapping[str, int]) -> None:
+    """Filled slots of a preallocated cache (``block-inplace``): ``0 <= past_length`` and room for the new tokens."""
+    caches = [spec for spec in manifest.inputs if spec.role == "cache"]
+    for spec in manifest.inputs:
+        if spec.role != "length" or not caches or arrays[spec.name].size == 0:
+            continue
+        lengths = arrays[spec.name]
+        slots = int(arrays[caches[0].name].shape[2])
+        seq = sizes.get("seq", 1)
+        if int(lengths.min()) < 0:
+            raise ConfigError(f"input {spec.name!r} holds {int(lengths.min())}; filled cache slots must be >= 0.")
+        if int(lengths.max()) + seq > slots:
+            raise ConfigError(
+                f"input {spec.name!r} holds {int(lengths.max())} filled slots, so {seq} new tokens would end past the "
+                f"cache's {slots} slots ({caches[0].name} {caches[0].layout}); start a new sequence, or export with "
+                f"--max-positions {int(lengths.max()) + seq} or more for a longer cache."
+            )
 
 
 def _past_table(manifest: Manifest, what: str, position: int) -> str:
@@ -295,8 +315,8 @@ def build_eager(
     config = manifest.attention_config()
     rest = (manifest.params, manifest.table_mode, manifest.build_max_positions, tables)
     inner: nn.Module
-    if manifest.unit == "block":
-        inner = build_block(config, manifest.scheme, *rest)
+    if manifest.unit in ("block", BLOCK_INPLACE):
+        inner = build_block(config, manifest.scheme, *rest)  # make_unit refuses an in-place MLA block
     else:
         inner = build_scheme(manifest.scheme, config.rope_config() if isinstance(config, MLAConfig) else config, *rest)
     return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
@@ -379,8 +399,11 @@ def load_weights(
         ModelFileError: weights missing, unexpected or of the wrong shape.
     """
     target = module.state_dict()
-    wrapped = any(k.startswith("scheme.") for k in target) and not any(k.startswith("scheme.") for k in state)
-    prefix = "scheme." if wrapped else ""
+    # a unit module wrapping the saved one (an op around its scheme, the in-place unit around its block)
+    wrappers = ("block.", "scheme.")
+    prefix = next(
+        (p for p in wrappers if any(k.startswith(p) for k in target) and not any(k.startswith(p) for k in state)), ""
+    )
     tables = table_keys(module)
     kept_tables = set(saved_tables or ())
     missing = [k for k in target if k not in tables and k.removeprefix(prefix) not in state]
@@ -442,7 +465,7 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
 
     config = manifest.attention_config()
     axes = get_spec(manifest.scheme).position_axes
-    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config, axes)
+    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config, axes, manifest.build_max_positions)
     arrays = {k: np.asarray(v) for k, v in feed.items()}
     sizes: dict[str, int] = {}
     for spec in manifest.inputs:

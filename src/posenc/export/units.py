@@ -26,10 +26,22 @@ Three units exist:
 ``block``
     :class:`posenc.blocks.AttentionBlock`: hidden ``[B, S, E]``, position_ids ``[B, S]`` (int64),
     past_key / past_value ``[B, Hkv, P, D]`` -> out ``[B, S, E]``, present_key / present_value
-    ``[B, Hkv, P + S, D]``. The past inputs always exist; P = 0 is a valid size.
+    ``[B, Hkv, P + S, D]``. The past inputs always exist; P = 0 is a valid size. The concatenated cache
+    (``--kv-cache concat``): every step copies the whole cache into new presents.
+``block-inplace``
+    the same block over a preallocated cache (``--kv-cache inplace``,
+    :meth:`posenc.blocks.AttentionBlock.forward_in_place`): hidden ``[B, S, E]``, position_ids ``[B, S]``,
+    key_cache / value_cache ``[B, Hkv, C, D]`` (finite values in every slot), past_length ``[B]`` (int64, slots
+    filled per row) -> out ``[B, S, E]``, present_key / present_value ``[B, Hkv, C, D]``: the caches with the new
+    keys and values at slots ``past_length .. past_length + S - 1``, written by one ONNX ``TensorScatter`` each
+    (opset 24). Bind each present to its cache's buffer and a step writes only the new slots. Attention reads
+    the slots up to the longest row's ``past_length + S``. ``C`` is static: the block's ``max_positions`` (the
+    rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires.
 
 A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
-``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``.
+``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds of a
+``block-inplace`` graph hold ``past`` filled slots per row; the slots after the new tokens hold random values too
+(which the attention must not read).
 """
 
 from __future__ import annotations
@@ -53,6 +65,27 @@ from posenc.mla import MLABlock, MLAConfig
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 UNITS: tuple[str, ...] = ("op", "op-3d", "block")
+"""The units a user names (``--unit``); the block's cache layout is chosen apart (``--kv-cache``)."""
+BLOCK_INPLACE = "block-inplace"
+"""The block over a preallocated, in-place cache (``--unit block --kv-cache inplace``)."""
+ALL_UNITS: tuple[str, ...] = (*UNITS, BLOCK_INPLACE)
+KV_CACHES: tuple[str, ...] = ("concat", "inplace")
+"""Cache layouts of an exported block: ``concat`` (past in, past + new out) and ``inplace`` (preallocated)."""
+
+
+def unit_for_cache(unit: str, kv_cache: str) -> str:
+    """The export unit of ``unit`` with cache layout ``kv_cache``: ``("block", "inplace")`` -> ``block-inplace``.
+
+    Raises:
+        ExportError: an unknown layout, or ``inplace`` for a unit without a cache.
+    """
+    if kv_cache not in KV_CACHES:
+        raise ExportError(f"unknown kv cache layout {kv_cache!r}; use one of {list(KV_CACHES)}.")
+    if kv_cache == "concat":
+        return unit
+    if unit not in ("block", BLOCK_INPLACE):
+        raise ExportError(f"--kv-cache inplace is a layout of the block's cache; unit {unit!r} has no cache.")
+    return BLOCK_INPLACE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +273,25 @@ class AttendOp(_SchemeOp):
         return poisoned(out, joint_poison(q_poison, k_poison), 2)
 
 
+class InPlaceBlock(nn.Module):
+    """``(hidden, position_ids, key_cache, value_cache, past_length) -> (out, present_key, present_value)``:
+    :meth:`posenc.blocks.AttentionBlock.forward_in_place` (the unit ``block-inplace``)."""
+
+    def __init__(self, block: AttentionBlock) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        past_length: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.block.forward_in_place(hidden, position_ids, key_cache, value_cache, past_length)
+
+
 _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
     Placement.EMBEDDING: EmbeddingOp,
     Placement.QK: RotateOp,
@@ -256,7 +308,7 @@ _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     name: str
-    kind: str  # "act", "pos_q", "pos_k", "past"
+    kind: str  # "act", "pos_q", "pos_k", "past" (a cache), "length" (filled cache slots per row)
     shape: tuple[int | str, ...]
     layout: str
 
@@ -269,10 +321,15 @@ def _position_slot(axes: int) -> _Slot:
 
 
 def _slots(
-    unit: str, placement: Placement, config: AttentionConfig | MLAConfig, position_axes: int = 1
+    unit: str,
+    placement: Placement,
+    config: AttentionConfig | MLAConfig,
+    position_axes: int = 1,
+    cache_slots: int | None = None,
 ) -> tuple[list[_Slot], list[tuple[str, str]]]:
     """Input slots and ``(output name, layout)`` of a unit (``position_axes``: the scheme's, see
-    :attr:`posenc.schemes.SchemeSpec.position_axes`)."""
+    :attr:`posenc.schemes.SchemeSpec.position_axes`; ``cache_slots``: ``C`` of ``block-inplace``, default the
+    context length)."""
     positions = _position_slot(position_axes)
     if unit == "block" and isinstance(config, MLAConfig):
         return _mla_slots(config, positions)
@@ -288,6 +345,18 @@ def _slots(
                 _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
+        )
+    if unit == BLOCK_INPLACE:
+        c = config.max_position_embeddings if cache_slots is None else cache_slots
+        return (
+            [
+                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                positions,
+                _Slot("key_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                _Slot("value_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                _Slot("past_length", "length", ("batch",), "[B]"),
+            ],
+            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", "[B, Hkv, C, D]")],
         )
     if unit == "op-3d":
         return (
@@ -385,7 +454,7 @@ class ExportUnit:
 
     def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
         """name -> (symbolic shape, layout, role)."""
-        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache"}
+        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length"}
         return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
 
     def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
@@ -421,13 +490,19 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
     """
-    if unit not in UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(UNITS)}.")
+    if unit not in ALL_UNITS:
+        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
     if unit == "block":
         if not isinstance(inner, (AttentionBlock, MLABlock)):
             raise ExportError("unit 'block' exports an AttentionBlock or an MLABlock; pass one (or a scheme name).")
         slots, outputs = _slots("block", inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
         return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
+    if unit == BLOCK_INPLACE:
+        if not isinstance(inner, AttentionBlock):
+            raise ExportError(f"unit {unit!r} exports an AttentionBlock; pass one (or a scheme name).")
+        cache = int(inner.scheme.max_positions)
+        slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes, cache)
+        return ExportUnit(unit, InPlaceBlock(inner), inner, inner.config, dtype, slots, outputs)
     scheme = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
     if not isinstance(scheme, PositionalScheme):
         raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
@@ -538,8 +613,9 @@ def make_inputs(
     position_limit: int | None = None,
     multi_axis: str = "vision",
 ) -> list[np.ndarray]:
-    """Numpy inputs in slot order: standard-normal activations in ``dtype``, realistic int64 positions
-    (multi-axis ids ``[A, B, S]`` by :func:`multi_axis_positions` with ``multi_axis`` content)."""
+    """Numpy inputs in slot order: standard-normal activations (and caches, every slot) in ``dtype``, realistic
+    int64 positions (multi-axis ids ``[A, B, S]`` by :func:`multi_axis_positions` with ``multi_axis`` content),
+    ``past`` filled slots per row of a preallocated cache."""
     rng = np.random.default_rng(seed)
     np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
     arrays = []
@@ -548,6 +624,8 @@ def make_inputs(
             arrays.append(multi_axis_positions(shape, int(slot.shape[0]), multi_axis, position_limit))
         elif slot.kind in ("pos_q", "pos_k"):
             arrays.append(positions_for(shape, slot.kind, position_limit))
+        elif slot.kind == "length":
+            arrays.append(np.full(shape.batch, shape.past, dtype=np.int64))
         else:
             sizes = tuple(_size(d, shape) for d in slot.shape)
             arrays.append(rng.standard_normal(sizes).astype(np.float32).astype(np_dtype))
@@ -556,7 +634,7 @@ def make_inputs(
 
 def slots_from_manifest(manifest: Any) -> list[_Slot]:
     """Input slots of a manifest's graph (for :func:`make_feed`)."""
-    kinds = {"activation": "act", "cache": "past"}
+    kinds = {"activation": "act", "cache": "past", "length": "length"}
     slots = []
     for spec in manifest.inputs:
         if spec.role == "positions":

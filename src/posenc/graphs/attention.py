@@ -153,7 +153,10 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             attributes["softmax_precision"] = int(ir.DataType.FLOAT)
         if self.capped:
             attributes["softcap"] = mu.const_scalar(cap)
-        inputs = [q, _unrepeated(k), _unrepeated(v)] + ([mask] if mask is not None else [])
+        keys, values = _unrepeated(k), _unrepeated(v)
+        if (keys is k) != (values is v):  # one repeat not recognized: the fused op takes both repeated
+            keys, values = k, v
+        inputs = [q, keys, values] + ([mask] if mask is not None else [])
         return op.Attention(*inputs, **attributes)
 
 

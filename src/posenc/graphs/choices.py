@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-TARGETS: tuple[str, ...] = ("ort-cpu", "trt")
+TARGETS: tuple[str, ...] = ("ort-cpu", "ort-cuda", "trt")
 """Runtimes ``posenc optimize`` rewrites for."""
 ROPE_MODES: tuple[str, ...] = ("fused", "plugin", "keep")
 """What happens to RoPE: standard RotaryEmbedding, posenc's TensorRT plugin node, or left decomposed."""

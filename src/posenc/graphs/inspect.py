@@ -1,7 +1,8 @@
 """``posenc inspect``: what is in an ONNX file and whether TensorRT can take it.
 
 Reports the op histogram, initializer bytes (total and the largest tables), the fused ops present
-(RotaryEmbedding, Attention, posenc plugin nodes), the passes recorded in the manifest, and the result of
+(RotaryEmbedding, Attention, GroupQueryAttention, posenc plugin nodes), the passes recorded in the manifest (with
+the reason of each one that could not run on the graph), and the result of
 parsing with TensorRT (``tensorrt`` or ``tensorrt_rtx``; a failure names the node and op). The parse is the
 caller's ``tensorrt_check`` (``posenc inspect`` passes :func:`posenc.engine.check_parse`): this layer sits below
 ``posenc.engine`` and does not import it.
@@ -22,7 +23,7 @@ from posenc.graphs import model_io
 from posenc.graphs.manifests import read_manifest
 from posenc.records import to_json
 
-FUSED_OPS = ("RotaryEmbedding", "Attention")
+FUSED_OPS = ("RotaryEmbedding", "Attention", "GroupQueryAttention")
 
 
 class TensorRTParse(Protocol):
@@ -64,6 +65,9 @@ class InspectReport:
     declined: tuple[str, ...]
     """Why the recorded passes left constructs decomposed (the manifest's ``optimized`` record)."""
     tensorrt: TensorRTParse | None
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Passes of the optimization that could not run on this graph, and why (e.g. a fused op that cannot express
+    the scheme)."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -80,6 +84,8 @@ class InspectReport:
         else:
             applied = ", ".join(f"{name} {n}" for name, n in self.fusions.items() if n) or "none"
             lines.append(f"fusions applied (target {self.target}): {applied}")
+            for name, reason in self.skipped.items():
+                lines.append(f"  not applied: {name}: {reason}")
         lines.extend(f"left decomposed: {reason}" for reason in self.declined)
         if self.tensorrt is not None:
             trt = self.tensorrt
@@ -143,4 +149,5 @@ def inspect_model(
         target=record.target if record else None,
         declined=tuple(reason for item in (record.passes if record else ()) for reason in item.declined),
         tensorrt=tensorrt,
+        skipped={p.name: p.skipped for p in record.passes if p.skipped} if record else {},
     )

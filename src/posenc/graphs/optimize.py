@@ -5,10 +5,17 @@ Targets:
 - ``ort-cpu``: RoPE fused into ``RotaryEmbedding`` on the 3-D ``[B, S, H*D]`` projection output where the
   graph has a head transpose (ONNX Runtime's CPU kernel is several times faster there), attention into
   ``Attention``; precision as exported (float32 rotation and softmax inside the casts of fp16 graphs).
+- ``ort-cuda``: as ``ort-cpu`` without the CPU layouts; an in-place block's cache writes and attention become
+  ONNX Runtime's contrib ``GroupQueryAttention`` over the shared cache buffer, rotary fused where it can
+  (:func:`posenc.graphs.cache.gqa_over_cache`; what it cannot express keeps ``Attention``, the reason recorded).
 - ``trt``: ``RotaryEmbedding`` on 4-D ``[B, H, S, D]`` with caches in the activation dtype and int64
   full-batch position ids (TensorRT's native layer), ``Attention`` with causality folded into the mask;
   interleaved rotations in attention blocks stay decomposed (reason recorded), as TensorRT-RTX fails to build
-  blocks holding an interleaved ``RotaryEmbedding`` (:data:`TRT_INTERLEAVED_ROPE_REASON`; ``--rope plugin`` takes them).
+  blocks holding an interleaved ``RotaryEmbedding`` (:data:`TRT_INTERLEAVED_ROPE_REASON`; ``--rope plugin`` takes them);
+  an in-place block's ``TensorScatter`` writes become TensorRT's KV-cache update layers.
+
+In-place blocks (``--kv-cache inplace``) on ``ort-cpu`` also get :func:`posenc.graphs.cache.decode_over_cache`:
+decode steps attend over the cache buffers without copying them.
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
 :mod:`posenc.graphs.rope_plugin`), ``keep`` (leave the decomposed rotation alone).
@@ -33,7 +40,8 @@ from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
-from posenc.graphs import attention, fold, model_io, rope
+from posenc.graphs import attention, cache, fold, model_io, rope
+from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
 from posenc.paths import output_path
@@ -64,7 +72,7 @@ class OptimizeResult:
 
     Attributes:
         model: the rewritten IR model.
-        target: ``ort-cpu`` or ``trt``.
+        target: ``ort-cpu``, ``ort-cuda`` or ``trt``.
         rope: ``fused``, ``plugin`` or ``keep``.
         passes: every pass in order with its match count.
         parity: ``{output: OutputDrift}`` of the check before/after, when run.
@@ -126,11 +134,13 @@ def _attends(model: ir.Model) -> bool:
 
 Pass = Callable[[ir.Model, list[str]], int]
 """``run(model, declined) -> matches rewritten``; ``declined`` collects why matches were left decomposed."""
+Plan = list[tuple[str, Pass, bool, str]]
+"""``(name, pass, needs opset 23, why it cannot run here or "")`` in order."""
 
 
-def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
-    """``(name, pass, needs opset 23)`` in order."""
-    plan: list[tuple[str, Pass, bool]] = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True)]
+def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> Plan:
+    """The passes of ``target`` (``facts``: what the manifest says about an in-place block's cache)."""
+    plan: Plan = [("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True, "")]
     if rope_mode in ("fused", "plugin"):
 
         def fuse_rope(model: ir.Model, declined: list[str]) -> int:
@@ -139,36 +149,48 @@ def _pass_plan(target: str, rope_mode: str) -> list[tuple[str, Pass, bool]]:
             return rope.fuse_rope(model, interleaved_refusal=refusal, declined=declined)
 
         plan += [
-            ("fuse_rope", fuse_rope, True),
-            ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True),
+            ("fuse_rope", fuse_rope, True, ""),
+            ("fuse_partial_rope", lambda m, _: rope.fuse_partial_rope(m), True, ""),
         ]
     ort = target != "trt"  # TensorRT's parser rejects softmax_precision and softcap, its layer one head dim for v
 
     def fuse_attention(model: ir.Model, declined: list[str]) -> int:
         return attention.fuse_attention(model, ort, ort, equal_head_dims=not ort, declined=declined)
 
-    plan.append(("fuse_attention", fuse_attention, True))
+    plan.append(("fuse_attention", fuse_attention, True, ""))
+    in_place = facts is not None and facts.in_place
+    if in_place and target == "ort-cpu":
+        why = attention_refusal(facts) or ""
+        plan.append(("decode_over_cache", lambda m, _: cache.decode_over_cache(m), True, why))
+    if in_place and target == "ort-cuda":
+        plan.append(("gqa_over_cache", lambda m, _: cache.gqa_over_cache(m), True, gqa_refusal(facts) or ""))
     if rope_mode == "fused" and target == "ort-cpu":
-        plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True))
+        plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True, ""))
     if rope_mode == "fused" and target == "trt":
-        plan.append(("rope_for_tensorrt", lambda m, _: rope.rope_for_tensorrt(m), True))
+        plan.append(("rope_for_tensorrt", lambda m, _: rope.rope_for_tensorrt(m), True, ""))
     if target == "trt":
-        plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True))
+        plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True, ""))
     if rope_mode == "plugin":
-        plan.append(("rope_plugin", _plugin_pass, True))
+        plan.append(("rope_plugin", _plugin_pass, True, ""))
     return plan
 
 
 def optimize_model(
-    model: ir.Model, target: str, rope_mode: str = "fused", fold_limit: int = DEFAULT_FOLD_LIMIT
+    model: ir.Model,
+    target: str,
+    rope_mode: str = "fused",
+    fold_limit: int = DEFAULT_FOLD_LIMIT,
+    facts: CacheFacts | None = None,
 ) -> OptimizeResult:
     """Run the passes for ``target`` on ``model`` (in place).
 
     Args:
         model: the IR model (see :func:`posenc.graphs.model_io.load_model`).
-        target: ``ort-cpu`` or ``trt``.
+        target: ``ort-cpu``, ``ort-cuda`` or ``trt``.
         rope_mode: ``fused``, ``plugin`` or ``keep``.
         fold_limit: largest constant (elements) constant folding may read or create.
+        facts: what the manifest says about the block's cache and mask (:meth:`CacheFacts.of`); the passes of
+            the in-place cache run only with it.
 
     Returns:
         :class:`OptimizeResult` with every pass and its match count. Fusions need opset 23 (the
@@ -179,9 +201,12 @@ def optimize_model(
     fold.infer_shapes(model)
     records = [PassRecord("fold_constants", fold.fold_constants(model, fold_limit))]
     opset = model_io.default_opset(model)
-    for name, run, needs_opset in _pass_plan(target, rope_mode):
+    for name, run, needs_opset, refusal in _pass_plan(target, rope_mode, facts):
         if needs_opset and opset < MIN_FUSION_OPSET:
             records.append(PassRecord(name, 0, f"opset {opset} < {MIN_FUSION_OPSET}: re-export with opset 23 to fuse"))
+            continue
+        if refusal:
+            records.append(PassRecord(name, 0, refusal))
             continue
         declined: list[str] = []
         records.append(PassRecord(name, int(run(model, declined)), declined=tuple(declined)))
@@ -230,7 +255,7 @@ def optimize_file(
         check_graph_tables(info.manifest, source)  # an edited manifest must not travel on with the new graph
     model = model_io.load_model(source)
     original = model_io.model_to_proto(model).SerializeToString()
-    result = optimize_model(model, target, rope_mode, fold_limit)
+    result = optimize_model(model, target, rope_mode, fold_limit, CacheFacts.of(info.manifest))
     optimized = model_io.model_to_proto(result.model).SerializeToString()
     if check is not None and _runs_on_ort(result.model):
         result.parity = check(original, optimized, info)

@@ -41,12 +41,23 @@ def _value_types(model: Any) -> dict[str, int]:
 
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
     types: dict[str, int] = {}
-    for value in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
-        if value.type.HasField("tensor_type"):
-            types[value.name] = value.type.tensor_type.elem_type
-    for init in inferred.graph.initializer:
-        types[init.name] = init.data_type
+    for graph in _graphs(inferred.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            if value.type.HasField("tensor_type"):
+                types[value.name] = value.type.tensor_type.elem_type
+        for init in graph.initializer:
+            types[init.name] = init.data_type
     return types
+
+
+def _graphs(graph: Any) -> list[Any]:
+    """``graph`` and every subgraph of its nodes (``If`` branches, loop bodies), depth first."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found += _graphs(sub)
+    return found
 
 
 def _to_float_tensor(tensor: Any) -> Any:
@@ -67,11 +78,19 @@ def emulate_bf16(model: Any) -> Any:
         a new ``onnx.ModelProto`` (inputs and outputs float32 holding bf16-representable values).
     """
     import onnx
-    from onnx import helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     types = _value_types(model)
-    graph = model.graph
+    for graph in reversed(_graphs(model.graph)):  # subgraphs first: rebuilding a graph's nodes copies them
+        _emulate_graph(graph, types)
+    return model
+
+
+def _emulate_graph(graph: Any, types: Mapping[str, int]) -> None:
+    """:func:`emulate_bf16` on one graph (its subgraphs are visited apart)."""
+    import onnx
+    from onnx import helper
+
     for index, init in enumerate(graph.initializer):
         if init.data_type == _BF16:
             graph.initializer[index].CopyFrom(_to_float_tensor(init))
@@ -100,7 +119,6 @@ def emulate_bf16(model: Any) -> Any:
             new_nodes.append(helper.make_node("Cast", [rounded], [output], to=_FLOAT, name=f"{raw}_back"))
     del graph.node[:]
     graph.node.extend(new_nodes)
-    return model
 
 
 def check_bf16_structure(model: Any) -> list[str]:

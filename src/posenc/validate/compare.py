@@ -55,7 +55,7 @@ import numpy as np
 
 from posenc.errors import ConfigError, ParityError
 from posenc.export.manifest import OutputDrift
-from posenc.export.units import FeedShape
+from posenc.export.units import BLOCK_INPLACE, FeedShape
 from posenc.records import field, to_json
 from posenc.schemes.base import Tolerance
 from posenc.validate.runners import REFERENCE_DESCRIPTION, EagerTorchRunner, TorchModuleRunner, feed_metadata
@@ -298,10 +298,14 @@ def check_ort_parity(before: bytes, after: bytes, info: Any) -> dict[str, Output
     shapes = fit_shapes([OPTIMIZE_CHECK_SHAPE], manifest.max_positions if manifest is not None else None)
     feeds = model_feeds(shapes, manifest=manifest, model=proto)
     tols = tolerances_of(manifest, proto)
+    in_place = manifest is not None and manifest.unit == BLOCK_INPLACE  # presents share their caches' buffers
     try:
         prepared = [prepare_for_ort(model, feeds) for model in (before, after)]
-        reference = Reference(ort_runner(prepared[0].model, name="before"), "the graph before optimization, ORT CPU")
-        comparison = compare([reference], [ort_runner(prepared[1].model, name="after")], prepared[0].feeds, tols)
+        runners = [
+            ort_runner(p.model, name=n, in_place=in_place) for p, n in zip(prepared, ("before", "after"), strict=True)
+        ]
+        reference = Reference(runners[0], "the graph before optimization, ORT CPU")
+        comparison = compare([reference], [runners[1]], prepared[0].feeds, tols)
     except Exception as exc:  # onnxruntime and polygraphy raise their own exception types
         raise ParityError(
             f"ONNX Runtime CPU could not run the graph before/after optimization ({type(exc).__name__}: "

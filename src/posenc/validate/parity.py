@@ -20,7 +20,7 @@ from posenc.errors import ConfigError
 from posenc.export.files import write_text_atomic
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
-from posenc.export.units import FeedShape
+from posenc.export.units import BLOCK_INPLACE, FeedShape
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
@@ -187,7 +187,8 @@ def validate_onnx(
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
     refs = [_reference(ref, path, manifest, prepared.feeds[0]) for ref in references]
-    candidates = _candidates(runners, prepared.model, list(providers or ort_providers()))
+    in_place = manifest.unit == BLOCK_INPLACE
+    candidates = _candidates(runners, prepared.model, list(providers or ort_providers()), in_place)
     tols = tolerances_for(manifest.scheme, {o.name: o.dtype for o in manifest.outputs}, tolerances)
     comparison = compare(refs, candidates, prepared.feeds, tols, shapes=shapes, quiet=quiet)
     return ParityReport(
@@ -210,7 +211,7 @@ def _reference(ref: Reference | str, path: Path, manifest: Manifest, feed: Mappi
     raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
 
 
-def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str]) -> list[Any]:
+def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str], in_place: bool) -> list[Any]:
     from polygraphy.backend.base import BaseRunner
 
     built = []
@@ -218,7 +219,7 @@ def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[
         if isinstance(runner, BaseRunner):
             built.append(runner)
         elif runner == "onnxrt":
-            built.append(ort_runner(model, providers))
+            built.append(ort_runner(model, providers, in_place=in_place))
         else:
             raise ConfigError(f"unknown runner {runner!r}; use 'onnxrt' or a polygraphy BaseRunner instance.")
     return built

@@ -7,7 +7,8 @@
   weights and tables, see :func:`posenc.export.load_eager`) and the manifest, upcasts each feed to float64
   (position ids stay int64) and returns float64 outputs named like the graph's. polygraphy's own
   ``PytRunner`` moves tensors to CUDA, so it cannot serve as a CPU reference.
-- :func:`ort_runner`: polygraphy's ``OnnxrtRunner`` on a session of :func:`posenc.export.ort_session`.
+- :func:`ort_runner`: polygraphy's ``OnnxrtRunner`` on a session of :func:`posenc.export.ort_session`, or, for an
+  in-place cache graph, :class:`InPlaceOrtRunner` (each present bound to its cache input's buffer, as deployed).
 - TensorRT: :func:`posenc.engine.engine_runner` returns polygraphy's ``TrtRunner`` (GPU machines).
 """
 
@@ -141,8 +142,8 @@ class EagerTorchRunner(TorchModuleRunner):
 
 
 def ort_runner(
-    model: str | bytes, providers: Sequence[str] = ("CPUExecutionProvider",), name: str = ""
-) -> OnnxrtRunner:
+    model: str | bytes, providers: Sequence[str] = ("CPUExecutionProvider",), name: str = "", in_place: bool = False
+) -> BaseRunner:
     """polygraphy's :class:`OnnxrtRunner` on a session made now (:func:`posenc.export.ort_session`), so that a
     graph ONNX Runtime cannot load fails here.
 
@@ -150,6 +151,9 @@ def ort_runner(
         model: path or serialized model (e.g. :attr:`posenc.validate.bf16.OrtModel.model`).
         providers: ONNX Runtime providers in order of preference.
         name: runner name (default ``onnxrt-cuda`` when CUDA comes first, else ``onnxrt-cpu``).
+        in_place: an in-place cache graph (``block-inplace``): an :class:`InPlaceOrtRunner`, which binds each present
+            to its cache input's buffer as a deployment does (``GroupQueryAttention`` leaves the slots it does not
+            write unspecified unless the buffers are shared).
 
     Raises:
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
@@ -157,4 +161,70 @@ def ort_runner(
     """
     session = ort_session(model, providers, check=False)
     label = name or ("onnxrt-cuda" if providers and providers[0].startswith("CUDA") else "onnxrt-cpu")
+    if in_place:
+        return InPlaceOrtRunner(session, name=label)
     return OnnxrtRunner(session, name=label)
+
+
+CACHE_BUFFERS: tuple[tuple[str, str], ...] = (("key_cache", "present_key"), ("value_cache", "present_value"))
+"""``(cache input, present output)`` pairs of an in-place cache graph: one buffer each."""
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}  # fmt: skip
+
+
+def bind_in_place(session: Any, feed: Mapping[str, Any], caches: Mapping[str, Any], other_outputs: bool = True) -> Any:
+    """An ONNX Runtime IOBinding of ``feed`` with each cache OrtValue of ``caches`` (by input name) bound as both
+    its input and its present output; the other outputs go to CPU memory, in the session's output order (unless
+    ``other_outputs`` is False: the caller binds them)."""
+    binding = session.io_binding()
+    presents = dict(CACHE_BUFFERS)
+    for name, value in feed.items():
+        if name in caches:
+            binding.bind_ortvalue_input(name, caches[name])
+            binding.bind_ortvalue_output(presents[name], caches[name])
+        else:
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    written = {presents[name] for name in caches}
+    for meta in session.get_outputs() if other_outputs else ():
+        if meta.name not in written:
+            binding.bind_output(meta.name, "cpu")
+    return binding
+
+
+class InPlaceOrtRunner(BaseRunner):
+    """ONNX Runtime on an in-place cache graph, each present bound to its cache input's buffer (IOBinding).
+
+    Each call copies the fed caches into fresh buffers, runs in place, and returns every output (the presents are
+    the buffers after the run), so a feed is never modified.
+
+    Args:
+        session: an ``onnxruntime.InferenceSession`` (:func:`posenc.export.ort_session`).
+        name: runner name.
+    """
+
+    def __init__(self, session: Any, name: str) -> None:
+        super().__init__(name=name, prefix="onnxrt-inplace")
+        self.session = session
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        for value in self.session.get_inputs():
+            meta.add(value.name, _ORT_TYPES.get(value.type, np.float32), tuple(value.shape))
+        return meta
+
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        start = time.perf_counter()
+        buffers = {name: np.array(feed_dict[name], copy=True) for name, _ in CACHE_BUFFERS if name in feed_dict}
+        caches = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in buffers.items()}  # shares memory
+        binding = bind_in_place(self.session, feed_dict, caches)
+        self.session.run_with_iobinding(binding)
+        others = iter(binding.copy_outputs_to_cpu()[len(caches) :])
+        presents = {present: buffers[cache] for cache, present in CACHE_BUFFERS if cache in buffers}
+        result = OrderedDict(
+            (meta.name, presents[meta.name] if meta.name in presents else next(others))
+            for meta in self.session.get_outputs()
+        )
+        self.inference_time = time.perf_counter() - start
+        return result

@@ -1,0 +1,432 @@
+"""Passes for the in-place KV cache (``block-inplace`` graphs): attention that reads the cache buffer itself.
+
+An exported in-place block (:mod:`posenc.export.units`) writes its new keys and values with ``TensorScatter`` and
+attends over the filled prefix of each cache, ``Slice(cache, 0, T)`` with ``T`` the longest row's
+``past_length + S``; after :func:`posenc.graphs.attention.fuse_attention` that is
+``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)``. On ONNX Runtime each ``Slice`` is a copy of the filled
+cache, and the CPU ``Attention`` kernel (like the contrib ``GroupQueryAttention`` kernel) reads the cached keys once
+per query head, a grouped-query block's cache ``H / Hkv`` times. Both are what a decode step spends its time on.
+
+:func:`decode_over_cache` (target ``ort-cpu``) rewrites that attention into
+``If(S <= 16 and 3·T >= C, grouped, sliced)``:
+
+- ``grouped``: the query heads of each key/value head as one ``[G·S, D]`` block, scores
+  ``MatMul(q_g, Kᵀ)`` and ``MatMul(P, V)`` over the whole cache of ``C`` slots, the mask padded with "hidden" for the
+  slots past ``T``. Every cached key is read once, nothing is copied. The attention over ``C`` slots with slots
+  ``T .. C - 1`` hidden equals the attention over ``T`` slots exactly when those slots hold finite values (the
+  in-place unit's contract: a softmax weight of zero times a finite value is zero).
+- ``sliced``: the original ``Slice`` + ``Attention`` (prefill, and caches filled less than a third: reading the
+  whole cache would then move more bytes than copying the filled part).
+
+The condition reads only shapes and ``T``, so one graph serves decode and prefill.
+
+:func:`gqa_over_cache` (target ``ort-cuda``) replaces the cache writes and the attention by ONNX Runtime's contrib
+``GroupQueryAttention`` with past and present sharing one buffer, as onnxruntime-genai builds its decoders
+(``past_key`` = the cache, ``seqlens_k = past_length + S - 1``, ``total_sequence_length = max(past_length) + S``;
+bind each present to its cache's buffer). The rotation moves into the op (``do_rotary``, ``cos_cache`` /
+``sin_cache``, ``position_ids``, ``rotary_interleaved``) when it is a ``RotaryEmbedding`` on the projections with a
+precomputed table of the activation dtype; otherwise the rotated q and k are fed as they are. A score bias becomes
+``attention_bias``. What ``GroupQueryAttention`` cannot express keeps its present path, with the reason recorded
+(:func:`gqa_refusal`): blocks that are not causal (it masks by cache slots), sliding windows (it counts slots, posenc
+counts positions, which differ after a jump in positions), a soft-cap together with a score bias (it caps after
+adding the bias), schemes that compute attention themselves (no ``Attention`` to replace).
+
+The graph alone does not say what the attention mask of an in-place block means; :class:`CacheFacts` carries that
+from the manifest (``posenc optimize`` reads it), and graphs without one keep their attention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from posenc.graphs import fold
+from posenc.graphs import match_utils as mu
+
+DECODE_MAX_QUERIES = 16
+"""Largest number of new tokens the grouped decode path takes (more is a prefill: the fused op is faster)."""
+FULL_CACHE_FILL = 3
+"""The grouped path reads the whole cache when ``FULL_CACHE_FILL · T >= C``: below that a copy of the ``T`` filled
+slots (read + write) and a read of them moves fewer bytes than one read of all ``C`` slots."""
+
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _const(tape: ir.tape.Tape, value: np.ndarray) -> ir.Value:
+    return tape.op("Constant", [], attributes={"value": ir.tensor(value)})
+
+
+def _ints(tape: ir.tape.Tape, *values: int) -> ir.Value:
+    return _const(tape, np.array(values, dtype=np.int64))
+
+
+def _slice_ok(node: ir.Node) -> bool:
+    """A ``Slice(x, [0], ends, [2], [1])`` of a 4-D ``x`` along its slot axis."""
+    steps = node.inputs[4] if len(node.inputs) > 4 else None
+    axes = node.inputs[3] if len(node.inputs) > 3 else None
+    return (
+        len(node.inputs) >= 4
+        and mu.rank(node.inputs[0]) == 4
+        and mu.is_ints(node.inputs[1], [0])
+        and (mu.is_ints(axes, [2]) or mu.is_ints(axes, [-2]))
+        and (steps is None or mu.is_ints(steps, [1]))
+    )
+
+
+def _same_end(a: ir.Value, b: ir.Value) -> bool:
+    if a is b:
+        return True
+    ends_a, ends_b = mu.const_ints(a), mu.const_ints(b)
+    return ends_a is not None and ends_a == ends_b
+
+
+class _DecodeOverCache(pattern.RewriteRuleClassBase):
+    """``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)`` -> ``If(decode, grouped over K, V; sliced)``."""
+
+    def __init__(self) -> None:
+        super().__init__(name="decode_over_cache")
+
+    def pattern(self, op, q, keys, values, mask):  # type: ignore[no-untyped-def]
+        k = op.Slice(keys, _allow_other_inputs=True, _outputs=["k_slice"])
+        v = op.Slice(values, _allow_other_inputs=True, _outputs=["v_slice"])
+        return op.Attention(q, k, v, mask, _outputs=["out"])
+
+    def check(self, context, q, keys, values, mask, k_slice, v_slice, out, **_):  # type: ignore[no-untyped-def]
+        result = pattern.MatchResult()
+        node = out.producer()
+        k_node, v_node = k_slice.producer(), v_slice.producer()
+        if node.graph is not context.model.graph:
+            return result.fail("inside a subgraph (the sliced branch this rule wrote)", node)
+        if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return result.fail("present/qk outputs of the Attention are used", node)
+        if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
+            return result.fail("causal or qk-output attention is not the in-place cache's", node)
+        if not (_slice_ok(k_node) and _slice_ok(v_node) and _same_end(k_node.inputs[2], v_node.inputs[2])):
+            return result.fail("keys and values are not the same leading slots of their caches", k_node)
+        heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(keys, 1), mu.static_dim(q, 3)
+        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:  # type: ignore[operator]
+            return result.fail("head counts or head size are unknown or do not group", q)
+        if mu.static_dim(values, 1) != kv_heads or mu.static_dim(values, 3) != head_dim:
+            return result.fail("the value cache does not match the key cache's heads", values)
+        if mu.dtype(q) not in _FLOATS or mu.rank(mask) != 4:
+            return result.fail("a float query and a 4-D mask are needed", q)
+        if mu.dtype(mask) != ir.DataType.BOOL and mu.dtype(mask) != mu.dtype(q):
+            return result.fail("the additive mask is not in the query's dtype", mask)
+        return result
+
+    def rewrite(self, op, q, keys, values, mask, k_slice, v_slice, out, **_):  # type: ignore[no-untyped-def]
+        node = out.producer()
+        k_node, v_node = k_slice.producer(), v_slice.producer()
+        ends = k_node.inputs[2]
+        queries = op.Shape(q, start=2, end=3)
+        slots = op.Shape(keys, start=2, end=3)
+        small = op.LessOrEqual(queries, op.Constant(value_ints=[DECODE_MAX_QUERIES]))
+        full = op.GreaterOrEqual(op.Mul(ends, op.Constant(value_ints=[FULL_CACHE_FILL])), slots)
+        decode = op.And(small, full)
+        grouped = _grouped_graph(node, q, keys, values, mask, ends, slots)
+        sliced = _sliced_graph(node, q, keys, values, mask, k_node, v_node)
+        return op.If(decode, then_branch=grouped, else_branch=sliced)
+
+
+def _attributes(node: ir.Node) -> dict[str, ir.Attr]:
+    return dict(node.attributes.items())
+
+
+def _graph_output(value: ir.Value, like: ir.Value) -> ir.Value:
+    value.dtype = like.dtype
+    value.shape = like.shape
+    return value
+
+
+def _sliced_graph(
+    node: ir.Node, q: ir.Value, keys: ir.Value, values: ir.Value, mask: ir.Value, k_node: ir.Node, v_node: ir.Node
+) -> ir.Graph:
+    """The original computation: the filled slots copied out, the fused Attention over them."""
+    tape = ir.tape.Tape()
+    k = tape.op("Slice", [keys, *k_node.inputs[1:]])
+    v = tape.op("Slice", [values, *v_node.inputs[1:]])
+    attention = ir.Node("", "Attention", [q, k, v, mask], _attributes(node).values(), num_outputs=1)
+    out = _graph_output(attention.outputs[0], node.outputs[0])
+    return ir.Graph([], [out], nodes=[*tape.nodes, attention], name="sliced_attention")
+
+
+def _grouped_graph(
+    node: ir.Node, q: ir.Value, keys: ir.Value, values: ir.Value, mask: ir.Value, ends: ir.Value, slots: ir.Value
+) -> ir.Graph:
+    """Attention over every slot of the caches, each key/value head's query heads as one matrix."""
+    heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(keys, 1), mu.static_dim(q, 3)
+    dtype = mu.dtype(q)
+    np_dtype = dtype.numpy()  # type: ignore[union-attr]
+    attrs = _attributes(node)
+    scale = float(attrs["scale"].value) if "scale" in attrs else 1.0 / float(np.sqrt(head_dim))  # type: ignore[arg-type]
+    softcap = float(attrs["softcap"].value) if "softcap" in attrs else 0.0
+    wide = "softmax_precision" in attrs and ir.DataType(int(attrs["softmax_precision"].value)) != dtype
+    tape = ir.tape.Tape()
+    # mask [B|1, 1|H, S, T] -> [.., C]: the slots past T hidden
+    pads = tape.op("Concat", [_ints(tape, 0, 0, 0, 0, 0, 0, 0), tape.op("Sub", [slots, ends])], {"axis": 0})
+    if mu.dtype(mask) == ir.DataType.BOOL:
+        hidden = _const(tape, np.array(False))
+    else:
+        hidden = _const(tape, np.array(-np.inf, dtype=np_dtype))
+    full_mask = tape.op("Pad", [mask, pads, hidden])
+    # q [B, H, S, D] -> [B, Hkv, G*S, D] (heads h = kv * G + g), scaled before the product
+    q_scaled = tape.op("Mul", [q, _const(tape, np.array(scale, dtype=np_dtype))])
+    grouped_q = tape.op("Reshape", [q_scaled, _ints(tape, 0, kv_heads, -1, head_dim)])  # type: ignore[arg-type]
+    scores = tape.op("MatMul", [grouped_q, tape.op("Transpose", [keys], {"perm": [0, 1, 3, 2]})])
+    per_head = tape.op("Concat", [_ints(tape, 0, heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
+    scores = tape.op("Reshape", [scores, per_head])  # [B, H, S, C]
+    compute = ir.DataType.FLOAT if wide else dtype
+    if wide:
+        scores = tape.op("Cast", [scores], {"to": compute})
+    if softcap > 0:
+        cap = _const(tape, np.array(softcap, dtype=compute.numpy()))  # type: ignore[union-attr]
+        scores = tape.op("Mul", [tape.op("Tanh", [tape.op("Div", [scores, cap])]), cap])
+    if mu.dtype(mask) == ir.DataType.BOOL:
+        fill = _const(tape, np.array(-np.inf, dtype=compute.numpy()))  # type: ignore[union-attr]
+        scores = tape.op("Where", [full_mask, scores, fill])
+    else:
+        bias = tape.op("Cast", [full_mask], {"to": compute}) if wide else full_mask
+        scores = tape.op("Add", [scores, bias])
+    probs = tape.op("Softmax", [scores], {"axis": -1})
+    if wide:
+        probs = tape.op("Cast", [probs], {"to": dtype})
+    per_group = tape.op("Concat", [_ints(tape, 0, kv_heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
+    grouped_out = tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])  # [B, Hkv, G*S, D]
+    out = tape.op("Reshape", [grouped_out, _ints(tape, 0, heads, -1, head_dim)])  # type: ignore[arg-type]
+    out = _graph_output(out, node.outputs[0])
+    return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
+
+
+_DECODE_RULES = pattern.RewriteRuleSet([_DecodeOverCache.rule()])
+
+
+def decode_over_cache(model: ir.Model) -> int:
+    """ONNX Runtime CPU: attention over an in-place cache reads the cache buffers without copies when decoding.
+
+    Returns:
+        The number of attentions rewritten (one per in-place block).
+    """
+    fold.cleanup(model)  # the head repeats the Attention fusion left behind still read the slices
+    return _DECODE_RULES.apply_to_model(model)
+
+
+# --------------------------------------------------------------------------------------------------
+# ONNX Runtime contrib GroupQueryAttention over the shared cache buffer
+# --------------------------------------------------------------------------------------------------
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheFacts:
+    """What an exported block's manifest says about its cache and mask (its graph alone does not).
+
+    Attributes:
+        in_place: a ``block-inplace`` graph (``TensorScatter`` writes, a filled-slot mask).
+        causal: the mask hides later positions.
+        sliding_window: local attention window, or ``None``.
+        logit_softcap: the soft-cap, or ``None``.
+        placement: where the scheme acts (``qk``, ``score``, ``attention``, ...).
+        head_dim: the head size.
+    """
+
+    in_place: bool
+    causal: bool = True
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+    placement: str = "qk"
+    head_dim: int = 64
+
+    @classmethod
+    def of(cls, manifest: Any) -> CacheFacts | None:
+        """The facts of an export manifest (``None`` for other graphs)."""
+        if manifest is None or not hasattr(manifest, "attention"):
+            return None
+        config = manifest.attention_config()
+        return cls(
+            in_place=manifest.unit == "block-inplace",
+            causal=config.causal,
+            sliding_window=config.sliding_window,
+            logit_softcap=config.logit_softcap,
+            placement=manifest.placement,
+            head_dim=config.head_dim,
+        )
+
+
+def attention_refusal(facts: CacheFacts | None) -> str | None:
+    """Why an in-place block has no ``Attention`` for the cache passes to take (``None``: it has)."""
+    if facts is not None and facts.placement == "attention":
+        return "the scheme computes its attention itself (no Attention op to replace); it keeps its own path"
+    return None
+
+
+def gqa_refusal(facts: CacheFacts | None) -> str | None:
+    """Why ``GroupQueryAttention`` cannot take this block's attention (``None``: it can)."""
+    if facts is None or not facts.in_place:
+        return "GroupQueryAttention shares its past and present buffer: export with --kv-cache inplace"
+    if attention_refusal(facts):
+        return attention_refusal(facts)
+    if facts.head_dim % 16 or facts.head_dim > 256:
+        return f"head size {facts.head_dim}: GroupQueryAttention needs a multiple of 16, at most 256"
+    if facts.logit_softcap is not None and facts.placement == "score":
+        return "a soft-cap with a score bias: GroupQueryAttention caps the scores after adding the bias"
+    if not facts.causal:
+        return "the block is not causal; GroupQueryAttention masks the cache causally by slot"
+    if facts.sliding_window is not None:
+        return (
+            "sliding window: GroupQueryAttention's local window counts cache slots, posenc's counts positions "
+            "(they differ once positions jump)"
+        )
+    return None
+
+
+def _projection(x4: ir.Value) -> ir.Value | None:
+    """``x [B, S, h*D]`` when ``x4`` is ``Transpose(Reshape(x, [B, S, h, D]), [0, 2, 1, 3])``, else ``None``."""
+    transpose = x4.producer()
+    if (
+        transpose is None
+        or transpose.op_type != "Transpose"
+        or list(transpose.attributes.get_ints("perm", [])) != [0, 2, 1, 3]
+    ):
+        return None
+    reshape = mu.producer_of(transpose.inputs[0], "Reshape")
+    if reshape is None or mu.rank(reshape.inputs[0]) != 3:
+        return None
+    return reshape.inputs[0]
+
+
+def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
+    """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation."""
+    nodes = [mu.producer_of(x, "RotaryEmbedding") for x in (q, k)]
+    if nodes[0] is None or nodes[1] is None:
+        return None
+    rq, rk = nodes
+    if len(rq.inputs) != 4 or len(rk.inputs) != 4 or list(rq.inputs[1:]) != list(rk.inputs[1:]):
+        return None  # 3-D caches (dynamic tables) or different tables / positions
+    if any(mu.int_attr(rq, a) != mu.int_attr(rk, a) for a in ("interleaved", "rotary_embedding_dim", "num_heads")):
+        return None
+    cos, sin = rq.inputs[1], rq.inputs[2]
+    if mu.rank(cos) != 2 or mu.dtype(cos) != mu.dtype(q) or mu.dtype(sin) != mu.dtype(q):
+        return None
+    half, head_dim = mu.static_dim(cos, 1), mu.static_dim(q, 3)
+    rotary_dim = mu.int_attr(rq, "rotary_embedding_dim") or head_dim
+    if half is None or head_dim is None or 2 * half != rotary_dim:
+        return None
+    if _projection(rq.inputs[0]) is None or _projection(rk.inputs[0]) is None:
+        return None
+    return rq, rk
+
+
+class _GroupQueryAttention(pattern.RewriteRuleClassBase):
+    """Cache writes + ``Attention`` over the filled slots + head merge -> ``com.microsoft.GroupQueryAttention``."""
+
+    def __init__(self) -> None:
+        super().__init__(name="gqa_over_cache")
+
+    def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape):  # type: ignore[no-untyped-def]
+        present_k = op.TensorScatter(key_cache, k, past_length, _allow_other_attributes=True, _outputs=["present_k"])
+        present_v = op.TensorScatter(value_cache, v, past_length, _allow_other_attributes=True, _outputs=["present_v"])
+        keys = op.Slice(present_k, _allow_other_inputs=True, _outputs=["k_slice"])
+        values = op.Slice(present_v, _allow_other_inputs=True, _outputs=["v_slice"])
+        attention = op.Attention(q, keys, values, mask, _outputs=["att"])
+        heads = op.Transpose(attention, perm=[0, 2, 1, 3])
+        merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
+        return merged, present_k, present_v
+
+    def check(
+        self, context, q, k, v, key_cache, value_cache, mask, present_k, present_v, k_slice, v_slice, att, merged, **_
+    ):  # type: ignore[no-untyped-def]
+        result = pattern.MatchResult()
+        node = att.producer()
+        for scatter in (present_k.producer(), present_v.producer()):
+            if (
+                mu.int_attr(scatter, "axis") not in (2, -2)
+                or scatter.attributes.get_string("mode", "linear") != "linear"
+            ):
+                return result.fail("the cache writes are not linear writes along the slot axis", scatter)
+        if not (key_cache.is_graph_input() and value_cache.is_graph_input()):
+            return result.fail("the caches are not graph inputs (GroupQueryAttention shares their buffers)", key_cache)
+        if not (_slice_ok(k_slice.producer()) and _slice_ok(v_slice.producer())):
+            return result.fail("the attention does not read the leading slots of the caches", k_slice)
+        if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return result.fail("present/qk outputs of the Attention are used", node)
+        if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
+            return result.fail("causal flag or qk output on the Attention", node)
+        heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(k, 1), mu.static_dim(q, 3)
+        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:  # type: ignore[operator]
+            return result.fail("head counts or head size are unknown or do not group", q)
+        if mu.dtype(q) not in _FLOATS:
+            return result.fail("GroupQueryAttention takes float32, float16 or bfloat16", q)
+        if head_dim % 16 or head_dim > 256:  # type: ignore[operator]
+            return result.fail("GroupQueryAttention needs a head size that is a multiple of 16, at most 256", q)
+        biased = mu.dtype(mask) != ir.DataType.BOOL
+        if biased and "softcap" in node.attributes:
+            return result.fail("a soft-cap with a score bias: GroupQueryAttention caps after adding the bias", node)
+        if biased and (mu.dtype(mask) != mu.dtype(q) or mu.rank(mask) != 4):
+            return result.fail("the score bias is not [B|1, H|1, S, T] in the query's dtype", mask)
+        if mu.rank(merged) != 3:
+            return result.fail("the heads are not merged back into [B, S, H*D]", merged)
+        return result
+
+    def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):  # type: ignore[no-untyped-def]
+        node = att.producer()
+        heads, kv_heads = mu.static_dim(q, 1), mu.static_dim(k, 1)
+        attributes: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads}
+        if "scale" in node.attributes:
+            attributes["scale"] = float(node.attributes["scale"].value)
+        if "softcap" in node.attributes:
+            attributes["softcap"] = float(node.attributes["softcap"].value)
+        rotary = _rotary(q, k)
+        merged_width = op.Constant(value_ints=[0, 0, -1])
+        if rotary is not None:
+            rq, rk = rotary
+            query, key = _projection(rq.inputs[0]), _projection(rk.inputs[0])
+            cos, sin, positions = rq.inputs[1], rq.inputs[2], rq.inputs[3]
+            attributes.update(do_rotary=1, rotary_interleaved=mu.int_attr(rq, "interleaved"))
+        else:
+            query = _projection(q) or op.Reshape(op.Transpose(q, perm=[0, 2, 1, 3]), merged_width)
+            key = _projection(k) or op.Reshape(op.Transpose(k, perm=[0, 2, 1, 3]), merged_width)
+            cos = sin = positions = None
+        value = _projection(v) or op.Reshape(op.Transpose(v, perm=[0, 2, 1, 3]), merged_width)
+        seq = op.Shape(query, start=1, end=2)  # [B, S, H*D]: not q, so a fused rotation leaves no node behind
+        filled = op.Add(past_length, seq)  # [B]: slots filled after this step
+        seqlens = op.Cast(op.Sub(filled, op.Constant(value_ints=[1])), to=ir.DataType.INT32)
+        total = op.Cast(op.ReduceMax(filled, keepdims=0), to=ir.DataType.INT32)
+        bias = mask if mu.dtype(mask) != ir.DataType.BOOL else None
+        inputs = [query, key, value, key_cache, value_cache, seqlens, total, cos, sin, positions, bias]
+        while inputs[-1] is None:
+            inputs.pop()
+        return op.GroupQueryAttention(*inputs, _domain=MS_DOMAIN, _outputs=3, **attributes)
+
+
+_GQA_RULES = pattern.RewriteRuleSet([_GroupQueryAttention.rule()])
+
+
+def gqa_over_cache(model: ir.Model) -> int:
+    """ONNX Runtime (CUDA): an in-place block's cache writes and attention as one contrib ``GroupQueryAttention``.
+
+    Only for graphs whose :class:`CacheFacts` pass :func:`gqa_refusal` (the caller checks).
+
+    Returns:
+        The number of attentions replaced.
+    """
+    fold.cleanup(model)
+    count = _GQA_RULES.apply_to_model(model)
+    if count:
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+    return count
+
+
+__all__ = [
+    "DECODE_MAX_QUERIES",
+    "FULL_CACHE_FILL",
+    "CacheFacts",
+    "attention_refusal",
+    "decode_over_cache",
+    "gqa_over_cache",
+    "gqa_refusal",
+]

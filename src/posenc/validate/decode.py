@@ -1,0 +1,325 @@
+"""Multi-step decode parity: a sequence of steps through ONNX Runtime, each one held to the eager block.
+
+A decode sequence carries state: the KV cache. Each candidate graph runs the whole sequence with its own cache
+(:class:`OrtDecodeRunner`): a ``block`` graph gets its previous presents back as ``past_key``/``past_value``; a
+``block-inplace`` graph keeps one preallocated buffer per cache, bound as both the cache input and the present
+output (ONNX Runtime IOBinding), so every step writes into the same memory, as a deployment does. The reference is
+the float64 eager :class:`~posenc.blocks.AttentionBlock` (``forward``, concatenated cache) carrying its own cache
+through the same steps (:func:`eager_decode_reference`). Rows come from the one comparison path
+(:func:`posenc.validate.compare.compare`), one per step and output: ``out``, and the filled part of each cache
+(``present_key`` / ``present_value``, slots ``0 .. past + S - 1``).
+
+The default sequence (:func:`decode_schedule`): a prefill, :data:`DECODE_STEPS` single-token steps, then a long
+jump: one token at the last position the model serves (``jump="position"``), or, for schemes that need contiguous
+positions, a chunk that fills the cache to its last slot followed by one token there (``jump="fill"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from posenc.dtypes import NUMPY_DTYPES
+from posenc.errors import ConfigError
+from posenc.export.manifest import Manifest, load_manifest
+from posenc.export.runtime import check_model_file, load_eager, ort_session
+from posenc.export.units import BLOCK_INPLACE, FeedShape
+from posenc.schemes.base import Tolerance
+from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare
+from posenc.validate.runners import REFERENCE_NAME, TorchModuleRunner, bind_in_place, feed_metadata
+from posenc.validate.tolerance import tolerances_for
+
+DECODE_STEPS = 64
+"""Single-token steps of the default sequence."""
+PREFILL = 5
+"""Tokens of the default sequence's first step."""
+OUTPUTS = ("out", "present_key", "present_value")
+JUMPS = ("position", "fill")
+DECODE_REFERENCE = "float64 eager posenc block (CPU), its concatenated cache carried through the steps"
+
+
+def serving_limit(manifest: Manifest) -> int:
+    """Positions (and, in place, cache slots) a block graph serves: its table, its cache, else its context."""
+    limits = [manifest.max_positions] if manifest.max_positions is not None else []
+    if manifest.unit == BLOCK_INPLACE:
+        limits.append(int(manifest.input("key_cache").shape[2]))
+    return min(limits) if limits else int(manifest.attention["max_position_embeddings"])
+
+
+def decode_schedule(
+    limit: int, *, batch: int = 2, prefill: int = PREFILL, steps: int = DECODE_STEPS, jump: str = "position"
+) -> list[FeedShape]:
+    """The steps of a decode sequence: a prefill, ``steps`` single tokens, then a long jump to position ``limit - 1``.
+
+    Args:
+        limit: positions (and cache slots) the graph serves (:func:`serving_limit`).
+        batch: rows of every step.
+        prefill: tokens of the first step.
+        steps: single-token steps after it.
+        jump: ``position``: one token at position ``limit - 1`` right after the single steps; ``fill``: a chunk of
+            contiguous tokens up to position ``limit - 2``, then one token at ``limit - 1`` (the cache's last slot).
+
+    Raises:
+        ConfigError: an unknown jump, or a sequence that does not fit ``limit``.
+    """
+    if jump not in JUMPS:
+        raise ConfigError(f"unknown jump {jump!r}; use one of {list(JUMPS)}.")
+    past = prefill + steps
+    if past + 2 > limit:
+        raise ConfigError(
+            f"{prefill} + {steps} tokens and a jump need more than {limit} positions; export with a longer "
+            f"--max-positions, or take fewer steps."
+        )
+    shapes = [FeedShape(batch, prefill, 0)] + [FeedShape(batch, 1, prefill + i) for i in range(steps)]
+    if jump == "position":
+        return [*shapes, FeedShape(batch, 1, past, start=limit - 1)]
+    return [*shapes, FeedShape(batch, limit - 1 - past, past), FeedShape(batch, 1, limit - 1)]
+
+
+def step_feeds(manifest: Manifest, schedule: Sequence[FeedShape], seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """The new tokens of each step: ``hidden`` (standard normal, graph dtype) and ``position_ids``."""
+    rng = np.random.default_rng(seed)
+    dtype = NUMPY_DTYPES[manifest.dtype]
+    width = int(manifest.attention["hidden_size"])
+    feeds = []
+    for shape in schedule:
+        hidden = rng.standard_normal((shape.batch, shape.seq, width)).astype(np.float32).astype(dtype)
+        positions = np.repeat((shape.first + np.arange(shape.seq, dtype=np.int64))[None], shape.batch, axis=0)
+        feeds.append({"hidden": hidden, "position_ids": positions})
+    return feeds
+
+
+def eager_decode_reference(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Reference:
+    """The float64 eager block of an exported ``block`` / ``block-inplace`` graph, stepping its own cache."""
+    module, manifest = load_eager(path, manifest=manifest)
+    block = module.block if manifest.unit == BLOCK_INPLACE else module
+    state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
+
+    def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        hidden = torch.from_numpy(np.asarray(feed["hidden"], dtype=np.float64))
+        positions = torch.from_numpy(np.asarray(feed["position_ids"], dtype=np.int64))
+        out, key, value = block(hidden, positions, state["key"], state["value"])
+        state["key"], state["value"] = key, value
+        return {"out": out, "present_key": key, "present_value": value}
+
+    return Reference(TorchModuleRunner(step, REFERENCE_NAME, list(OUTPUTS)), DECODE_REFERENCE)
+
+
+class OrtDecodeRunner(BaseRunner):
+    """An exported block on ONNX Runtime, carrying its KV cache from step to step (a polygraphy runner).
+
+    Args:
+        model: the ONNX file (or serialized model, e.g. bf16-emulated).
+        manifest: its manifest (``block`` or ``block-inplace``).
+        batch: rows of every step.
+        name: runner name.
+        providers: ONNX Runtime providers.
+        seed: seed of the values the in-place caches hold before they are written (the attention must not read
+            them).
+
+    Each call takes ``hidden`` and ``position_ids`` and returns ``out`` and the filled slots of each cache.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        manifest: Manifest,
+        batch: int,
+        name: str,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        seed: int = 0,
+    ) -> None:
+        super().__init__(name=name, prefix="ort-decode")
+        if manifest.unit not in ("block", BLOCK_INPLACE):
+            raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
+        self.model = model if isinstance(model, bytes) else str(model)
+        self.manifest = manifest
+        self.batch = batch
+        self.providers = list(providers)
+        self.seed = seed
+        self.in_place = manifest.unit == BLOCK_INPLACE
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        dtype = np.float32 if self._carried_float32 else NUMPY_DTYPES[self.manifest.dtype]
+        meta.add("hidden", dtype, ("batch", "seq", int(self.manifest.attention["hidden_size"])))
+        meta.add("position_ids", np.int64, ("batch", "seq"))
+        return meta
+
+    @property
+    def _carried_float32(self) -> bool:
+        return self.manifest.dtype == "bfloat16"  # a bf16 graph runs emulated, its activations carried as float32
+
+    def activate_impl(self) -> None:
+        import onnxruntime as ort
+
+        self.session = ort_session(self.model, self.providers, check=False)
+        config = self.manifest.attention_config()
+        dtype = np.float32 if self._carried_float32 else NUMPY_DTYPES[self.manifest.dtype]
+        self.past = 0
+        if self.in_place:
+            slots = int(self.manifest.input("key_cache").shape[2])
+            rng = np.random.default_rng(self.seed)
+            shape = (self.batch, config.num_kv_heads, slots, config.head_dim)
+            self.buffers = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for _ in range(2)]
+            self.caches = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.buffers]  # shares memory
+        else:
+            empty = np.zeros((self.batch, config.num_kv_heads, 0, config.head_dim), dtype=dtype)
+            self.presents = [empty, empty.copy()]
+
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        start = time.perf_counter()
+        hidden, positions = feed_dict["hidden"], feed_dict["position_ids"]
+        seq = int(hidden.shape[1])
+        if self.in_place:
+            feed = {"hidden": hidden, "position_ids": positions, "key_cache": None, "value_cache": None}
+            feed["past_length"] = np.full(self.batch, self.past, dtype=np.int64)
+            caches = dict(zip(("key_cache", "value_cache"), self.caches, strict=True))
+            binding = bind_in_place(self.session, feed, caches)  # the same buffers, written in place
+            self.session.run_with_iobinding(binding)
+            out = binding.copy_outputs_to_cpu()[len(caches)]
+            self.past += seq
+            key, value = (buffer[:, :, : self.past].copy() for buffer in self.buffers)
+        else:
+            feed = {
+                "hidden": hidden,
+                "position_ids": positions,
+                "past_key": self.presents[0],
+                "past_value": self.presents[1],
+            }
+            out, key, value = self.session.run(["out", "present_key", "present_value"], feed)
+            self.presents = [key, value]
+            self.past += seq
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((("out", out), ("present_key", key), ("present_value", value)))
+
+    def deactivate_impl(self) -> None:
+        del self.session
+
+
+@dataclasses.dataclass
+class DecodeReport(Verdict):
+    """Result of :func:`validate_decode`: rows per step, graph and output against the eager block.
+
+    Attributes:
+        models: the graphs run (each a candidate).
+        schedule: the steps, in order.
+        rows: :class:`~posenc.validate.compare.ComparisonRow` per (step, graph, output); ``feed`` is the step.
+        mode: ``numeric`` or ``bf16-emulated``.
+    """
+
+    models: list[str]
+    schedule: list[FeedShape]
+    rows: list[ComparisonRow]
+    mode: str = "numeric"
+
+    def worst(self) -> dict[tuple[str, str], ComparisonRow]:
+        """The row of largest absolute error per (graph, output)."""
+        worst: dict[tuple[str, str], ComparisonRow] = {}
+        for row in self.rows:
+            key = (row.runner, row.output)
+            if key not in worst or row.max_abs > worst[key].max_abs:
+                worst[key] = row
+        return worst
+
+    def to_markdown(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        steps = len(self.schedule)
+        lines = [
+            f"### Decode parity ({steps} steps) — {verdict}",
+            "",
+            f"Reference `{REFERENCE_NAME}`: {DECODE_REFERENCE}. Mode: {self.mode}. Steps (B, S, P @start): "
+            + ", ".join(shape.label for shape in (self.schedule[0], self.schedule[-1])),
+            "",
+            "| graph | output | worst step | max abs error | atol | rtol | steps passed |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for (runner, output), row in self.worst().items():
+            passed = sum(1 for r in self.rows if r.runner == runner and r.output == output and r.passed)
+            lines.append(
+                f"| {runner} | {output} | {row.feed} ({row.shape.label if row.shape else ''}) | {row.max_abs:.3e} | "
+                f"{row.atol:.1e} | {row.rtol:.1e} | {passed}/{steps} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def validate_decode(
+    paths: Sequence[str | os.PathLike[str]],
+    schedule: Sequence[FeedShape] | None = None,
+    *,
+    jump: str = "position",
+    seed: int = 0,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    tolerances: Mapping[str, Tolerance] | None = None,
+    quiet: bool = True,
+) -> DecodeReport:
+    """Run a decode sequence through each graph on ONNX Runtime and compare every step with the eager block.
+
+    Args:
+        paths: exported or optimized ``block`` / ``block-inplace`` graphs of one block (the same weights, e.g. its
+            concat and in-place exports); each is a candidate.
+        schedule: the steps (default :func:`decode_schedule` at the graphs' :func:`serving_limit`).
+        jump: the default schedule's long jump (``position`` or ``fill``).
+        seed: seed of the new tokens and of the in-place caches' unwritten slots.
+        providers: ONNX Runtime providers.
+        tolerances: per-output overrides of the scheme's tolerances.
+        quiet: silence polygraphy.
+
+    Raises:
+        ConfigError: no graph, graphs of different blocks, a non-block graph, or a schedule that does not fit.
+        ModelFileError: a missing or corrupt graph, manifest or weights.
+    """
+    from posenc.validate.bf16 import prepare_for_ort
+
+    if not paths:
+        raise ConfigError("validate_decode needs at least one graph.")
+    manifests = []
+    for path in paths:
+        check_model_file(path)
+        manifests.append(load_manifest(path))
+    first = manifests[0]
+    for path, manifest in zip(paths, manifests, strict=True):
+        if manifest.weights.sha256 != first.weights.sha256 or manifest.dtype != first.dtype:
+            raise ConfigError(
+                f"{path} holds other weights or another dtype than {paths[0]}; decode parity compares graphs of one "
+                f"block (its concat and in-place exports, optimized or not)."
+            )
+    if schedule is None:
+        schedule = decode_schedule(min(serving_limit(m) for m in manifests), jump=jump)
+    schedule = list(schedule)
+    feeds = step_feeds(first, schedule, seed)
+    reference = eager_decode_reference(paths[0], first)
+    candidates = []
+    mode = "numeric"
+    for index, (path, manifest) in enumerate(zip(paths, manifests, strict=True)):
+        prepared = prepare_for_ort(path, feeds[:1])
+        mode = prepared.mode
+        name = f"onnxrt-{index}:{Path(path).stem}"
+        candidates.append(OrtDecodeRunner(prepared.model, manifest, schedule[0].batch, name, providers, seed))
+    carried = [{k: (np.asarray(v).astype(np.float32) if k == "hidden" else v) for k, v in f.items()} for f in feeds]
+    feeds = carried if mode != "numeric" else feeds
+    reference.runner.input_metadata = feed_metadata(feeds[0])
+    tols = tolerances_for(first.scheme, dict.fromkeys(OUTPUTS, first.dtype), tolerances)
+    comparison = compare([reference], candidates, feeds, tols, shapes=schedule, quiet=quiet)
+    return DecodeReport([str(p) for p in paths], schedule, comparison.rows, mode)
+
+
+__all__ = [
+    "DECODE_STEPS",
+    "DecodeReport",
+    "OrtDecodeRunner",
+    "decode_schedule",
+    "eager_decode_reference",
+    "serving_limit",
+    "step_feeds",
+    "validate_decode",
+]

@@ -1,0 +1,113 @@
+"""The in-place cache's attention per target: ``decode_over_cache`` (ort-cpu), contrib ``GroupQueryAttention``
+(ort-cuda, run here on ONNX Runtime's CPU kernel), TensorRT's KV-cache update layer (parse), and the reasons a scheme
+keeps its path. Parity reference: the float64 eager block stepping its concatenated cache
+(:func:`posenc.validate.decode.validate_decode`)."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import onnx
+import pytest
+
+from posenc.config import AttentionConfig
+from posenc.export import FeedShape, export_onnx
+from posenc.graphs import optimize_file
+from posenc.graphs.cache import CacheFacts, gqa_refusal
+from posenc.graphs.inspect import inspect_model
+from posenc.validate.decode import validate_decode
+
+CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
+SHORT = [FeedShape(2, 5, 0)] + [FeedShape(2, 1, 5 + i) for i in range(12)] + [FeedShape(2, 1, 17, start=47)]
+"""A prefill, 12 single steps, a jump to the last position (the full 64-step sequence is in validate/test_decode)."""
+
+
+def _ops(path: Path) -> collections.Counter[str]:
+    return collections.Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def _in_place(folder: Path, scheme: str) -> Path:
+    return export_onnx(folder / f"{scheme}.onnx", scheme, kv_cache="inplace", config=CONFIG).path
+
+
+def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_path: Path) -> None:
+    source = _in_place(tmp_path, "rope")
+    target = tmp_path / "rope.ort-cuda.onnx"
+    result = optimize_file(source, target, "ort-cuda")
+    assert result.counts["gqa_over_cache"] == 1
+    ops = _ops(target)
+    assert ops["GroupQueryAttention"] == 1
+    assert ops["TensorScatter"] == ops["RotaryEmbedding"] == ops["Attention"] == 0  # writes and rotation inside
+    (gqa,) = [n for n in onnx.load(str(target)).graph.node if n.op_type == "GroupQueryAttention"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
+    assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["do_rotary"]) == (4, 2, 1)
+    assert list(gqa.output[1:]) == ["present_key", "present_value"]
+    assert list(gqa.input[3:5]) == ["key_cache", "value_cache"]  # past and present share the buffers
+    report = validate_decode([source, target], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def test_score_bias_goes_into_group_query_attention(tmp_path: Path) -> None:
+    source = _in_place(tmp_path, "alibi")
+    target = tmp_path / "alibi.ort-cuda.onnx"
+    assert optimize_file(source, target, "ort-cuda").counts["gqa_over_cache"] == 1
+    report = validate_decode([target], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(tmp_path: Path) -> None:
+    source = _in_place(tmp_path, "rope")
+    target = tmp_path / "rope.ort-cpu.onnx"
+    assert optimize_file(source, target, "ort-cpu").counts["decode_over_cache"] == 1
+    assert _ops(target)["If"] == 1  # grouped attention over the whole cache, or the sliced Attention (prefill)
+    # a prefill of 30 tokens (sliced branch), single steps with the cache filled past a third (grouped branch)
+    shapes = [FeedShape(1, 30, 0)] + [FeedShape(1, 1, 30 + i) for i in range(4)]
+    report = validate_decode([target], shapes)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp_path: Path) -> None:
+    source = _in_place(tmp_path, "rerope")
+    target = tmp_path / "rerope.ort-cuda.onnx"
+    result = optimize_file(source, target, "ort-cuda")
+    assert result.counts["gqa_over_cache"] == 0
+    assert _ops(target)["GroupQueryAttention"] == 0
+    report = inspect_model(target)
+    assert "computes its attention itself" in report.skipped["gqa_over_cache"]
+    assert "not applied: gqa_over_cache: the scheme computes its attention itself" in report.to_text()
+    decode = validate_decode([source, target], SHORT)  # the kept path still steps its cache in place
+    assert decode.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in decode.rows if not r.passed]
+
+
+@pytest.mark.parametrize(
+    ("facts", "reason"),
+    [
+        (CacheFacts(in_place=False), "--kv-cache inplace"),
+        (CacheFacts(in_place=True, causal=False), "not causal"),
+        (CacheFacts(in_place=True, sliding_window=8), "sliding window"),
+        (CacheFacts(in_place=True, logit_softcap=30.0, placement="score"), "soft-cap"),
+        (CacheFacts(in_place=True, head_dim=40), "multiple of 16"),
+        (CacheFacts(in_place=True, placement="attention"), "computes its attention itself"),
+    ],
+)
+def test_group_query_attention_refusals(facts: CacheFacts, reason: str) -> None:
+    assert reason in (gqa_refusal(facts) or "")
+
+
+def test_group_query_attention_takes_a_plain_causal_block() -> None:
+    assert gqa_refusal(CacheFacts(in_place=True, head_dim=128)) is None
+    assert gqa_refusal(CacheFacts(in_place=True, logit_softcap=30.0, placement="qk")) is None
+
+
+def test_tensorrt_parses_the_cache_writes_as_kv_cache_update_layers(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed")
+    from posenc.engine import check_parse
+
+    target = tmp_path / "rope.trt.onnx"
+    optimize_file(_in_place(tmp_path, "rope"), target, "trt")
+    report = check_parse(target)
+    assert report.parsed is True, report.message
+    assert report.layers["KV_CACHE_UPDATE"] == 2
+    assert report.layers["ROTARY_EMBEDDING"] == 2
+    assert report.layers["ATTENTION_OUTPUT"] == 1

@@ -1,0 +1,96 @@
+"""The in-place KV cache in eager mode: ``AttentionBlock.forward_in_place`` and ``functional.write_cache``.
+
+Reference: the same block's ``forward`` with the concatenated cache (``past_key``/``past_value`` grown by
+``torch.cat`` every step), float64, over a prefill, 64 single-token steps and a jump to the last position.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.blocks import AttentionBlock
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
+from posenc.functional import write_cache
+from posenc.schemes import get_spec, scheme_names
+from posenc.schemes.base import Placement
+
+CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
+PREFILL, STEPS = 5, 64
+CONTIGUOUS = {"transformer_xl"}
+"""Schemes whose keys must sit at contiguous positions (rel_shift): their jump is a chunk up to the last slot."""
+
+
+def _block(scheme: str) -> AttentionBlock:
+    torch.manual_seed(0)
+    return AttentionBlock(CONFIG, scheme).double().eval()
+
+
+@pytest.mark.parametrize("scheme", scheme_names())
+def test_in_place_steps_match_the_concatenated_cache(scheme: str) -> None:
+    block = _block(scheme)
+    batch, slots = 2, CONFIG.max_position_embeddings
+    # (new tokens, first position): a prefill, single steps, then a jump to the last position (or, for schemes
+    # that need contiguous positions, a chunk filling the cache but one slot, then one token in the last)
+    steps = [(PREFILL, 0)] + [(1, PREFILL + i) for i in range(STEPS)]
+    past = PREFILL + STEPS
+    jump = [(slots - 1 - past, past), (1, slots - 1)] if scheme in CONTIGUOUS else [(1, slots - 1)]
+    steps += jump
+    generator = torch.Generator().manual_seed(1)
+    key_cache = torch.randn(batch, 2, slots, CONFIG.head_dim, dtype=torch.float64, generator=generator)
+    value_cache = torch.randn(batch, 2, slots, CONFIG.head_dim, dtype=torch.float64, generator=generator)
+    past_key = past_value = None
+    filled = 0
+    with torch.no_grad():
+        for seq, first in steps:
+            hidden = torch.randn(batch, seq, CONFIG.hidden_size, dtype=torch.float64, generator=generator)
+            positions = (first + torch.arange(seq)).expand(batch, seq)
+            expected, past_key, past_value = block(hidden, positions, past_key, past_value)
+            past_length = torch.full((batch,), filled, dtype=torch.int64)
+            out, key_cache, value_cache = block.forward_in_place(hidden, positions, key_cache, value_cache, past_length)
+            filled += seq
+            torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(key_cache[:, :, :filled], past_key, rtol=0, atol=0)
+            torch.testing.assert_close(value_cache[:, :, :filled], past_value, rtol=0, atol=0)
+
+
+def test_rows_of_different_lengths_each_match_their_own_cache() -> None:
+    block = _block("rope")
+    generator = torch.Generator().manual_seed(2)
+    lengths = [3, 7]
+    caches = [torch.randn(2, 2, 16, CONFIG.head_dim, dtype=torch.float64, generator=generator) for _ in range(2)]
+    hidden = torch.randn(2, 2, CONFIG.hidden_size, dtype=torch.float64, generator=generator)
+    past_length = torch.tensor(lengths)
+    with torch.no_grad():
+        out, keys, values = block.forward_in_place(hidden, None, caches[0], caches[1], past_length)
+        for row, past in enumerate(lengths):
+            past_kv = [c[row : row + 1, :, :past] for c in caches]
+            expected, key, value = block(hidden[row : row + 1], None, *past_kv)
+            torch.testing.assert_close(out[row : row + 1], expected, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(keys[row : row + 1, :, : past + 2], key, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(values[row : row + 1, :, : past + 2], value, rtol=1e-12, atol=1e-12)
+            # slots after the new tokens are left as they were
+            torch.testing.assert_close(keys[row, :, past + 2 :], caches[0][row, :, past + 2 :], rtol=0, atol=0)
+
+
+def test_write_cache_writes_only_the_new_slots_and_refuses_overflow() -> None:
+    cache = torch.zeros(2, 1, 4, 3)
+    new = torch.ones(2, 1, 2, 3)
+    written = write_cache(cache, new, torch.tensor([0, 2]))
+    assert written[0, 0, :, 0].tolist() == [1, 1, 0, 0]
+    assert written[1, 0, :, 0].tolist() == [0, 0, 1, 1]
+    assert cache.abs().sum() == 0  # eager mode returns a new tensor
+    with pytest.raises(ConfigError, match="past_length \\+ S <= C"):
+        write_cache(cache, new, torch.tensor([0, 3]))
+    with pytest.raises(ConfigError, match="integer"):
+        write_cache(cache, new, torch.tensor([0.0, 1.0]))
+
+
+def test_attention_schemes_refuse_rows_of_different_lengths() -> None:
+    scheme = next(n for n in scheme_names() if get_spec(n).placement is Placement.ATTENTION)
+    block = _block(scheme)
+    caches = [torch.zeros(2, 2, 16, CONFIG.head_dim, dtype=torch.float64) for _ in range(2)]
+    hidden = torch.zeros(2, 1, CONFIG.hidden_size, dtype=torch.float64)
+    with pytest.raises(ConfigError, match="share past_length"):
+        block.forward_in_place(hidden, None, *caches, torch.tensor([1, 2]))
