@@ -7,7 +7,7 @@ This is the unit users export and deploy. The scheme acts at exactly one place (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -180,7 +180,8 @@ class AttentionBlock(nn.Module):
         if past_value is not None and past_key is None:
             raise ConfigError("past_value was given without past_key; pass both or neither.")
         # An exported graph guards positions (posenc.functional.position_guard): safe ids go on, and the poison
-        # (NaN for an invalid query or key position) enters the new q and k, so out and the cache carry it.
+        # (NaN for an invalid query or key position) enters the new tokens' hidden states, so q, k, v, out and the
+        # cache carry it. Poisoning before the projections leaves the rotation and attention fusable.
         position_ids, poison = self.scheme.guard(position_ids)
         # Cached keys sit at 0..P-1, the new keys at the queries' own positions (token order for multi-axis ids).
         order = position_ids if position_ids.dim() == 2 else default_positions(b, s, past, hidden.device)
@@ -188,8 +189,7 @@ class AttentionBlock(nn.Module):
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), order), dim=1)
         key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
-        q, k, v = self.project(hidden, position_ids)
-        q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
+        q, k, v = self.project(poisoned(hidden, poison, 1), position_ids)
         if past_key is not None and past_value is not None:
             k = torch.cat((past_key.to(k.dtype), k), dim=2)
             v = torch.cat((past_value.to(v.dtype), v), dim=2)
@@ -200,8 +200,8 @@ class AttentionBlock(nn.Module):
 
         Only ``score`` and ``attention`` schemes do (a bias or attention computed from query and key positions).
         Elsewhere a key's position was used once, when its key was projected: the new keys' positions are the
-        queries' own (guarded, and their poison rides in ``k`` to every query that attends them), the cached keys'
-        are only compared by the masks. Skipping them keeps the guard off the cache's length at decode.
+        queries' own (guarded; their poison rides in the new keys and values to every query that attends them), the
+        cached keys' are only compared by the masks. Skipping them keeps the guard off the cache's length at decode.
         """
         if self.scheme.placement in (Placement.SCORE, Placement.ATTENTION):
             return self.scheme.guard(key_positions)
@@ -314,10 +314,11 @@ class AttentionBlock(nn.Module):
         themselves (``attention`` placement) take no key mask: every row must then share its ``past_length``.
 
         Shapes: hidden ``[B, S, E]``; position_ids ``[B, S]`` or ``[1, S]`` int64 (``[A, B, S]`` for multi-axis
-        schemes; default ``past_length + arange(S)``); key_cache / value_cache ``[B, Hkv, C, D]`` with finite values in every slot (zeros will do);
-        past_length ``[B]`` int64 with ``past_length + S <= C``. Returns ``(out [B, S, E], key_cache, value_cache)``
-        with the caches ``[B, Hkv, C, D]`` (new tensors in eager mode; one ``TensorScatter`` each once exported,
-        which runtimes run in place when the output is bound to the input's buffer).
+        schemes; default ``past_length + arange(S)``); key_cache / value_cache ``[B, Hkv, C, D]`` with finite
+        values in every slot (zeros will do); past_length ``[B]`` int64 with ``past_length + S <= C``. Returns
+        ``(out [B, S, E], key_cache, value_cache)`` with the caches ``[B, Hkv, C, D]`` (new tensors in eager mode;
+        one ``TensorScatter`` each once exported, which runtimes run in place when the output is bound to the
+        input's buffer). Exported graphs guard the positions as :meth:`forward` does.
 
         Raises:
             ConfigError: (eager) a cache too short, a negative ``past_length``, or rows of different
@@ -340,7 +341,8 @@ class AttentionBlock(nn.Module):
                 f"{self.scheme.spec.name} computes attention itself and cannot hide unfilled cache slots, so every "
                 f"row must share past_length (got {past_length.tolist()}); step the rows separately."
             )
-        total = (past_length.max() + s).item()  # keys of the longest row: an unbacked size under export
+        # keys of the longest row (an int tensor's item: an unbacked size under export)
+        total = cast(int, (past_length.max() + s).item())
         torch._check(total >= s)
         torch._check(total <= key_cache.shape[2])
         slots = torch.arange(total, device=hidden.device)[None, :]
@@ -348,8 +350,7 @@ class AttentionBlock(nn.Module):
         key_positions = torch.where(slots < past, slots, order.gather(1, offset))  # [B, total]
         key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
-        q, k, v = self.project(hidden, position_ids)
-        q, k = poisoned(q, poison, 2), poisoned(k, poison, 2)
+        q, k, v = self.project(poisoned(hidden, poison, 1), position_ids)  # the guard's poison, as in forward
         key_cache = write_cache(key_cache, k, past_length)
         value_cache = write_cache(value_cache, v, past_length)
         key_mask = None if attention_placement else slots < past + s

@@ -230,11 +230,10 @@ class MLABlock(nn.Module):
             raise ConfigError("pass past_key (latent) and past_value (rotated key slice) together, or neither.")
         past = 0 if past_key is None else past_key.shape[2]
         position_ids = self.positions(hidden, position_ids, past)
-        # An exported graph guards positions (posenc.functional.position_guard); the poison enters the new q and
-        # key slice, so out and the cache carry it (cached keys need none: AttentionBlock.guard_keys).
+        # An exported graph guards positions (posenc.functional.position_guard); the poison enters the new tokens'
+        # hidden states, so out and the cache carry it (cached keys need none: AttentionBlock.guard_keys).
         position_ids, poison = self.scheme.guard(position_ids)
-        q_nope, q_rope, latent, k_rope = self.project(hidden, position_ids)
-        q_rope, k_rope = poisoned(q_rope, poison, 2), poisoned(k_rope, poison, 2)
+        q_nope, q_rope, latent, k_rope = self.project(poisoned(hidden, poison, 1), position_ids)
         if past_key is not None and past_value is not None:
             latent = torch.cat((past_key.to(latent.dtype), latent), dim=2)
             k_rope = torch.cat((past_value.to(k_rope.dtype), k_rope), dim=2)

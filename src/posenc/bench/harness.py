@@ -187,8 +187,8 @@ def _run_case(
         bar.show(f"{case.label}: timing {', '.join(runners)}")
         outcomes = _time_runners(runners, settings)
         copy_timing, gemm_timing = outcomes.pop(COPY_RUNNER, None), outcomes.pop(GEMM_RUNNER, None)
-        copy_bps = copy.bytes_per_call / copy_timing.median if isinstance(copy_timing, Timing) else None
-        gemm_fps = gemm.flops_per_call / gemm_timing.median if isinstance(gemm_timing, Timing) else None
+        copy_bps = copy.bytes_per_call / copy_timing.median if copy and isinstance(copy_timing, Timing) else None
+        gemm_fps = gemm.flops_per_call / gemm_timing.median if gemm and isinstance(gemm_timing, Timing) else None
         for unit, workload in workloads.items():
             for name in case.backends:
                 outcome = outcomes.get(_runner_name(name, unit, case))

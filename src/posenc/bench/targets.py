@@ -49,11 +49,11 @@ def _check(name: str, measured: float | None, threshold: float, detail: str) -> 
     return TargetCheck(name, measured, threshold, passed, detail)
 
 
-def _ms(record: BenchRecord | None) -> str:
+def _ms(record: BenchRecord | None, digits: int = 2) -> str:
     """A record's median latency as ``"1.23 ms"`` (``"n/a"`` when it has none)."""
     if record is None or record.median is None:
         return "n/a"
-    return f"{record.median * 1e3:.2f} ms"
+    return f"{record.median * 1e3:.{digits}f} ms"
 
 
 def _ratio(numerator: BenchRecord | None, denominator: BenchRecord | None) -> float | None:
@@ -61,6 +61,15 @@ def _ratio(numerator: BenchRecord | None, denominator: BenchRecord | None) -> fl
     if numerator is None or denominator is None or not numerator.median or not denominator.median:
         return None
     return numerator.median / denominator.median
+
+
+def _flops_detail(record: BenchRecord) -> str:
+    """``"<backend> 1.23 ms for 4.56 GFLOP: 789 GFLOP/s; GEMM 800 GFLOP/s"`` of a prefill record."""
+    flops, median, gemm = record.flops or 0, record.median or float("inf"), record.gemm_flops_per_s or 0.0
+    return (
+        f"{record.backend} {_ms(record)} for {flops / 1e9:.2f} GFLOP: {flops / median / 1e9:.0f} GFLOP/s; "
+        f"GEMM {gemm / 1e9:.0f} GFLOP/s"
+    )
 
 
 def _bandwidth_detail(record: BenchRecord, doc: BenchDocument) -> str:
@@ -147,10 +156,7 @@ def _prefill_checks(doc: BenchDocument, schemes: Any) -> list[TargetCheck]:
             key=lambda r: r.flops_ratio or 0.0,
             default=None,
         )  # fmt: skip
-        detail = "no GEMM was timed alongside" if best is None else (
-            f"{best.backend} {best.median * 1e3:.2f} ms for {best.flops / 1e9:.2f} GFLOP: "
-            f"{best.flops / best.median / 1e9:.0f} GFLOP/s; GEMM {best.gemm_flops_per_s / 1e9:.0f} GFLOP/s"
-        )  # fmt: skip
+        detail = "no GEMM was timed alongside" if best is None else _flops_detail(best)
         name = f"{scheme} block prefill, B=1 S=512, ORT CPU: FLOP/s ÷ GEMM of the same FLOPs"
         checks.append(_check(name, None if best is None else best.flops_ratio, PREFILL_GEMM_TARGET, detail))
     return checks
@@ -166,16 +172,16 @@ def _decode_checks(doc: BenchDocument) -> list[TargetCheck]:
     if inplace is not None or concat is not None:
         floor = None if inplace is None else inplace.roofline_ratio
         detail = "the in-place graph was not timed" if inplace is None else (
-            f"in-place {inplace.median * 1e3:.3f} ms for {inplace.bytes_moved / 1e6:.1f} MB: "
+            f"in-place {_ms(inplace, 3)} for {(inplace.bytes_moved or 0) / 1e6:.1f} MB: "
             f"{_bandwidth_detail(inplace, doc)}"
         )  # fmt: skip
         checks.append(
             _check(f"rope block {label}, in-place cache, ORT CPU: bytes floor/s ÷ copy bandwidth", floor,
                    DECODE_FLOOR_TARGET, detail)
         )  # fmt: skip
-        speedup = None if inplace is None or concat is None else concat.median / inplace.median
+        speedup = _ratio(concat, inplace)
         detail = "needs both graphs timed" if speedup is None else (
-            f"concat (optimized) {concat.median * 1e3:.3f} ms, in-place (optimized) {inplace.median * 1e3:.3f} ms"
+            f"concat (optimized) {_ms(concat, 3)}, in-place (optimized) {_ms(inplace, 3)}"
         )  # fmt: skip
         checks.append(
             _check(f"rope block {label}, ORT CPU: concat-cache latency ÷ in-place latency", speedup,
@@ -184,10 +190,9 @@ def _decode_checks(doc: BenchDocument) -> list[TargetCheck]:
     schemes = dict.fromkeys(r.scheme for r in doc.records if r.unit == "block-inplace" and r.shape == shape)
     for scheme in schemes:
         inplace, concat = _fastest(doc, scheme, "block-inplace", shape), _fastest(doc, scheme, "block", shape)
-        ratio = None if inplace is None or concat is None else concat.median / inplace.median
-        detail = "needs both caches timed" if ratio is None else (
-            f"concat {concat.median * 1e3:.3f} ms ({concat.backend}), in-place {inplace.median * 1e3:.3f} ms "
-            f"({inplace.backend})"
+        ratio = _ratio(concat, inplace)
+        detail = "needs both caches timed" if concat is None or inplace is None else (
+            f"concat {_ms(concat, 3)} ({concat.backend}), in-place {_ms(inplace, 3)} ({inplace.backend})"
         )  # fmt: skip
         checks.append(
             _check(f"{scheme} block {label}: concat-cache latency ÷ in-place latency", ratio, DECODE_NO_SLOWER_TARGET,

@@ -188,7 +188,7 @@ def _exact_scalar_tensor(s: float, dtype: int = 1, layout: str = "", device: str
     return op.Constant(value=ir.tensor(value))  # type: ignore[arg-type]  # onnxscript takes onnx_ir tensors too
 
 
-def _tensor_scatter(cache, new, past_length):  # type: ignore[no-untyped-def]
+def _tensor_scatter(cache, new, past_length):
     """``posenc::write_cache`` (:func:`posenc.functional.write_cache`) as ONNX ``TensorScatter`` (opset 24): the new
     slots along the sequence axis of ``[B, Hkv, C, D]``, at ``past_length [B]`` per row."""
     import onnxscript

@@ -281,6 +281,11 @@ class InPlaceBlock(nn.Module):
         super().__init__()
         self.block = block
 
+    @property
+    def scheme(self) -> PositionalScheme:
+        """The block's scheme (what callers of any unit module read its positions and tables from)."""
+        return self.block.scheme
+
     def forward(
         self,
         hidden: torch.Tensor,

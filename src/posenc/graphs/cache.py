@@ -90,12 +90,12 @@ class _DecodeOverCache(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="decode_over_cache")
 
-    def pattern(self, op, q, keys, values, mask):  # type: ignore[no-untyped-def]
+    def pattern(self, op, q, keys, values, mask):
         k = op.Slice(keys, _allow_other_inputs=True, _outputs=["k_slice"])
         v = op.Slice(values, _allow_other_inputs=True, _outputs=["v_slice"])
         return op.Attention(q, k, v, mask, _outputs=["out"])
 
-    def check(self, context, q, keys, values, mask, k_slice, v_slice, out, **_):  # type: ignore[no-untyped-def]
+    def check(self, context, q, keys, values, mask, k_slice, v_slice, out, **_):
         result = pattern.MatchResult()
         node = out.producer()
         k_node, v_node = k_slice.producer(), v_slice.producer()
@@ -108,7 +108,7 @@ class _DecodeOverCache(pattern.RewriteRuleClassBase):
         if not (_slice_ok(k_node) and _slice_ok(v_node) and _same_end(k_node.inputs[2], v_node.inputs[2])):
             return result.fail("keys and values are not the same leading slots of their caches", k_node)
         heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(keys, 1), mu.static_dim(q, 3)
-        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:  # type: ignore[operator]
+        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:
             return result.fail("head counts or head size are unknown or do not group", q)
         if mu.static_dim(values, 1) != kv_heads or mu.static_dim(values, 3) != head_dim:
             return result.fail("the value cache does not match the key cache's heads", values)
@@ -118,7 +118,7 @@ class _DecodeOverCache(pattern.RewriteRuleClassBase):
             return result.fail("the additive mask is not in the query's dtype", mask)
         return result
 
-    def rewrite(self, op, q, keys, values, mask, k_slice, v_slice, out, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, q, keys, values, mask, k_slice, v_slice, out, **_):
         node = out.producer()
         k_node, v_node = k_slice.producer(), v_slice.producer()
         ends = k_node.inputs[2]
@@ -137,7 +137,8 @@ def _attributes(node: ir.Node) -> dict[str, ir.Attr]:
 
 
 def _graph_output(value: ir.Value, like: ir.Value) -> ir.Value:
-    value.dtype = like.dtype
+    if like.dtype is not None:
+        value.dtype = like.dtype
     value.shape = like.shape
     return value
 
@@ -243,8 +244,9 @@ class CacheFacts:
 
     @classmethod
     def of(cls, manifest: Any) -> CacheFacts | None:
-        """The facts of an export manifest (``None`` for other graphs)."""
-        if manifest is None or not hasattr(manifest, "attention"):
+        """The facts of an in-place block's export manifest (``None`` for other graphs: their cache is concatenated,
+        and the cache passes leave them alone)."""
+        if manifest is None or getattr(manifest, "unit", None) != "block-inplace":
             return None
         config = manifest.attention_config()
         return cls(
@@ -301,10 +303,9 @@ def _projection(x4: ir.Value) -> ir.Value | None:
 
 def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation."""
-    nodes = [mu.producer_of(x, "RotaryEmbedding") for x in (q, k)]
-    if nodes[0] is None or nodes[1] is None:
+    rq, rk = mu.producer_of(q, "RotaryEmbedding"), mu.producer_of(k, "RotaryEmbedding")
+    if rq is None or rk is None:
         return None
-    rq, rk = nodes
     if len(rq.inputs) != 4 or len(rk.inputs) != 4 or list(rq.inputs[1:]) != list(rk.inputs[1:]):
         return None  # 3-D caches (dynamic tables) or different tables / positions
     if any(mu.int_attr(rq, a) != mu.int_attr(rk, a) for a in ("interleaved", "rotary_embedding_dim", "num_heads")):
@@ -316,7 +317,8 @@ def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     rotary_dim = mu.int_attr(rq, "rotary_embedding_dim") or head_dim
     if half is None or head_dim is None or 2 * half != rotary_dim:
         return None
-    if _projection(rq.inputs[0]) is None or _projection(rk.inputs[0]) is None:
+    q_in, k_in = rq.inputs[0], rk.inputs[0]
+    if q_in is None or k_in is None or _projection(q_in) is None or _projection(k_in) is None:
         return None
     return rq, rk
 
@@ -327,7 +329,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__(name="gqa_over_cache")
 
-    def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape):  # type: ignore[no-untyped-def]
+    def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape):
         present_k = op.TensorScatter(key_cache, k, past_length, _allow_other_attributes=True, _outputs=["present_k"])
         present_v = op.TensorScatter(value_cache, v, past_length, _allow_other_attributes=True, _outputs=["present_v"])
         keys = op.Slice(present_k, _allow_other_inputs=True, _outputs=["k_slice"])
@@ -339,7 +341,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
 
     def check(
         self, context, q, k, v, key_cache, value_cache, mask, present_k, present_v, k_slice, v_slice, att, merged, **_
-    ):  # type: ignore[no-untyped-def]
+    ):
         result = pattern.MatchResult()
         node = att.producer()
         for scatter in (present_k.producer(), present_v.producer()):
@@ -357,11 +359,11 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
             return result.fail("causal flag or qk output on the Attention", node)
         heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(k, 1), mu.static_dim(q, 3)
-        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:  # type: ignore[operator]
+        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:
             return result.fail("head counts or head size are unknown or do not group", q)
         if mu.dtype(q) not in _FLOATS:
             return result.fail("GroupQueryAttention takes float32, float16 or bfloat16", q)
-        if head_dim % 16 or head_dim > 256:  # type: ignore[operator]
+        if head_dim % 16 or head_dim > 256:
             return result.fail("GroupQueryAttention needs a head size that is a multiple of 16, at most 256", q)
         biased = mu.dtype(mask) != ir.DataType.BOOL
         if biased and "softcap" in node.attributes:
@@ -372,7 +374,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
             return result.fail("the heads are not merged back into [B, S, H*D]", merged)
         return result
 
-    def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):  # type: ignore[no-untyped-def]
+    def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):
         node = att.producer()
         heads, kv_heads = mu.static_dim(q, 1), mu.static_dim(k, 1)
         attributes: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads}

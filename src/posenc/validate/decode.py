@@ -32,7 +32,7 @@ from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_model_file, load_eager, ort_session
-from posenc.export.units import BLOCK_INPLACE, FeedShape
+from posenc.export.units import BLOCK_INPLACE, FeedShape, InPlaceBlock
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare
 from posenc.validate.runners import REFERENCE_NAME, TorchModuleRunner, bind_in_place, feed_metadata
@@ -101,7 +101,7 @@ def step_feeds(manifest: Manifest, schedule: Sequence[FeedShape], seed: int = 0)
 def eager_decode_reference(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Reference:
     """The float64 eager block of an exported ``block`` / ``block-inplace`` graph, stepping its own cache."""
     module, manifest = load_eager(path, manifest=manifest)
-    block = module.block if manifest.unit == BLOCK_INPLACE else module
+    block = module.block if isinstance(module, InPlaceBlock) else module
     state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
 
     def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
