@@ -144,7 +144,13 @@ def _in_graph_mode(name: str) -> str:
     return "dynamic" if any(m.value == "dynamic" for m in get_spec(name).table_modes) else "precomputed"
 
 
-@pytest.mark.parametrize("name", scheme_names())
+OPSET17_FAST = ("sinusoidal", "rope", "rope_mrope", "alibi", "t5", "deberta")
+"""One scheme per placement (and a multi-axis one) in make test; every other scheme's opset-17 export is slow."""
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if n in OPSET17_FAST else [pytest.mark.slow]) for n in scheme_names()]
+)
 def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     result = export_onnx(
         tmp_path / f"{name}.onnx", name, unit="block", config=SMALL, table_mode=_in_graph_mode(name), opset=17

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from posenc.cli import main
+from posenc.config import AttentionConfig
 from posenc.export import export_onnx
 from tests.conftest import SMALL
 
@@ -94,3 +95,34 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:  # type: ignore[no-untyp
     argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--per-bucket", "1"]
     assert main([*argv, "--no-fp16-tables", "--last-position", "4096", "-o", str(folder)]) == 0
     assert sorted(p.name for p in folder.iterdir()) == ["sweep.json", "sweep.md"]
+
+
+@pytest.fixture
+def rope_in_place(tmp_path):  # type: ignore[no-untyped-def]
+    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
+    return export_onnx(tmp_path / "rope.onnx", "rope", kv_cache="inplace", config=config)
+
+
+def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "decode.json"
+    assert main(["validate", str(rope_in_place.path), "--decode", "--json-out", str(data)]) == 0
+    assert "Decode parity (" in capsys.readouterr().out
+    report = json.loads(data.read_text())
+    steps = len(report["schedule"])
+    assert steps == 1 + 64 + 1  # prefill, 64 single tokens, the jump
+    assert len(report["rows"]) == steps * 3
+    assert all(row["passed"] for row in report["rows"])
+    assert report["schedule"][-1]["start"] == rope_in_place.manifest.max_positions - 1
+
+
+def test_validate_decode_exits_1_when_the_steps_drift(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(rope_in_place.manifest_path.read_text())
+    data["params"]["rope_theta"] = 500.0  # the graph's tables hold theta 10000
+    rope_in_place.manifest_path.write_text(json.dumps(data))
+    assert main(["validate", str(rope_in_place.path), "--decode", "--shape", "1,4,0", "--shape", "1,1,4"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_validate_decode_refuses_the_checkpoint_and_engine_options(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["validate", str(rope_in_place.path), "--decode", "--against-hf", str(rope_in_place.path.parent)]) == 2
+    assert "--against-hf does not apply to --decode" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from typing import Any
 
 from posenc.cli_args import add, add_geometry, check_input, check_output, config_from_args
 from posenc.errors import ConfigError
+from posenc.export.units import BLOCK_INPLACE
 from posenc.provenance import describe_weights
 
 EPILOG = """\
@@ -135,7 +136,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {label}: {text}")
     for note in m.notes:
         print(f"  note: {note}")
-    print(f"next: posenc validate {result.path}")
+    decode = " --decode" if m.unit == BLOCK_INPLACE else ""  # an in-place graph is proven over a decode sequence
+    print(f"next: posenc validate {result.path}{decode}")
     return 0
 
 

@@ -27,6 +27,7 @@ examples:
   posenc validate out/yarn_fp16.onnx --shape 2,1,511 --runs parity.runs.json
   posenc validate out/yarn_fp16.onnx --shape 1,4,0@32764 --json     # far positions, the report as JSON
   posenc validate out/rope.trt.onnx --engine out/rope.engine      # GPU + tensorrt: TrtRunner joins the comparison
+  posenc validate out/rope_inplace.onnx --decode   # prefill, 64 steps, a long jump: cache carried, every step held
 
 Reads the manifest beside the model (model.manifest.json) and the weights (model.weights.safetensors), rebuilds
 the eager module in float64 (tables recomputed in float64), feeds both realistic inputs (position ids
@@ -72,6 +73,8 @@ def _validate(args: argparse.Namespace) -> int:
             "--provider cuda: this ONNX Runtime has no CUDA provider (needs onnxruntime-gpu and a GPU); "
             "use --provider cpu or auto."
         )
+    if args.decode:
+        return _validate_decode(args, shapes, providers.get(args.provider))
     runners: list[Any] = ["onnxrt"]
     if args.engine:
         from posenc.engine import engine_runner
@@ -99,6 +102,34 @@ def _validate(args: argparse.Namespace) -> int:
     if not report.passed:
         failures = report.failures()
         print(f"\nMISMATCH: {len(failures)} output(s) beyond tolerance (see the table above).", file=notes)
+        return 1
+    return 0
+
+
+def _validate_decode(args: argparse.Namespace, shapes: list[Any], providers: list[str] | None) -> int:
+    """``posenc validate MODEL --decode``: the multi-step decode sequence (:func:`posenc.validate.decode`)."""
+    from posenc.export.runtime import ort_providers
+    from posenc.validate.decode import validate_decode
+
+    for given, flag in ((args.against_hf, "--against-hf"), (args.engine, "--engine"), (args.runs, "--runs")):
+        if given:
+            raise ConfigError(
+                f"{flag} does not apply to --decode (ONNX Runtime steps against the eager block); drop it."
+            )
+    report = validate_decode(
+        [args.model],
+        shapes or None,
+        jump=args.decode_jump,
+        seed=args.seed,
+        providers=providers or ort_providers(),
+        quiet=not args.verbose,
+    )
+    written = report.save(markdown=args.report, json_path=args.json_out)
+    notes = print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
+    if not report.passed:
+        print(
+            f"\nMISMATCH: {len(report.failures())} step output(s) beyond tolerance (see the table above).", file=notes
+        )
         return 1
     return 0
 
@@ -176,6 +207,21 @@ def register(subparsers: Any) -> None:
     )
     add(checkpoint, "layer", note="with --against-hf; default: the one in the manifest")
     add(checkpoint, "layer_type", note="with --against-hf; default: the one in the manifest")
+    decode = p.add_argument_group("multi-step decode (a block's KV cache carried through the steps)")
+    decode.add_argument(
+        "--decode",
+        action="store_true",
+        help="run a decode sequence (a prefill, 64 single-token steps, a jump to the last position; or the --shape "
+        "steps in order) through the graph, its cache carried (bound in place for --kv-cache inplace exports), "
+        "every step against the float64 eager block",
+    )
+    decode.add_argument(
+        "--decode-jump",
+        choices=("position", "fill"),
+        default="position",
+        help="the default sequence's jump: one token at the last position, or a chunk filling the cache (default "
+        "position)",
+    )
     p.add_argument("--verbose", action="store_true", help="show polygraphy's log")
     p.set_defaults(func=_validate)
 

@@ -48,12 +48,16 @@ or, below :func:`~posenc.validate.validate_onnx`, ``compare(references, candidat
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from posenc.errors import ConfigError, ParityError
+from posenc.export.files import write_text_atomic
 from posenc.export.manifest import OutputDrift
 from posenc.export.units import BLOCK_INPLACE, FeedShape
 from posenc.records import field, to_json
@@ -130,6 +134,23 @@ class Verdict:
     def failures(self) -> list[ComparisonRow]:
         """Failed rows that count towards the verdict."""
         return [row for row in self.rows if not row.passed and not row.informational]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+    def to_markdown(self) -> str:
+        raise NotImplementedError
+
+    def save(
+        self, markdown: str | os.PathLike[str] | None = None, json_path: str | os.PathLike[str] | None = None
+    ) -> list[Path]:
+        """Write the Markdown table and the JSON report (each atomically); returns the paths written."""
+        written = []
+        if markdown is not None:
+            written.append(write_text_atomic(markdown, self.to_markdown()))
+        if json_path is not None:
+            written.append(write_text_atomic(json_path, json.dumps(self.to_dict(), indent=2) + "\n"))
+        return written
 
 
 @dataclasses.dataclass

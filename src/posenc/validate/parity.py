@@ -10,7 +10,6 @@ rows and the verdict (:func:`posenc.validate.tolerance.outside_tolerance`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -123,11 +122,7 @@ class ParityReport(Verdict):
         run_results: str | os.PathLike[str] | None = None,
     ) -> list[Path]:
         """Write the Markdown table, the JSON report and polygraphy's RunResults JSON (atomically)."""
-        written = []
-        if markdown is not None:
-            written.append(write_text_atomic(markdown, self.to_markdown()))
-        if json_path is not None:
-            written.append(write_text_atomic(json_path, json.dumps(self.to_dict(), indent=2) + "\n"))
+        written = super().save(markdown, json_path)
         if run_results is not None and self.run_results is not None:
             from polygraphy.json import to_json
 
