@@ -58,6 +58,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         keep_models=args.keep_models,
         plots=not args.no_plots,
         position_guard=args.position_guard,
+        guard_cost=args.guard_cost,
     )
 
 
@@ -155,6 +156,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add(p, "output", default="bench-results", note="a folder: bench.json, bench.md and plots (default bench-results)")
     add(p, "keep_models")
     add(p, "position_guard", default=True, note="default on; --no-position-guard times graphs without it")
+    p.add_argument(
+        "--guard-cost",
+        action="store_true",
+        help="also time every graph exported without the position guard, in the same rounds: the guard's cost "
+        "(target <= 2 %%)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     add(p, "quiet")
     add(p, "json", note="the benchmark document")

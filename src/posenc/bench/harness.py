@@ -92,8 +92,12 @@ def run_bench(
         with torch_threads(settings.threads), contextlib.ExitStack() as stack:
             if store is None:
                 store = stack.enter_context(ModelStore(store_folder, position_guard=settings.position_guard))
+            unguarded = None
+            if settings.guard_cost:
+                folder = None if store_folder is None else store_folder / "unguarded"
+                unguarded = stack.enter_context(ModelStore(folder, position_guard=False))
             for case in cases:
-                for record in _run_case(case, backend_map, store, settings, bar):
+                for record in _run_case(case, backend_map, store, settings, bar, unguarded):
                     doc.add(record)
                     _save(doc, out, plots=False)
                     if on_record is not None:
@@ -136,9 +140,15 @@ def _record(
 
 
 def _run_case(
-    case: BenchCase, backends: dict[str, Backend], store: ModelStore, settings: RunSettings, bar: Progress
+    case: BenchCase,
+    backends: dict[str, Backend],
+    store: ModelStore,
+    settings: RunSettings,
+    bar: Progress,
+    unguarded: ModelStore | None = None,
 ) -> Iterator[BenchRecord]:
-    """Yield one record per backend of ``case`` (and per backend of each of its :attr:`~BenchCase.with_units`)."""
+    """Yield one record per backend of ``case`` (and per backend of each of its :attr:`~BenchCase.with_units`);
+    with an ``unguarded`` store, each graph also runs exported without the position guard, in the same rounds."""
     units = (case.unit, *case.with_units)
     if case.skip_reason:
         for unit in units:
@@ -177,6 +187,11 @@ def _run_case(
                 records[(unit, name)] = _record(case, name, "skipped", str(exc), unit=unit)
             except Exception as exc:  # one broken case must not end a long run; the message goes into the report
                 records[(unit, name)] = _record(case, name, "error", f"{type(exc).__name__}: {exc}", unit=unit)
+                continue
+            if unguarded is not None and name not in UNGUARDED_BACKENDS:
+                with contextlib.suppress(Exception):  # without its unguarded twin a record just has no guard cost
+                    runner = backend.prepare(workload, unguarded, settings.threads)
+                    runners[_runner_name(name, unit, case) + UNGUARDED] = runner
     if runners:
         main = workloads.get(case.unit) or next(iter(workloads.values()))
         copy = _copy_alongside(case, main, settings, store)
@@ -201,6 +216,8 @@ def _run_case(
                 else:
                     record = _ok_record(case, name, workload, outcome, store)
                     record.copy_bytes_per_s, record.gemm_flops_per_s = copy_bps, gemm_fps
+                    twin = outcomes.get(_runner_name(name, unit, case) + UNGUARDED)
+                    record.unguarded = twin if isinstance(twin, Timing) else None
                     records[(unit, name)] = record
     runners.clear()  # release sessions before the next case allocates
     for unit in units:
@@ -209,6 +226,12 @@ def _run_case(
             done = format_seconds(record.median) if record.status == "ok" else record.status
             bar.step(f"{case.label} {name} {unit}: {done}")
             yield record
+
+
+UNGUARDED = " (unguarded)"
+"""Suffix of the runner of a graph exported without the position guard (:attr:`RunSettings.guard_cost`)."""
+UNGUARDED_BACKENDS = ("torch",)
+"""Backends that run no exported graph (nothing to guard)."""
 
 
 def _runner_name(backend: str, unit: str, case: BenchCase) -> str:

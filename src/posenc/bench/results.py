@@ -49,6 +49,8 @@ class BenchRecord:
         flops: a block call's FLOPs (projections + dense ``QKᵀ`` and ``PV``).
         gemm_flops_per_s: the rate of an ONNX Runtime CPU GEMM of the same FLOPs timed in the same rounds (prefill).
         flops_ratio: ``flops / median`` ÷ ``gemm_flops_per_s``: the share of the GEMM roofline.
+        unguarded: the same graph exported without the position guard, timed in the same rounds
+            (:attr:`RunSettings.guard_cost`).
     """
 
     scheme: str
@@ -68,10 +70,18 @@ class BenchRecord:
     flops: int | None = field(optional=True, default=None)
     gemm_flops_per_s: float | None = field(optional=True, default=None)
     flops_ratio: float | None = field(optional=True, default=None)
+    unguarded: Timing | None = field(optional=True, default=None)
 
     @property
     def median(self) -> float | None:
         return None if self.timing is None else self.timing.median
+
+    @property
+    def guard_cost(self) -> float | None:
+        """What the position guard adds: ``median / unguarded median - 1`` (``None`` unless both were timed)."""
+        if self.median is None or self.unguarded is None:
+            return None
+        return self.median / self.unguarded.median - 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -105,6 +105,18 @@ def decode_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def guard_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    """The position guard's cost: each graph timed with and without it in the same rounds (``--guard-cost``)."""
+    headers = ["scheme", "unit", "shape", "backend", "guarded", "unguarded", "guard cost"]
+    rows = [
+        [r.scheme, r.unit, r.shape.label, r.backend, format_seconds(r.median), format_seconds(r.unguarded.median),
+         f"{100 * r.guard_cost:+.1f} %"]
+        for r in doc.ok()
+        if r.unguarded is not None and r.guard_cost is not None
+    ]  # fmt: skip
+    return headers, rows
+
+
 def skip_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     """Distinct reasons of skipped and failed records, with how many records each covers."""
     counts: dict[tuple[str, str, str], int] = {}
@@ -158,6 +170,9 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
     headers, rows = decode_rows(doc)
     if rows:
         lines += ["", "## Decode against its bytes floor", "", markdown_table(headers, rows)]
+    headers, rows = guard_rows(doc)
+    if rows:
+        lines += ["", "## Position guard cost (same rounds)", "", markdown_table(headers, rows)]
     headers, rows = skip_rows(doc)
     if rows:
         lines += ["", "## Skipped and failed", "", markdown_table(headers, rows)]

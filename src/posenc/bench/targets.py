@@ -13,6 +13,8 @@
    same rounds, and is >= 2.5x faster than the optimized concatenated-cache graph timed in the same rounds.
 6. Every scheme's decode step there: the in-place cache is no slower than the concatenated one (the faster of
    the exported and the optimized graph of each).
+7. With ``--guard-cost``: the position guard costs at most 2 % of a block's latency at prefill and decode (each
+   graph timed with and without it in the same rounds; checked as unguarded ÷ guarded latency >= 0.98).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ PREFILL_GEMM_TARGET = 0.90
 DECODE_FLOOR_TARGET = 0.70
 DECODE_SPEEDUP_TARGET = 2.5
 DECODE_NO_SLOWER_TARGET = 1.0
+GUARD_COST_TARGET = 0.98
+"""Unguarded ÷ guarded latency: the guard may add at most 2 %."""
 
 
 def _find(doc: BenchDocument, **where: Any) -> BenchRecord | None:
@@ -130,6 +134,19 @@ def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
         checks.append(_check(f"{scheme} block, B=1 S=512: eager latency ÷ ORT CPU latency", ratio, 1.0, detail))
     checks += _prefill_checks(doc, schemes)
     checks += _decode_checks(doc)
+    checks += _guard_checks(doc)
+    return checks
+
+
+def _guard_checks(doc: BenchDocument) -> list[TargetCheck]:
+    """Target 7: every block graph timed with and without the position guard."""
+    checks = []
+    for r in doc.ok():
+        if not r.unit.startswith("block") or r.unguarded is None or not r.median:
+            continue
+        detail = f"guarded {_ms(r, 3)}, unguarded {r.unguarded.median * 1e3:.3f} ms"
+        name = f"{r.scheme} {r.unit} {r.shape.label}, {r.backend}: unguarded latency ÷ guarded latency"
+        checks.append(_check(name, r.unguarded.median / r.median, GUARD_COST_TARGET, detail))
     return checks
 
 

@@ -55,7 +55,9 @@ class RunSettings:
         copy_alongside_mib: positional ops moving at least this many MiB per call are timed in alternating
             rounds with a ``copy_mib`` copy, and their roofline ratio uses that copy (0: never).
         position_guard: export the graphs with the position guard (``posenc export``'s default); ``False``
-            measures graphs without it, to see what the guard costs.
+            measures graphs without it.
+        guard_cost: also time every graph exported without the guard, in the same alternating rounds as the
+            guarded one (:attr:`BenchRecord.unguarded`): the guard's cost from one run's noise.
     """
 
     timing: TimingSettings = dataclasses.field(default_factory=TimingSettings)
@@ -66,8 +68,11 @@ class RunSettings:
     plots: bool = True
     copy_alongside_mib: int = 32
     position_guard: bool = field(optional=True, default=True)
+    guard_cost: bool = field(optional=True, default=False)
 
     def __post_init__(self) -> None:
+        if self.guard_cost and not self.position_guard:
+            raise ConfigError("guard_cost times each graph with and without the position guard; keep the guard on.")
         for name, low in (("threads", 1), ("copy_mib", 1), ("copy_repeats", 1), ("copy_alongside_mib", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

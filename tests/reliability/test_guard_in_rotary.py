@@ -1,0 +1,68 @@
+"""On ``--target ort-cpu`` the position guard of a rotary block is handed to ONNX Runtime CPU's ``RotaryEmbedding``,
+which refuses positions outside its cos cache itself (posenc.graphs.guard): the optimized graph must still raise for
+a negative position and one past the table, keep parity at valid ones (optimize_file's own check against the
+exported graph), and look like the unguarded graph. Graphs whose positions reach anything that kernel does not
+cover keep the guard, and other targets always keep it."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from posenc.config import AttentionConfig
+from posenc.export import export_onnx
+from posenc.export.units import FeedShape, make_feed
+from posenc.graphs import optimize_file
+
+CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
+
+
+def _ops(path: Path) -> collections.Counter[str]:
+    return collections.Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def _optimized(folder: Path, scheme: str, kv_cache: str, guard: bool, target: str = "ort-cpu") -> tuple[Path, object]:
+    name = f"{scheme}-{kv_cache}-{guard}"
+    exported = export_onnx(folder / f"{name}.onnx", scheme, config=CONFIG, kv_cache=kv_cache, position_guard=guard)
+    target_path = folder / f"{name}.{target}.onnx"
+    return target_path, optimize_file(exported.path, target_path, target), exported  # type: ignore[return-value]
+
+
+def _run(path: Path, manifest, position: int) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+    feed = make_feed(manifest, FeedShape(batch=1, seq=2, past=3))
+    feed["position_ids"] = np.array([[3, position]], dtype=np.int64)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+@pytest.mark.parametrize("kv_cache", ["concat", "inplace"])
+def test_rotary_blocks_hand_the_guard_to_rotary_embedding_and_still_raise(tmp_path: Path, kv_cache: str) -> None:
+    path, result, exported = _optimized(tmp_path, "rope", kv_cache, guard=True)
+    assert result.counts["guard_in_rotary"] == 1
+    bare, _, _ = _optimized(tmp_path, "rope", kv_cache, guard=False)
+    assert sum(_ops(path).values()) == sum(_ops(bare).values())  # no node of the guard is left
+    limit = exported.manifest.max_positions
+    assert np.isfinite(_run(path, exported.manifest, limit - 1)[0]).all()
+    for bad in (-1, limit, limit + 1000):
+        with pytest.raises(Exception, match="out of range"):
+            _run(path, exported.manifest, bad)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "learned", "t5"])
+def test_guards_the_kernel_does_not_cover_stay(tmp_path: Path, scheme: str) -> None:
+    path, result, exported = _optimized(tmp_path, scheme, "concat", guard=True)
+    assert result.counts.get("guard_in_rotary", 0) == 0
+    assert _ops(path)["Where"] >= 3  # safe ids, tripwire row, poison
+    with pytest.raises(Exception, match="out of data bounds|out of range"):
+        _run(path, exported.manifest, -1)
+
+
+def test_other_targets_keep_the_guard(tmp_path: Path) -> None:
+    path, result, _ = _optimized(tmp_path, "rope", "concat", guard=True, target="ort-cuda")
+    assert "guard_in_rotary" not in result.counts
+    assert _ops(path)["GreaterOrEqual"] == 1
