@@ -58,7 +58,7 @@ def test_guards_the_kernel_does_not_cover_stay(tmp_path: Path, scheme: str) -> N
     path, result, exported = _optimized(tmp_path, scheme, "concat", guard=True)
     assert result.counts.get("guard_in_rotary", 0) == 0
     assert _ops(path)["Where"] >= 3  # safe ids, tripwire row, poison
-    with pytest.raises(Exception, match="out of data bounds|out of range"):
+    with pytest.raises(Exception, match=r"out of data bounds|out of range"):
         _run(path, exported.manifest, -1)
 
 
