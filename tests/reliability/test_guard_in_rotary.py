@@ -66,3 +66,17 @@ def test_other_targets_keep_the_guard(tmp_path: Path) -> None:
     path, result, _ = _optimized(tmp_path, "rope", "concat", guard=True, target="ort-cuda")
     assert "guard_in_rotary" not in result.counts
     assert _ops(path)["GreaterOrEqual"] == 1
+
+
+def test_the_rope_op_on_the_projection_layout_keeps_its_output_names_and_still_raises(tmp_path: Path) -> None:
+    exported = export_onnx(tmp_path / "op.onnx", "rope", unit="op-3d", config=CONFIG)
+    path = tmp_path / "op.ort-cpu.onnx"
+    assert optimize_file(exported.path, path, "ort-cpu").counts["guard_in_rotary"] == 1
+    assert set(_ops(path)) <= {"RotaryEmbedding", "Identity"}  # the poison's Adds on the outputs are gone
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["q_rot", "k_rot"]
+    feed = make_feed(exported.manifest, FeedShape(batch=1, seq=2, past=0))
+    session.run(None, feed)
+    feed["position_ids"] = np.array([[0, -1]], dtype=np.int64)
+    with pytest.raises(Exception, match="out of range"):
+        session.run(None, feed)

@@ -100,6 +100,32 @@ def _is_nan(value: ir.Value | None) -> bool:
     return scalar is not None and math.isnan(scalar)
 
 
+def _can_bypass(graph: ir.Graph, add: ir.Node) -> bool:
+    """Whether ``Add(x, poison)`` can hand its consumers (or its graph output name) to ``x``."""
+    x, out = add.inputs[0], add.outputs[0]
+    if x is None:
+        return False
+    if not out.is_graph_output():
+        return True
+    # the graph output keeps its name on x: x must be a plain intermediate value
+    return not (x.is_graph_input() or x.is_graph_output() or x.is_initializer() or x.producer() is None)
+
+
+def _bypass(graph: ir.Graph, add: ir.Node) -> None:
+    """``Add(x, poison)`` -> ``x`` for its consumers; a graph output moves to ``x`` under the same name."""
+    x, out = add.inputs[0], add.outputs[0]
+    assert x is not None  # _can_bypass
+    if out.is_graph_output():
+        index = list(graph.outputs).index(out)
+        name, out.name = out.name, None
+        graph.outputs[index] = x
+        x.name = name
+    ir.convenience.replace_all_uses_with(out, x)
+    owner = add.graph
+    if owner is not None:
+        owner.remove(add, safe=True)  # nothing reads it now (its output kept no name, so shapes need not see it)
+
+
 def guard_in_rotary(model: ir.Model) -> int:
     """Let ONNX Runtime CPU's ``RotaryEmbedding`` range check carry each position guard it can (module docstring):
     the rotations read the raw ids and the poison's ``Add`` passes its input through; the guard's other nodes are
@@ -115,10 +141,10 @@ def guard_in_rotary(model: ir.Model) -> int:
         checked = any(user.op_type == "RotaryEmbedding" and index == 3 for user, index in safe.uses())
         if adds is None or not checked or safe.is_graph_output() or not _only_checked_rotations(safe, limit):
             continue  # no whole-tensor range check, or the positions or poison go somewhere it does not cover
-        if any(add.inputs[0] is None or add.outputs[0].is_graph_output() for add in adds):
+        if not all(_can_bypass(model.graph, add) for add in adds):
             continue
         for add in adds:
-            ir.convenience.replace_all_uses_with(add.outputs[0], add.inputs[0])  # type: ignore[arg-type]  # checked
+            _bypass(model.graph, add)
         ir.convenience.replace_all_uses_with(safe, ids)
         handed += 1
     return handed
