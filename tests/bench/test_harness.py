@@ -13,6 +13,7 @@ from posenc.bench.shapes import Shape
 from posenc.bench.targets import evaluate_targets
 from posenc.bench.timing import Timing
 from posenc.config import AttentionConfig
+from posenc.errors import ConfigError
 
 TINY = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
 FAST = RunSettings(timing=TimingSettings(warmup=1, repeats=3, min_repeats=1, max_seconds=0.5), threads=1, plots=True)
@@ -205,3 +206,26 @@ def test_decode_targets_compare_the_layouts_of_one_document() -> None:
     assert checks[1].measured == pytest.approx(0.0016 / 0.0008)  # 2x: short of 2.5x
     assert checks[2].measured == pytest.approx(0.0016 / 0.0008)  # the faster graph of each layout
     assert checks[3].measured == pytest.approx(0.002 / 0.003)
+
+
+def test_guard_cost_times_each_graph_with_and_without_the_guard_in_the_same_rounds(tmp_path) -> None:
+    settings = RunSettings(timing=FAST.timing, threads=1, plots=False, guard_cost=True)
+    shapes = [Shape("decode", 1, 1, 20)]
+    plan = make_plan(["rope"], ["block"], "precomputed", shapes, ["torch", "ort-cpu"], TINY)
+    doc = run_bench(plan, settings, tmp_path, progress=False, bandwidth=FIXED_BW)
+    by_backend = {r.backend: r for r in doc.records}
+    assert by_backend["torch"].unguarded is None  # eager PyTorch runs no exported graph
+    graph = by_backend["ort-cpu"]
+    assert graph.status == "ok", graph.reason
+    assert graph.unguarded is not None
+    assert math.isclose(graph.guard_cost, graph.timing.median / graph.unguarded.median - 1.0)
+    (check,) = [t for t in doc.targets if "unguarded latency ÷ guarded latency" in t.name]
+    assert math.isclose(check.measured, graph.unguarded.median / graph.timing.median)
+    assert "## Position guard cost (same rounds)" in (tmp_path / "bench.md").read_text()
+    again = BenchDocument.from_dict(json.loads((tmp_path / "bench.json").read_text()))
+    assert again.records[1].unguarded == graph.unguarded  # kept in bench.json
+
+
+def test_guard_cost_needs_the_guard() -> None:
+    with pytest.raises(ConfigError, match="keep the guard on"):
+        RunSettings(position_guard=False, guard_cost=True)
