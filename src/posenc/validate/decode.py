@@ -147,6 +147,8 @@ class OrtDecodeRunner(BaseRunner):
         self.providers = list(providers)
         self.seed = seed
         self.in_place = manifest.unit == BLOCK_INPLACE
+        ids = manifest.input("position_ids").shape
+        self.axes = int(ids[0]) if len(ids) == 3 else None  # multi-axis ids [A, B, S] (M-RoPE, axial)
 
     def get_input_metadata_impl(self) -> TensorMetadata:
         meta = TensorMetadata()
@@ -180,6 +182,8 @@ class OrtDecodeRunner(BaseRunner):
         start = time.perf_counter()
         hidden, positions = feed_dict["hidden"], feed_dict["position_ids"]
         seq = int(hidden.shape[1])
+        if self.axes is not None:  # text-only steps: the [B, S] ids stand for every axis, as in the eager block
+            positions = np.ascontiguousarray(np.broadcast_to(positions, (self.axes, *positions.shape)))
         if self.in_place:
             feed = {"hidden": hidden, "position_ids": positions, "key_cache": None, "value_cache": None}
             feed["past_length"] = np.full(self.batch, self.past, dtype=np.int64)
