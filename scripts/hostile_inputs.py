@@ -1233,7 +1233,9 @@ def kill_tries(fx: Fixtures) -> list[Try]:
         leftovers = [p.name for p in model.parent.iterdir() if p.name.startswith(".")] if model.parent.exists() else []
         if leftovers:
             return "files", f"staging left: {leftovers}"
-        return None if code in (0, 130) else ("message", f"Ctrl-C gave exit {code}")
+        # 130 from posenc's handler; -SIGINT when the signal lands before it is installed (still importing): Python
+        # then ends by the signal, which a shell reports as 130 too
+        return None if code in (0, 130, -signal.SIGINT) else ("message", f"Ctrl-C gave exit {code}")
 
     def sweep_killed(ws: Path) -> Any:
         scratch = Path(tempfile.gettempdir())
