@@ -21,6 +21,13 @@ SMALL = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positio
 CONFORMANCE = Path(__file__).parent / "data" / "onnx_rotary_embedding"
 
 
+def copy_export(result, folder: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Copy an export (model, manifest, weights) into ``folder`` and return the new model path."""
+    for source in (result.path, result.manifest_path, result.weights_path):
+        (folder / source.name).write_bytes(source.read_bytes())
+    return folder / result.path.name
+
+
 def covers(*schemes: str) -> pytest.MarkDecorator:
     """Mark a test as a property test of these schemes (the registry check needs one per scheme)."""
     return pytest.mark.covers(*schemes)

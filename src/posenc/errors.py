@@ -5,6 +5,9 @@ Every error says what was wrong and what to do about it. User input is never che
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class PosencError(Exception):
     """Base class of every error posenc raises on purpose."""
@@ -36,3 +39,16 @@ class BuildError(PosencError):
 
 class ParityError(PosencError):
     """A deployed artifact does not reproduce the eager PyTorch reference within tolerance."""
+
+
+@contextlib.contextmanager
+def parameter_domain(what: str, remedy: str) -> Iterator[None]:
+    """Turn the math's own errors inside the block (``ArithmeticError``, ``ValueError``, ``RuntimeError``: a
+    parameter outside its domain, found by computing with it) into a :class:`ConfigError`
+    ``"{what} (<error>); {remedy}"``; posenc's own errors pass through unchanged."""
+    try:
+        yield
+    except PosencError:
+        raise
+    except (ArithmeticError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"{what} ({type(exc).__name__}: {str(exc)[:200]}); {remedy}") from None

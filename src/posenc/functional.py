@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from posenc import rope_types as RT
-from posenc.errors import ConfigError, PosencError, PositionError
+from posenc.errors import ConfigError, PositionError, parameter_domain
 
 __all__ = [
     "RANGE_REDUCTION_MAX_POSITION",
@@ -124,15 +124,11 @@ def rope_inv_freq(
     theta = params.get("rope_theta")
     base = RT.positive(10000.0 if theta is None else theta, "rope_theta")
     _check_seq_len(seq_len)
-    try:
+    with parameter_domain(
+        f"rope_type {entry.name!r} cannot compute frequencies from {params}",
+        f"these values leave its domain (see `posenc show {entry.scheme}`).",
+    ):
         inv_freq, factor = entry.inv_freq(rotary_dim, base, params, seq_len)
-    except PosencError:
-        raise
-    except (ArithmeticError, ValueError, RuntimeError) as exc:  # the parameters' domain, found by the math
-        raise ConfigError(
-            f"rope_type {entry.name!r} cannot compute frequencies from {params} ({type(exc).__name__}: "
-            f"{str(exc)[:200]}); these values leave its domain (see `posenc show {entry.scheme}`)."
-        ) from None
     if not is_tracing() and not (bool(torch.isfinite(inv_freq).all()) and math.isfinite(float(factor))):
         raise ConfigError(
             f"rope_type {entry.name!r} with {params} gives non-finite frequencies or attention factor; choose "

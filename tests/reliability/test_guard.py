@@ -20,7 +20,7 @@ from posenc.export.files import manifest_path_for
 from posenc.export.runtime import run_onnx
 from posenc.export.units import FeedShape, make_feed
 from posenc.validate import validate_onnx
-from tests.conftest import SMALL
+from tests.conftest import SMALL, copy_export
 
 ROWS = 16
 SCHEMES = ("rope", "learned", "alibi", "t5")
@@ -110,12 +110,8 @@ def test_posenc_runner_names_the_position(graphs) -> None:
 
 
 def test_validate_derives_table_sizes_from_the_graph_not_the_manifest(graphs, tmp_path) -> None:
-    import shutil
-
     result = graphs[("alibi", True)]
-    for path in (result.path, result.manifest_path, result.weights_path):
-        shutil.copy(path, tmp_path / path.name)
-    model = tmp_path / result.path.name
+    model = copy_export(result, tmp_path)
     manifest = manifest_path_for(model)
     data = json.loads(manifest.read_text())
     data["max_positions"] = data["build_max_positions"] = 4 * ROWS  # promise a longer table than the graph holds
@@ -129,14 +125,10 @@ def test_validate_derives_table_sizes_from_the_graph_not_the_manifest(graphs, tm
 
 
 def test_a_manifest_naming_other_inputs_or_a_longer_table_is_refused_by_validate_and_optimize(graphs, tmp_path) -> None:
-    import shutil
-
     from posenc.graphs import optimize_file
 
     result = graphs[("rope", True)]
-    for path in (result.path, result.manifest_path, result.weights_path):
-        shutil.copy(path, tmp_path / path.name)
-    model = tmp_path / result.path.name
+    model = copy_export(result, tmp_path)
     manifest = manifest_path_for(model)
     original = manifest.read_text()
     data = json.loads(original)

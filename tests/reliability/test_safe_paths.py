@@ -23,7 +23,7 @@ from posenc.export.manifest import load_manifest
 from posenc.export.runtime import check_model_file
 from posenc.graphs import optimize_file
 from posenc.paths import member, umask
-from tests.conftest import SMALL
+from tests.conftest import SMALL, copy_export
 
 SECRET = b"secret bytes outside the model's folder"
 
@@ -38,10 +38,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory):
 def copy_model(exported, tmp_path: Path) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
-    for path in (exported.path, exported.manifest_path, exported.weights_path):
-        shutil.copy(path, folder / path.name)
     (tmp_path / "secret.bin").write_bytes(SECRET)
-    return folder / exported.path.name
+    return copy_export(exported, folder)
 
 
 def name_weights(model: Path, name: str) -> None:

@@ -17,20 +17,13 @@ from posenc.schemes import get_spec
 from posenc.schemes.base import Tolerance
 from posenc.validate import DEFAULT_SHAPES, EagerTorchRunner, default_shapes, tolerance_for, validate_onnx
 from posenc.validate.bf16 import check_bf16_structure, emulate_bf16
-from tests.conftest import SMALL
+from tests.conftest import SMALL, copy_export
 
 
 @pytest.fixture(scope="module")
 def yarn_op(tmp_path_factory):  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("yarn")
     return export_onnx(folder / "yarn.onnx", "rope_yarn", unit="op", config=SMALL, table_mode="precomputed")
-
-
-def _copy_model(result, folder):  # type: ignore[no-untyped-def]
-    """Copy an export (model, manifest, weights) into ``folder`` and return the new model path."""
-    for source in (result.path, result.manifest_path, result.weights_path):
-        (folder / source.name).write_bytes(source.read_bytes())
-    return folder / result.path.name
 
 
 def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -74,7 +67,7 @@ def test_eager_runner_is_a_float64_reference(yarn_op) -> None:  # type: ignore[n
 
 
 def test_a_graph_that_disagrees_with_its_reference_fails(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    path = _copy_model(yarn_op, tmp_path)
+    path = copy_export(yarn_op, tmp_path)
     manifest_path = tmp_path / yarn_op.manifest_path.name
     data = json.loads(manifest_path.read_text())
     data["params"]["factor"] = 2.0  # the graph was built with factor 4: the reference no longer matches
@@ -92,7 +85,7 @@ def test_stricter_tolerance_override_fails(yarn_op) -> None:  # type: ignore[no-
 
 
 def test_corrupt_and_truncated_models_raise_model_file_error(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    path = _copy_model(yarn_op, tmp_path)
+    path = copy_export(yarn_op, tmp_path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelFileError, match=r"truncated or corrupt.*posenc export"):
@@ -105,7 +98,7 @@ def test_corrupt_and_truncated_models_raise_model_file_error(yarn_op, tmp_path) 
 
 
 def test_manifest_that_does_not_match_its_model(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    path = _copy_model(yarn_op, tmp_path)
+    path = copy_export(yarn_op, tmp_path)
     model = onnx.load(str(path))
     model.doc_string = "edited after export"  # still valid ONNX, other bytes
     onnx.save(model, str(path))

@@ -31,6 +31,8 @@ class Backend:
 
     name = ""
     description = ""
+    runs_graph = True
+    """It times an exported ONNX graph (a guarded one, unless the run turns the guard off)."""
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run on this machine, or ``None``."""
@@ -48,6 +50,7 @@ class Backend:
 class EagerTorch(Backend):
     name = "torch"
     description = "eager PyTorch (the reference module), CPU"
+    runs_graph = False
 
     def prepare(self, workload: Workload, models: ModelStore, threads: int) -> Runner:
         module, args = workload.module, tuple(workload.inputs.values())

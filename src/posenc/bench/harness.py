@@ -188,7 +188,7 @@ def _run_case(
             except Exception as exc:  # one broken case must not end a long run; the message goes into the report
                 records[(unit, name)] = _record(case, name, "error", f"{type(exc).__name__}: {exc}", unit=unit)
                 continue
-            if unguarded is not None and name not in UNGUARDED_BACKENDS:
+            if unguarded is not None and backend.runs_graph:
                 with contextlib.suppress(Exception):  # without its unguarded twin a record just has no guard cost
                     runner = backend.prepare(workload, unguarded, settings.threads)
                     runners[_runner_name(name, unit, case) + UNGUARDED] = runner
@@ -230,8 +230,6 @@ def _run_case(
 
 UNGUARDED = " (unguarded)"
 """Suffix of the runner of a graph exported without the position guard (:attr:`RunSettings.guard_cost`)."""
-UNGUARDED_BACKENDS = ("torch",)
-"""Backends that run no exported graph (nothing to guard)."""
 
 
 def _runner_name(backend: str, unit: str, case: BenchCase) -> str:

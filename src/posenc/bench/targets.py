@@ -119,12 +119,7 @@ def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
     )
     for scheme in schemes:
         eager = _find(doc, scheme=scheme, unit="block", backend="torch", shape=BLOCK_TARGET_SHAPE)
-        graphs = [
-            _find(doc, scheme=scheme, unit="block", backend=name, shape=BLOCK_TARGET_SHAPE)
-            for name in ("ort-cpu", "ort-cpu-fused")
-        ]
-        # the deployable ORT CPU graph: the faster of the exported and the optimized one (named in the detail)
-        ort = min((g for g in graphs if g is not None), key=lambda g: g.median or float("inf"), default=None)
+        ort = _fastest(doc, scheme, "block", BLOCK_TARGET_SHAPE)  # the deployable graph, named in the detail
         ratio = _ratio(eager, ort)
         detail = (
             "needs eager and ORT CPU timings"

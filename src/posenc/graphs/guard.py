@@ -19,8 +19,6 @@ keep the guard.
 
 from __future__ import annotations
 
-import math
-
 import onnx_ir as ir
 
 from posenc.graphs import match_utils as mu
@@ -77,7 +75,9 @@ def _poison_adds(valid: ir.Value) -> list[ir.Node] | None:
     """The ``Add(x, poison)`` nodes (through one optional ``Unsqueeze``) fed by the guard's poison of ``valid``;
     None when the poison goes anywhere else (e.g. summed with a key guard's)."""
     poisons = [
-        node for node, _ in valid.uses() if node.op_type == "Where" and _is_nan(node.inputs[2] if node.inputs else None)
+        node
+        for node, _ in valid.uses()
+        if node.op_type == "Where" and mu.is_nan(node.inputs[2] if node.inputs else None)
     ]
     if len(poisons) != 1:
         return None
@@ -95,12 +95,7 @@ def _poison_adds(valid: ir.Value) -> list[ir.Node] | None:
     return adds
 
 
-def _is_nan(value: ir.Value | None) -> bool:
-    scalar = mu.const_scalar(value)
-    return scalar is not None and math.isnan(scalar)
-
-
-def _can_bypass(graph: ir.Graph, add: ir.Node) -> bool:
+def _can_bypass(add: ir.Node) -> bool:
     """Whether ``Add(x, poison)`` can hand its consumers (or its graph output name) to ``x``."""
     x, out = add.inputs[0], add.outputs[0]
     if x is None:
@@ -141,7 +136,7 @@ def guard_in_rotary(model: ir.Model) -> int:
         checked = any(user.op_type == "RotaryEmbedding" and index == 3 for user, index in safe.uses())
         if adds is None or not checked or safe.is_graph_output() or not _only_checked_rotations(safe, limit):
             continue  # no whole-tensor range check, or the positions or poison go somewhere it does not cover
-        if not all(_can_bypass(model.graph, add) for add in adds):
+        if not all(_can_bypass(add) for add in adds):
             continue
         for add in adds:
             _bypass(model.graph, add)

@@ -55,6 +55,11 @@ def is_neg_inf(value: ir.Value | None) -> bool:
     return scalar is not None and math.isinf(scalar) and scalar < 0
 
 
+def is_nan(value: ir.Value | None) -> bool:
+    scalar = const_scalar(value)
+    return scalar is not None and math.isnan(scalar)
+
+
 def rank(value: ir.Value | None) -> int | None:
     if value is None or value.shape is None:
         return None

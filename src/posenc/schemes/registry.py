@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from posenc.config import AttentionConfig
-from posenc.errors import ConfigError, PosencError
+from posenc.errors import ConfigError, parameter_domain
 from posenc.memory import check_bytes
 from posenc.schemes.base import Placement, PositionalScheme, SchemeSpec, TableMode
 
@@ -117,15 +117,11 @@ def build_scheme(
             else "give fewer --max-positions.",
         )
     resolved = spec.resolve(params, config)
-    try:
+    with parameter_domain(
+        f"{name} cannot be built with parameters {resolved}",
+        f"these values leave the scheme's domain: see `posenc show {name}` for what each parameter means.",
+    ):
         module = cls(config, resolved, mode, max_positions, table_dtype=table_dtype)
-    except PosencError:
-        raise
-    except (ArithmeticError, ValueError, RuntimeError) as exc:  # the parameters' domain, found by the math
-        raise ConfigError(
-            f"{name} cannot be built with parameters {resolved} ({type(exc).__name__}: {str(exc)[:200]}); these "
-            f"values leave the scheme's domain: see `posenc show {name}` for what each parameter means."
-        ) from None
     check_finite_tables(module)
     return module
 
