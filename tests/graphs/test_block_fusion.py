@@ -61,6 +61,10 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
         else:
             assert node.inputs[0].shape.rank() == 4
     assert counts.get("rope_to_3d", 0) == (rotations if target == "ort-cpu" else 0)
+    assert not nodes(model, "GatherND"), "bias-table lookups are Gathers (gathernd_to_gather)"
+    if target == "ort-cpu":  # q, k and v read the same hidden states: one product, split
+        assert counts["fuse_projections"] >= 2
+        assert nodes(model, "Split")
     after = ort_run(model, feed)
     for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
         tol = tolerance_for(case.scheme, case.dtype, name)
