@@ -15,7 +15,9 @@ Targets:
   an in-place block's ``TensorScatter`` writes become TensorRT's KV-cache update layers.
 
 Every target: single-index ``GatherND`` table lookups (the score-bias tables) become ``Gather`` along axis 0
-(:func:`posenc.graphs.gather.gathernd_to_gather`), the same lookup at about half the cost on ONNX Runtime CPU.
+(:func:`posenc.graphs.gather.gathernd_to_gather`), the same lookup at a lower cost on ONNX Runtime CPU; on
+``ort-cpu`` the q, k and v products of one input become one ``MatMul`` and a ``Split``
+(:func:`posenc.graphs.projections.fuse_projections`).
 
 On ``ort-cpu`` the position guard of rotary blocks is carried by ``RotaryEmbedding``'s own range check
 (:func:`posenc.graphs.guard.guard_in_rotary`): a bad position still raises, ten nodes fewer per step.
