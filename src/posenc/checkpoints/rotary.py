@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -150,3 +150,20 @@ class RotaryReference(ModuleReference):
         return self.attention(
             hidden, position_embeddings=embeddings, attention_mask=mask, **{self.cache_argument: cache}
         )[0]
+
+
+ReferenceBuilder = Callable[[Any, LayerPlan, Mapping[str, torch.Tensor], str, torch.dtype], RotaryReference]
+"""A family's ``reference`` (:class:`posenc.checkpoints.family.Family`)."""
+
+
+def reference_by_model_type(modules: Mapping[str, tuple[str, str]]) -> ReferenceBuilder:
+    """The ``reference`` of a family whose model types each name their transformers ``(module, class prefix)``:
+    ``{"gemma2": ("gemma2", "Gemma2")}`` builds ``models.gemma2.modeling_gemma2.Gemma2Attention``."""
+
+    def reference(
+        hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
+    ) -> RotaryReference:
+        module, prefix = modules[hf.model_type]
+        return RotaryReference.build(hf, plan, tensors, module, prefix, angles, dtype)
+
+    return reference

@@ -47,11 +47,7 @@ def plus_one(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch
 RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules(plus_one))
 
 
-def reference(
-    hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
-) -> rotary.RotaryReference:
-    module, prefix = CLASSES[hf.model_type]
-    return rotary.RotaryReference.build(hf, plan, tensors, module, prefix, angles, dtype)
+reference = rotary.reference_by_model_type(CLASSES)
 
 
 GEMMA = register(

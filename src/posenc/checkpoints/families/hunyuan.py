@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from posenc.checkpoints import rotary
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
 
@@ -39,11 +37,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def reference(
-    hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
-) -> rotary.RotaryReference:
-    module, prefix = MODULES[hf.model_type]
-    return rotary.RotaryReference.build(hf, plan, tensors, module, prefix, angles, dtype)
+reference = rotary.reference_by_model_type(MODULES)
 
 
 HUNYUAN = register(

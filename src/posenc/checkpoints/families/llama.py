@@ -11,8 +11,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from posenc.checkpoints import rotary
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register
 
@@ -55,11 +53,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
 RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules())
 
 
-def reference(
-    hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
-) -> rotary.RotaryReference:
-    variant = VARIANTS[hf.model_type]
-    return rotary.RotaryReference.build(hf, plan, tensors, variant.module, variant.prefix, angles, dtype)
+reference = rotary.reference_by_model_type({name: (v.module, v.prefix) for name, v in VARIANTS.items()})
 
 
 LLAMA = register(
