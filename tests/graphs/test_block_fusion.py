@@ -18,6 +18,8 @@ from tests.graphs.helpers import assert_close, nodes, ort_run
 from tests.matrix import MatrixCase
 
 SCORE_SCHEMES = [spec.name for spec in specs() if spec.placement is Placement.SCORE]
+KEYED_BIAS = {"deberta", "transformer_xl"}  # their score bias reads the cached keys: no GroupQueryAttention prefill
+PREFILL_KEYS_REASON = "prefill_over_gqa: the cached keys or values feed more than the attention"
 # fp16 blocks come from the shared export cache (the parity and engine matrices use the same files);
 # one fp32 block with interleaved partial RoPE covers the other dtype and layout.
 BLOCKS = [
@@ -42,11 +44,15 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
     if target == "trt" and case.params.get("layout") == "interleaved":  # TensorRT-RTX cannot build it in a block
         rotations = 0
         assert declined == [TRT_INTERLEAVED_ROPE_REASON]
+    elif target == "ort-cpu" and case.scheme in KEYED_BIAS:
+        assert [reason[: len(PREFILL_KEYS_REASON)] for reason in declined] == [PREFILL_KEYS_REASON]
     else:
         assert not declined
     assert counts["fuse_rope"] == rotations
     assert counts["fuse_attention"] == 1
-    (attention,) = nodes(model, "Attention")
+    prefill = target == "ort-cpu" and case.scheme not in KEYED_BIAS
+    assert counts.get("prefill_over_gqa", 0) == int(prefill)
+    (attention,) = nodes(model, "Attention")  # (in the If's present branch when prefill_over_gqa took it)
     heads = {value.shape[1] for value in attention.inputs[:3]}
     assert heads == {manifest.attention["num_heads"], manifest.attention["num_kv_heads"]}, "GQA heads unrepeated"
     assert attention.inputs[3] is not None, "causal mask (and the bias) must reach the op as attn_mask"
@@ -65,10 +71,20 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
     if target == "ort-cpu":  # q, k and v read the same hidden states: one product, split
         assert counts["fuse_projections"] >= 2
         assert nodes(model, "Split")
-    after = ort_run(model, feed)
-    for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
-        tol = tolerance_for(case.scheme, case.dtype, name)
-        assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
+    if prefill:  # the first prompt goes through GroupQueryAttention, a score bias as its attention_bias
+        (gqa,) = nodes(model, "GroupQueryAttention")
+        assert (len(gqa.inputs) == 11) == (manifest.placement == "score")
+        assert not [n for n in model.graph if n.op_type == "Attention"], "the present path is the If's other branch"
+        assert gqa.inputs[0].shape.rank() == 3, "q, k, v in the projection layout [B, S, h*D]"
+    feeds = [(feed, reference)]
+    if prefill:
+        fresh = make_feed(manifest, FeedShape(batch=2, seq=19, past=0), seed=5)
+        feeds.append((fresh, count_rotations(path, fresh)[1]))
+    for inputs, expected in feeds:
+        after = ort_run(model, inputs)
+        for name, new, ref in zip(manifest.output_names, after, expected, strict=True):
+            tol = tolerance_for(case.scheme, case.dtype, name)
+            assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
 
 
 def test_plugin_mode_replaces_the_rotation_pair(export_cache, tmp_path) -> None:

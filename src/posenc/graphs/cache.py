@@ -286,21 +286,6 @@ def gqa_refusal(facts: CacheFacts | None) -> str | None:
     return None
 
 
-def _projection(x4: ir.Value) -> ir.Value | None:
-    """``x [B, S, h*D]`` when ``x4`` is ``Transpose(Reshape(x, [B, S, h, D]), [0, 2, 1, 3])``, else ``None``."""
-    transpose = x4.producer()
-    if (
-        transpose is None
-        or transpose.op_type != "Transpose"
-        or list(transpose.attributes.get_ints("perm", [])) != [0, 2, 1, 3]
-    ):
-        return None
-    reshape = mu.producer_of(transpose.inputs[0], "Reshape")
-    if reshape is None or mu.rank(reshape.inputs[0]) != 3:
-        return None
-    return reshape.inputs[0]
-
-
 def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation."""
     rq, rk = mu.producer_of(q, "RotaryEmbedding"), mu.producer_of(k, "RotaryEmbedding")
@@ -318,7 +303,7 @@ def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     if half is None or head_dim is None or 2 * half != rotary_dim:
         return None
     q_in, k_in = rq.inputs[0], rk.inputs[0]
-    if q_in is None or k_in is None or _projection(q_in) is None or _projection(k_in) is None:
+    if q_in is None or k_in is None or mu.split_heads_source(q_in) is None or mu.split_heads_source(k_in) is None:
         return None
     return rq, rk
 
@@ -386,14 +371,14 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         merged_width = op.Constant(value_ints=[0, 0, -1])
         if rotary is not None:
             rq, rk = rotary
-            query, key = _projection(rq.inputs[0]), _projection(rk.inputs[0])
+            query, key = mu.split_heads_source(rq.inputs[0]), mu.split_heads_source(rk.inputs[0])
             cos, sin, positions = rq.inputs[1], rq.inputs[2], rq.inputs[3]
             attributes.update(do_rotary=1, rotary_interleaved=mu.int_attr(rq, "interleaved"))
         else:
-            query = _projection(q) or op.Reshape(op.Transpose(q, perm=[0, 2, 1, 3]), merged_width)
-            key = _projection(k) or op.Reshape(op.Transpose(k, perm=[0, 2, 1, 3]), merged_width)
+            query = mu.split_heads_source(q) or op.Reshape(op.Transpose(q, perm=[0, 2, 1, 3]), merged_width)
+            key = mu.split_heads_source(k) or op.Reshape(op.Transpose(k, perm=[0, 2, 1, 3]), merged_width)
             cos = sin = positions = None
-        value = _projection(v) or op.Reshape(op.Transpose(v, perm=[0, 2, 1, 3]), merged_width)
+        value = mu.split_heads_source(v) or op.Reshape(op.Transpose(v, perm=[0, 2, 1, 3]), merged_width)
         seq = op.Shape(query, start=1, end=2)  # [B, S, H*D]: not q, so a fused rotation leaves no node behind
         filled = op.Add(past_length, seq)  # [B]: slots filled after this step
         seqlens = op.Cast(op.Sub(filled, op.Constant(value_ints=[1])), to=ir.DataType.INT32)

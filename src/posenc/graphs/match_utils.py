@@ -125,3 +125,19 @@ def producer(value: ir.Value) -> ir.Node:
 def int_attr(node: ir.Node, name: str, default: int = 0) -> int:
     attr = node.attributes.get(name)
     return default if attr is None else int(attr.value)
+
+
+def split_heads_source(x4: ir.Value) -> ir.Value | None:
+    """``x [B, S, h·D]`` when ``x4 [B, h, S, D]`` is ``Transpose(Reshape(x, [B, S, h, D]), perm=[0, 2, 1, 3])``, the
+    head split of a projection; else ``None``."""
+    transpose = producer_of(x4, "Transpose")
+    if transpose is None or list(transpose.attributes.get_ints("perm", [])) != [0, 2, 1, 3]:
+        return None
+    reshape = producer_of(transpose.inputs[0], "Reshape")
+    if reshape is None or rank(reshape.inputs[0]) != 3:
+        return None
+    source, heads, head_dim = reshape.inputs[0], static_dim(x4, 1), static_dim(x4, 3)
+    width = static_dim(source, 2)
+    if heads is not None and head_dim is not None and width is not None and width != heads * head_dim:
+        return None  # e.g. [B, S·h, D] -> [B, S, h, D]: not a projection's heads
+    return source

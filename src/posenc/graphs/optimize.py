@@ -48,7 +48,7 @@ from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
-from posenc.graphs import attention, cache, fold, gather, guard, model_io, projections, rope
+from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projections, rope
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
@@ -178,6 +178,8 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
     if rope_mode == "fused" and target == "ort-cpu":
         plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True, ""))
         plan.append(("guard_in_rotary", lambda m, _: guard.guard_in_rotary(m), True, ""))
+    if target == "ort-cpu" and not in_place:
+        plan.append(("prefill_over_gqa", prefill.prefill_over_gqa, True, ""))
     if target == "ort-cpu":
         plan.append(("fuse_projections", lambda m, _: projections.fuse_projections(m), False, ""))
     if rope_mode == "fused" and target == "trt":

@@ -1,0 +1,239 @@
+"""ONNX Runtime CPU: the fresh prefill of a concatenated-cache block through the contrib ``GroupQueryAttention``.
+
+After :func:`posenc.graphs.attention.fuse_attention`, a block with the concatenated cache attends as::
+
+    present_k = Concat(past_k, Transpose(Reshape(k, [B, S, Hkv, D])), axis=2)          (and v alike)
+    out = Reshape(Transpose(Attention(Transpose(Reshape(q, ..)), present_k, present_v, mask)), [B, S, H·D])
+
+ONNX Runtime's CPU ``Attention`` runs a grouped-query block's prefill below the rate of its contrib
+``GroupQueryAttention``, which takes ``q``, ``k`` and ``v`` in the projection layout ``[B, S, h·D]`` (no head
+transposes) and runs the causal attention of a first prompt in one kernel. Its CPU decode step, though, reads the
+cache once per query head and concatenates the cache like ``Concat``. So :func:`prefill_over_gqa` rewrites the
+attention into ``If(fresh, gqa, present)``:
+
+- ``fresh``: no cached position (``past`` has 0 slots), at least one query, and the mask the block computed is
+  exactly the causal triangle ``tril(ones(S, S))`` (checked on the mask itself, so whatever the block masks —
+  positions out of order, padding, a window shorter than the prompt — takes the other branch). Then
+  ``Attention`` and ``GroupQueryAttention`` compute the same softmax over the same keys.
+- ``gqa``: ``GroupQueryAttention(q, k, v, seqlens_k = S - 1, total_sequence_length = S)``, the score bias of an
+  additive mask (ALiBi, T5: ``bias + Where(mask, 0, -inf)``) passed as ``attention_bias``; its ``present_key`` /
+  ``present_value`` are the new keys and values, ``[B, Hkv, S, D]``.
+- ``present``: the block's own head split, ``Concat`` and ``Attention``, moved into the branch so that a prefill
+  does not run them.
+
+The rotation is not moved: the ``RotaryEmbedding`` before the head split (and its position guard) runs in both
+branches. Declined (the block keeps its path, the reason recorded): activations other than float32 / float16 (the
+CPU kernel's types), a soft-cap together with a score bias (``GroupQueryAttention`` caps after adding the bias), a
+mask that is neither a boolean nor ``bias + Where(mask, 0, -inf)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from posenc.graphs import fold
+from posenc.graphs import match_utils as mu
+
+MS_DOMAIN = "com.microsoft"
+_CPU_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
+
+
+def _allowed(mask: ir.Value) -> ir.Value | None:
+    """The boolean mask behind an Attention mask: the mask itself, or ``m`` of ``[Cast](bias + Where(m, 0, -inf))``
+    (the fused form of a score bias with a mask)."""
+    if mu.dtype(mask) == ir.DataType.BOOL:
+        return mask
+    cast = mu.producer_of(mask, "Cast")
+    add = mu.producer_of(cast.inputs[0] if cast is not None else mask, "Add")
+    if add is None:
+        return None
+    for operand in add.inputs:
+        where = mu.producer_of(operand, "Where")
+        if (
+            where is not None
+            and mu.dtype(where.inputs[0]) == ir.DataType.BOOL
+            and mu.const_scalar(where.inputs[1]) == 0.0
+            and mu.is_neg_inf(where.inputs[2])
+        ):
+            return where.inputs[0]
+    return None
+
+
+class _PrefillOverGQA(pattern.RewriteRuleClassBase):
+    """Concat caches + ``Attention`` + head merge -> ``If(fresh prefill, GroupQueryAttention, the same nodes)``."""
+
+    def __init__(self, declined: list[str]) -> None:
+        super().__init__(name="prefill_over_gqa")
+        self._declined = declined
+
+    def pattern(self, op, q, past_k, k, past_v, v, mask, shape):
+        present_k = op.Concat(past_k, k, _allow_other_attributes=True, _outputs=["present_k"])
+        present_v = op.Concat(past_v, v, _allow_other_attributes=True, _outputs=["present_v"])
+        attention = op.Attention(q, present_k, present_v, mask, _outputs=["att"])
+        heads = op.Transpose(attention, perm=[0, 2, 1, 3])
+        merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
+        return merged, present_k, present_v
+
+    def _decline(self, result: Any, reason: str, where: Any) -> Any:
+        self._declined.append(f"prefill_over_gqa: {reason}")
+        return result.fail(reason, where)
+
+    def check(self, context, q, k, v, mask, present_k, present_v, att, merged, **_):
+        result = pattern.MatchResult()
+        node = att.producer()
+        if node.graph is not context.model.graph:
+            return result.fail("inside a subgraph", node)
+        for concat in (present_k.producer(), present_v.producer()):
+            if mu.int_attr(concat, "axis") not in (2, -2):
+                return result.fail("the caches are not concatenated along the position axis", concat)
+        for present in (present_k, present_v):
+            if any(use.node is not node for use in present.uses()):
+                reason = "the cached keys or values feed more than the attention (e.g. a score bias that reads them)"
+                return self._decline(result, reason, present)
+        if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return result.fail("present/qk outputs of the Attention are used", node)
+        if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
+            return result.fail("causal flag or qk output on the Attention", node)
+        heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(k, 1), mu.static_dim(q, 3)
+        if mu.rank(q) != 4 or mu.rank(k) != 4 or mu.rank(v) != 4 or mu.rank(merged) != 3:
+            return result.fail("q, k, v are not [B, h, S, D] merged back into [B, S, H·D]", q)
+        if None in (heads, kv_heads, head_dim) or heads % kv_heads or mu.static_dim(v, 1) != kv_heads:
+            return self._decline(result, "head counts or head size are unknown or do not group", q)
+        if mu.static_dim(v, 3) != head_dim or mu.static_dim(k, 3) != head_dim:
+            return self._decline(result, "GroupQueryAttention needs one head size for q, k and v", v)
+        if mu.dtype(q) not in _CPU_FLOATS:
+            return self._decline(result, f"{mu.dtype(q)} activations: the CPU kernel takes float32 or float16", q)
+        allowed = _allowed(mask)
+        if allowed is None or mu.rank(mask) != 4:
+            return self._decline(
+                result, "the mask is neither a boolean nor bias + Where(mask, 0, -inf); its causality is unknown", mask
+            )
+        if allowed is not mask and "softcap" in node.attributes:
+            return self._decline(result, "a soft-cap with a score bias: GroupQueryAttention caps after the bias", node)
+        return result
+
+    def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **_):
+        node = att.producer()
+        allowed = _allowed(mask)
+        assert allowed is not None  # check() made sure
+        # fresh: nothing cached, something to attend, and the mask is exactly the causal triangle
+        fresh = op.Equal(op.Shape(past_k, start=2, end=3), op.Constant(value_ints=[0]))
+        something = op.Greater(op.Size(mu.split_heads_source(q) or q), op.Constant(value_int=0))  # B > 0, S > 0
+        triangle = op.Trilu(op.ConstantOfShape(op.Shape(allowed), value=ir.tensor([True])), upper=0)
+        off = op.ReduceMax(op.Cast(op.Xor(allowed, triangle), to=ir.DataType.UINT8), keepdims=0)
+        causal = op.Equal(off, op.Constant(value=ir.tensor(np.array(0, dtype=np.uint8))))
+        condition = op.And(op.And(fresh, something), causal)
+        bias = None if allowed is mask else mask
+        found = _Attention(node, q, k, v, past_k, past_v, mask, shape, merged, present_k, present_v)
+        gqa, present = _gqa_graph(found, bias), _present_graph(found)
+        return op.If(condition, then_branch=gqa, else_branch=present, _outputs=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attention:
+    """A matched attention: the ``Attention`` node, its q / new k / new v ``[B, h, S, D]``, the past caches, mask,
+    the head merge's target shape, and the three values the ``If`` replaces (merged output, present k and v)."""
+
+    node: ir.Node
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    past_k: ir.Value
+    past_v: ir.Value
+    mask: ir.Value
+    shape: ir.Value
+    merged: ir.Value
+    present_k: ir.Value
+    present_v: ir.Value
+
+
+def _like(value: ir.Value, template: ir.Value) -> ir.Value:
+    """``value`` with ``template``'s dtype and shape (a branch output)."""
+    if template.dtype is not None:
+        value.dtype = template.dtype
+    value.shape = template.shape
+    return value
+
+
+def _merged_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
+    """``x [B, S, h·D]`` of ``x4 [B, h, S, D]``: its source when ``x4`` is a head split, else a transposed copy."""
+    source = mu.split_heads_source(x4)
+    if source is not None:
+        return source
+    heads = tape.op("Transpose", [x4], {"perm": [0, 2, 1, 3]})
+    return tape.op("Reshape", [heads, tape.op("Constant", [], {"value": ir.tensor(np.array([0, 0, -1]))})])
+
+
+def _gqa_graph(found: _Attention, bias: ir.Value | None) -> ir.Graph:
+    """The then branch: ``GroupQueryAttention`` over the new tokens only (a first prompt)."""
+    tape = ir.tape.Tape()
+    query, key, value = (_merged_heads(tape, x) for x in (found.q, found.k, found.v))
+    seq = tape.op("Shape", [query], {"start": 1, "end": 2})
+    batch = tape.op("Shape", [query], {"start": 0, "end": 1})
+    last = tape.op("Sub", [seq, tape.op("Constant", [], {"value_ints": [1]})])
+    seqlens = tape.op("Cast", [tape.op("Expand", [last, batch])], {"to": ir.DataType.INT32})  # [B]: S - 1
+    total = tape.op("Cast", [tape.op("Squeeze", [seq])], {"to": ir.DataType.INT32})  # scalar S
+    attributes: dict[str, Any] = {"num_heads": mu.static_dim(found.q, 1), "kv_num_heads": mu.static_dim(found.k, 1)}
+    for name in ("scale", "softcap"):
+        if name in found.node.attributes:
+            attributes[name] = float(found.node.attributes[name].value)
+    inputs = [query, key, value, None, None, seqlens, total, None, None, None, bias]
+    while inputs[-1] is None:
+        inputs.pop()
+    results = tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=MS_DOMAIN)
+    templates = (found.merged, found.present_k, found.present_v)
+    outputs = [_like(out, like) for out, like in zip(results, templates, strict=True)]
+    return ir.Graph([], outputs, nodes=tape.nodes, name="prefill_group_query_attention")
+
+
+def _split_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
+    """``x4`` rebuilt inside the branch from its projection when only the attention reads it (so a prefill does not
+    run the head split), else ``x4`` itself."""
+    if mu.split_heads_source(x4) is None or len(x4.uses()) != 1 or x4.is_graph_output():
+        return x4
+    reshape = mu.producer(mu.operand(mu.producer(x4), 0))
+    split = tape.op("Reshape", list(reshape.inputs), dict(reshape.attributes.items()))
+    return tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
+
+
+def _present_graph(found: _Attention) -> ir.Graph:
+    """The else branch: the block's own head split, cache ``Concat`` and ``Attention``."""
+    tape = ir.tape.Tape()
+    q4, k4, v4 = (_split_heads(tape, x) for x in (found.q, found.k, found.v))
+    axis = {"axis": mu.int_attr(mu.producer(found.present_k), "axis")}
+    keys = tape.op("Concat", [found.past_k, k4], axis)
+    values = tape.op("Concat", [found.past_v, v4], axis)
+    attention = tape.op("Attention", [q4, keys, values, found.mask], dict(found.node.attributes.items()))
+    heads = tape.op("Transpose", [attention], {"perm": [0, 2, 1, 3]})
+    reshape = mu.producer(found.merged)
+    out = tape.op("Reshape", [heads, found.shape], dict(reshape.attributes.items()))
+    outputs = [_like(out, found.merged), _like(keys, found.present_k), _like(values, found.present_v)]
+    return ir.Graph([], outputs, nodes=tape.nodes, name="present_attention")
+
+
+def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
+    """ONNX Runtime CPU: a concatenated-cache block's first prompt through ``GroupQueryAttention``.
+
+    Args:
+        model: the IR model, after :func:`posenc.graphs.attention.fuse_attention`.
+        declined: collects why an attention keeps its path (see the module docstring).
+
+    Returns:
+        The number of attentions given the prefill branch.
+    """
+    fold.cleanup(model)
+    count = pattern.RewriteRuleSet([_PrefillOverGQA.rule(declined if declined is not None else [])]).apply_to_model(
+        model
+    )
+    if count:
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+        fold.cleanup(model)  # the head splits now rebuilt inside the branch
+    return count
+
+
+__all__ = ["prefill_over_gqa"]

@@ -1,0 +1,124 @@
+"""``prefill_over_gqa`` (ort-cpu, concatenated cache): a first prompt through contrib ``GroupQueryAttention``, every
+other call through the block's own ``Attention``.
+
+Which branch a call takes is read from the graph itself (the ``If`` condition exposed as an output), so each parity
+check below is known to exercise the branch it names. Parity reference: the float64 eager block
+(:func:`posenc.export.load_eager`), stepped through its cache by :func:`posenc.validate.decode.validate_decode`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from posenc.config import AttentionConfig
+from posenc.export import FeedShape, export_onnx, load_eager, load_manifest, make_feed, reference_inputs
+from posenc.graphs import optimize_file
+from posenc.graphs.inspect import inspect_model
+from posenc.validate import tolerance_for
+from posenc.validate.decode import validate_decode
+from tests.graphs.helpers import assert_close, ort_run
+
+CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
+
+
+def _optimized(folder: Path, scheme: str, **config: object) -> tuple[Path, Path]:
+    geometry = AttentionConfig(**{**CONFIG.__dict__, **config})
+    source = export_onnx(folder / f"{scheme}.onnx", scheme, config=geometry).path
+    target = folder / f"{scheme}.ort-cpu.onnx"
+    optimize_file(source, target, "ort-cpu")
+    return source, target
+
+
+def _takes_gqa(target: Path, feed: dict[str, np.ndarray]) -> bool:
+    """The value of the prefill ``If``'s condition for ``feed`` (True: the GroupQueryAttention branch)."""
+    model = onnx.load(str(target))
+    (branch,) = [node for node in model.graph.node if node.op_type == "If"]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(branch.input[0], onnx.TensorProto.BOOL, None))
+    return bool(np.asarray(ort_run(model.SerializeToString(), feed)[-1]).all())
+
+
+def _eager(source: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    module, manifest = load_eager(source)
+    with torch.no_grad():
+        outputs = module(*reference_inputs(manifest, feed, torch.float64))
+    return [out.numpy() for out in outputs]
+
+
+def _assert_matches_eager(source: Path, target: Path, feed: dict[str, np.ndarray], what: str) -> None:
+    manifest_outputs = ("out", "present_key", "present_value")
+    for name, got, want in zip(manifest_outputs, ort_run(target.read_bytes(), feed), _eager(source, feed), strict=True):
+        tol = tolerance_for("rope", "float32", name)
+        assert_close(got, want, tol.atol, tol.rtol, f"{what} {name}")
+
+
+def _reversed(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**feed, "position_ids": np.ascontiguousarray(feed["position_ids"][:, ::-1])}
+
+
+@pytest.fixture(scope="module")
+def rope(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _optimized(tmp_path_factory.mktemp("prefill"), "rope")
+
+
+@pytest.mark.parametrize(
+    ("shape", "reverse", "gqa"),
+    [
+        (FeedShape(2, 19, 0), False, True),  # a first prompt
+        (FeedShape(1, 1, 0), False, True),  # one token, nothing cached
+        (FeedShape(2, 6, 0, start=7), False, True),  # positions 7.. with nothing cached: still the causal triangle
+        (FeedShape(2, 5, 3), False, False),  # a cache: the concat path
+        (FeedShape(2, 1, 30), False, False),  # a decode step
+        (FeedShape(2, 19, 0), True, False),  # positions out of order: the mask is not the triangle
+    ],
+    ids=["prompt", "one-token", "offset", "cached", "decode", "reversed"],
+)
+def test_the_branch_taken_matches_the_eager_block(rope, shape: FeedShape, reverse: bool, gqa: bool) -> None:
+    source, target = rope
+    feed = make_feed(load_manifest(target, verify=False), shape, seed=3)
+    if reverse:
+        feed = _reversed(feed)
+    assert _takes_gqa(target, feed) is gqa
+    _assert_matches_eager(source, target, feed, f"{shape} reversed={reverse}")
+
+
+def test_a_prompt_then_decode_steps_carry_the_cache_across_both_branches(rope) -> None:
+    source, target = rope
+    assert "GroupQueryAttention" in {n.op_type for g in _graphs(target) for n in g.node}
+    steps = [FeedShape(2, 20, 0)] + [FeedShape(2, 1, 20 + i) for i in range(8)] + [FeedShape(2, 1, 46, start=46)]
+    report = validate_decode([source, target], steps)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def _graphs(target: Path) -> list[onnx.GraphProto]:
+    model = onnx.load(str(target))
+    branches = [a.g for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+    return [model.graph, *branches]
+
+
+def test_a_window_shorter_than_the_prompt_keeps_the_attention_path(tmp_path: Path) -> None:
+    source, target = _optimized(tmp_path, "rope", sliding_window=8)
+    manifest = load_manifest(target, verify=False)
+    long, short = make_feed(manifest, FeedShape(1, 19, 0), seed=1), make_feed(manifest, FeedShape(1, 8, 0), seed=2)
+    assert not _takes_gqa(target, long)  # the window hides keys the triangle shows
+    assert _takes_gqa(target, short)  # the whole prompt fits in the window: the mask is the triangle
+    for feed in (long, short):
+        _assert_matches_eager(source, target, feed, "sliding window")
+
+
+def test_a_block_without_a_causal_mask_is_left_alone(tmp_path: Path) -> None:
+    source, target = _optimized(tmp_path, "rope", causal=False)
+    assert "If" not in {n.op_type for n in onnx.load(str(target)).graph.node}
+    feed = make_feed(load_manifest(target, verify=False), FeedShape(2, 12, 0), seed=4)
+    _assert_matches_eager(source, target, feed, "non-causal")
+
+
+def test_a_bias_that_reads_the_keys_is_declined_with_the_reason_in_inspect(tmp_path: Path) -> None:
+    _, target = _optimized(tmp_path, "deberta")
+    text = inspect_model(target).to_text()
+    assert "prefill_over_gqa: the cached keys or values feed more than the attention" in text
+    assert "GroupQueryAttention" not in {n.op_type for g in _graphs(target) for n in g.node}
