@@ -49,10 +49,12 @@ def _eager(source: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [out.numpy() for out in outputs]
 
 
-def _assert_matches_eager(source: Path, target: Path, feed: dict[str, np.ndarray], what: str) -> None:
+def _assert_matches_eager(
+    source: Path, target: Path, feed: dict[str, np.ndarray], what: str, scheme: str = "rope"
+) -> None:
     manifest_outputs = ("out", "present_key", "present_value")
     for name, got, want in zip(manifest_outputs, ort_run(target.read_bytes(), feed), _eager(source, feed), strict=True):
-        tol = tolerance_for("rope", "float32", name)
+        tol = tolerance_for(scheme, "float32", name)
         assert_close(got, want, tol.atol, tol.rtol, f"{what} {name}")
 
 
@@ -122,3 +124,20 @@ def test_a_bias_that_reads_the_keys_is_declined_with_the_reason_in_inspect(tmp_p
     text = inspect_model(target).to_text()
     assert "prefill_over_gqa: the cached keys or values feed more than the attention" in text
     assert "GroupQueryAttention" not in {n.op_type for g in _graphs(target) for n in g.node}
+
+
+def test_a_score_bias_goes_in_alone_and_the_masked_sum_is_built_only_for_the_present_path(tmp_path: Path) -> None:
+    source, target = _optimized(tmp_path, "alibi")
+    model = onnx.load(str(target))
+    (branch,) = [node for node in model.graph.node if node.op_type == "If"]
+    branches = {attribute.name: attribute.g for attribute in branch.attribute}
+    then, other = branches["then_branch"], branches["else_branch"]
+    (gqa,) = [node for node in then.node if node.op_type == "GroupQueryAttention"]
+    producers = {out: node.op_type for node in model.graph.node for out in node.output}
+    assert producers[gqa.input[10]] != "Add", "the raw bias, not bias + Where(mask, 0, -inf)"
+    assert {"Where", "Add", "Attention"} <= {node.op_type for node in other.node}
+    manifest = load_manifest(target, verify=False)
+    for shape, fresh in ((FeedShape(2, 19, 0), True), (FeedShape(2, 5, 3), False)):
+        feed = make_feed(manifest, shape, seed=6)
+        assert _takes_gqa(target, feed) is fresh
+        _assert_matches_eager(source, target, feed, f"alibi {shape}", scheme="alibi")

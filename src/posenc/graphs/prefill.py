@@ -43,25 +43,49 @@ MS_DOMAIN = "com.microsoft"
 _CPU_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
-def _allowed(mask: ir.Value) -> ir.Value | None:
-    """The boolean mask behind an Attention mask: the mask itself, or ``m`` of ``[Cast](bias + Where(m, 0, -inf))``
-    (the fused form of a score bias with a mask)."""
-    if mu.dtype(mask) == ir.DataType.BOOL:
-        return mask
-    cast = mu.producer_of(mask, "Cast")
-    add = mu.producer_of(cast.inputs[0] if cast is not None else mask, "Add")
-    if add is None:
+@dataclasses.dataclass(frozen=True)
+class _Mask:
+    """An ``Attention`` mask taken apart: the boolean ``allowed``; for the fused form of a score bias with a mask,
+    ``[Cast](bias + Where(allowed, 0, -inf))``, also the ``bias`` and the ``Where``, ``Add`` and ``Cast`` nodes."""
+
+    allowed: ir.Value
+    bias: ir.Value | None = None
+    where: ir.Node | None = None
+    add: ir.Node | None = None
+    cast: ir.Node | None = None
+
+    @classmethod
+    def of(cls, mask: ir.Value) -> _Mask | None:
+        """The parts of ``mask``, or ``None`` when it is neither a boolean nor the fused bias-with-mask form."""
+        if mu.dtype(mask) == ir.DataType.BOOL:
+            return cls(mask)
+        cast = mu.producer_of(mask, "Cast")
+        add = mu.producer_of(cast.inputs[0] if cast is not None else mask, "Add")
+        if add is None or len(add.inputs) != 2:
+            return None
+        for index, operand in enumerate(add.inputs):
+            where = mu.producer_of(operand, "Where")
+            if (
+                where is not None
+                and mu.dtype(where.inputs[0]) == ir.DataType.BOOL
+                and mu.const_scalar(where.inputs[1]) == 0.0
+                and mu.is_neg_inf(where.inputs[2])
+            ):
+                return cls(mu.operand(where, 0), add.inputs[1 - index], where, add, cast)
         return None
-    for operand in add.inputs:
-        where = mu.producer_of(operand, "Where")
-        if (
-            where is not None
-            and mu.dtype(where.inputs[0]) == ir.DataType.BOOL
-            and mu.const_scalar(where.inputs[1]) == 0.0
-            and mu.is_neg_inf(where.inputs[2])
-        ):
-            return where.inputs[0]
-    return None
+
+    def movable(self, mask: ir.Value, q: ir.Value) -> bool:
+        """The mask is ``bias + Where(..)`` in q's dtype, read only by the attention: the ``If`` can give
+        ``GroupQueryAttention`` the bias alone and build the sum in its other branch."""
+        return (
+            self.add is not None
+            and self.cast is None
+            and self.bias is not None
+            and mu.dtype(self.bias) == mu.dtype(q)
+            and mu.rank(self.bias) == 4
+            and len(mask.uses()) == 1
+            and not mask.is_graph_output()
+        )
 
 
 class _PrefillOverGQA(pattern.RewriteRuleClassBase):
@@ -108,19 +132,20 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             return self._decline(result, "GroupQueryAttention needs one head size for q, k and v", v)
         if mu.dtype(q) not in _CPU_FLOATS:
             return self._decline(result, f"{mu.dtype(q)} activations: the CPU kernel takes float32 or float16", q)
-        allowed = _allowed(mask)
-        if allowed is None or mu.rank(mask) != 4:
+        parts = _Mask.of(mask)
+        if parts is None or mu.rank(mask) != 4:
             return self._decline(
                 result, "the mask is neither a boolean nor bias + Where(mask, 0, -inf); its causality is unknown", mask
             )
-        if allowed is not mask and "softcap" in node.attributes:
+        if parts.bias is not None and "softcap" in node.attributes:
             return self._decline(result, "a soft-cap with a score bias: GroupQueryAttention caps after the bias", node)
         return result
 
     def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **_):
         node = att.producer()
-        allowed = _allowed(mask)
-        assert allowed is not None  # check() made sure
+        parts = _Mask.of(mask)
+        assert parts is not None  # check() made sure
+        allowed = parts.allowed
         # fresh: nothing cached, something to attend, and the mask is exactly the causal triangle
         fresh = op.Equal(op.Shape(past_k, start=2, end=3), op.Constant(value_ints=[0]))
         something = op.Greater(op.Size(mu.split_heads_source(q) or q), op.Constant(value_int=0))  # B > 0, S > 0
@@ -128,9 +153,10 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
         off = op.ReduceMax(op.Cast(op.Xor(allowed, triangle), to=ir.DataType.UINT8), keepdims=0)
         causal = op.Equal(off, op.Constant(value=ir.tensor(np.array(0, dtype=np.uint8))))
         condition = op.And(op.And(fresh, something), causal)
-        bias = None if allowed is mask else mask
+        moved = parts if parts.movable(mask, q) else None  # the mask's sum is built in the present branch only
+        bias = parts.bias if moved is not None else None if parts.bias is None else mask
         found = _Attention(node, q, k, v, past_k, past_v, mask, shape, merged, present_k, present_v)
-        gqa, present = _gqa_graph(found, bias), _present_graph(found)
+        gqa, present = _gqa_graph(found, bias), _present_graph(found, moved)
         return op.If(condition, then_branch=gqa, else_branch=present, _outputs=3)
 
 
@@ -201,14 +227,19 @@ def _split_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
     return tape.op("Transpose", [split], {"perm": [0, 2, 1, 3]})
 
 
-def _present_graph(found: _Attention) -> ir.Graph:
-    """The else branch: the block's own head split, cache ``Concat`` and ``Attention``."""
+def _present_graph(found: _Attention, moved: _Mask | None) -> ir.Graph:
+    """The else branch: the block's own head split, cache ``Concat`` and ``Attention`` (and the mask's
+    ``bias + Where(allowed, 0, -inf)`` when ``moved``)."""
     tape = ir.tape.Tape()
+    mask = found.mask
+    if moved is not None and moved.where is not None and moved.add is not None:
+        select = tape.op("Where", list(moved.where.inputs))
+        mask = tape.op("Add", [select if x is moved.where.outputs[0] else x for x in moved.add.inputs])
     q4, k4, v4 = (_split_heads(tape, x) for x in (found.q, found.k, found.v))
     axis = {"axis": mu.int_attr(mu.producer(found.present_k), "axis")}
     keys = tape.op("Concat", [found.past_k, k4], axis)
     values = tape.op("Concat", [found.past_v, v4], axis)
-    attention = tape.op("Attention", [q4, keys, values, found.mask], dict(found.node.attributes.items()))
+    attention = tape.op("Attention", [q4, keys, values, mask], dict(found.node.attributes.items()))
     heads = tape.op("Transpose", [attention], {"perm": [0, 2, 1, 3]})
     reshape = mu.producer(found.merged)
     out = tape.op("Reshape", [heads, found.shape], dict(reshape.attributes.items()))
