@@ -19,6 +19,7 @@ from tests.matrix import MatrixCase
 
 SCORE_SCHEMES = [spec.name for spec in specs() if spec.placement is Placement.SCORE]
 KEYED_BIAS = {"deberta", "transformer_xl"}  # their score bias reads the cached keys: no GroupQueryAttention prefill
+PROJECTED_TABLES = {"transformer_xl": 1, "tupe": 2}  # R W_r; P U_q and P U_k
 PREFILL_KEYS_REASON = "prefill_over_gqa: the cached keys or values feed more than the attention"
 # fp16 blocks come from the shared export cache (the parity and engine matrices use the same files);
 # one fp32 block with interleaved partial RoPE covers the other dtype and layout.
@@ -68,6 +69,8 @@ def test_block_fuses_rope_and_attention(export_cache, case: MatrixCase, target: 
             assert node.inputs[0].shape.rank() == 4
     assert counts.get("rope_to_3d", 0) == (rotations if target == "ort-cpu" else 0)
     assert not nodes(model, "GatherND"), "bias-table lookups are Gathers (gathernd_to_gather)"
+    if case.scheme in PROJECTED_TABLES:  # their position tables are projected once, in the graph's constants
+        assert counts["project_tables"] == PROJECTED_TABLES[case.scheme]
     if target == "ort-cpu":  # q, k and v read the same hidden states: one product, split
         assert counts["fuse_projections"] >= 2
         assert nodes(model, "Split")

@@ -48,7 +48,7 @@ from posenc.errors import ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
-from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projections, rope
+from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
@@ -151,6 +151,7 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
     plan: Plan = [
         ("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True, ""),
         ("gathernd_to_gather", lambda m, _: gather.gathernd_to_gather(m), False, ""),
+        ("project_tables", lambda m, _: projected_tables.project_tables(m), False, ""),
     ]
     if rope_mode in ("fused", "plugin"):
 
