@@ -12,13 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
 
 from posenc.config import AttentionConfig
 from posenc.export import FeedShape, export_onnx, load_eager, load_manifest, make_feed, reference_inputs
 from posenc.graphs import optimize_file
+from posenc.graphs.fold import infer_shapes
 from posenc.graphs.inspect import inspect_model
+from posenc.graphs.model_io import model_to_proto
+from posenc.graphs.prefill import prefill_over_gqa
 from posenc.validate import tolerance_for
 from posenc.validate.decode import validate_decode
 from tests.graphs.helpers import assert_close, ort_run
@@ -141,3 +145,71 @@ def test_a_score_bias_goes_in_alone_and_the_masked_sum_is_built_only_for_the_pre
         feed = make_feed(manifest, shape, seed=6)
         assert _takes_gqa(target, feed) is fresh
         _assert_matches_eager(source, target, feed, f"alibi {shape}", scheme="alibi")
+
+
+def _hand_built_block(heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> onnx.ModelProto:
+    """A concat-cache attention on q/k/v inputs ``[B, S, h·D]`` with the boolean mask a graph input ``[B, 1, S, T]``
+    (as a model from elsewhere might pass its padding mask)."""
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+
+    def split(name: str) -> list[onnx.NodeProto]:
+        return [
+            h.make_node("Reshape", [name, f"{name}_shape"], [f"{name}_heads"]),
+            h.make_node("Transpose", [f"{name}_heads"], [f"{name}4"], perm=[0, 2, 1, 3]),
+        ]
+
+    nodes = [*split("q"), *split("k"), *split("v")]
+    nodes += [
+        h.make_node("Concat", ["past_key", "k4"], ["present_key"], axis=2),
+        h.make_node("Concat", ["past_value", "v4"], ["present_value"], axis=2),
+        h.make_node("Attention", ["q4", "present_key", "present_value", "mask"], ["att"], scale=0.25),
+        h.make_node("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3]),
+        h.make_node("Reshape", ["att_t", "merged_shape"], ["out"]),
+    ]
+    shapes = {"q_shape": [0, 0, heads, head_dim], "k_shape": [0, 0, kv_heads, head_dim]}
+    shapes |= {"v_shape": shapes["k_shape"], "merged_shape": [0, 0, heads * head_dim]}
+    inits = [onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in shapes.items()]
+    inputs = [
+        h.make_tensor_value_info("q", f, ["B", "S", heads * head_dim]),
+        h.make_tensor_value_info("k", f, ["B", "S", kv_heads * head_dim]),
+        h.make_tensor_value_info("v", f, ["B", "S", kv_heads * head_dim]),
+        h.make_tensor_value_info("past_key", f, ["B", kv_heads, "P", head_dim]),
+        h.make_tensor_value_info("past_value", f, ["B", kv_heads, "P", head_dim]),
+        h.make_tensor_value_info("mask", onnx.TensorProto.BOOL, ["B", 1, "S", "T"]),
+    ]
+    outputs = [h.make_tensor_value_info(n, f, None) for n in ("out", "present_key", "present_value")]
+    model = h.make_model(h.make_graph(nodes, "block", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def test_a_mask_given_as_input_takes_the_fused_branch_only_when_it_is_the_causal_triangle() -> None:
+    original = _hand_built_block()
+    model = ir.serde.deserialize_model(original)
+    infer_shapes(model)
+    assert prefill_over_gqa(model) == 1
+    rewritten = model_to_proto(model)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(rewritten)
+    (branch,) = [node for node in probe.graph.node if node.op_type == "If"]
+    probe.graph.output.append(onnx.helper.make_tensor_value_info(branch.input[0], onnx.TensorProto.BOOL, None))
+    rng = np.random.default_rng(7)
+    batch, seq = 2, 6
+    causal = np.tril(np.ones((seq, seq), dtype=bool))[None, None].repeat(batch, 0)
+    padded = causal.copy()
+    padded[1, :, :, :2] = False  # row 1 left-padded by two tokens
+    padded[1, :, np.arange(2), np.arange(2)] = True  # (each padding token still sees itself)
+    for mask, fused in ((causal, True), (padded, False)):
+        feed = {
+            "q": rng.standard_normal((batch, seq, 64)).astype(np.float32),
+            "k": rng.standard_normal((batch, seq, 32)).astype(np.float32),
+            "v": rng.standard_normal((batch, seq, 32)).astype(np.float32),
+            "past_key": np.zeros((batch, 2, 0, 16), np.float32),
+            "past_value": np.zeros((batch, 2, 0, 16), np.float32),
+            "mask": mask,
+        }
+        want = ort_run(original.SerializeToString(), feed)
+        got = ort_run(probe.SerializeToString(), feed)
+        assert bool(got[-1].all()) is fused
+        for name, a, b in zip(("out", "present_key", "present_value"), got, want, strict=False):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"fused={fused} {name}")

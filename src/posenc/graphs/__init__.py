@@ -13,7 +13,9 @@ Public API::
 Each pass rewrites an ``onnx_ir.Model`` in place with onnxscript's pattern rewriter and returns its match
 count: :func:`fold_constants`, :func:`convert_contrib_rope`, :func:`fuse_rope`, :func:`fuse_partial_rope`,
 :func:`rope_to_3d` (ONNX Runtime CPU layout), :func:`rope_for_tensorrt`, :func:`fuse_attention`,
-:func:`fold_causal_into_mask`. :func:`optimize_model` chains them per target (``ort-cpu``, ``trt``).
+:func:`fold_causal_into_mask`; the KV-cache passes of :mod:`posenc.graphs.cache` and the cost passes
+``gathernd_to_gather``, ``project_tables``, ``prefill_over_gqa`` and ``fuse_projections``. :func:`optimize_model`
+chains them per target (``ort-cpu``, ``ort-cuda``, ``trt``).
 :func:`optimize_file` checks parity before/after with the caller's ``check`` (``posenc optimize`` passes
 :func:`posenc.validate.check_ort_parity`; this layer does not import ``posenc.validate``).
 """
