@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+from onnx import helper
 
 from posenc.export.runtime import ort_session
+from posenc.graphs.fold import infer_shapes
 from posenc.graphs.model_io import model_to_proto
 
 
@@ -17,6 +20,16 @@ def ort_run(model: ir.Model | Path | bytes, feed: dict[str, np.ndarray]) -> list
     if isinstance(model, ir.Model):
         model = model_to_proto(model).SerializeToString()
     return ort_session(model, ["CPUExecutionProvider"], check=False).run(None, feed)
+
+
+def hand_built(graph_nodes: list, inputs: list, outputs: list, initializers: Sequence = ()) -> ir.Model:
+    """An opset-23 IR model of ``onnx.helper`` parts, shapes inferred as ``posenc optimize`` does before its passes."""
+    graph = helper.make_graph(graph_nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    loaded = ir.serde.deserialize_model(model)
+    infer_shapes(loaded)
+    return loaded
 
 
 GUARD_OPS = frozenset(

@@ -38,12 +38,18 @@ def _optimized(folder: Path, scheme: str, **config: object) -> tuple[Path, Path]
     return source, target
 
 
-def _takes_gqa(target: Path, feed: dict[str, np.ndarray]) -> bool:
-    """The value of the prefill ``If``'s condition for ``feed`` (True: the GroupQueryAttention branch)."""
-    model = onnx.load(str(target))
+def _with_condition(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (changed in place) with its prefill ``If``'s condition as a last output (True: the
+    GroupQueryAttention branch)."""
     (branch,) = [node for node in model.graph.node if node.op_type == "If"]
     model.graph.output.append(onnx.helper.make_tensor_value_info(branch.input[0], onnx.TensorProto.BOOL, None))
-    return bool(np.asarray(ort_run(model.SerializeToString(), feed)[-1]).all())
+    return model
+
+
+def _takes_gqa(target: Path, feed: dict[str, np.ndarray]) -> bool:
+    """The value of the prefill ``If``'s condition for ``feed``."""
+    probe = _with_condition(onnx.load(str(target)))
+    return bool(np.asarray(ort_run(probe.SerializeToString(), feed)[-1]).all())
 
 
 def _eager(source: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -188,11 +194,7 @@ def test_a_mask_given_as_input_takes_the_fused_branch_only_when_it_is_the_causal
     model = ir.serde.deserialize_model(original)
     infer_shapes(model)
     assert prefill_over_gqa(model) == 1
-    rewritten = model_to_proto(model)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(rewritten)
-    (branch,) = [node for node in probe.graph.node if node.op_type == "If"]
-    probe.graph.output.append(onnx.helper.make_tensor_value_info(branch.input[0], onnx.TensorProto.BOOL, None))
+    probe = _with_condition(model_to_proto(model))
     rng = np.random.default_rng(7)
     batch, seq = 2, 6
     causal = np.tril(np.ones((seq, seq), dtype=bool))[None, None].repeat(batch, 0)

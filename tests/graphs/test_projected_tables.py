@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -18,10 +17,10 @@ from posenc.config import AttentionConfig
 from posenc.export import FeedShape, export_onnx, load_manifest
 from posenc.export.runtime import check_graph_tables
 from posenc.graphs import optimize_file
-from posenc.graphs.fold import cleanup, infer_shapes
+from posenc.graphs.fold import cleanup
 from posenc.graphs.projected_tables import project_tables
 from posenc.validate.decode import validate_decode
-from tests.graphs.helpers import op_counts, ort_run
+from tests.graphs.helpers import hand_built, op_counts, ort_run
 
 ROWS, WIDTH = 37, 8
 RNG = np.random.default_rng(0)
@@ -46,12 +45,7 @@ def _model(weight: np.ndarray, *, cast: bool = False, axis: int = 0, twice: bool
     outputs = [helper.make_tensor_value_info("y", dtype, None)]
     if twice:
         outputs.append(helper.make_tensor_value_info("rows", TensorProto.FLOAT, None))
-    graph = helper.make_graph(graph_nodes, "g", inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    model.ir_version = 10
-    loaded = ir.serde.deserialize_model(model)
-    infer_shapes(loaded)
-    return loaded
+    return hand_built(graph_nodes, inputs, outputs, initializers)
 
 
 INDEX = np.array([[0, 5, -1, 36, 12], [3, -37, 7, 7, 20]], dtype=np.int64)  # negative indices count from the end

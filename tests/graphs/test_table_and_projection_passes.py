@@ -8,21 +8,11 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from posenc.graphs.fold import infer_shapes
 from posenc.graphs.gather import gathernd_to_gather
 from posenc.graphs.projections import fuse_projections
-from tests.graphs.helpers import op_counts, ort_run
+from tests.graphs.helpers import hand_built, op_counts, ort_run
 
 ROWS, HEADS, B, S = 31, 4, 2, 6
-
-
-def _model(graph_nodes, inputs, outputs, initializers=()) -> ir.Model:
-    graph = helper.make_graph(graph_nodes, "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
-    model.ir_version = 10
-    loaded = ir.serde.deserialize_model(model)
-    infer_shapes(loaded)  # as posenc optimize does before its passes
-    return loaded
 
 
 def _table() -> np.ndarray:
@@ -35,7 +25,7 @@ def _lookup(index_shape: list, unsqueezed: bool, batch_dims: int = 0, depth: int
     graph_nodes = [helper.make_node("GatherND", ["table", "indices"], ["y"], batch_dims=batch_dims)]
     if unsqueezed:
         graph_nodes.insert(0, helper.make_node("Unsqueeze", ["index", "axis"], ["indices"]))
-    return _model(
+    return hand_built(
         graph_nodes,
         [helper.make_tensor_value_info(index_name, TensorProto.INT64, index_shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -82,7 +72,7 @@ def test_an_index_past_the_table_still_raises() -> None:
 def test_lookups_gather_cannot_express_are_kept(shape: list, batch_dims: int, why: str) -> None:
     table = np.random.default_rng(2).standard_normal((B, ROWS, HEADS)).astype(np.float32)
     data = table if batch_dims else table[0]
-    model = _model(
+    model = hand_built(
         [helper.make_node("GatherND", ["table", "indices"], ["y"], batch_dims=batch_dims)],
         [helper.make_tensor_value_info("indices", TensorProto.INT64, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -116,7 +106,7 @@ def _projections(widths: dict[str, int], other_dtype: str | None = None, output_
         )
     graph_nodes.append(helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [B, S, E]) for n in ("x", "x2")]
-    return _model(graph_nodes, inputs, outputs, weights)
+    return hand_built(graph_nodes, inputs, outputs, weights)
 
 
 def _feed() -> dict[str, np.ndarray]:
@@ -148,7 +138,7 @@ def test_products_of_other_dtypes_or_graph_outputs_keep_their_nodes() -> None:
 
 
 def test_a_weight_that_is_not_constant_is_not_merged() -> None:
-    model = _model(
+    model = hand_built(
         [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"])],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, S, E]),
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [E, 4])],

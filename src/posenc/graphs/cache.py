@@ -136,13 +136,6 @@ def _attributes(node: ir.Node) -> dict[str, ir.Attr]:
     return dict(node.attributes.items())
 
 
-def _graph_output(value: ir.Value, like: ir.Value) -> ir.Value:
-    if like.dtype is not None:
-        value.dtype = like.dtype
-    value.shape = like.shape
-    return value
-
-
 def _sliced_graph(
     node: ir.Node, q: ir.Value, keys: ir.Value, values: ir.Value, mask: ir.Value, k_node: ir.Node, v_node: ir.Node
 ) -> ir.Graph:
@@ -151,7 +144,7 @@ def _sliced_graph(
     k = tape.op("Slice", [keys, *k_node.inputs[1:]])
     v = tape.op("Slice", [values, *v_node.inputs[1:]])
     attention = ir.Node("", "Attention", [q, k, v, mask], _attributes(node).values(), num_outputs=1)
-    out = _graph_output(attention.outputs[0], node.outputs[0])
+    out = mu.shaped_like(attention.outputs[0], node.outputs[0])
     return ir.Graph([], [out], nodes=[*tape.nodes, attention], name="sliced_attention")
 
 
@@ -198,7 +191,7 @@ def _grouped_graph(
     per_group = tape.op("Concat", [_ints(tape, 0, kv_heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
     grouped_out = tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])  # [B, Hkv, G*S, D]
     out = tape.op("Reshape", [grouped_out, _ints(tape, 0, heads, -1, head_dim)])  # type: ignore[arg-type]
-    out = _graph_output(out, node.outputs[0])
+    out = mu.shaped_like(out, node.outputs[0])
     return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
 
 
@@ -218,8 +211,6 @@ def decode_over_cache(model: ir.Model) -> int:
 # --------------------------------------------------------------------------------------------------
 # ONNX Runtime contrib GroupQueryAttention over the shared cache buffer
 # --------------------------------------------------------------------------------------------------
-
-MS_DOMAIN = "com.microsoft"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +275,16 @@ def gqa_refusal(facts: CacheFacts | None) -> str | None:
             "(they differ once positions jump)"
         )
     return None
+
+
+def gqa_attributes(attention: ir.Node, q: ir.Value, k: ir.Value) -> dict[str, Any]:
+    """``GroupQueryAttention``'s attributes for an ``Attention`` node over ``q [B, H, S, D]`` and ``k [B, Hkv, T, D]``:
+    the head counts, and its ``scale`` and ``softcap`` when it has them."""
+    attributes: dict[str, Any] = {"num_heads": mu.static_dim(q, 1), "kv_num_heads": mu.static_dim(k, 1)}
+    for name in ("scale", "softcap"):
+        if name in attention.attributes:
+            attributes[name] = float(attention.attributes[name].value)
+    return attributes
 
 
 def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
@@ -361,12 +362,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):
         node = att.producer()
-        heads, kv_heads = mu.static_dim(q, 1), mu.static_dim(k, 1)
-        attributes: dict[str, Any] = {"num_heads": heads, "kv_num_heads": kv_heads}
-        if "scale" in node.attributes:
-            attributes["scale"] = float(node.attributes["scale"].value)
-        if "softcap" in node.attributes:
-            attributes["softcap"] = float(node.attributes["softcap"].value)
+        attributes = gqa_attributes(node, q, k)
         rotary = _rotary(q, k)
         merged_width = op.Constant(value_ints=[0, 0, -1])
         if rotary is not None:
@@ -387,7 +383,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         inputs = [query, key, value, key_cache, value_cache, seqlens, total, cos, sin, positions, bias]
         while inputs[-1] is None:
             inputs.pop()
-        return op.GroupQueryAttention(*inputs, _domain=MS_DOMAIN, _outputs=3, **attributes)
+        return op.GroupQueryAttention(*inputs, _domain=mu.MS_DOMAIN, _outputs=3, **attributes)
 
 
 _GQA_RULES = pattern.RewriteRuleSet([_GroupQueryAttention.rule()])
@@ -404,7 +400,7 @@ def gqa_over_cache(model: ir.Model) -> int:
     fold.cleanup(model)
     count = _GQA_RULES.apply_to_model(model)
     if count:
-        model.opset_imports.setdefault(MS_DOMAIN, 1)
+        model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
     return count
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import onnx_ir as ir
 
 INT64_MAX = 2**63 - 1
+MS_DOMAIN = "com.microsoft"
+"""ONNX Runtime's contrib operator domain (``GroupQueryAttention``)."""
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:
@@ -141,3 +143,20 @@ def split_heads_source(x4: ir.Value) -> ir.Value | None:
     if heads is not None and head_dim is not None and width is not None and width != heads * head_dim:
         return None  # e.g. [B, S·h, D] -> [B, S, h, D]: not a projection's heads
     return source
+
+
+def shaped_like(value: ir.Value, like: ir.Value) -> ir.Value:
+    """``value`` given ``like``'s dtype (when known) and shape, e.g. a subgraph output standing for ``like``."""
+    if like.dtype is not None:
+        value.dtype = like.dtype
+    value.shape = like.shape
+    return value
+
+
+def take_over(old: ir.Value, new: ir.Value) -> None:
+    """A rewrite's ``new`` value replaces ``old``: its name, dtype and shape, every use, and its place among the graph
+    outputs (``old`` is left nameless and unread)."""
+    new.name, old.name = old.name, None
+    if old.type is not None:
+        shaped_like(new, old)
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)

@@ -38,8 +38,8 @@ from onnxscript.rewriter import pattern
 
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
+from posenc.graphs.cache import gqa_attributes
 
-MS_DOMAIN = "com.microsoft"
 _CPU_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
@@ -178,14 +178,6 @@ class _Attention:
     present_v: ir.Value
 
 
-def _like(value: ir.Value, template: ir.Value) -> ir.Value:
-    """``value`` with ``template``'s dtype and shape (a branch output)."""
-    if template.dtype is not None:
-        value.dtype = template.dtype
-    value.shape = template.shape
-    return value
-
-
 def _merged_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
     """``x [B, S, h·D]`` of ``x4 [B, h, S, D]``: its source when ``x4`` is a head split, else a transposed copy."""
     source = mu.split_heads_source(x4)
@@ -204,16 +196,13 @@ def _gqa_graph(found: _Attention, bias: ir.Value | None) -> ir.Graph:
     last = tape.op("Sub", [seq, tape.op("Constant", [], {"value_ints": [1]})])
     seqlens = tape.op("Cast", [tape.op("Expand", [last, batch])], {"to": ir.DataType.INT32})  # [B]: S - 1
     total = tape.op("Cast", [tape.op("Squeeze", [seq])], {"to": ir.DataType.INT32})  # scalar S
-    attributes: dict[str, Any] = {"num_heads": mu.static_dim(found.q, 1), "kv_num_heads": mu.static_dim(found.k, 1)}
-    for name in ("scale", "softcap"):
-        if name in found.node.attributes:
-            attributes[name] = float(found.node.attributes[name].value)
+    attributes = gqa_attributes(found.node, found.q, found.k)
     inputs = [query, key, value, None, None, seqlens, total, None, None, None, bias]
     while inputs[-1] is None:
         inputs.pop()
-    results = tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=MS_DOMAIN)
+    results = tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=mu.MS_DOMAIN)
     templates = (found.merged, found.present_k, found.present_v)
-    outputs = [_like(out, like) for out, like in zip(results, templates, strict=True)]
+    outputs = [mu.shaped_like(out, like) for out, like in zip(results, templates, strict=True)]
     return ir.Graph([], outputs, nodes=tape.nodes, name="prefill_group_query_attention")
 
 
@@ -243,7 +232,8 @@ def _present_graph(found: _Attention, moved: _Mask | None) -> ir.Graph:
     heads = tape.op("Transpose", [attention], {"perm": [0, 2, 1, 3]})
     reshape = mu.producer(found.merged)
     out = tape.op("Reshape", [heads, found.shape], dict(reshape.attributes.items()))
-    outputs = [_like(out, found.merged), _like(keys, found.present_k), _like(values, found.present_v)]
+    pairs = ((out, found.merged), (keys, found.present_k), (values, found.present_v))
+    outputs = [mu.shaped_like(value, like) for value, like in pairs]
     return ir.Graph([], outputs, nodes=tape.nodes, name="present_attention")
 
 
@@ -262,7 +252,7 @@ def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
         model
     )
     if count:
-        model.opset_imports.setdefault(MS_DOMAIN, 1)
+        model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
         fold.cleanup(model)  # the head splits now rebuilt inside the branch
     return count
 

@@ -26,7 +26,8 @@ from posenc.graphs import match_utils as mu
 
 
 def _only_use(value: ir.Value, node: ir.Node) -> bool:
-    return not value.is_graph_output() and all(use.node is node for use in value.uses()) and len(value.uses()) == 1
+    uses = list(value.uses())
+    return not value.is_graph_output() and len(uses) == 1 and uses[0].node is node
 
 
 def _lookup(product: ir.Node) -> tuple[ir.Node, ir.Node | None] | None:
@@ -78,11 +79,7 @@ def project_tables(model: ir.Model) -> int:
         graph.register_initializer(projected)
         rows = ir.Node("", "Gather", [projected, gather.inputs[1]], attributes=[ir.AttrInt64("axis", 0)], name=stem)
         graph.insert_before(product, rows)
-        old, new = product.outputs[0], rows.outputs[0]
-        new.name, old.name = old.name, None
-        if old.type is not None:
-            new.type, new.shape = old.type, old.shape
-        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        mu.take_over(product.outputs[0], rows.outputs[0])
         graph.remove(product, safe=True)
         count += 1
     return count

@@ -73,11 +73,7 @@ def fuse_projections(model: ir.Model) -> int:
         )  # fmt: skip
         graph.insert_before(nodes[0], [product, split])
         for node, piece in zip(nodes, split.outputs, strict=True):
-            old = node.outputs[0]
-            piece.name, old.name = old.name, None
-            if old.type is not None:
-                piece.type, piece.shape = old.type, old.shape
-            ir.convenience.replace_all_uses_with(old, piece)
+            mu.take_over(node.outputs[0], piece)
             graph.remove(node, safe=True)
         removed += len(nodes) - 1
     return removed
