@@ -1,257 +1,488 @@
 #!/usr/bin/env python
-"""Every GPU check of posenc in one go, for a machine with an NVIDIA GPU and datacenter TensorRT.
+"""What a GPU can prove of posenc, in one call of a few minutes on a machine with an NVIDIA GPU.
 
-1. environment: GPU, compute capability, tensorrt / onnxruntime / torch versions;
-2. builds: the engine matrix with datacenter TensorRT (every scheme x table mode x dtype x {decomposed,
-   fused}; op-level, and block-level unless ``--quick``);
-3. parity: each built engine through polygraphy's TrtRunner against the float64 eager reference
-   (``posenc validate`` machinery) at several shapes;
-4. benchmarks: ``posenc bench`` on the GPU backends present (skipped with ``--no-bench``);
-5. decode: the in-place KV cache (``--kv-cache inplace``) against the concatenated one on ONNX Runtime CUDA (the
-   exported graphs and the ``ort-cuda`` graphs: contrib ``GroupQueryAttention`` over the shared buffer) and on
-   TensorRT (KV-cache update layers, cache and present on one device buffer): one decode step of the Llama-like
-   block at past 4095 against its bytes floor, both layouts in the same rounds; and multi-step decode parity of
-   the ``ort-cuda`` graphs on the CUDA provider (prefill, 64 single steps, a long jump) against the eager block
-   (skipped with ``--no-decode``). Untested on a GPU when written: no GPU was lent to that work.
+Sections (each row of the report says what ran, what it measured, or why it was skipped):
 
-Writes one report, ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, and keeps going after a failure (each
-row says what failed). Usage::
+1. ``environment``: GPU, compute capability, torch / triton / onnxruntime / tensorrt versions.
+2. ``kernel-parity``: the Triton RoPE kernel (``posenc.plugins.rope``) JIT-compiled for this GPU, every angle source
+   (table, in-kernel frequencies, dynamic NTK, multi-axis M-RoPE), both layouts, partial rotary, fp32/fp16/bf16,
+   against posenc's float64 scheme rotation (``PositionalScheme.rotate`` of a float64 build), positions up to 131071,
+   held to the scheme's tolerance of the activation dtype (``posenc.validate.tolerance``).
+3. ``kernel-bandwidth``: ``posenc.bench.rope_kernel.run_benchmark`` — the kernel (every tactic) against a device
+   copy measured in the same run (Llama-3-8B prefill: fraction of copy bandwidth; decode: µs per launch), with a
+   torch eager ``rotate_half`` baseline.
+4. ``eager-half``: posenc's ``AttentionBlock`` of every registered scheme run on the GPU in fp16 and bf16 (weights
+   and activations in that dtype, tables float32, as exported) against the float64 block on the CPU with the same
+   weights, at a prefill, a decode step over a cache and positions at the end of the table; held to the scheme's
+   tolerance of the dtype (the same rule every posenc verdict uses).
+5. ``tensorrt``: the engine matrix through polygraphy's ``TrtRunner`` — only where datacenter TensorRT is
+   importable; otherwise skipped with the reason (``--trt`` forces the attempt).
 
-    pip install -e ".[trt]"            # on the GPU machine
-    python scripts/gpu_check.py -o gpu-report
-    python scripts/gpu_check.py --quick --schemes rope alibi -o gpu-report
-    python scripts/gpu_check.py --backend tensorrt_rtx -o rtx-report     # whole matrix ahead of time, no GPU
+Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` and keeps going after a failure. Exit 0 when every row that
+ran passed, 1 when one failed, 2 when no GPU is visible (``--device cpu`` runs sections 2-4 on the CPU under
+Triton's interpreter as a smoke test of this script; its numbers mean nothing). Usage::
 
-A thin driver: builds, runner and parity are posenc's (posenc.engine, posenc.validate, posenc.bench); the engine
-matrix is the test suite's (tests/matrix.py), so run it from a checkout of the repository.
+    python scripts/gpu_check.py -o gpu-report                  # on the GPU machine (about 2-4 minutes on an H100)
+    python scripts/gpu_check.py --device cpu --quick -o /tmp/g # this script's own smoke run, no GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc import AttentionConfig
-from posenc.bench.plan import resolve_schemes
-from posenc.engine import build_engine, engine_runner, load_backend
-from posenc.engine.targets import current_gpu_target
-from posenc.errors import PosencError
-from posenc.export import FeedShape
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for the test suite's matrix
-from tests.matrix import graph_for, matrix_cases
-
-CONFIG = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=4, max_position_embeddings=256)
-SHAPES = [FeedShape(1, 1), FeedShape(2, 7), FeedShape(1, 64), FeedShape(4, 33)]
-BLOCK_SHAPES = [*SHAPES, FeedShape(2, 1, 17)]
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
-    for name in ("torch", "onnxruntime", "onnx", "polygraphy", "tensorrt", "tensorrt_rtx", "posenc"):
+def environment(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "device": device}
+    for name in ("torch", "triton", "onnxruntime", "onnx", "transformers", "polygraphy", "tensorrt", "posenc"):
         try:
             info[name] = __import__(name).__version__
         except Exception as exc:  # report what is missing, keep going
             info[name] = f"unavailable ({type(exc).__name__}: {exc})"
-    try:
-        import torch
+    import torch
 
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:
-        info["gpu"] = None
-    info["compute_capability"] = current_gpu_target()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, compute_capability=f"sm{props.major}{props.minor}", sms=props.multi_processor_count)
     return info
 
 
-def check_case(case: Any, folder: Path, skip_parity: bool, backend: str = "tensorrt") -> dict[str, Any]:
-    row: dict[str, Any] = {"case": case.id}
-    started = time.perf_counter()
-    try:
-        from posenc.validate import check_ort_parity
+def held_to(pairs: list[tuple[Any, Any, Any]]) -> dict[str, Any]:
+    """The verdict of ``(got, float64 reference, Tolerance)`` tensors by posenc's one rule
+    (``posenc.validate.tolerance.outside_tolerance``): status, worst error, the tolerance of the first pair, and the
+    worst fraction of the allowed error (max |err| / max(atol, rtol·|ref|); below 1 passes)."""
+    import torch
 
-        onnx_path = graph_for(case, folder, CONFIG, check=check_ort_parity)
-        targets = ["sm89"] if backend == "tensorrt_rtx" else None
-        engine = build_engine(onnx_path, folder / f"{case.id}.engine", targets=targets, backend=backend)
-        row.update(build="ok", build_seconds=engine.manifest.build_seconds, layers=engine.manifest.layers)
-    except PosencError as exc:
-        row.update(build="failed", error=str(exc))
-        return row
-    except Exception as exc:  # unexpected: record the traceback and continue with the next case
-        row.update(build="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        return row
-    if skip_parity:
-        return row
-    try:
-        from posenc.validate import validate_onnx
+    from posenc.validate.tolerance import outside_tolerance
 
-        shapes = BLOCK_SHAPES if case.unit == "block" else SHAPES
-        report = validate_onnx(onnx_path, shapes=shapes, runners=[engine_runner(engine.path)])
-        worst = max((r.max_abs for r in report.rows), default=0.0)
-        row.update(parity="passed" if report.passed else "FAILED", worst_abs_error=worst)
-        if not report.passed:
-            row["parity_report"] = report.to_markdown()
+    worst, fails, margin = 0.0, 0, 0.0
+    for got, want, tol in pairs:
+        got64 = got.detach().float().cpu().double()
+        err = (got64 - want).abs()
+        worst = max(worst, float(err.max()))
+        fails += int(outside_tolerance(got64.numpy(), want.numpy(), tol).sum())
+        allowed = torch.maximum(torch.full_like(want, tol.atol), tol.rtol * want.abs())
+        margin = max(margin, float((err / allowed).max()))
+    tol = pairs[0][2]
+    return {
+        "status": "pass" if fails == 0 else "FAIL",
+        "max_abs": worst,
+        "atol": tol.atol,
+        "rtol": tol.rtol,
+        "worst_fraction_of_tolerance": margin,
+        "failing_elements": fails,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. kernel parity
+# --------------------------------------------------------------------------------------------------
+
+KERNEL_CASES: list[tuple[str, str, dict[str, Any], str, int]] = [
+    # (row name, scheme, params, angle source, first position of the 37-token window)
+    ("rope half, table", "rope", {}, "table", 4000),
+    (
+        "rope interleaved partial 0.5, table",
+        "rope",
+        {"layout": "interleaved", "partial_rotary_factor": 0.5},
+        "table",
+        60,
+    ),
+    ("rope theta 5e5, in-kernel freq", "rope", {"rope_theta": 500000.0}, "freq", 131035),
+    (
+        "yarn x8 of 8192, in-kernel freq",
+        "rope_yarn",
+        {"factor": 8.0, "original_max_position_embeddings": 8192},
+        "freq",
+        131035,
+    ),
+    (
+        "llama3 x8 of 8192, in-kernel freq",
+        "rope_llama3",
+        {"factor": 8.0, "original_max_position_embeddings": 8192},
+        "freq",
+        131035,
+    ),
+    ("dynamic NTK x4 of 4096, in-kernel", "rope_dynamic", {"factor": 4.0}, "ntk", 131035),
+    ("M-RoPE (Qwen2-VL sections), table", "rope_mrope", {"mrope_section": [16, 24, 24]}, "table", 3000),
+]
+KERNEL_POSITIONS = 131072
+
+
+def kernel_parity(device: str, quick: bool) -> list[dict[str, Any]]:
+    import torch
+
+    from posenc import AttentionConfig, build_scheme
+    from posenc import functional as PF
+    from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
+    from posenc.schemes.rope import rope_parameters
+    from posenc.validate.tolerance import tolerance_for
+
+    heads, kv_heads, seq = (4, 2, 5) if quick else (8, 2, 37)
+    config = AttentionConfig(
+        hidden_size=heads * 128,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=128,
+        max_position_embeddings=KERNEL_POSITIONS,
+    )
+    dtypes = (torch.float32, torch.bfloat16) if quick else (torch.float32, torch.float16, torch.bfloat16)
+    rows = []
+    for name, scheme_name, params, source, start in KERNEL_CASES[: 3 if quick else None]:
+        scheme_params = dict(params)
+        if scheme_name == "rope_dynamic":
+            scheme_params.setdefault("factor", 4.0)
+            config_case = AttentionConfig(**{**config.to_dict(), "max_position_embeddings": 4096})
+        else:
+            config_case = config
+        try:
+            scheme = build_scheme(scheme_name, config_case, scheme_params, "dynamic", table_dtype=torch.float64)
+            rope = rope_parameters(scheme.rope_type, scheme.params, config_case)
+            r, layout = scheme.rotary_dim, scheme.layout
+            axes = scheme.spec.position_axes
+            batch = 2
+            positions = torch.arange(start, start + seq).expand(batch, seq)
+            if axes > 1:  # M-RoPE: the temporal axis runs on, height and width move on a grid
+                positions = torch.stack([positions, positions // 7, positions % 7])
+            inputs: dict[str, Any] = {}
+            spec_args: dict[str, Any] = {"layout": layout}
+            if axes > 1:
+                slot_axes = scheme.axis_select.reshape(axes, -1).argmax(0)
+                spec_args["mrope_section"] = tuple(int((slot_axes == a).sum()) for a in range(axes))
+            if source == "table":
+                inv_freq, _ = PF.rope_inv_freq(r, rope)
+                rows_needed = int(positions.max()) + 1
+                inputs["cos"], inputs["sin"] = PF.rope_cos_sin(torch.arange(rows_needed), inv_freq)
+            elif source == "freq":
+                turns, extra = freq_inputs(r, rope)
+                inputs["turns"] = turns
+                spec_args.update(extra)
+            else:
+                spec_args.update(
+                    rope_theta=rope["rope_theta"],
+                    factor=rope["factor"],
+                    max_position_embeddings=rope["max_position_embeddings"],
+                )
+            spec = RopeKernelSpec(source, r, 128, **spec_args)
+        except Exception as exc:
+            rows.append({"case": name, "status": "error", "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        for dtype in dtypes:
+            row: dict[str, Any] = {"case": name, "dtype": str(dtype).removeprefix("torch.")}
+            try:
+                q = torch.randn(batch, seq, heads, 128, dtype=dtype).transpose(1, 2)  # BSHD storage, as after q_proj
+                k = torch.randn(batch, kv_heads, seq, 128, dtype=dtype)
+                want_q, want_k = scheme.rotate(q.double(), k.double(), positions)
+                moved = {key: value.to(device) for key, value in inputs.items()}
+                got_q, got_k = rope_qk(q.to(device), k.to(device), spec, positions=positions.to(device), **moved)
+                tol = tolerance_for(scheme.spec, dtype, "q_rot")
+                row.update(held_to([(got_q, want_q, tol), (got_k, want_k, tol)]))
+                row["positions"] = f"{int(positions.min())}..{int(positions.max())}"
+            except Exception as exc:
+                row.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. kernel bandwidth
+# --------------------------------------------------------------------------------------------------
+
+
+def kernel_bandwidth(device: str, quick: bool) -> dict[str, Any]:
+    from posenc.bench.rope_kernel import SMOKE_CASES, format_table, run_benchmark
+    from posenc.records import to_json
+
+    if device == "cpu":
+        doc = run_benchmark(list(SMOKE_CASES), device="cpu", iters=2, tactics=False)
+    else:
+        doc = run_benchmark(device=device, iters=20 if quick else 50, tactics=not quick)
+    return {"status": "ok", "table": format_table(doc), "document": to_json(doc)}
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. eager block in fp16 / bf16
+# --------------------------------------------------------------------------------------------------
+
+EAGER_SHAPES = (("prefill", 2, 33, 0), ("decode step", 2, 1, 31), ("table end", 1, 8, -1))
+"""(name, batch, new tokens, past); past -1: the window ends at the last position of the table."""
+
+
+def eager_half(device: str, quick: bool, schemes: list[str] | None) -> list[dict[str, Any]]:
+    import torch
+
+    from posenc import AttentionConfig
+    from posenc.errors import PosencError
+    from posenc.export.exporter import check_dtype
+    from posenc.export.runtime import load_weights
+    from posenc.mla import build_block
+    from posenc.schemes import get_spec, scheme_names
+    from posenc.schemes.base import table_keys
+
+    config = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=2, max_position_embeddings=512)
+    names = schemes or list(scheme_names())
+    if quick:
+        names = names[:4]
+    rows = []
+    for name in names:
+        spec = get_spec(name)
+        try:
+            torch.manual_seed(0)
+            block = build_block(config, name).eval()
+            reference = build_block(config, name, table_dtype=torch.float64).to(torch.float64).eval()
+            load_weights(reference, block.state_dict(), sorted(table_keys(block)))
+        except PosencError as exc:
+            rows.append({"scheme": name, "status": "error", "error": str(exc)})
+            continue
+        for dtype in (torch.float16, torch.bfloat16):
+            dname = str(dtype).removeprefix("torch.")
+            try:
+                check_dtype(dtype, name)
+            except PosencError as exc:
+                rows.append({"scheme": name, "dtype": dname, "status": "skipped", "reason": str(exc)})
+                continue
+            half = build_block(config, name).eval()
+            half.load_state_dict(block.state_dict())
+            half = half.to(device=device, dtype=dtype)
+            for shape_name, batch, seq, past in EAGER_SHAPES:
+                rows.append(_eager_row(name, spec, half, reference, dtype, shape_name, batch, seq, past, config))
+    return rows
+
+
+def _eager_row(
+    name: str,
+    spec: Any,
+    half: Any,
+    reference: Any,
+    dtype: Any,
+    shape_name: str,
+    batch: int,
+    seq: int,
+    past: int,
+    config: Any,
+) -> dict[str, Any]:
+    import torch
+
+    from posenc.validate.tolerance import tolerance_for
+
+    row: dict[str, Any] = {"scheme": name, "dtype": str(dtype).removeprefix("torch."), "shape": shape_name}
+    try:
+        generator = torch.Generator().manual_seed(1)
+        hidden = torch.randn(batch, seq, config.hidden_size, generator=generator, dtype=torch.float64)
+        axes = spec.position_axes
+        position_ids = None
+        past_kv: tuple[Any, ...] = ()
+        if past > 0:
+            shape = (batch, config.num_kv_heads, past, config.head_dim)
+            past_kv = tuple(torch.randn(*shape, generator=generator, dtype=torch.float64) for _ in range(2))
+        elif past < 0:
+            start = config.max_position_embeddings - seq
+            ids = torch.arange(start, start + seq).expand(batch, seq)
+            position_ids = ids if axes == 1 else ids.expand(axes, batch, seq)
+        # both sides see the same inputs: rounded to the half dtype once, as a deployed graph is fed
+        hidden = hidden.to(dtype).double()
+        past_kv = tuple(t.to(dtype).double() for t in past_kv)
+        with torch.no_grad():
+            want = reference(hidden, position_ids, *past_kv)
+            got = half(
+                hidden.to(device=_device_of(half), dtype=dtype),
+                None if position_ids is None else position_ids.to(_device_of(half)),
+                *(t.to(device=_device_of(half), dtype=dtype) for t in past_kv),
+            )
+        outputs = ("out", "present_key", "present_value")
+        row.update(held_to([(g, w, tolerance_for(spec, dtype, o)) for o, g, w in zip(outputs, got, want, strict=True)]))
     except Exception as exc:
-        row.update(parity="error", error=f"{type(exc).__name__}: {exc}")
-    row["seconds"] = round(time.perf_counter() - started, 2)
+        row.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     return row
 
 
-def benchmarks(schemes: list[str] | None, out: Path) -> dict[str, Any]:
-    try:
-        from posenc.bench import RunSettings, get_backends, make_plan, run_bench
-    except ImportError as exc:
-        return {"status": "skipped", "reason": f"posenc.bench unavailable ({exc})"}
-    names = [b.name for b in get_backends(None)]
-    gpu = [n for n in names if n in ("tensorrt", "ort-cuda", "ort-cuda-fused", "torch")]
-    try:
-        doc = run_bench(make_plan(schemes, backends=gpu), RunSettings(), out / "bench", progress=False)
-    except Exception as exc:
-        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "backends": gpu}
-    return {"status": "ok", "backends": gpu, "records": len(doc.records), "folder": str(out / "bench")}
+def _device_of(module: Any) -> Any:
+    return next(module.parameters()).device
 
 
-DECODE_BACKENDS = ("ort-cuda", "ort-cuda-fused", "tensorrt")
-DECODE_CONFIG = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=2, max_position_embeddings=128)
-"""Multi-step decode parity: grouped heads, head_dim 32 (GroupQueryAttention needs a multiple of 16), 128 slots."""
+# --------------------------------------------------------------------------------------------------
+# 5. TensorRT engines (datacenter TensorRT only)
+# --------------------------------------------------------------------------------------------------
 
 
-def decode_figures(schemes: list[str] | None, out: Path) -> dict[str, Any]:
-    """The decode step at past 4095 (both cache layouts, same rounds) on the GPU backends, and decode parity on CUDA."""
-    try:
-        from posenc.bench import RunSettings, run_bench
-        from posenc.bench.plan import DECODE_TARGET_SHAPE, LLAMA_LIKE, BenchCase, table_modes_for
-        from posenc.bench.tables import decode_rows, markdown_table
-    except ImportError as exc:
-        return {"status": "skipped", "reason": f"posenc.bench unavailable ({exc})"}
-    chosen = schemes or ["rope"]
-    cases = [
-        BenchCase(s, "block", mode, DECODE_TARGET_SHAPE, LLAMA_LIKE, DECODE_BACKENDS, reason, ("block-inplace",))
-        for s in chosen
-        for mode, reason in table_modes_for(s, "auto")
-    ]
-    result: dict[str, Any] = {"backends": list(DECODE_BACKENDS)}
-    try:
-        doc = run_bench(cases, RunSettings(), out / "decode", progress=False)
-        result.update(status="ok", table=markdown_table(*decode_rows(doc)), folder=str(out / "decode"))
-    except Exception as exc:
-        result.update(status="error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-    result["parity"] = [decode_parity(scheme, out / "decode-parity") for scheme in chosen]
-    return result
+def tensorrt_engines(out: Path, quick: bool, schemes: list[str] | None, backend: str = "tensorrt") -> dict[str, Any]:
+    """Build every matrix case and hold its engine to the float64 eager reference through polygraphy's TrtRunner
+    (datacenter TensorRT); ``tensorrt_rtx`` builds them ahead of time for sm89 only (it cannot run them here)."""
+    from posenc import AttentionConfig
+    from posenc.engine import build_engine, engine_runner
+    from posenc.errors import PosencError
+    from posenc.export import FeedShape
+    from posenc.validate import check_ort_parity, validate_onnx
 
+    sys.path.insert(0, str(ROOT))  # the test suite's engine matrix
+    from tests.matrix import graph_for, matrix_cases
 
-def decode_parity(scheme: str, folder: Path) -> dict[str, Any]:
-    """Multi-step decode parity of one scheme's concat and in-place fp16 graphs (exported and ``ort-cuda``) on CUDA
-    (ONNX Runtime's CUDA GroupQueryAttention kernel takes fp16 and bf16; an fp32 graph runs it on the CPU)."""
-    from posenc.export import export_onnx
-    from posenc.graphs import optimize_file
-    from posenc.validate import check_ort_parity
-    from posenc.validate.decode import validate_decode
-
+    config = AttentionConfig(hidden_size=256, num_heads=8, num_kv_heads=4, max_position_embeddings=256)
+    shapes = [FeedShape(1, 1), FeedShape(2, 7), FeedShape(1, 64), FeedShape(4, 33)]
+    folder = out / "engines"
     folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in matrix_cases(units=("op",) if quick else ("op", "block"), schemes=schemes):
+        row: dict[str, Any] = {"case": case.id}
+        try:
+            onnx_path = graph_for(case, folder, config, check=check_ort_parity)
+            targets = ["sm89"] if backend == "tensorrt_rtx" else None
+            engine = build_engine(onnx_path, folder / f"{case.id}.engine", targets=targets, backend=backend)
+            if backend == "tensorrt_rtx":
+                row.update(status="pass", note="built ahead of time (not run)", layers=engine.manifest.layers)
+                rows.append(row)
+                continue
+            report = validate_onnx(onnx_path, shapes=shapes, runners=[engine_runner(engine.path)])
+            row.update(
+                status="pass" if report.passed else "FAIL", max_abs=max((r.max_abs for r in report.rows), default=0)
+            )
+        except PosencError as exc:
+            row.update(status="FAIL", error=str(exc))
+        except Exception as exc:
+            row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+        rows.append(row)
+    return {"status": "ok", "rows": rows}
+
+
+# --------------------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------------------
+
+
+def run_section(name: str, fn: Callable[[], Any], report: dict[str, Any], deadline: float) -> None:
+    if time.monotonic() > deadline:
+        report[name] = {"status": "skipped", "reason": "the time budget (--budget-s) ran out before this section"}
+        return
+    started = time.monotonic()
     try:
-        paths = []
-        for layout in ("concat", "inplace"):
-            path = folder / f"{scheme}-{layout}.onnx"
-            export_onnx(path, scheme, kv_cache=layout, config=DECODE_CONFIG, dtype="float16")  # CUDA GQA: fp16
-            paths.append(path)
-            optimized = folder / f"{scheme}-{layout}.ort-cuda.onnx"
-            optimize_file(path, optimized, "ort-cuda", check=check_ort_parity)
-            paths.append(optimized)
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        jump = "fill" if scheme == "transformer_xl" else "position"
-        report = validate_decode(paths, jump=jump, providers=providers)
-        (folder / f"{scheme}.md").write_text(report.to_markdown())
-        worst = max((r.max_abs for r in report.rows), default=0.0)
-        return {"scheme": scheme, "passed": report.passed, "steps": len(report.schedule), "worst_abs_error": worst}
-    except Exception as exc:
-        return {"scheme": scheme, "passed": False, "error": f"{type(exc).__name__}: {exc}"}
+        result = fn()
+        report[name] = result if isinstance(result, dict) else {"status": "ok", "rows": result}
+    except Exception as exc:  # a section's crash is a row of the report, not the end of the run
+        report[name] = {
+            "status": "error",
+            "reason": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    report[name]["seconds"] = round(time.monotonic() - started, 1)
+    print(f"[{name}] {report[name].get('status')} in {report[name]['seconds']} s", flush=True)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
-    versions = f"TensorRT {env.get('tensorrt')}; torch {env.get('torch')}; onnxruntime {env.get('onnxruntime')}"
-    lines = ["# posenc GPU check", "", f"GPU: {env.get('gpu')} ({env.get('compute_capability')}); {versions}", ""]
-    rows = report["cases"]
-    built = sum(r.get("build") == "ok" for r in rows)
-    passed = sum(r.get("parity") == "passed" for r in rows)
-    checked = sum("parity" in r for r in rows)
-    parity = f"parity passed: {passed}/{checked}" if checked else "parity: not run"
-    lines += [f"Engines built: {built}/{len(rows)} ({env.get('backend')}); {parity}", ""]
-    lines += ["| case | build | parity | worst abs error | note |", "|---|---|---|---|---|"]
-    for r in rows:
-        note = (r.get("error") or "").replace("|", "/")[:160]
-        lines.append(
-            f"| {r['case']} | {r.get('build')} | {r.get('parity', '-')} | {r.get('worst_abs_error', '-')} | {note} |"
-        )
-    lines += ["", f"Benchmarks: {json.dumps(report['benchmarks'])}", ""]
-    decode = report.get("decode", {"status": "skipped"})
-    lines += ["## Decode: in-place vs concatenated KV cache (GPU)", ""]
-    lines += [decode.get("table") or f"status: {decode.get('status')} {decode.get('reason', '')}", ""]
-    for row in decode.get("parity", []):
-        verdict = "PASS" if row.get("passed") else "FAIL"
-        lines.append(f"- decode parity {row['scheme']} on CUDA: {verdict} {row.get('error', '')}")
+    lines = [
+        "# posenc GPU check",
+        "",
+        f"GPU: {env.get('gpu')} ({env.get('compute_capability')}), device {env['device']}",
+    ]
+    lines += [", ".join(f"{k} {env.get(k)}" for k in ("torch", "triton", "onnxruntime", "tensorrt")), ""]
+    for section, columns in (
+        ("kernel-parity", ("case", "dtype", "positions", "status", "max_abs", "atol", "worst_fraction_of_tolerance")),
+        ("eager-half", ("scheme", "dtype", "shape", "status", "max_abs", "atol", "worst_fraction_of_tolerance")),
+    ):
+        data = report.get(section, {})
+        lines += [f"## {section} ({data.get('status')}, {data.get('seconds')} s)", ""]
+        if data.get("reason"):
+            lines += [str(data["reason"]), ""]
+        rows = data.get("rows", [])
+        if rows:
+            passed = sum(r.get("status") == "pass" for r in rows)
+            lines += [
+                f"{passed}/{len(rows)} rows pass (worst_fraction_of_tolerance: max |err| / allowed, < 1 passes)",
+                "",
+            ]
+            lines += ["| " + " | ".join(columns) + " | note |", "|" + "---|" * (len(columns) + 1)]
+            for r in rows:
+                note = (r.get("error") or r.get("reason") or "").replace("|", "/")[:140]
+                lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + f" | {note} |")
+            lines.append("")
+    bandwidth = report.get("kernel-bandwidth", {})
+    lines += [f"## kernel-bandwidth ({bandwidth.get('status')}, {bandwidth.get('seconds')} s)", "", "```"]
+    lines += [bandwidth.get("table") or str(bandwidth.get("reason")), "```", ""]
+    trt = report.get("tensorrt", {})
+    lines += [f"## tensorrt ({trt.get('status')})", "", str(trt.get("reason", "")), ""]
+    for r in trt.get("rows", []):
+        lines.append(f"- {r['case']}: {r.get('status')} {r.get('error', '')}")
     return "\n".join(lines) + "\n"
+
+
+def failures(report: dict[str, Any]) -> list[str]:
+    bad = []
+    for section in ("kernel-parity", "eager-half", "kernel-bandwidth", "tensorrt"):
+        data = report.get(section, {})
+        if data.get("status") == "error":
+            bad.append(section)
+        bad += [f"{section}: {r}" for r in data.get("rows", []) if r.get("status") in ("FAIL", "error")]
+    return bad
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", default="gpu-report", help="report folder")
-    parser.add_argument("--schemes", nargs="+", help="restrict to these schemes (default: all)")
-    parser.add_argument("--quick", action="store_true", help="op-level graphs only")
-    parser.add_argument("--no-parity", action="store_true", help="build only")
-    parser.add_argument("--no-bench", action="store_true", help="skip benchmarks")
-    parser.add_argument("--no-decode", action="store_true", help="skip the in-place KV cache decode figures")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke run (interpreter)")
+    parser.add_argument("--quick", action="store_true", help="fewer cases (a smoke run)")
+    parser.add_argument("--schemes", nargs="+", help="eager-half and tensorrt: these schemes only")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="skip sections that start after this")
+    parser.add_argument("--trt", action="store_true", help="attempt the TensorRT section even if it looks absent")
     parser.add_argument(
-        "--backend",
-        default="tensorrt",
-        choices=["tensorrt", "tensorrt_rtx"],
-        help="tensorrt_rtx: ahead-of-time builds of the whole matrix for sm89 on any machine (implies --no-parity)",
+        "--rtx", action="store_true", help="the TensorRT section with tensorrt_rtx: the matrix built for sm89, not run"
     )
     args = parser.parse_args(argv)
-    try:
-        args.schemes = resolve_schemes(args.schemes) if args.schemes else None  # unknown names fail before work
-    except PosencError as exc:
-        print(f"gpu_check: {exc}", file=sys.stderr)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.rtx:
+        print(
+            "gpu_check: no NVIDIA GPU visible (torch.cuda.is_available() is False); --device cpu smoke-tests "
+            "this script.",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.output)
-    (out / "graphs").mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"environment": environment(), "cases": [], "benchmarks": {"status": "skipped"}}
-    report["environment"]["backend"] = args.backend
-    rtx = args.backend == "tensorrt_rtx"
-    try:
-        load_backend(args.backend)
-    except PosencError as exc:
-        print(f"gpu_check: {exc}", file=sys.stderr)
-        return 2
-    if rtx:
-        args.no_parity = args.no_bench = args.no_decode = True  # RTX engines cannot run without an RTX-class GPU here
-    elif report["environment"]["compute_capability"] is None:
-        print("gpu_check: no NVIDIA GPU visible (needs a CUDA build of torch and a driver).", file=sys.stderr)
-        return 2
-    units = ("op",) if args.quick else ("op", "block")
-    cases = matrix_cases(units=units, schemes=args.schemes)
-    for index, case in enumerate(cases, 1):
-        row = check_case(case, out / "graphs", args.no_parity, args.backend)
-        report["cases"].append(row)
-        print(
-            f"[{index}/{len(cases)}] {case.id}: build {row.get('build')}, parity {row.get('parity', '-')}", flush=True
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget_s
+    report: dict[str, Any] = {"environment": environment(args.device)}
+    if args.rtx and args.device == "cuda" and not torch.cuda.is_available():
+        args.device = "cpu"  # ahead-of-time builds only: the kernel and eager sections run as a smoke test
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    run_section("kernel-parity", lambda: kernel_parity(args.device, args.quick), report, deadline)
+    run_section("eager-half", lambda: eager_half(args.device, args.quick, args.schemes), report, deadline)
+    run_section("kernel-bandwidth", lambda: kernel_bandwidth(args.device, args.quick), report, deadline)
+    import importlib.util
+
+    if args.rtx:
+        run_section(
+            "tensorrt", lambda: tensorrt_engines(out, args.quick, args.schemes, "tensorrt_rtx"), report, deadline
         )
-    if not args.no_bench:
-        report["benchmarks"] = benchmarks(args.schemes, out)
-    if not args.no_decode:
-        report["decode"] = decode_figures(args.schemes, out)
+    elif importlib.util.find_spec("tensorrt") is None and not args.trt:
+        report["tensorrt"] = {
+            "status": "skipped",
+            "reason": "datacenter TensorRT (`tensorrt`) is not importable here: engines are neither built nor run "
+            "(TensorRT-RTX builds them ahead of time without a GPU: `posenc build --backend tensorrt_rtx`).",
+        }
+    elif args.device == "cuda":
+        run_section("tensorrt", lambda: tensorrt_engines(out, args.quick, args.schemes), report, deadline)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "gpu_check.md").write_text(markdown(report))
-    print(f"wrote {out / 'gpu_check.md'} and {out / 'gpu_check.json'}")
-    failed = [r for r in report["cases"] if r.get("build") != "ok" or r.get("parity") in ("FAILED", "error")]
-    failed += [r for r in report.get("decode", {}).get("parity", []) if not r.get("passed")]
-    return 1 if failed else 0
+    print(markdown(report))
+    bad = failures(report)
+    for line in bad:
+        print(f"FAILED {line}"[:400], file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

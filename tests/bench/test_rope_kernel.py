@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from posenc.bench.rope_kernel import DECODE, PREFILL, KernelCase, bytes_moved, format_table, run_benchmark
+from posenc.bench.rope_kernel import (
+    DECODE,
+    PREFILL,
+    SAME_BYTES_COPY,
+    KernelCase,
+    bytes_moved,
+    format_table,
+    run_benchmark,
+)
 from posenc.bench.shapes import Shape
 from posenc.config import AttentionConfig
 from posenc.records import to_json
@@ -42,12 +50,15 @@ def test_harness_runs_on_tiny_shapes() -> None:
     tiny = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=32)
     doc = run_benchmark([KernelCase(Shape("tiny", 1, 4), tiny)], device="cpu", iters=1, tactics=False)
     contenders = doc.results[0].contenders
-    assert [c.name for c in contenders] == ["posenc kernel (default block)", "torch eager rotate_half"]
+    assert [c.name for c in contenders] == [SAME_BYTES_COPY, "posenc kernel (default block)", "torch eager rotate_half"]
     assert all(c.timing is not None and c.timing.runs == 1 and c.us > 0 for c in contenders)
     assert all(
         c.fraction_of_copy_bw == pytest.approx(c.bytes_per_s / doc.copy_bandwidth.bytes_per_s) for c in contenders
     )
-    assert doc.targets[0].name == "tiny: ≥ 90% of copy bandwidth"
+    floor, kernel = contenders[0], contenders[1]
+    assert doc.targets[0].name == "tiny: ≥ 90% of a copy of the same bytes"
+    assert doc.targets[0].measured == pytest.approx(floor.timing.median / kernel.timing.median)  # type: ignore[union-attr]
+    assert doc.targets[1].name == "tiny: ≥ 90% of copy bandwidth"
     assert "tiny" in format_table(doc)
     assert to_json(doc)["results"][0]["case"]["shape"]["name"] == "tiny"
 

@@ -1,6 +1,6 @@
 """Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
 fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph.
-The other dtype of each unit is built by scripts/gpu_check.py (``--backend tensorrt_rtx`` works here too).
+The other dtype of each unit is built by scripts/gpu_check.py (``--rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
 """
