@@ -6,12 +6,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from posenc.bench.backends import BACKEND_NAMES
 from posenc.bench.harness import JSON_NAME, MARKDOWN_NAME, RunSettings, run_bench
 from posenc.bench.plan import LLAMA_LIKE, SUITES, make_plan, targets_plan
 from posenc.bench.shapes import Shape
-from posenc.bench.tables import markdown_table, target_rows
+from posenc.bench.tables import artifact_rows, markdown_table, target_rows
 from posenc.bench.timing import TimingSettings
 from posenc.cli_args import (
     TABLE_MODES,
@@ -19,6 +20,7 @@ from posenc.cli_args import (
     add,
     add_alias,
     add_geometry,
+    check_input,
     check_output,
     config_from_args,
     geometry_given,
@@ -29,6 +31,8 @@ from posenc.errors import ConfigError
 
 EPILOG = """\
 Examples:
+  posenc bench out/layer1.onnx -o bench-layer1          # your artifact as shipped: prefill vs GEMM, decode vs copy
+  posenc bench --hf-model ckpt/ --layer 3 -o bench-ckpt  # a checkpoint's layer, exported with its weights, timed
   posenc bench --suite targets -o bench-targets        # the CPU targets, as ratios from one run
   posenc bench -s rope -s alibi --unit op --shape prefill --shape 4,128 -o bench-results
   posenc bench -s rope --unit block --kv-cache concat --kv-cache inplace --shape 1,1,4095 -o bench-decode
@@ -70,12 +74,51 @@ def _table_mode_choice(modes: list[str] | None) -> str:
     return "all" if chosen == set(TABLE_MODES) else chosen.pop()
 
 
+_SCHEME_CHOICES = ("scheme", "unit", "kv_cache", "table_mode", "guard_cost")
+
+
+def _artifact_cases(args: argparse.Namespace, backends: list[str]) -> list[Any]:
+    """The cases of ``posenc bench MODEL.onnx ...`` / ``--hf-model DIR``: the artifacts timed as they are."""
+    from posenc.bench.artifact import artifact_plan
+
+    chosen = [name for name in _SCHEME_CHOICES if getattr(args, name)]
+    if chosen or args.suite != "default" or geometry_given(args):
+        flags = [f"--{name.replace('_', '-')}" for name in chosen] or ["--suite/geometry options"]
+        raise ConfigError(
+            f"a model file (or --hf-model) fixes scheme, unit, cache layout, table mode and geometry; drop "
+            f"{', '.join(flags)} (--shape, --backend and the timing options apply)."
+        )
+    for model in args.model:
+        check_input(model, "ONNX model")
+    models = list(args.model)
+    if args.hf_model is not None:
+        models.append(str(_export_checkpoint_layer(args)))
+    shapes = [Shape.named(name, feed) for name, feed in args.shape or []]
+    return artifact_plan(models, shapes or None, backends)
+
+
+def _export_checkpoint_layer(args: argparse.Namespace) -> Path:
+    """Export ``--layer`` of ``--hf-model`` (its own weights, precomputed tables, concatenated cache) into the results
+    folder, as ``posenc export --hf-model`` would, and return the file."""
+    from posenc.checkpoints import load_layer
+    from posenc.export import export_onnx
+
+    loaded = load_layer(args.hf_model, args.layer, args.layer_type)
+    name = Path(args.hf_model).resolve().name or "checkpoint"
+    path = Path(args.output) / "models" / f"{name}-layer{loaded.plan.layer}.onnx"
+    return export_onnx(path, unit="block", module=loaded.block(), provenance=loaded.provenance()).path
+
+
 def _run(args: argparse.Namespace) -> int:
     check_output(args.output, "results folder", folder=True)
     settings = settings_from_args(args)
     schemes = split_names(args.scheme)
     backends = split_names(args.backend)
-    if args.suite == "targets":
+    if args.model or args.hf_model is not None:
+        cases = _artifact_cases(args, backends)
+    elif args.layer is not None or args.layer_type is not None:
+        raise ConfigError("--layer and --layer-type choose a layer of --hf-model; add --hf-model DIR.")
+    elif args.suite == "targets":
         if args.unit or args.shape or args.table_mode or args.kv_cache or geometry_given(args):
             raise ConfigError(
                 "--suite targets fixes units, cache layouts, shapes, table modes and geometry; drop --unit/--kv-cache/"
@@ -97,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     doc = run_bench(cases, settings, out, progress=not args.quiet)
     bw = "n/a" if doc.copy_bandwidth is None else f"{doc.copy_bandwidth.bytes_per_s / 1e9:.1f} GB/s"
     lines = [f"copy bandwidth {bw}; {len(doc.ok())} of {len(doc.records)} measurements ran."]
+    artifacts = artifact_rows(doc)
+    if artifacts[1]:
+        lines.append(markdown_table(*artifacts))
     if doc.targets:
         lines.append(markdown_table(*target_rows(doc)))
     lines.append(f"results: {out / JSON_NAME}, {out / MARKDOWN_NAME}")
@@ -120,6 +166,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument(
+        "model",
+        nargs="*",
+        metavar="MODEL.onnx",
+        help="exported or optimized ONNX files (with their manifests) to time as they are: their dtype, tables, "
+        "cache layout and weights; prefill against a GEMM and decode against a copy, from one run",
+    )
+    checkpoint = p.add_argument_group("a checkpoint's layer, exported then timed as a MODEL.onnx")
+    add(checkpoint, "hf_model")
+    add(checkpoint, "layer", note="default: 0, or the first layer of --layer-type where layers differ")
+    add(checkpoint, "layer_type")
     p.add_argument("--suite", choices=SUITES, default="default", help="what to measure (default: the options below)")
     add(p, "scheme", repeat=True, note="or comma-separated; default: every registered scheme")
     add(p, "unit", repeat=True, note="default: every unit the scheme exports")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from posenc.bench.artifact import artifact_workload
 from posenc.bench.backends import Backend, Runner, get_backends
 from posenc.bench.bandwidth import CopyBandwidth, CopyRunner, measure_copy_bandwidth
 from posenc.bench.gemm import GemmRunner
@@ -135,6 +136,8 @@ def _record(
         config=case.config,
         status=status,
         reason=reason,
+        artifact=None if case.artifact is None else Path(case.artifact).name,
+        dtype=case.dtype,
         **extra,
     )
 
@@ -161,7 +164,10 @@ def _run_case(
     records: dict[tuple[str, str], BenchRecord] = {}
     for unit in units:
         try:
-            workloads[unit] = build_workload(case.scheme, unit, case.table_mode, case.config, case.shape)
+            if case.artifact is not None:
+                workloads[unit] = artifact_workload(case.artifact, case.shape)
+            else:
+                workloads[unit] = build_workload(case.scheme, unit, case.table_mode, case.config, case.shape)
         except PosencError as exc:
             for name in case.backends:
                 records[(unit, name)] = _record(case, name, "skipped", str(exc), unit=unit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 from posenc.bench.backends import get_backends
 from posenc.bench.shapes import PRESETS, Shape
@@ -54,11 +55,16 @@ class BenchCase:
     """Non-empty: the case is recorded as skipped for every backend (e.g. an unsupported table mode)."""
     with_units: tuple[str, ...] = ()
     """Further units of the scheme timed on the same backends in the same alternating rounds (records of their own)."""
+    artifact: str | None = None
+    """A user's ONNX file timed as it is (:mod:`posenc.bench.artifact`); ``None``: the scheme built here."""
+    dtype: str | None = None
+    """The artifact's activation dtype (``None`` for schemes, timed in float32)."""
 
     @property
     def label(self) -> str:
         units = "+".join((self.unit, *self.with_units))
-        return f"{self.scheme} {units} {self.table_mode} {self.shape.label}"
+        what = self.scheme if self.artifact is None else f"{Path(self.artifact).name} ({self.scheme})"
+        return f"{what} {units} {self.table_mode} {self.shape.label}"
 
 
 def table_modes_for(scheme: str, choice: str) -> list[tuple[str, str]]:

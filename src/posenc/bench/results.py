@@ -51,6 +51,7 @@ class BenchRecord:
         flops_ratio: ``flops / median`` ÷ ``gemm_flops_per_s``: the share of the GEMM roofline.
         unguarded: the same graph exported without the position guard, timed in the same rounds
             (:attr:`RunSettings.guard_cost`).
+        artifact: the file name when a user's artifact was timed as it is.
     """
 
     scheme: str
@@ -71,6 +72,10 @@ class BenchRecord:
     gemm_flops_per_s: float | None = field(optional=True, default=None)
     flops_ratio: float | None = field(optional=True, default=None)
     unguarded: Timing | None = field(optional=True, default=None)
+    artifact: str | None = field(optional=True, default=None)
+    """The file name of a user's artifact timed as it is (``posenc bench MODEL.onnx``); ``None``: a scheme."""
+    dtype: str | None = field(optional=True, default=None)
+    """The activation dtype of an artifact's graph (schemes are timed in float32)."""
 
     @property
     def median(self) -> float | None:

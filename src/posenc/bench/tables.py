@@ -47,9 +47,14 @@ def target_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def subject(r: BenchRecord) -> str:
+    """What a record timed: its scheme, or the artifact's file name and its scheme."""
+    return r.scheme if r.artifact is None else f"{r.artifact} ({r.scheme})"
+
+
 def _case_key(r: BenchRecord) -> tuple[Any, ...]:
     c = r.config
-    return (r.scheme, r.unit, r.table_mode, r.shape, c.num_heads, c.num_kv_heads, c.head_dim)
+    return (subject(r), r.unit, r.table_mode, r.shape, c.num_heads, c.num_kv_heads, c.head_dim)
 
 
 def latency_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
@@ -99,9 +104,29 @@ def decode_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
         floor = f"{(r.bytes_moved or 0) / 1e6:.1f} MB"
         copy_text = "—" if copy is None else f"{copy / 1e9:.1f}"
         rows.append(
-            [r.scheme, layout, r.shape.label, r.backend, format_seconds(r.median), floor, f"{r.bytes_per_s / 1e9:.1f}",
-             copy_text, share]
+            [subject(r), layout, r.shape.label, r.backend, format_seconds(r.median), floor,
+             f"{r.bytes_per_s / 1e9:.1f}", copy_text, share]
         )  # fmt: skip
+    return headers, rows
+
+
+def artifact_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
+    """A user's artifacts (``posenc bench MODEL.onnx``): each call against its floor from the same rounds — a
+    prefill as a share of a GEMM of its FLOPs, a decode step as a share of the copy bandwidth over its bytes floor."""
+    headers = ["artifact", "unit", "dtype", "shape", "backend", "median", "floor", "share of floor"]
+    rows = []
+    for r in doc.ok():
+        if r.artifact is None:
+            continue
+        if r.flops_ratio is not None:
+            floor, share = "GEMM of the same FLOPs", f"{100 * r.flops_ratio:.0f} %"
+        elif r.roofline_ratio is not None:
+            floor, share = f"copy of {(r.bytes_moved or 0) / 1e6:.1f} MB", f"{100 * r.roofline_ratio:.0f} %"
+        else:
+            floor, share = "—", "—"
+        rows.append(
+            [r.artifact, r.unit, r.dtype or "—", r.shape.label, r.backend, format_seconds(r.median), floor, share]
+        )
     return headers, rows
 
 
@@ -109,7 +134,7 @@ def guard_rows(doc: BenchDocument) -> tuple[list[str], list[list[str]]]:
     """The position guard's cost: each graph timed with and without it in the same rounds (``--guard-cost``)."""
     headers = ["scheme", "unit", "shape", "backend", "guarded", "unguarded", "guard cost"]
     rows = [
-        [r.scheme, r.unit, r.shape.label, r.backend, format_seconds(r.median), format_seconds(r.unguarded.median),
+        [subject(r), r.unit, r.shape.label, r.backend, format_seconds(r.median), format_seconds(r.unguarded.median),
          f"{100 * r.guard_cost:+.1f} %"]
         for r in doc.ok()
         if r.unguarded is not None and r.guard_cost is not None
@@ -164,6 +189,9 @@ def bench_markdown(doc: BenchDocument, plots: bool = True) -> str:
         "",
         markdown_table(*backend_rows(doc)),
     ]
+    headers, rows = artifact_rows(doc)
+    if rows:
+        lines += ["", "## Your artifacts against their floors (same rounds)", "", markdown_table(headers, rows)]
     if doc.targets:
         lines += ["", "## Targets", "", markdown_table(*target_rows(doc))]
     lines += ["", "## Latency", "", markdown_table(*latency_rows(doc))]

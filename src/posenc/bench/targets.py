@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from posenc.bench.plan import BLOCK_TARGET_SHAPE, DECODE_TARGET_SHAPE, ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE
@@ -88,7 +89,12 @@ def _bandwidth_detail(record: BenchRecord, doc: BenchDocument) -> str:
 
 
 def evaluate_targets(doc: BenchDocument) -> list[TargetCheck]:
-    """Every target the document has the records for (targets without any record are left out)."""
+    """Every target the document has the records for (targets without any record are left out). The targets are
+    the project's, about its schemes: a user's artifact (``posenc bench MODEL.onnx``) is reported apart
+    (:func:`posenc.bench.tables.artifact_rows`), never as a scheme's target."""
+    schemes_only = [r for r in doc.records if r.artifact is None]
+    if len(schemes_only) != len(doc.records):
+        doc = dataclasses.replace(doc, records=schemes_only)
     checks: list[TargetCheck] = []
     heads = (ROPE_TARGET_CONFIG.num_heads, ROPE_TARGET_CONFIG.head_dim)
     common = {"scheme": "rope", "unit": "op-3d", "shape": ROPE_TARGET_SHAPE, "heads": heads}

@@ -66,6 +66,7 @@ class Workload:
         weight_bytes: projection weights read by one call (blocks), bytes.
         unread: inputs the exported graph does not read (q and k of a position-only bias); they are
             left out of :attr:`bytes_moved` once the graph is known (:meth:`mark_read_inputs`).
+        artifact, artifact_key: a user's file timed as it is, and its key (:mod:`posenc.bench.artifact`).
     """
 
     scheme: str
@@ -80,6 +81,10 @@ class Workload:
     outputs: tuple[torch.Tensor, ...]
     weight_bytes: int = 0
     unread: tuple[str, ...] = ()
+    artifact: Path | None = None
+    """The user's ONNX file this workload times as it is (``posenc bench MODEL.onnx``); ``None``: exported here."""
+    artifact_key: str | None = None
+    """:func:`posenc.bench.artifact.artifact_key` of :attr:`artifact`."""
 
     @property
     def bytes_moved(self) -> int:
@@ -123,15 +128,19 @@ class Workload:
 
     @property
     def key(self) -> str:
-        """File-name identifier of this workload's graph (see :func:`workload_key`)."""
+        """File-name identifier of this workload's graph (see :func:`workload_key`; an artifact's own key)."""
+        if self.artifact_key is not None:
+            return self.artifact_key
         return workload_key(self.scheme, self.unit, self.table_mode, self.config, self.max_positions)
 
     def export(self, path: Path, position_guard: bool = True) -> Path:
         """Write the ONNX graph (dynamic batch, sequence and past: one export serves every shape).
 
         Every unit goes through :func:`posenc.export.export_onnx` (manifest beside the file), with the position
-        guard unless ``position_guard`` is False.
+        guard unless ``position_guard`` is False. An artifact is its own export: its path comes back unchanged.
         """
+        if self.artifact is not None:
+            return self.artifact
         return export_onnx(path, unit=self.unit, module=self.inner, position_guard=position_guard).path
 
 
