@@ -58,7 +58,8 @@ def _parity(report: Any, markdown: Path) -> CheckpointParity:
     write_text_atomic(markdown, report.to_markdown())
     worst: dict[str, float] = {}
     for row in report.rows:
-        worst[row.reference] = max(worst.get(row.reference, 0.0), row.max_abs)
+        key = f"{row.reference} (informational)" if row.informational else row.reference
+        worst[key] = max(worst.get(key, 0.0), row.max_abs)
     return CheckpointParity(status="ok", passed=report.passed, worst=worst, details=markdown.name)
 
 

@@ -168,8 +168,8 @@ class PipelineRecord:
 class CheckpointParity(StageOutcome):
     """One graph (``exported`` or ``ort-cpu``) of one table mode against the checkpoint's own transformers module.
 
-    ``worst``: reference name (``hf-fp32``, ``hf-fp64, fp64 angles``, ``hf-fp32 far`` for the informational rows
-    at the context length, ``eager-fp64``) -> the largest absolute error of its rows.
+    ``worst``: reference name (``hf-fp32``, ``hf-fp64, fp64 angles``, ``eager-fp64``; ``"<name> (informational)"``
+    for its informational rows, e.g. where transformers' own fp32 angles drift) -> the largest absolute error.
     """
 
     graph: str = field(optional=True, default="")

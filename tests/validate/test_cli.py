@@ -123,6 +123,10 @@ def test_validate_decode_exits_1_when_the_steps_drift(rope_in_place, capsys) -> 
     assert "MISMATCH" in capsys.readouterr().out
 
 
-def test_validate_decode_refuses_the_checkpoint_and_engine_options(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_decode_refuses_engines_and_random_weights_against_a_checkpoint(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+    engine = rope_in_place.path.with_suffix(".engine")
+    engine.write_bytes(b"plan")
+    assert main(["validate", str(rope_in_place.path), "--decode", "--engine", str(engine)]) == 2
+    assert "--engine does not apply to --decode" in capsys.readouterr().err
     assert main(["validate", str(rope_in_place.path), "--decode", "--against-hf", str(rope_in_place.path.parent)]) == 2
-    assert "--against-hf does not apply to --decode" in capsys.readouterr().err
+    assert "has no config.json" in capsys.readouterr().err

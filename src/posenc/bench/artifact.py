@@ -31,7 +31,8 @@ from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import load_eager
-from posenc.export.units import BLOCK_INPLACE, make_feed
+from posenc.export.units import make_feed
+from posenc.validate.feeds import serving_limit
 
 PREFILL_TOKENS = 512
 DECODE_PAST = 4095
@@ -49,19 +50,9 @@ def artifact_key(path: Path) -> str:
     return f"artifact-{path.stem}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
 
 
-def _context(manifest: Manifest) -> int:
-    """Positions a call may reach: the cache capacity of an in-place graph, the table length of a precomputed one,
-    else the model's context length."""
-    config = manifest.attention_config()
-    limits = [manifest.max_positions] if manifest.max_positions else []
-    if manifest.unit == BLOCK_INPLACE or manifest.table_mode == "precomputed":
-        limits.append(manifest.build_max_positions)
-    return min([*limits, config.max_position_embeddings])
-
-
 def artifact_shapes(manifest: Manifest) -> list[Shape]:
     """A prefill and, for a block, one decode step, sized within the artifact's context (see the module doc)."""
-    context = _context(manifest)
+    context = serving_limit(manifest)
     shapes = [Shape("prefill", 1, min(PREFILL_TOKENS, context))]
     if manifest.unit in BLOCK_UNITS and context > 1:
         shapes.append(Shape("decode", 1, 1, min(DECODE_PAST, context - 1)))
@@ -99,7 +90,7 @@ def artifact_plan(
                 f"{path} is already optimized (for {manifest.optimized.target}); it runs on backend ort-cpu as it is. "
                 f"Bench the exported file to compare it with its optimized graph."
             )
-        context = _context(manifest)
+        context = serving_limit(manifest)
         skip = ""
         if manifest.dtype == "bfloat16" and all(name.startswith(("torch", "ort-cpu")) for name in chosen):
             skip = "a bf16 graph has no ONNX Runtime CPU kernels for its ops; time it on a GPU backend"

@@ -174,7 +174,8 @@ class TransformersReference(nn.Module):
 
     @property
     def name(self) -> str:
-        precision = {torch.float32: "fp32", torch.float64: "fp64"}.get(self.dtype, str(self.dtype))
+        names = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
+        precision = names.get(self.dtype, str(self.dtype))
         angles = "" if self.angles == "native" else ", fp64 angles"
         return f"hf-{precision}{angles}"
 

@@ -218,6 +218,7 @@ register(
         params=(Param("factor", "float", 2.0, "scaling factor of dynamic NTK", minimum=0, exclusive_minimum=True),),
         length_dependent=True,
         table_modes=frozenset({"dynamic"}),
+        boundaries=lambda p: (positive_int(p["max_position_embeddings"], "max_position_embeddings"),),
         reference=_HF,
     )
 )
@@ -326,6 +327,7 @@ register(
         ),
         geometry_defaults=lambda p, r: {"original_max_position_embeddings": p["max_position_embeddings"]},
         cases={"deepseek_mscale": {"mscale": 0.707, "mscale_all_dim": 0.707, "factor": 40.0}},
+        boundaries=lambda p: (_original(p, "yarn", "max_position_embeddings"),),
         reference=_HF,
     )
 )
@@ -438,6 +440,7 @@ register(
         length_dependent=True,
         switch_points=lambda p: (_original(p, "longrope"),),
         geometry_defaults=_longrope_defaults,
+        boundaries=lambda p: (_original(p, "longrope"),),
         reference=_HF,
     )
 )
@@ -467,6 +470,13 @@ def _llama3(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: Se
     return torch.where(is_medium, smoothed, scaled), 1.0
 
 
+def _llama3_boundaries(params: Mapping[str, Any]) -> tuple[int, ...]:
+    """The pretraining context and the two band-edge wavelengths (original / low and / high freq factor)."""
+    original = _original(params, "llama3")
+    edges = {original, int(original / params["low_freq_factor"]), int(original / params["high_freq_factor"])}
+    return tuple(sorted(edge for edge in edges if edge >= 1))
+
+
 register(
     RopeType(
         name="llama3",
@@ -491,6 +501,7 @@ register(
         ),
         geometry_defaults=lambda p, r: {"original_max_position_embeddings": p["max_position_embeddings"]},
         cases={"short_context": {"original_max_position_embeddings": 64}},
+        boundaries=_llama3_boundaries,
         reference=_HF,
     )
 )

@@ -140,6 +140,9 @@ class RopeType:
             q at position n is multiplied by exp(λ_i n) and of k by exp(−λ_i n), so the score of q_m and k_n gains
             exp(λ_i (m − n)), a function of m − n like the rotation. q and k then need different cos/sin.
             ``None``: a pure rotation (q and k share cos/sin).
+        boundaries: the positions where this type's behaviour changes, from the filled ``rope_parameters`` (the
+            pretraining context it extends, a switch length, band edges): validation feeds windows around each
+            (:func:`posenc.validate.feeds.boundary_shapes`), so a default check crosses them.
     """
 
     name: str
@@ -161,6 +164,7 @@ class RopeType:
     position_axes: int = 1
     claims: Mapping[str, str] = dataclasses.field(default_factory=dict)
     scale_rate: ScaleRate | None = None
+    boundaries: Callable[[Mapping[str, Any]], tuple[int, ...]] | None = None
     slot_axes: SlotAxes | None = None
 
     @property

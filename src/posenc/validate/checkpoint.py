@@ -1,35 +1,41 @@
 """Parity of an exported checkpoint layer against the checkpoint's own transformers attention module.
 
 :func:`validate_against_checkpoint` compares the ONNX model (ONNX Runtime, and any other candidate runner) with
-three references, each named in every report row:
+the checkpoint's module, each reference named in every report row:
 
 - ``eager-fp64``: posenc's float64 eager rebuild of the exported block (the weights beside the model);
 - ``hf-fp32``: the checkpoint's transformers attention module for that layer, float32, with the model's own
   angles — what the user's PyTorch model computes;
-- ``hf-fp64, fp64 angles``: the same transformers module in float64, fed float64 angles (rotary schemes).
+- ``hf-fp64, fp64 angles``: the same transformers module in float64, fed float64 angles (rotary schemes);
+- for fp16 / bf16 graphs, ``hf-fp16`` / ``hf-bf16``: the module run in the graph's half precision (the user's
+  model as it runs in that dtype), held to the scheme's tolerance of the dtype, and the rows
+  ``hf-fp64, fp64 angles (≤ 2 × hf-bf16's error)``: the graph against the exact rendering may be at most twice as
+  far off as the module in that half precision is.
 
-At ordinary shapes (prefill, and for decoders a decode step after a cache and a prefill after one) all three
-count. At positions near the context length transformers' own float32 angles drift (about ``position * 2**-23``
-rad), so there ``hf-fp32`` is reported as informational and the float64-angle rendering carries the verdict.
-Float32 graphs are held to ``1e-5`` (absolute, or relative to the reference) against transformers; fp16/bf16
-graphs to their scheme's tolerance, as against posenc's own reference.
+One rule decides every feed, whatever asked for it (a default shape, the feed ending at the context length, or a
+user's ``--shape …@32764``): transformers computes its angles in float32, and where that alone puts ``hf-fp32``
+outside the tolerance of ``hf-fp64, fp64 angles`` on a feed and output (``Reference.judged_by``), the rows against
+``hf-fp32`` there are informational, with the size of its drift in a note; the float64-angle rendering decides.
+Elsewhere they count. Float32 graphs are held to ``1e-5`` (absolute, or relative to the reference) against
+transformers; fp16/bf16 graphs to their scheme's tolerance, as against posenc's own reference.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.units import FeedShape
+from posenc.export.units import BLOCK_INPLACE, FeedShape
 from posenc.provenance import CheckpointWeights, RandomWeights
 from posenc.schemes.base import Tolerance
-from posenc.validate.compare import Reference
+from posenc.validate.compare import ErrorBound, Reference
 from posenc.validate.feeds import default_shapes
 from posenc.validate.parity import EAGER, ParityReport, validate_onnx
 from posenc.validate.runners import TorchModuleRunner
@@ -42,6 +48,10 @@ LONG_TOKENS = 4
 _INPUTS = ("hidden", "position_ids", "past_key", "past_value")
 
 
+RunnerFactory = Callable[[Any, str, Sequence[str]], TorchModuleRunner]
+"""``(transformers reference, name, output names) -> runner``: one call per feed, or one carrying its cache."""
+
+
 def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
     def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         tensors = [torch.from_numpy(feed[key].copy()) for key in _INPUTS]
@@ -51,33 +61,47 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
     return TorchModuleRunner(run, name, list(outputs))
 
 
-def checkpoint_references(loaded: Any, manifest: Manifest, *, informational_native: bool = False) -> list[Reference]:
-    """The transformers references of a loaded checkpoint layer (see the module docstring)."""
+HALF_BOUND_FACTOR = 2.0
+"""A half-precision graph may be this many times as far from the exact rendering as the module in that dtype."""
+
+
+def checkpoint_references(loaded: Any, manifest: Manifest, runner: RunnerFactory = _runner) -> list[Reference]:
+    """The transformers references of a loaded checkpoint layer (see the module docstring); ``runner`` wraps each
+    module (default: one call per feed)."""
     outputs = manifest.output_names
     dtypes = {o.name: o.dtype for o in manifest.outputs}
     base = tolerances_for(manifest.scheme, dtypes)
     tolerances = {name: FP32_TOLERANCE if dtypes[name] == "float32" else base[name] for name in outputs}
     native = loaded.reference("native", torch.float32)
     exact = loaded.reference("float64", torch.float64)
-    name, description = native.name, native.description
-    if informational_native:
-        name += " far"
-        description += "; far from the start its float32 angles drift (about position * 2**-23 rad)"
-    return [
-        Reference(_runner(native, name, outputs), description, tolerances, informational_native),
-        Reference(_runner(exact, exact.name, outputs), exact.description, tolerances),
+    description = native.description + "; where its float32 angles drift beyond the tolerance, informational"
+    references = [
+        Reference(runner(native, native.name, outputs), description, tolerances, judged_by=exact.name),
+        Reference(runner(exact, exact.name, outputs), exact.description, tolerances),
     ]
+    if manifest.dtype in ("float16", "bfloat16"):
+        half = loaded.reference("native", torch_dtype(manifest.dtype))
+        bound = ErrorBound(exact.name, HALF_BOUND_FACTOR)
+        what = f"{half.description}: the model as it runs in {manifest.dtype}"
+        references.append(Reference(runner(half, half.name, outputs), what, base, bound=bound))
+    return references
 
 
-def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str) -> None:
-    """Refuse to compare a model with a checkpoint it was not exported from (geometry, scheme or weights differ)."""
+def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str, decode: bool = False) -> None:
+    """Refuse to compare a model with a checkpoint it was not exported from (geometry, scheme or weights differ);
+    an in-place cache graph only in a decode sequence (its calls take a cache buffer, not a past)."""
     source = manifest.weights.source
     if isinstance(source, RandomWeights):
         raise ConfigError(
             f"the model holds random weights (seed {source.seed}), not {checkpoint}'s; it cannot match the "
             f"checkpoint. Export the layer with `posenc export --hf-model {checkpoint} --layer N -o MODEL.onnx`."
         )
-    if manifest.unit != "block":
+    if manifest.unit == BLOCK_INPLACE and not decode:
+        raise ConfigError(
+            "an in-place cache graph takes a cache buffer per call; compare it with the checkpoint over a decode "
+            "sequence: add --decode."
+        )
+    if manifest.unit not in ("block", BLOCK_INPLACE):
         raise ConfigError(
             f"--against-hf compares attention blocks with the checkpoint's attention module; {manifest.unit!r} "
             f"exports hold the positional op alone. Export with --unit block."
@@ -93,6 +117,22 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str) -> None:
             f"the tensors of layer {plan.layer} in {checkpoint} differ from those the model was exported from "
             f"(sha256 recorded in its manifest); re-export it from this checkpoint."
         )
+
+
+def _load_matching(
+    manifest: Manifest, checkpoint: Any, layer: int | None, layer_type: str | None, decode: bool = False
+) -> Any:
+    """The checkpoint's layer the model was exported from (default: the one its manifest records), refusing a model
+    exported from anything else."""
+    from posenc.checkpoints import load_layer
+
+    source = manifest.weights.source
+    if layer is None and isinstance(source, CheckpointWeights):
+        layer, layer_type = source.layer, layer_type or source.layer_type
+    loaded = load_layer(checkpoint, layer, layer_type)
+    where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
+    _check_same_layer(loaded, manifest, str(where), decode)
+    return loaded
 
 
 def long_shape(manifest: Manifest, context: int) -> FeedShape:
@@ -123,49 +163,69 @@ def validate_against_checkpoint(
         layer, layer_type: the layer; default: the one recorded in the model's manifest.
         shapes: ordinary shapes (default: :func:`~posenc.validate.feeds.default_shapes`, without a cache for
             encoder layers).
-        long_positions: add a feed ending at the context length (see the module docstring).
+        long_positions: add a feed ending at the context length (judged by the same rule as every feed).
         runners, providers, seed, quiet: as in :func:`~posenc.validate.parity.validate_onnx`.
 
     Raises:
         ConfigError: the model was not exported from this checkpoint's layer (random weights, other geometry,
             scheme or tensors), or is not a block.
     """
-    from posenc.checkpoints import load_layer
 
     path = Path(path)
     manifest = load_manifest(path)
-    source = manifest.weights.source
-    if layer is None and isinstance(source, CheckpointWeights):
-        layer, layer_type = source.layer, layer_type or source.layer_type
-    loaded = load_layer(checkpoint, layer, layer_type)
-    where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
-    _check_same_layer(loaded, manifest, str(where))
+    loaded = _load_matching(manifest, checkpoint, layer, layer_type)
     if shapes is None:
         shapes = [s for s in default_shapes(manifest) if loaded.plan.decoder or s.past == 0]
-
-    def run(shapes: Sequence[FeedShape], references: Sequence[Reference | str]) -> ParityReport:
-        return validate_onnx(
-            path,
-            shapes=shapes,
-            references=references,
-            runners=runners,
-            providers=providers,
-            seed=seed,
-            quiet=quiet,
-            manifest=manifest,
-        )
-
-    report = run(shapes, [EAGER, *checkpoint_references(loaded, manifest)])
+    shapes = list(shapes)
     if long_positions:
-        far = [long_shape(manifest, loaded.plan.config.max_position_embeddings)]
-        extra = run(far, [EAGER, *checkpoint_references(loaded, manifest, informational_native=True)])
-        report.rows += extra.rows
-        report.references += [ref for ref in extra.references if ref.informational]
-        report.notes.append(
-            f"{far[0].label}: positions up to {far[0].last}, where transformers' own float32 angles drift; rows "
-            f"against {extra.references[1].name} there are informational, the float64-angle rendering decides."
+        far = long_shape(manifest, loaded.plan.config.max_position_embeddings)
+        if far not in shapes:
+            shapes.append(far)
+    return validate_onnx(
+        path,
+        shapes=shapes,
+        references=[EAGER, *checkpoint_references(loaded, manifest)],
+        runners=runners,
+        providers=providers,
+        seed=seed,
+        quiet=quiet,
+        manifest=manifest,
+    )
+
+
+def decode_against_checkpoint(
+    path: str | os.PathLike[str],
+    checkpoint: Any,
+    *,
+    layer: int | None = None,
+    layer_type: str | None = None,
+    schedule: Sequence[FeedShape] | None = None,
+    **decode_options: Any,
+) -> Any:
+    """The multi-step decode sequence (:func:`posenc.validate.decode.validate_decode`) of an exported checkpoint layer,
+    held at every step to the eager block and to the checkpoint's own transformers module carrying its own cache
+    (``hf-fp32``, judged by ``hf-fp64, fp64 angles``; ``hf-fp16``/``hf-bf16`` for half graphs), by the one rule.
+
+    Raises:
+        ConfigError: the model was not exported from this checkpoint's layer, or the layer is not a decoder's.
+    """
+    from posenc.validate.decode import stepping_runner, validate_decode
+
+    manifest = load_manifest(path)
+    loaded = _load_matching(manifest, checkpoint, layer, layer_type, decode=True)
+    if not loaded.plan.decoder:
+        raise ConfigError(
+            f"layer {loaded.plan.layer} ({loaded.plan.layer_type}) is not used with a KV cache; decode steps do not "
+            f"apply. Validate it without --decode."
         )
-    return report
+    ids = manifest.input("position_ids").shape
+    axes = int(ids[0]) if len(ids) == 3 else None
+
+    def stepping(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
+        return stepping_runner(module, name, torch.float32, axes)  # the module casts to its own dtype
+
+    references = checkpoint_references(loaded, manifest, stepping)
+    return validate_decode([path], schedule, references=references, **decode_options)
 
 
-__all__ = ["checkpoint_references", "long_shape", "validate_against_checkpoint"]
+__all__ = ["checkpoint_references", "decode_against_checkpoint", "long_shape", "validate_against_checkpoint"]

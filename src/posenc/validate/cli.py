@@ -28,17 +28,22 @@ examples:
   posenc validate out/yarn_fp16.onnx --shape 1,4,0@32764 --json     # far positions, the report as JSON
   posenc validate out/rope.trt.onnx --engine out/rope.engine      # GPU + tensorrt: TrtRunner joins the comparison
   posenc validate out/rope_inplace.onnx --decode   # prefill, 64 steps, a long jump: cache carried, every step held
+  posenc validate out/layer3.onnx --decode --against-hf ckpt/   # every step also vs the module with its own cache
 
 Reads the manifest beside the model (model.manifest.json) and the weights (model.weights.safetensors), rebuilds
 the eager module in float64 (tables recomputed in float64), feeds both realistic inputs (position ids
 past + arange(seq)) and compares every output with polygraphy (ONNX Runtime; CUDA provider when present;
 with --engine also polygraphy's TrtRunner on each engine, which needs an NVIDIA GPU and datacenter tensorrt).
 Shapes are B,S[,P][@START]: batch, new tokens, cached tokens, first position (default P).
-Default shapes: (B, S, P) = (1, 1, 0), (3, 7, 0), (2, 1, 9), (2, 13, 5), shrunk to fit a short table.
+Default shapes: (B, S, P) = (1, 1, 0), (3, 7, 0), (2, 1, 9), (2, 13, 5), shrunk to fit a short table, then a
+window across each of the model's boundaries (LongRoPE's switch, llama3's band edges, YaRN's original context, a
+sliding window's edge, the table's end).
 With --against-hf DIR (a model exported with `posenc export --hf-model DIR`), the references are the float64
-eager rebuild, transformers' own attention module of that layer in fp32 (its own angles), and the same module
-in float64 with float64 angles; a feed ending at the context length is added, where transformers' fp32 angles
-drift, so its fp32 rows there are informational. Every row names its reference.
+eager rebuild, transformers' own attention module of that layer in fp32 (its own angles), the same module in
+float64 with float64 angles, and for fp16/bf16 graphs the module in that dtype (the graph may be at most twice as
+far from the float64 rendering as it is); a feed ending at the context length is added. Where transformers' fp32
+angles put its own output beyond the tolerance of the float64 rendering, its rows are informational (noted), on
+any feed. Every row names its reference; every report states the rule and each row's margin (<= 1 passes).
 exit status: 0 every output within tolerance; 1 a mismatch (the table shows which);
 2 an error: missing/corrupt model, manifest or weights, hash mismatch, positions past the table."""
 
@@ -111,19 +116,30 @@ def _validate_decode(args: argparse.Namespace, shapes: list[Any], providers: lis
     from posenc.export.runtime import ort_providers
     from posenc.validate.decode import validate_decode
 
-    for given, flag in ((args.against_hf, "--against-hf"), (args.engine, "--engine"), (args.runs, "--runs")):
+    for given, flag in ((args.engine, "--engine"), (args.runs, "--runs")):
         if given:
             raise ConfigError(
-                f"{flag} does not apply to --decode (ONNX Runtime steps against the eager block); drop it."
+                f"{flag} does not apply to --decode (ONNX Runtime steps against their references); drop it."
             )
-    report = validate_decode(
-        [args.model],
-        shapes or None,
-        jump=args.decode_jump,
-        seed=args.seed,
-        providers=providers or ort_providers(),
-        quiet=not args.verbose,
-    )
+    options = {
+        "jump": args.decode_jump,
+        "seed": args.seed,
+        "providers": providers or ort_providers(),
+        "quiet": not args.verbose,
+    }
+    if args.against_hf is not None:
+        from posenc.validate.checkpoint import decode_against_checkpoint
+
+        report = decode_against_checkpoint(
+            args.model,
+            args.against_hf,
+            layer=args.layer,
+            layer_type=args.layer_type,
+            schedule=shapes or None,
+            **options,
+        )
+    else:
+        report = validate_decode([args.model], shapes or None, **options)
     written = report.save(markdown=args.report, json_path=args.json_out)
     notes = print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
     if not report.passed:

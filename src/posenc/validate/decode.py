@@ -20,8 +20,9 @@ import dataclasses
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,10 +34,12 @@ from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_model_file, load_eager, ort_session
 from posenc.export.units import BLOCK_INPLACE, FeedShape, InPlaceBlock
+from posenc.records import to_json
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare
+from posenc.validate.feeds import serving_limit
 from posenc.validate.runners import REFERENCE_NAME, TorchModuleRunner, bind_in_place, feed_metadata
-from posenc.validate.tolerance import tolerances_for
+from posenc.validate.tolerance import RULE, format_margin, tolerances_for
 
 DECODE_STEPS = 64
 """Single-token steps of the default sequence."""
@@ -45,14 +48,6 @@ PREFILL = 5
 OUTPUTS = ("out", "present_key", "present_value")
 JUMPS = ("position", "fill")
 DECODE_REFERENCE = "float64 eager posenc block (CPU), its concatenated cache carried through the steps"
-
-
-def serving_limit(manifest: Manifest) -> int:
-    """Positions (and, in place, cache slots) a block graph serves: its table, its cache, else its context."""
-    limits = [manifest.max_positions] if manifest.max_positions is not None else []
-    if manifest.unit == BLOCK_INPLACE:
-        limits.append(int(manifest.input("key_cache").shape[2]))
-    return min(limits) if limits else int(manifest.attention["max_position_embeddings"])
 
 
 def decode_schedule(
@@ -98,20 +93,34 @@ def step_feeds(manifest: Manifest, schedule: Sequence[FeedShape], seed: int = 0)
     return feeds
 
 
+StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""``fn(hidden, position_ids, past_key, past_value) -> (out, present_key, present_value)``: a block, or a
+checkpoint's transformers module called like one (past ``None`` at the first step)."""
+
+
+def stepping_runner(fn: StepFn, name: str, dtype: torch.dtype = torch.float64, axes: int | None = None) -> Any:
+    """A polygraphy runner that calls ``fn`` on each step's ``hidden`` (cast to ``dtype``) and ``position_ids``
+    (broadcast to ``[axes, B, S]`` for multi-axis models) with the presents of its previous call as the past: the
+    reference carries its own cache through the sequence."""
+    state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
+
+    def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        hidden = torch.from_numpy(np.asarray(feed["hidden"], dtype=np.float64)).to(dtype)
+        positions = torch.from_numpy(np.asarray(feed["position_ids"], dtype=np.int64))
+        if axes is not None:
+            positions = positions.expand(axes, *positions.shape)
+        out, key, value = fn(hidden, positions, state["key"], state["value"])
+        state["key"], state["value"] = key, value
+        return {"out": out, "present_key": key, "present_value": value}
+
+    return TorchModuleRunner(step, name, list(OUTPUTS))
+
+
 def eager_decode_reference(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Reference:
     """The float64 eager block of an exported ``block`` / ``block-inplace`` graph, stepping its own cache."""
     module, manifest = load_eager(path, manifest=manifest)
     block = module.block if isinstance(module, InPlaceBlock) else module
-    state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
-
-    def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        hidden = torch.from_numpy(np.asarray(feed["hidden"], dtype=np.float64))
-        positions = torch.from_numpy(np.asarray(feed["position_ids"], dtype=np.int64))
-        out, key, value = block(hidden, positions, state["key"], state["value"])
-        state["key"], state["value"] = key, value
-        return {"out": out, "present_key": key, "present_value": value}
-
-    return Reference(TorchModuleRunner(step, REFERENCE_NAME, list(OUTPUTS)), DECODE_REFERENCE)
+    return Reference(stepping_runner(block, REFERENCE_NAME), DECODE_REFERENCE)
 
 
 class OrtDecodeRunner(BaseRunner):
@@ -225,14 +234,29 @@ class DecodeReport(Verdict):
     schedule: list[FeedShape]
     rows: list[ComparisonRow]
     mode: str = "numeric"
+    references: list[Reference] = dataclasses.field(default_factory=list)
 
-    def worst(self) -> dict[tuple[str, str], ComparisonRow]:
-        """The row of largest absolute error per (graph, output)."""
-        worst: dict[tuple[str, str], ComparisonRow] = {}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "models": list(self.models),
+            "schedule": [to_json(shape) for shape in self.schedule],
+            "references": [ref.to_dict() for ref in self.references],
+            "criterion": RULE,
+            "mode": self.mode,
+            "passed": self.passed,
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+    def worst(self) -> dict[tuple[str, str, str], ComparisonRow]:
+        """Per (reference, graph, output): the row of largest absolute error among those that count (among the
+        informational ones where none counts)."""
+        groups: dict[tuple[str, str, str], list[ComparisonRow]] = {}
         for row in self.rows:
-            key = (row.runner, row.output)
-            if key not in worst or row.max_abs > worst[key].max_abs:
-                worst[key] = row
+            groups.setdefault((row.reference, row.runner, row.output), []).append(row)
+        worst = {}
+        for key, rows in groups.items():
+            counted = [r for r in rows if not r.informational] or rows
+            worst[key] = max(counted, key=lambda r: r.max_abs)
         return worst
 
     def to_markdown(self) -> str:
@@ -241,18 +265,31 @@ class DecodeReport(Verdict):
         lines = [
             f"### Decode parity ({steps} steps) — {verdict}",
             "",
-            f"Reference `{REFERENCE_NAME}`: {DECODE_REFERENCE}. Mode: {self.mode}. Steps (B, S, P @start): "
-            + ", ".join(shape.label for shape in (self.schedule[0], self.schedule[-1])),
+            f"Mode: {self.mode}. Steps (B, S, P @start): "
+            + ", ".join(shape.label for shape in (self.schedule[0], self.schedule[-1]))
+            + ". References, each carrying its own cache:",
             "",
-            "| graph | output | worst step | max abs error | atol | rtol | steps passed |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            *[f"- `{ref.name}`: {ref.description}" for ref in self.references],
+            "",
+            f"Criterion: {RULE} Margin: the largest over the steps that count.",
+            "",
+            "| reference | graph | output | worst step | max abs error | atol | rtol | margin | steps passed | "
+            "informational steps |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for (runner, output), row in self.worst().items():
-            passed = sum(1 for r in self.rows if r.runner == runner and r.output == output and r.passed)
+        for (reference, runner, output), row in self.worst().items():
+            rows = [r for r in self.rows if (r.reference, r.runner, r.output) == (reference, runner, output)]
+            counted = [r for r in rows if not r.informational]
+            passed = sum(1 for r in counted if r.passed)
+            margin = max((r.margin for r in counted if r.margin is not None), default=None)
             lines.append(
-                f"| {runner} | {output} | {row.feed} ({row.shape.label if row.shape else ''}) | {row.max_abs:.3e} | "
-                f"{row.atol:.1e} | {row.rtol:.1e} | {passed}/{steps} |"
+                f"| {reference} | {runner} | {output} | {row.feed} ({row.shape.label if row.shape else ''}) | "
+                f"{row.max_abs:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {format_margin(margin)} | "
+                f"{passed}/{len(counted)} | {len(rows) - len(counted)} |"
             )
+        notes = list(dict.fromkeys(r.note for r in self.rows if r.note))
+        if notes:
+            lines += ["", *[f"- informational: {note}" for note in notes[:5]]]
         return "\n".join(lines) + "\n"
 
 
@@ -265,6 +302,7 @@ def validate_decode(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     tolerances: Mapping[str, Tolerance] | None = None,
     quiet: bool = True,
+    references: Sequence[Reference] = (),
 ) -> DecodeReport:
     """Run a decode sequence through each graph on ONNX Runtime and compare every step with the eager block.
 
@@ -277,6 +315,8 @@ def validate_decode(
         providers: ONNX Runtime providers.
         tolerances: per-output overrides of the scheme's tolerances.
         quiet: silence polygraphy.
+        references: more references, each carrying its own cache (:func:`stepping_runner`), e.g. the checkpoint's
+            transformers module (:func:`posenc.validate.checkpoint.decode_against_checkpoint`).
 
     Raises:
         ConfigError: no graph, graphs of different blocks, a non-block graph, or a schedule that does not fit.
@@ -311,10 +351,12 @@ def validate_decode(
         candidates.append(OrtDecodeRunner(prepared.model, manifest, schedule[0].batch, name, providers, seed))
     carried = [{k: (np.asarray(v).astype(np.float32) if k == "hidden" else v) for k, v in f.items()} for f in feeds]
     feeds = carried if mode != "numeric" else feeds
-    reference.runner.input_metadata = feed_metadata(feeds[0])
+    all_references = [reference, *references]
+    for ref in all_references:
+        ref.runner.input_metadata = feed_metadata(feeds[0])
     tols = tolerances_for(first.scheme, dict.fromkeys(OUTPUTS, first.dtype), tolerances)
-    comparison = compare([reference], candidates, feeds, tols, shapes=schedule, quiet=quiet)
-    return DecodeReport([str(p) for p in paths], schedule, comparison.rows, mode)
+    comparison = compare(all_references, candidates, feeds, tols, shapes=schedule, quiet=quiet)
+    return DecodeReport([str(p) for p in paths], schedule, comparison.rows, mode, all_references)
 
 
 __all__ = [

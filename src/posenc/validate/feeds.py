@@ -20,7 +20,7 @@ import numpy as np
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
-from posenc.export.units import FeedShape, make_feed
+from posenc.export.units import BLOCK_INPLACE, FeedShape, make_feed
 
 DEFAULT_SHAPES: tuple[FeedShape, ...] = (
     FeedShape(batch=1, seq=1, past=0),
@@ -52,9 +52,67 @@ def fit_shapes(shapes: Sequence[FeedShape], max_positions: int | None) -> list[F
     return fitted
 
 
+BOUNDARY_TOKENS = 4
+"""New tokens of a feed around a boundary: two positions before it, two from it on."""
+
+
+def serving_limit(manifest: Manifest) -> int:
+    """Positions (and, in place, cache slots) a graph serves: the least of its precomputed table, its in-place
+    cache and its context length."""
+    limits = [int(manifest.attention["max_position_embeddings"])]
+    if manifest.max_positions is not None:
+        limits.append(manifest.max_positions)
+    if manifest.unit == BLOCK_INPLACE:
+        limits.append(int(manifest.input("key_cache").shape[2]))
+    return min(limits)
+
+
+def scheme_boundaries(manifest: Manifest) -> list[int]:
+    """Positions where the model's behaviour changes (``p``: between positions ``p - 1`` and ``p``), within what
+    it serves: its rope type's own (:attr:`posenc.rope_types.RopeType.boundaries`: the pretraining context it
+    extends, a switch length, llama3's band edges) and the last position it serves (the table's end)."""
+    from posenc import rope_types as RT
+    from posenc.schemes.rope import rope_parameters
+
+    limit = serving_limit(manifest)
+    points = {limit}
+    by_scheme = {RT.get(name).scheme: RT.get(name) for name in RT.names()}
+    entry = by_scheme.get(manifest.scheme)
+    if entry is not None and entry.boundaries is not None and entry.position_axes == 1:
+        params = rope_parameters(entry.name, manifest.params, manifest.attention_config())
+        points.update(entry.boundaries(params))
+    return sorted(p for p in points if BOUNDARY_TOKENS <= p <= limit)
+
+
+def boundary_shapes(manifest: Manifest) -> list[FeedShape]:
+    """A window of :data:`BOUNDARY_TOKENS` new tokens across each :func:`scheme_boundaries` position (at the table
+    end: its last positions), and for a causal block with a sliding window a decode step whose cache crosses the
+    window's edge. Multi-axis position ids (M-RoPE) get none (their feeds place images, not far positions)."""
+    from posenc.schemes import get_spec
+
+    try:
+        if get_spec(manifest.scheme).position_axes != 1:
+            return []
+    except ConfigError:  # a manifest of a newer posenc: its default shapes only
+        return []
+    limit = serving_limit(manifest)
+    shapes = []
+    for point in scheme_boundaries(manifest):
+        start = min(point - BOUNDARY_TOKENS // 2, limit - BOUNDARY_TOKENS)
+        shapes.append(FeedShape(1, BOUNDARY_TOKENS, 0, start=start))
+    window = manifest.attention.get("sliding_window")
+    if window and manifest.unit.startswith("block") and window + 1 <= limit:
+        shapes.append(FeedShape(1, 1, int(window)))  # keys 0 .. window: the oldest falls out of the window
+    return list(dict.fromkeys(shapes))
+
+
 def default_shapes(manifest: Manifest | None) -> list[FeedShape]:
-    """:data:`DEFAULT_SHAPES`, shrunk to fit the manifest's precomputed table."""
-    return fit_shapes(DEFAULT_SHAPES, manifest.max_positions if manifest is not None else None)
+    """:data:`DEFAULT_SHAPES`, shrunk to fit the manifest's precomputed table, then the feeds that cross the
+    model's boundaries (:func:`boundary_shapes`)."""
+    if manifest is None:
+        return list(DEFAULT_SHAPES)
+    shapes = fit_shapes(DEFAULT_SHAPES, manifest.max_positions)
+    return shapes + [s for s in boundary_shapes(manifest) if s not in shapes]
 
 
 def model_feeds(

@@ -24,7 +24,7 @@ from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
 from posenc.validate.runners import ort_runner
-from posenc.validate.tolerance import tolerances_for
+from posenc.validate.tolerance import RULE, format_margin, tolerances_for
 
 __all__ = [
     "DEFAULT_SHAPES",
@@ -77,6 +77,7 @@ class ParityReport(Verdict):
             "opset": m.opset,
             "references": [ref.to_dict() for ref in self.references],
             "mode": self.mode,
+            "criterion": RULE,
             "passed": self.passed,
             "rows": [row.to_dict() for row in self.rows],
             "notes": list(self.notes),
@@ -96,9 +97,13 @@ class ParityReport(Verdict):
                 for ref in self.references
             ],
             "",
-            "| shape (B, S, P) | reference | runner | output | max abs error | max rel error | atol | rtol | result |",
-            "|---|---|---|---|---:|---:|---:|---:|---|",
+            f"Criterion: {RULE}",
+            "",
+            "| shape (B, S, P) | reference | runner | output | max abs error | max rel error | atol | rtol | margin "
+            "| result |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---|",
         ]
+        notes: dict[str, int] = {}
         for row in self.rows:
             s = row.shape
             shape = f"{s.batch}, {s.seq}, {s.past}" if s is not None else f"feed {row.feed}"
@@ -107,12 +112,15 @@ class ParityReport(Verdict):
             result = "pass" if row.passed else "**FAIL**"
             if row.informational:
                 result = "info: " + ("within" if row.passed else "beyond") + " tolerance"
+                if row.note:
+                    result += f" [{notes.setdefault(row.note, len(notes) + 1)}]"
             lines.append(
                 f"| {shape} | {row.reference} | {row.runner} | {row.output} | {row.max_abs:.3e} | "
-                f"{row.max_rel:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {result} |"
+                f"{row.max_rel:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {format_margin(row.margin)} | {result} |"
             )
-        if self.notes:
-            lines += ["", *[f"- {note}" for note in self.notes]]
+        footnotes = [f"[{number}] {note}" for note, number in notes.items()]
+        if self.notes or footnotes:
+            lines += ["", *[f"- {note}" for note in [*footnotes, *self.notes]]]
         return "\n".join(lines) + "\n"
 
     def save(

@@ -114,6 +114,36 @@ def tolerances_of(
     return {**result, **(overrides or {})}
 
 
+RULE = (
+    "An element passes when |got - ref| <= max(atol, rtol * |ref|) (it fails only beyond both; a non-finite "
+    "reference must be matched exactly). A row's margin is the largest |got - ref| / max(atol, rtol * |ref|) over "
+    "its elements: a row passes when its margin is at most 1."
+)
+"""The one rule of every posenc verdict, stated in every report."""
+
+
+def margin_of(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> float:
+    """How much of its tolerance ``got`` uses against ``ref``: ``max |got - ref| / max(atol, rtol·|ref|)`` over the
+    elements (finite references; ``inf`` where a non-finite one is not matched, 0 for no elements). At most 1
+    exactly when :func:`outside_tolerance` finds no element."""
+    got64, ref64 = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    finite = np.isfinite(ref64)
+    same = (got64 == ref64) | (np.isnan(got64) & np.isnan(ref64))
+    if not bool(same[~finite].all()):
+        return float("inf")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.abs(got64 - ref64)[finite]
+        allowed = np.maximum(tol.atol, tol.rtol * np.abs(ref64[finite]))
+        ratio = np.where(allowed > 0, err / np.where(allowed > 0, allowed, 1.0), np.where(err > 0, np.inf, 0.0))
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)  # a NaN against a finite reference
+    return float(ratio.max(initial=0.0))
+
+
+def format_margin(margin: float | None) -> str:
+    """A row's margin for a report cell: ``0.42``; ``—`` when the row has none (a report from before margins)."""
+    return "—" if margin is None else f"{margin:.2f}"
+
+
 def outside_tolerance(got: np.ndarray, ref: np.ndarray, tol: Tolerance) -> np.ndarray:
     """Boolean mask (shape of ``ref``) of the elements of ``got`` that fail ``tol`` against ``ref``.
 
