@@ -106,3 +106,35 @@ def check_case(case: Case, tmp_path: Path) -> dict[str, dict[str, float]]:
             measured[f"{mode} long vs fp64 angles"] = vs_exact
             measured[f"{mode} long vs own angles"] = vs_native
     return measured
+
+
+def block_errors(loaded, seed: int = 1) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """posenc's float32 block against the layer's transformers module, in eager PyTorch (no export).
+
+    Largest |difference| over every output of: a 7-token prompt at positions 0..6 and at 100..106 and a decode step
+    over a 9-token cache (the block's own presents of a prompt), against the module with its own angles; 4 tokens
+    ending at the context length, against the module in float64 fed float64 angles (its float32 angles drift)."""
+    block, native = loaded.block(), loaded.reference("native", torch.float32)
+    exact = loaded.reference("float64", torch.float64)
+    config = loaded.plan.config
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(2, 7, config.hidden_size, generator=generator)
+    with torch.no_grad():  # a cache of 9 tokens in the layout the block (and module) keep, whatever the geometry
+        past = block(torch.randn(2, 9, config.hidden_size, generator=generator))[1:]
+    end = config.max_position_embeddings
+    feeds = {
+        "prompt": (hidden, torch.arange(7).expand(2, 7), None, None),
+        "prompt at 100": (hidden, torch.arange(100, 107).expand(2, 7), None, None),
+        "decode step": (hidden[:, :1], torch.full((2, 1), 9), *past),
+        "near the context length": (hidden[:, :4], torch.arange(end - 4, end).expand(2, 4), None, None),
+    }
+    axes = block.scheme.spec.position_axes  # M-RoPE: text tokens carry the same id on every axis
+    errors = {}
+    for name, (x, ids, *cache) in feeds.items():
+        feed = (x, ids.expand(axes, *ids.shape) if axes > 1 else ids, *cache)
+        reference = exact if name == "near the context length" else native
+        with torch.no_grad():
+            ours = block(*feed)
+        theirs = reference(*feed)
+        errors[name] = max(float((a.double() - b.double()).abs().max()) for a, b in zip(ours, theirs, strict=True))
+    return errors

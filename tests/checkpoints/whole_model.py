@@ -55,13 +55,17 @@ def capture(module: torch.nn.Module) -> tuple[Calls, Any]:
     return calls, module.register_forward_hook(hook, with_kwargs=True)
 
 
-def model_steps(folder: Path, layer: int, stack: str | None, implementation: str = "eager") -> Calls:
+def model_steps(
+    folder: Path, layer: int, stack: str | None, implementation: str = "eager", path: str | None = None
+) -> Calls:
     """The layer's attention inputs and outputs while the base model runs a 6-token prompt, then (for decoder
-    stacks) one more token with the cache; encoder stacks run the 6 tokens once."""
+    stacks) one more token with the cache; encoder stacks run the 6 tokens once. ``path``: the attention module's
+    name in the base model (default: from :data:`ATTENTION_OF`)."""
     import transformers
 
     model = transformers.AutoModel.from_pretrained(folder, attn_implementation=implementation).eval()
-    calls, handle = capture(ATTENTION_OF[model.config.model_type](model, layer, stack))
+    attention = model.get_submodule(path) if path else ATTENTION_OF[model.config.model_type](model, layer, stack)
+    calls, handle = capture(attention)
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         if model.config.is_encoder_decoder:

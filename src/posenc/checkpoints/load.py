@@ -9,15 +9,19 @@ names and sha256). Memory follows one layer, not the model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from posenc.blocks import AttentionBlock
+from posenc.checkpoints import towers
 from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, supported_model_types
 from posenc.checkpoints.reference import TransformersReference, hf_config
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.checkpoints.towers import Tower
 from posenc.errors import ConfigError
 from posenc.mla import MLABlock, build_block
 from posenc.provenance import CheckpointWeights
@@ -38,6 +42,7 @@ class LoadedLayer:
         location: the checkpoint folder (or ``<in-memory ...>``).
         hf: the transformers config object.
         model_type: ``config.json``'s ``model_type``.
+        tower: where the layer sits when the checkpoint is a wrapper of a text model (:mod:`.towers`), else None.
     """
 
     family: Family
@@ -48,6 +53,7 @@ class LoadedLayer:
     location: str
     hf: Any
     model_type: str
+    tower: Tower | None = None
 
     def block(
         self,
@@ -67,8 +73,20 @@ class LoadedLayer:
         return block.eval()
 
     def reference(self, angles: str = "native", dtype: torch.dtype = torch.float32) -> TransformersReference:
-        """The checkpoint's own transformers attention module for this layer (see :mod:`.reference`)."""
-        return self.family.reference(self.hf, self.plan, self.tensors, angles, dtype)
+        """The checkpoint's own transformers attention module for this layer (see :mod:`.reference`); for a text
+        tower, the class its wrapper builds for the layer.
+
+        Raises:
+            ConfigError: the family builds another attention class than the wrapper does for this layer.
+        """
+        reference = self.family.reference(self.hf, self.plan, self.tensors, angles, dtype)
+        built = type(getattr(reference, "attention", reference)).__name__
+        if self.tower is not None and built != self.tower.attention_class:
+            raise ConfigError(
+                f"{self.model_type}'s text tower builds {self.tower.attention_class} for layer {self.plan.layer}, "
+                f"but family {self.family.name} builds {built}; posenc cannot vouch for this layer."
+            )
+        return reference
 
     def provenance(self) -> CheckpointWeights:
         """Where the weights came from, for the manifest: checkpoint, layer and every tensor's name and sha256."""
@@ -105,23 +123,31 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
                 f"{source.location}/config.json has no model_type; posenc loads checkpoints of: "
                 f"{', '.join(supported_model_types())}."
             )
-        family = family_for(str(model_type))
-        hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        try:
+            hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        except ConfigError:  # a model_type transformers does not know: say what posenc loads, if it is not one
+            family_for(str(model_type))
+            raise
+        family, text = _family_of(str(model_type), hf)
         if family.layer_types and layer_type is not None and layer_type not in family.layer_types:
             raise ConfigError(
                 f"{model_type} has layer types {list(family.layer_types)}, not {layer_type!r}; pass one of them."
                 + (f" {family.layer_types_note}" if family.layer_types_note else "")
             )
-        plan = family.geometry(hf, first_layer(hf, layer_type) if layer is None else layer, layer_type)
+        plan = family.geometry(text, first_layer(text, layer_type) if layer is None else layer, layer_type)
+        tower = None
+        if text is not hf:  # a wrapper: find its text tower in its transformers model
+            tower = towers.locate(hf, source.config, source.hf_model, family.prefix(plan))
+            plan = family.geometry(tower.config, plan.layer, layer_type)
         rules = [rule for rule in family.rules if rule.when(plan)]
-        root = _root(source, family, plan, rules)
+        full_name = _naming(source, family, plan, rules, tower)
         tensors: dict[str, torch.Tensor] = {}
         names: dict[str, str] = {}
         state: dict[str, torch.Tensor] = {}
         for rule in rules:
             inputs = []
             for relative in rule.sources:
-                full = _full_name(root, family.prefix(plan), relative, plan)
+                full = full_name(relative)
                 tensors[relative] = source.tensor(full)
                 names[relative] = full
                 inputs.append(tensors[relative])
@@ -130,7 +156,8 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
                 raise ConfigError(f"family {family.name}: rule for {rule.targets} produced {len(outputs)} tensors.")
             for target, value in zip(rule.targets, outputs, strict=True):
                 state[target] = value
-        return LoadedLayer(family, plan, state, tensors, names, source.location, hf, str(model_type))
+        hf_family = tower.config if tower else hf
+        return LoadedLayer(family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower)
 
 
 def first_layer(hf: Any, layer_type: str | None) -> int:
@@ -142,18 +169,58 @@ def first_layer(hf: Any, layer_type: str | None) -> int:
 
 
 def _full_name(root: str, prefix: str, relative: str, plan: LayerPlan) -> str:
+    """The checkpoint name of ``relative`` (to the layer's attention module, or ``/``-prefixed to the root)."""
     if relative.startswith("/"):
         return root + relative[1:].format(layer=plan.layer, stack=plan.layer_type or "")
     return root + prefix + relative.format(layer=plan.layer, stack=plan.layer_type or "")
 
 
-def _root(source: CheckpointSource, family: Family, plan: LayerPlan, rules: list[Rule]) -> str:
-    """The model-root prefix under which this checkpoint stores the layer (``model.`` or ``""``, ...)."""
+def _family_of(model_type: str, hf: Any) -> tuple[Family, Any]:
+    """``(family, the config it reads)``: the family of ``model_type`` with ``hf``; for a wrapper whose model_type no
+    family claims, the family of its text tower with the text config (:mod:`.towers`).
+
+    Raises:
+        ConfigError: neither the model_type nor its text tower's (if it has one) is supported.
+    """
+    if model_type in supported_model_types():
+        return family_for(model_type), hf
+    tower_type = towers.text_model_type(hf)
+    if tower_type is None:
+        raise ConfigError(
+            f"model_type {model_type!r} is not supported for checkpoint loading, and it wraps no text tower (its "
+            f"config's get_text_config() is itself); supported model types: {', '.join(supported_model_types())}, "
+            f"and wrappers (vision-, audio-language models) whose text tower is one of them. For other models export "
+            f"a scheme by hand (posenc export --scheme ...)."
+        )
+    if tower_type not in supported_model_types():
+        raise ConfigError(
+            f"model_type {model_type!r} wraps a text tower of model_type {tower_type!r}, which posenc does not load; "
+            f"posenc loads checkpoints (and text towers) of: {', '.join(supported_model_types())}. For other models "
+            f"export a scheme by hand (posenc export --scheme ...)."
+        )
+    return family_for(str(tower_type)), hf.get_text_config()
+
+
+def _naming(
+    source: CheckpointSource, family: Family, plan: LayerPlan, rules: list[Rule], tower: Tower | None
+) -> Callable[[str], str]:
+    """``relative name -> full checkpoint name`` for the layout this checkpoint stores the layer in: under the first
+    root (``model.`` or ``""``, ...; a text tower's roots for a wrapper) that holds it, or a tower's saved names.
+
+    Raises:
+        ConfigError: no layout holds the layer's first tensor.
+    """
     probe = next(s for rule in rules for s in rule.sources if not s.startswith("/"))
-    for root in family.roots:
-        if source.has(_full_name(root, family.prefix(plan), probe, plan)):
-            return root
-    tried = [_full_name(root, family.prefix(plan), probe, plan) for root in family.roots]
+    roots = tower.roots if tower else family.roots
+    by_root = [functools.partial(_full_name, root, family.prefix(plan), plan=plan) for root in roots]
+    layouts: list[Callable[[str], str]] = list(by_root)
+    if tower is not None and tower.saved:  # names save_pretrained writes with a rename inside the layer path
+        saved, fallback = tower.saved, by_root[0]
+        layouts.insert(0, lambda relative: saved.get(relative) or fallback(relative))
+    for layout in layouts:
+        if source.has(layout(probe)):
+            return layout
+    tried = list(dict.fromkeys(layout(probe) for layout in layouts))
     raise ConfigError(
         f"checkpoint {source.location} has no tensor {' or '.join(repr(t) for t in tried)} for layer {plan.layer}; "
         f"its config says model_type {source.config.get('model_type')!r} but its weights are laid out otherwise."

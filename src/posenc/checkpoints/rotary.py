@@ -114,7 +114,9 @@ class RotaryReference(ModuleReference):
     def __init__(self, attention: HFModule, rotary: HFModule, plan: LayerPlan, angles: str, dtype: torch.dtype) -> None:
         super().__init__(attention, plan, angles, dtype)
         self.rotary = rotary
-        self.exact = float64_scheme(plan) if angles == "float64" else None
+        self.exact = float64_scheme(plan) if angles == "float64" and plan.scheme != "nope" else None
+        """posenc's float64 scheme; None for the model's own angles, and for a NoPE layer (its module is handed the
+        model's cos/sin and does not use them)."""
         self._pass_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
 
     @classmethod

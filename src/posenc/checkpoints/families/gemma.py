@@ -24,6 +24,7 @@ CLASSES: Mapping[str, tuple[str, str]] = {
     "gemma": ("gemma", "Gemma"),
     "gemma2": ("gemma2", "Gemma2"),
     "gemma3_text": ("gemma3", "Gemma3"),
+    "vaultgemma": ("vaultgemma", "VaultGemma"),
 }
 """model_type -> (transformers module, class prefix)."""
 
@@ -32,7 +33,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     features: dict[str, Any] = {"qkv_bias": bool(hf.attention_bias), "out_bias": bool(hf.attention_bias)}
     if getattr(hf, "query_pre_attn_scalar", None):
         features["attn_scale"] = float(hf.query_pre_attn_scalar) ** -0.5
-    if hf.model_type == "gemma2" and hf.attn_logit_softcapping:
+    if hf.model_type in ("gemma2", "vaultgemma") and hf.attn_logit_softcapping:
         features["logit_softcap"] = float(hf.attn_logit_softcapping)
     if hf.model_type == "gemma3_text":
         features.update(qk_norm="rms", qk_norm_eps=float(hf.rms_norm_eps))

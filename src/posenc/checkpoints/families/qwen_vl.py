@@ -41,6 +41,7 @@ VARIANTS: Mapping[str, Variant] = {
     "qwen2_vl": Variant("qwen2_vl", "Qwen2VL", interleaved=False, qk_norm=False),
     "qwen2_5_vl": Variant("qwen2_5_vl", "Qwen2_5_VL", interleaved=False, qk_norm=False),
     "qwen3_vl": Variant("qwen3_vl", "Qwen3VLText", interleaved=True, qk_norm=True),
+    "qwen3_vl_moe": Variant("qwen3_vl_moe", "Qwen3VLMoeText", interleaved=True, qk_norm=True),
 }
 
 
