@@ -102,6 +102,15 @@ def optimize_parity_check(before: bytes, after: bytes, info: ModelInfo) -> dict[
     return check_ort_parity(before, after, info)
 
 
+def inspect_engine_profiles(manifest: object) -> str:
+    """The engine profiles of ``posenc inspect``: :func:`posenc.engine.build.engine_profiles`, formatted (composed
+    here for the same reason as :func:`inspect_tensorrt_check`)."""
+    from posenc.engine.build import engine_profiles
+    from posenc.engine.profiles import format_profiles
+
+    return format_profiles(engine_profiles(manifest))  # type: ignore[arg-type]  # a Manifest or None
+
+
 def inspect_tensorrt_check(path: object) -> object:
     """The TensorRT parse of ``posenc inspect``: :func:`posenc.engine.check_parse`.
 
@@ -146,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     sub.choices["optimize"].set_defaults(parity_check=optimize_parity_check)
-    sub.choices["inspect"].set_defaults(tensorrt_check=inspect_tensorrt_check)
+    sub.choices["inspect"].set_defaults(tensorrt_check=inspect_tensorrt_check, profile_text=inspect_engine_profiles)
     return parser
 
 

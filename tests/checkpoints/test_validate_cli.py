@@ -43,7 +43,7 @@ def test_faithful_export_passes_against_every_reference(
     far = [row for row in data["rows"] if row["shape"]["start"] == 4092]
     assert {row["reference"] for row in far} == {"eager-fp64", "hf-fp32", "hf-fp64, fp64 angles"}
     # informational exactly where transformers' float32 angles put hf-fp32 itself beyond the tolerance (with a note)
-    assert all(row["informational"] == bool(row["note"]) for row in data["rows"])
+    assert all(row["informational"] == bool(row.get("note")) for row in data["rows"])
     assert all("float32" in row["note"] for row in data["rows"] if row["informational"])
     assert all(row["margin"] <= 1 for row in data["rows"] if not row["informational"])
     assert "max(atol, rtol * |ref|)" in data["criterion"]
@@ -99,7 +99,8 @@ def test_far_positions_get_one_verdict_however_they_are_asked_for(exported: Path
 
     far = FeedShape(1, 4, 0, start=4092)
     added = validate_against_checkpoint(exported, checkpoint, shapes=[FeedShape(1, 3)])
-    asked = validate_against_checkpoint(exported, checkpoint, shapes=[far], long_positions=False)
+    # the same data: feed i is seeded seed + i, and the added feed comes second
+    asked = validate_against_checkpoint(exported, checkpoint, shapes=[far], long_positions=False, seed=1)
 
     def strip(report):  # type: ignore[no-untyped-def]
         rows = [r for r in report.rows if r.shape == far]

@@ -8,7 +8,15 @@ import pytest
 
 from posenc.engine import backend as backend_module
 from posenc.engine.backend import Backend, load_backend
-from posenc.engine.profiles import DimProfile, input_shapes, parse_override, resolve_profile
+from posenc.engine.profiles import (
+    DEFAULT_BATCH,
+    DimProfile,
+    format_profiles,
+    input_shapes,
+    parse_override,
+    resolve_profile,
+    resolve_profiles,
+)
 from posenc.engine.targets import normalize_target, resolve_targets, supported_targets
 from posenc.errors import BackendUnavailable, ConfigError
 from posenc.export.manifest import DimRange
@@ -116,3 +124,31 @@ def test_input_without_a_range_for_its_dynamic_dim_is_refused() -> None:
     with pytest.raises(ConfigError, match="--profile n=MIN:OPT:MAX"):
         input_shapes([("x", ["n", 4])], {})
     assert input_shapes([("x", ["seq", 4])], {"seq": DimProfile(1, 2, 3)}) == {"x": ([1, 4], [2, 4], [3, 4])}
+
+
+OPEN = {"batch": DimRange(1, None, 2), "seq": DimRange(1, None, 4), "past": DimRange(0, None, 3)}
+
+
+def test_model_profiles_reach_the_context_of_a_dynamic_table_model() -> None:
+    """A dynamic-table Llama-3.2-like block (131072 positions) is no longer capped at 2048: prefill serves every
+    call up to the context, decode steps of 1-16 tokens after up to 131071 cached ones."""
+    profiles = resolve_profiles(OPEN, context=131072, decoder=True)
+    assert list(profiles) == ["prefill", "decode"]
+    prefill, decode = profiles["prefill"], profiles["decode"]
+    assert prefill["seq"] == DimProfile(1, 512, 131072)
+    assert prefill["past"] == DimProfile(0, 0, 131071)
+    assert decode["seq"] == DimProfile(1, 1, 16)
+    assert decode["past"] == DimProfile(0, 4095, 131071)
+    assert prefill["batch"] == decode["batch"] == DimProfile(1, 1, DEFAULT_BATCH)
+    assert "prefill: batch 1:1:8, seq 1:512:131072, past 0:0:131071" in format_profiles(profiles)
+
+
+def test_a_precomputed_table_bounds_the_profiles_and_overrides_apply_to_each() -> None:
+    profiles = resolve_profiles(DIMS, ["batch=1:2:4"], context=131072, decoder=True)
+    assert profiles["prefill"]["seq"] == DimProfile(1, 64, 64)  # the 64-row table, not the context
+    assert profiles["decode"]["past"] == DimProfile(0, 63, 63)
+    assert all(p["batch"] == DimProfile(1, 2, 4) for p in profiles.values())
+    with pytest.raises(ConfigError, match="outside the manifest's range"):
+        resolve_profiles(DIMS, ["seq=1:8:128"], context=131072, decoder=True)
+    assert list(resolve_profiles(DIMS, context=4096, decoder=False)) == ["prefill"]
+    assert list(resolve_profiles(DIMS)) == ["default"]  # no context known: the manifest's ranges, capped

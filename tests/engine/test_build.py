@@ -182,3 +182,22 @@ def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_pa
     layers = result.manifest.layers
     assert layers.get("ATTENTION_OUTPUT", 0) == case.fused_attention_expected["trt"]
     assert result.manifest.engine_bytes > 0
+
+
+def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The engine of a dynamic-table block with 131072 positions gets a prefill and a decode profile reaching the
+    context (not the old 2048 cap); build prints them and the engine manifest records them by name."""
+    from posenc import AttentionConfig
+    from posenc.export import export_onnx
+
+    config = AttentionConfig(hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=131072)
+    source = export_onnx(tmp_path / "long.onnx", "rope_llama3", config=config, table_mode="dynamic").path
+    assert main(["inspect", str(source), "--no-tensorrt"]) == 0
+    assert "prefill: batch 1:1:8, seq 1:512:131072, past 0:0:131071" in capsys.readouterr().out
+    out = tmp_path / "long.engine"
+    assert main(["build", str(source), "--engine-target", "sm89", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "decode: batch 1:1:8, seq 1:1:16, past 0:4095:131071" in printed
+    manifest = json.loads(out.with_name("long.engine.manifest.json").read_text())
+    assert manifest["profile_names"] == ["prefill", "decode"]
+    assert [p["seq"]["max"] for p in manifest["profiles"]] == [131072, 16]

@@ -24,11 +24,12 @@ from typing import Any, ClassVar
 from posenc.dtypes import dtype_name
 from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_backend
 from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposable, parse_onnx
-from posenc.engine.profiles import DimProfile, input_shapes, resolve_profile
+from posenc.engine.profiles import DimProfile, input_shapes, resolve_profiles
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ConfigError, ModelFileError
 from posenc.export.files import atomic_outputs, json_text, reading
 from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json
+from posenc.export.units import BLOCK_INPLACE
 from posenc.graphs.manifests import ModelInfo, read_model_info
 from posenc.paths import input_file, output_path, sha256_file
 from posenc.records import Document, field
@@ -110,6 +111,7 @@ class EngineManifest(Document):
     targets_note: str
     profiles: tuple[dict[str, DimProfile], ...]
     input_shapes: dict[str, ShapeRange]
+    """The input shapes of profile 0 (``prefill``)."""
     precision: str
     strongly_typed: bool
     decomposable_attention: int
@@ -124,6 +126,8 @@ class EngineManifest(Document):
     created: str
     engine_sha256: str
     format: str = ENGINE_FORMAT
+    profile_names: tuple[str, ...] = field(optional=True, default=())
+    """The name of each of :attr:`profiles`, in order (``prefill``, ``decode``; ``default`` without a context)."""
 
 
 @dataclasses.dataclass
@@ -176,6 +180,18 @@ def _precision(parsed: Any) -> str:
     return "float32"
 
 
+def engine_profiles(
+    manifest: Manifest | None, overrides: Sequence[str] | Mapping[str, DimProfile] | None = None
+) -> dict[str, dict[str, DimProfile]]:
+    """The named optimization profiles a build of this graph uses (:func:`posenc.engine.profiles.resolve_profiles`):
+    sized to the model's context, ``prefill`` then ``decode`` for a graph with a cache."""
+    if manifest is None:
+        return resolve_profiles(None, overrides)
+    context = int(manifest.attention.get("max_position_embeddings") or 0) or None
+    decoder = "past" in manifest.dynamic_dims or manifest.unit == BLOCK_INPLACE
+    return resolve_profiles(manifest.dynamic_dims, overrides, context=context, decoder=decoder)
+
+
 def build_engine(
     onnx_path: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -216,21 +232,24 @@ def build_engine(
     trt_backend = load_backend(backend)
     chosen = resolve_targets(trt_backend, targets)
     source_manifest = source.manifest
-    dim_profile = resolve_profile(source_manifest.dynamic_dims if source_manifest is not None else None, profile)
+    profiles = engine_profiles(source_manifest, profile)
     configure_polygraphy(trt_backend)
     parsed = parse_onnx(trt_backend, onnx_path)
-    shapes = input_shapes(_symbolic_inputs(parsed, source_manifest, _onnx_dim_names(onnx_path)), dim_profile)
+    symbolic = _symbolic_inputs(parsed, source_manifest, _onnx_dim_names(onnx_path))
+    all_shapes = [input_shapes(symbolic, dim_profile) for dim_profile in profiles.values()]
+    shapes = all_shapes[0]
     decomposable = mark_fp32_attention_decomposable(parsed)
     cache_path = Path(timing_cache) if timing_cache and trt_backend.has_timing_cache else None
     started = time.perf_counter()
-    engine = _serialize(trt_backend, parsed, chosen, shapes, cache_path, workspace_bytes)
+    engine = _serialize(trt_backend, parsed, chosen, all_shapes, cache_path, workspace_bytes)
     seconds = time.perf_counter() - started
     manifest = EngineManifest(
         backend=trt_backend.name,
         backend_version=trt_backend.version,
         targets=tuple(chosen),
         targets_note="" if chosen else "backend default (TensorRT-RTX: Ampere and later)",
-        profiles=(dict(dim_profile),),
+        profiles=tuple(dict(p) for p in profiles.values()),
+        profile_names=tuple(profiles),
         input_shapes={n: ShapeRange(*s) for n, s in shapes.items()},
         precision=_precision(parsed),
         strongly_typed=True,
@@ -257,17 +276,20 @@ def _serialize(
     backend: Backend,
     parsed: Any,
     targets: list[str],
-    shapes: Mapping[str, tuple[list[int], list[int], list[int]]],
+    shapes: Sequence[Mapping[str, tuple[list[int], list[int], list[int]]]],
     timing_cache: Path | None,
     workspace_bytes: int | None,
 ) -> bytes:
     from polygraphy.backend.trt import EngineBytesFromNetwork, Profile
     from polygraphy.exception import PolygraphyException
 
-    profile = Profile()
-    for name, (low, opt, high) in shapes.items():
-        profile.add(name, min=low, opt=opt, max=high)
-    options: dict[str, Any] = {"profiles": [profile]}
+    profiles = []
+    for profile_shapes in shapes:
+        profile = Profile()
+        for name, (low, opt, high) in profile_shapes.items():
+            profile.add(name, min=low, opt=opt, max=high)
+        profiles.append(profile)
+    options: dict[str, Any] = {"profiles": profiles}
     if workspace_bytes:
         options["memory_pool_limits"] = {backend.trt.MemoryPoolType.WORKSPACE: int(workspace_bytes)}
     if backend.is_rtx:

@@ -15,13 +15,16 @@ examples:
 
 Backend: datacenter `tensorrt` when importable (builds for the GPU it runs on), else `tensorrt_rtx`
 (ahead of time, no GPU needed; targets sm75 sm80 sm86 sm89 sm120). Profiles default to the ranges in the
-model's manifest; --profile NAME=MIN:OPT:MAX overrides one dimension within them.
+model's manifest, sized to the model: a prefill profile (profile 0: any call the model serves, up to its
+context length) and, for a block with a cache, a decode profile (1-16 new tokens after up to context - 1 cached);
+build prints them. --profile NAME=MIN:OPT:MAX overrides one dimension in every profile, within the manifest's range.
 Writes OUT and OUT.manifest.json; a failed build writes neither.
 exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph or failed build."""
 
 
 def _build(args: argparse.Namespace) -> int:
     from posenc.engine.build import build_engine
+    from posenc.engine.profiles import format_profiles
 
     result = build_engine(
         args.model,
@@ -41,6 +44,8 @@ def _build(args: argparse.Namespace) -> int:
         f"wrote {result.path} ({manifest.engine_bytes} bytes, {manifest.backend} {manifest.backend_version}, "
         f"targets {targets}, {manifest.precision}, {manifest.build_seconds:.2f} s) + {result.manifest_path.name}"
     )
+    names = manifest.profile_names or tuple(f"profile {i}" for i in range(len(manifest.profiles)))
+    print(f"optimization profiles (min:opt:max): {format_profiles(dict(zip(names, manifest.profiles, strict=True)))}")
     return 0
 
 

@@ -1,9 +1,18 @@
-"""Optimization profiles from the manifest's dynamic dimension ranges (overridable per dimension).
+"""Optimization profiles sized to the model: from the manifest's dynamic dimension ranges and its context length.
 
-A manifest names each dynamic axis (``batch``, ``seq``, ``past``, ``kv_seq``) with ``min``/``max``
-(``max`` may be open). A profile gives every dim ``min:opt:max``; the default is the manifest's range,
-capped where it is open, with ``opt`` at a typical size. Overrides (``seq=1:128:512``) must lie within the
-manifest's range: a precomputed table of 64 rows cannot serve a profile of 128 positions.
+A manifest names each dynamic axis (``batch``, ``seq``, ``past``, ``kv_seq``) with ``min``/``max`` (``max`` may be
+open: a dynamic table serves any position). A profile gives every dim ``min:opt:max``. By default an engine gets
+two (:func:`model_profiles`), both reaching the model's own limits — where the manifest leaves a dimension open, the
+model's context length (``max_position_embeddings``; an in-place cache's capacity is in the graph's shapes):
+
+- ``prefill`` (profile 0, the one a runner uses unless told otherwise): new tokens up to the context, tuned for a
+  prompt of ``min(512, context)`` with no cache; any cached length too, so every call the model serves runs on it;
+- ``decode`` (a block with a cache): steps of 1 to 16 tokens after up to ``context - 1`` cached ones, tuned for one
+  token after ``min(4095, context - 1)``.
+
+Batch, which no model bounds, is capped at :data:`DEFAULT_BATCH`. Overrides (``seq=1:128:512``) replace a dimension
+in every profile and must lie within the manifest's range: a precomputed table of 64 rows cannot serve a profile of
+128 positions. Without a manifest every dynamic dimension must be given.
 """
 
 from __future__ import annotations
@@ -48,8 +57,17 @@ def parse_override(text: str) -> tuple[str, DimProfile]:
     return name.strip(), DimProfile(low, opt, high)
 
 
+DEFAULT_BATCH = 8
+"""Largest batch of a default profile (no model bounds its batch; ``--profile batch=1:1:64`` raises it)."""
+PREFILL_OPT = 512
+DECODE_OPT_PAST = 4095
+DECODE_MAX_SEQ = 16
+"""New tokens of a decode step at most (speculative decoding verifies a few at once)."""
+
+
 def default_profile(dynamic_dims: Mapping[str, DimRange]) -> dict[str, DimProfile]:
-    """One profile covering each dim's manifest range (open ranges capped by :data:`DEFAULT_CAPS`)."""
+    """One profile covering each dim's manifest range (open ranges capped by :data:`DEFAULT_CAPS`): for a graph
+    whose manifest says nothing of the model's context."""
     profile = {}
     for name, limits in dynamic_dims.items():
         low = limits.min
@@ -59,22 +77,72 @@ def default_profile(dynamic_dims: Mapping[str, DimRange]) -> dict[str, DimProfil
     return profile
 
 
+def model_profiles(
+    dynamic_dims: Mapping[str, DimRange], context: int, decoder: bool
+) -> dict[str, dict[str, DimProfile]]:
+    """``{"prefill": profile, "decode": profile}`` reaching the model's limits (see the module docstring); only
+    ``prefill`` for a graph without a cache (``decoder`` False).
+
+    Args:
+        dynamic_dims: the manifest's ranges; a bound there (a precomputed table) wins over ``context``.
+        context: the model's context length (``max_position_embeddings``).
+        decoder: the graph carries a cache (a ``past`` input or an in-place cache).
+    """
+    caps = {"batch": DEFAULT_BATCH, "seq": context, "past": max(context - 1, 0), "kv_seq": context}
+
+    def top(name: str, limits: DimRange) -> int:
+        cap = caps.get(name, DEFAULT_CAPS.get(name, 2048))
+        return max(limits.min, cap if limits.max is None else min(int(limits.max), cap))
+
+    def dim(name: str, limits: DimRange, opt: int, high: int | None = None) -> DimProfile:
+        most = top(name, limits) if high is None else max(limits.min, min(high, top(name, limits)))
+        return DimProfile(limits.min, min(max(opt, limits.min), most), most)
+
+    prefill_opt = {"batch": 1, "seq": PREFILL_OPT, "past": 0, "kv_seq": PREFILL_OPT}
+    profiles = {"prefill": {name: dim(name, r, prefill_opt.get(name, r.min)) for name, r in dynamic_dims.items()}}
+    if decoder:
+        decode_opt = {"batch": 1, "seq": 1, "past": DECODE_OPT_PAST, "kv_seq": DECODE_OPT_PAST + 1}
+        profiles["decode"] = {
+            name: dim(name, r, decode_opt.get(name, r.min), DECODE_MAX_SEQ if name == "seq" else None)
+            for name, r in dynamic_dims.items()
+        }
+    return profiles
+
+
+def resolve_profiles(
+    dynamic_dims: Mapping[str, DimRange] | None,
+    overrides: Sequence[str] | Mapping[str, DimProfile] | None = None,
+    *,
+    context: int | None = None,
+    decoder: bool = False,
+) -> dict[str, dict[str, DimProfile]]:
+    """The named profiles of a build: :func:`model_profiles` when the model's ``context`` is known, else one
+    ``default`` profile (:func:`default_profile`); ``overrides`` replace their dimension in every profile, checked
+    against the manifest's ranges (:func:`resolve_profile`)."""
+    dims = dict(dynamic_dims or {})
+    bases = model_profiles(dims, context, decoder) if context and dims else {"default": default_profile(dims)}
+    return {name: resolve_profile(dims, overrides, base=base) for name, base in bases.items()}
+
+
 def resolve_profile(
     dynamic_dims: Mapping[str, DimRange] | None,
     overrides: Sequence[str] | Mapping[str, DimProfile] | None = None,
+    base: Mapping[str, DimProfile] | None = None,
 ) -> dict[str, DimProfile]:
-    """The manifest's default profile with ``overrides`` applied and checked against the manifest's ranges.
+    """A profile (default: the manifest's :func:`default_profile`) with ``overrides`` applied and checked against the
+    manifest's ranges.
 
     Args:
         dynamic_dims: the manifest's ``dynamic_dims`` (``None`` for an ONNX without manifest: then every
             dynamic dimension must come from ``overrides``).
         overrides: ``["seq=1:128:512", ...]`` or ``{name: DimProfile}``.
+        base: the profile the overrides apply to.
 
     Raises:
         ConfigError: an override names an unknown dimension or leaves the manifest's range.
     """
     dims = dict(dynamic_dims or {})
-    profile = default_profile(dims)
+    profile = dict(base) if base is not None else default_profile(dims)
     items = overrides.items() if isinstance(overrides, Mapping) else (parse_override(t) for t in overrides or ())
     for name, wanted in items:
         if dims and name not in dims:
@@ -120,3 +188,15 @@ def input_shapes(
             high.append(profile[key].max)
         shapes[name] = (low, opt, high)
     return shapes
+
+
+def format_profiles(profiles: Mapping[str, Mapping[str, DimProfile]]) -> str:
+    """``prefill: batch 1:1:8, seq 1:512:4096, past 0:0:4095; decode: ...`` for the build's and inspect's output."""
+    return "; ".join(
+        f"{name}: "
+        + (
+            ", ".join(f"{dim} {p.min}:{p.opt}:{p.max}" for dim, p in profile.items())
+            or "every dynamic dimension from --profile NAME=MIN:OPT:MAX (no manifest)"
+        )
+        for name, profile in profiles.items()
+    )

@@ -63,7 +63,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from posenc.graphs.inspect import inspect_model
 
     check = None if args.no_tensorrt else getattr(args, "tensorrt_check", None)  # posenc.cli sets it
-    report = inspect_model(args.model, tensorrt_check=check)
+    report = inspect_model(args.model, tensorrt_check=check, profile_text=getattr(args, "profile_text", None))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
     return 0
 

@@ -37,6 +37,9 @@ class TensorRTParse(Protocol):
 
 TensorRTCheck = Callable[[Path], TensorRTParse]
 """``check(path) -> report``: parse the file with TensorRT, never raising (:func:`posenc.engine.check_parse`)."""
+ProfileText = Callable[[Any], str]
+"""``describe(manifest) -> text``: the optimization profiles ``posenc build`` would use for the graph
+(:func:`posenc.engine.engine_profiles`, composed by the CLI)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,8 @@ class InspectReport:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     """Passes of the optimization that could not run on this graph, and why (e.g. a fused op that cannot express
     the scheme)."""
+    engine_profiles: str | None = None
+    """The optimization profiles a ``posenc build`` of this graph uses (min:opt:max per dimension)."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -87,6 +92,8 @@ class InspectReport:
             for name, reason in self.skipped.items():
                 lines.append(f"  not applied: {name}: {reason}")
         lines.extend(f"left decomposed: {reason}" for reason in self.declined)
+        if self.engine_profiles:
+            lines.append(f"engine profiles (posenc build, min:opt:max): {self.engine_profiles}")
         if self.tensorrt is not None:
             trt = self.tensorrt
             if trt.parsed is None:
@@ -113,10 +120,15 @@ def _op_name(node: ir.Node) -> str:
 
 
 def inspect_model(
-    path: str | os.PathLike[str], *, tensorrt_check: TensorRTCheck | None = None, top: int = 5
+    path: str | os.PathLike[str],
+    *,
+    tensorrt_check: TensorRTCheck | None = None,
+    top: int = 5,
+    profile_text: ProfileText | None = None,
 ) -> InspectReport:
     """Inspect an ONNX file (and its manifest); ``tensorrt_check`` (e.g. :func:`posenc.engine.check_parse`)
-    parses it with TensorRT, ``None`` leaves that out.
+    parses it with TensorRT, ``profile_text`` describes the engine profiles a build would use; ``None`` leaves
+    either out.
 
     Raises:
         ModelFileError: the file is missing or not ONNX.
@@ -150,4 +162,5 @@ def inspect_model(
         declined=tuple(reason for item in (record.passes if record else ()) for reason in item.declined),
         tensorrt=tensorrt,
         skipped={p.name: p.skipped for p in record.passes if p.skipped} if record else {},
+        engine_profiles=profile_text(manifest) if profile_text is not None else None,
     )
