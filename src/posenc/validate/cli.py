@@ -52,6 +52,7 @@ examples:
   posenc sweep -o report/sweep                      # RoPE family + relative schemes, fp32 and fp16, to 131072
   posenc sweep -s rope -s alibi --per-bucket 4 -o report/sweep
   posenc sweep -s rope_yarn --table-mode dynamic --dtype fp16 --last-position 65536 -o sweep_yarn
+  posenc sweep out/layer1.onnx -o out/layer1-sweep   # your export as it is, to the last position it serves
 
 Writes OUT.json (series -> buckets and per-position points, for plots) and OUT.md (one row per
 scheme/dtype/table mode/table dtype; cells: max abs error and ULPs per position bucket).
@@ -150,9 +151,17 @@ def _validate_decode(args: argparse.Namespace, shapes: list[Any], providers: lis
     return 0
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    from posenc.validate.sweep import position_sweep
+_SCHEME_SWEEP_OPTIONS = ("scheme", "dtype", "table_mode", "no_fp16_tables")
 
+
+def _sweep(args: argparse.Namespace) -> int:
+    from posenc.validate.sweep import position_sweep, sweep_artifact
+
+    if args.model is not None:
+        given = [f"--{name.replace('_', '-')}" for name in _SCHEME_SWEEP_OPTIONS if getattr(args, name)]
+        if given:
+            raise ConfigError(f"a model file fixes scheme, dtype and tables; drop {', '.join(given)}.")
+        check_input(args.model, "ONNX model")
     if "bf16" in (args.dtype or ()):
         raise ConfigError("sweep runs on ONNX Runtime CPU, which has no bf16 kernels; use --dtype fp32 or fp16.")
     prefix = Path(args.output)
@@ -162,15 +171,19 @@ def _sweep(args: argparse.Namespace) -> int:
         check_output(args.output, "sweep -o (a folder, or a new prefix for OUT.json and OUT.md)", folder=True)
     for suffix in (".json", ".md"):
         check_output(f"{prefix}{suffix}", "sweep report")
-    report = position_sweep(
-        split_names(args.scheme) or None,
-        dtypes=args.dtype or ("fp32", "fp16"),
-        table_modes=args.table_mode or None,
-        fp16_tables=not args.no_fp16_tables,
-        max_position=args.last_position,
-        per_bucket=args.per_bucket,
-        seed=args.seed,
-    )
+    if args.model is not None:
+        last = None if args.last_position is None else args.last_position
+        report = sweep_artifact(args.model, max_position=last, per_bucket=args.per_bucket, seed=args.seed)
+    else:
+        report = position_sweep(
+            split_names(args.scheme) or None,
+            dtypes=args.dtype or ("fp32", "fp16"),
+            table_modes=args.table_mode or None,
+            fp16_tables=not args.no_fp16_tables,
+            max_position=131072 if args.last_position is None else args.last_position,
+            per_bucket=args.per_bucket,
+            seed=args.seed,
+        )
     written = report.save(json_path=f"{prefix}.json", markdown=f"{prefix}.md")
     print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
     return 0 if report.passed else 1
@@ -249,6 +262,14 @@ def register(subparsers: Any) -> None:
         epilog=SWEEP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    s.add_argument(
+        "model",
+        nargs="?",
+        type=path_arg,
+        metavar="MODEL.onnx",
+        help="an exported op or block (concat cache) to sweep as it is, up to the last position it serves; "
+        "without it, each scheme's op is exported and swept",
+    )
     add(s, "scheme", repeat=True, note="or comma-separated; default: the RoPE family and relative schemes")
     add(s, "dtype", repeat=True, note="default fp32 and fp16 (ONNX Runtime CPU has no bf16 kernels)")
     add(s, "table_mode", repeat=True, note="default: every mode each scheme has")
@@ -256,9 +277,10 @@ def register(subparsers: Any) -> None:
     s.add_argument(
         "--last-position",
         type=int,
-        default=131072,
+        default=None,
         metavar="N",
-        help="largest position measured; precomputed tables get N + 1 rows (default 131072)",
+        help="largest position measured; precomputed tables get N + 1 rows (default 131072; for a MODEL.onnx the last "
+        "position it serves)",
     )
     add_alias(s, "--max-position", "last_position", use="--last-position", type=int)
     s.add_argument("--per-bucket", type=int, default=8, help="sampled positions per bucket")

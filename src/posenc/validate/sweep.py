@@ -207,11 +207,21 @@ def sample_positions(buckets: Sequence[tuple[int, int]], per_bucket: int, seed: 
     return chosen
 
 
+def _along_sequence(manifest: Manifest) -> bool:
+    """The sampled positions run along the sequence axis (-2 of every output): rotary and embedding ops, and whole
+    blocks (one sequence at the sampled positions, each token seeing those before it); else along the batch axis
+    (score / attention ops: one query per row with its keys)."""
+    return manifest.unit == "block" or manifest.placement in (Placement.QK.value, Placement.EMBEDDING.value)
+
+
 def _sweep_feed(manifest: Manifest, positions: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     np_dtype = NUMPY_DTYPES[manifest.dtype]
     n = len(positions)
-    if manifest.placement == Placement.QK.value or manifest.placement == Placement.EMBEDDING.value:
+    if manifest.unit == "block":
+        sizes = {"batch": 1, "seq": n, "past": 0}
+        pos_q, pos_k = positions[None, :], None
+    elif _along_sequence(manifest):
         sizes = {"batch": 1, "seq": n}
         pos_q, pos_k = positions[None, :], None
     else:
@@ -236,7 +246,7 @@ def _per_position(manifest: Manifest, outputs: list[np.ndarray], references: lis
     scale = np.zeros(n)
     max_ulps = np.zeros(n)
     rounding_ok = np.ones(n, dtype=bool)
-    qk = manifest.placement in (Placement.QK.value, Placement.EMBEDDING.value)
+    qk = _along_sequence(manifest)
     for got, ref in zip(outputs, references, strict=True):
         got64 = got.astype(np.float64)
         # positions along axis -2 (seq) for qk ops, along the batch axis for score/attention ops
@@ -265,13 +275,24 @@ def sweep_model(
     case: str = "default",
     seed: int = 0,
 ) -> SweepSeries:
-    """Sweep one exported op (``posenc.export.export_onnx(..., unit="op")``) over the given positions.
+    """Sweep one exported op or block (``posenc export``, ``--kv-cache concat``) over the given positions.
 
     One feed per bucket goes through :func:`posenc.validate.compare.compare` (the float64 eager reference
     against ONNX Runtime CPU); a bucket is within tolerance when all its rows pass, and the per-position
-    statistics are computed from the outputs the comparison collected.
+    statistics are computed from the outputs the comparison collected. A block's feed is one sequence of new tokens
+    at the bucket's sampled positions (no cache), so each token attends to the sampled ones before it.
+
+    Raises:
+        ConfigError: an in-place cache or multi-axis graph (sweep its concatenated-cache, text export).
     """
     reference, manifest = load_eager(path)
+    if manifest.unit not in ("block", "op"):
+        raise ConfigError(
+            f"sweep takes an op or a block with a concatenated cache, not unit {manifest.unit!r}; sweep the "
+            f"`--kv-cache concat` export of the same layer (and `posenc validate --decode` this one)."
+        )
+    if manifest.unit == "block" and len(manifest.input("position_ids").shape) == 3:
+        raise ConfigError("sweep feeds one position per token; multi-axis position ids (M-RoPE) are not swept.")
     # An op's outputs share one dtype (a score op's bias is in its tables' float32 even in fp16 graphs).
     tol = tolerance_for(manifest.scheme, manifest.outputs[0].dtype, manifest.outputs[0].name)
     feeds = [_sweep_feed(manifest, positions, seed + index) for index, positions in enumerate(positions_per_bucket)]
@@ -314,8 +335,44 @@ def sweep_model(
         rtol=tol.rtol,
         points=points,
         buckets=stats,
-        rounding_required=manifest.dtype == "float16" and manifest.table_dtype == "float32",
+        # fp16 rounding bounds one rotation or bias (an op); a block accumulates many
+        rounding_required=manifest.unit == "op" and manifest.dtype == "float16" and manifest.table_dtype == "float32",
     )
+
+
+def sweep_artifact(
+    path: str | os.PathLike[str],
+    *,
+    max_position: int | None = None,
+    per_bucket: int = 8,
+    seed: int = 0,
+) -> SweepReport:
+    """Error against position of one exported file as it is (``posenc sweep MODEL.onnx``): its own scheme
+    parameters, dtype, tables and weights, at positions sampled in :data:`DEFAULT_BUCKETS` up to the last position
+    it serves (:func:`posenc.validate.feeds.serving_limit`, or ``max_position`` when smaller).
+
+    Raises:
+        ConfigError: a bf16 graph (ONNX Runtime CPU has no bf16 kernels), an in-place or multi-axis graph, or a
+            ``max_position`` past what the graph serves.
+    """
+    from posenc.export.manifest import load_manifest
+    from posenc.validate.feeds import serving_limit
+
+    manifest = load_manifest(path)
+    if manifest.dtype == "bfloat16":
+        raise ConfigError("sweep runs on ONNX Runtime CPU, which has no bf16 kernels; sweep an fp32 or fp16 export.")
+    last = serving_limit(manifest) - 1
+    if max_position is not None:
+        if max_position > last:
+            raise ConfigError(
+                f"--last-position {max_position} is past the last position {Path(path).name} serves ({last}); "
+                f"give at most {last}."
+            )
+        last = max_position
+    buckets = tuple((lo, min(hi, last + 1)) for lo, hi in DEFAULT_BUCKETS if lo <= last)
+    positions = sample_positions(buckets, per_bucket, seed)
+    series = sweep_model(path, positions, buckets, case=Path(path).name, seed=seed)
+    return SweepReport(max_position=last, buckets=buckets, series=[series])
 
 
 def position_sweep(
