@@ -12,12 +12,15 @@ error (a posenc bug or an unhandled backend failure: the traceback is printed); 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from posenc import __version__
@@ -159,8 +162,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what ``timeout`` and job schedulers send), raised where the process is, like Ctrl-C: every
+    ``finally`` runs, staging and scratch are removed, partial reports are written as interrupted."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _process_setup() -> Iterator[None]:
+    """SIGTERM handled like Ctrl-C for the command's duration (main thread, default handler only), and output that
+    an encoding cannot show written with backslash escapes instead of a crash (``PYTHONIOENCODING=ascii``)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(errors="backslashreplace")
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``) and return its exit status."""
+    with _process_setup():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -176,9 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PosencError as exc:
         print(f"posenc {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"posenc {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"posenc {args.command}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:
         # The reader went away (`posenc list | head`); silence the flush at interpreter exit too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

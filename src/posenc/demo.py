@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -51,6 +52,7 @@ from posenc.demo_records import (
     WorstOutput,
 )
 from posenc.demo_stages import engine_stage, optimize_stage, run_stage
+from posenc.errors import ConfigError
 from posenc.export.files import new_scratch, write_text_atomic
 
 __all__ = ["DEMO_CONFIG", "QUICK_CONFIG", "RESULT_NAME", "DemoOptions", "run_demo"]
@@ -364,6 +366,48 @@ def _adopt_graphs(store: Any, result: DemoResult, config: AttentionConfig) -> No
         store.adopt(key, Path(record.export.path), optimized, notes)
 
 
+RESULT_FOLDERS = ("bench", "parity")
+"""Sub-folders of the report folder a run fills anew (a previous run's files there are removed)."""
+WRITTEN_NAME = ".posenc-demo-files.json"
+"""The files of those folders a run wrote, so the next run removes exactly those."""
+
+
+def clear_previous_results(out: Path) -> None:
+    """Remove the files a previous demo run wrote in ``out``'s result folders (listed in :data:`WRITTEN_NAME`),
+    before any work; refuse a folder holding files the demo did not write, which it would otherwise delete.
+
+    Raises:
+        ConfigError: ``out/bench`` or ``out/parity`` holds a file no demo run recorded.
+    """
+    listed = out / WRITTEN_NAME
+    try:
+        written = set(json.loads(listed.read_text(encoding="utf-8"))["files"]) if listed.is_file() else set()
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()
+    found = [p for name in RESULT_FOLDERS for p in sorted((out / name).rglob("*")) if not p.is_dir()]
+    foreign = [p for p in found if p.relative_to(out).as_posix() not in written]
+    if foreign:
+        raise ConfigError(
+            f"{out} holds files the demo did not write ({', '.join(str(p.relative_to(out)) for p in foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}), which its run would replace; choose a new or empty -o folder, "
+            f"or move them."
+        )
+    for path in found:
+        path.unlink(missing_ok=True)
+    for name in RESULT_FOLDERS:
+        for folder in sorted((out / name).glob("**/"), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # empty now; a folder with anything left in it stays
+
+
+def record_results(out: Path) -> None:
+    """List the files this run left in ``out``'s result folders (:data:`WRITTEN_NAME`)."""
+    files = sorted(
+        p.relative_to(out).as_posix() for name in RESULT_FOLDERS for p in (out / name).rglob("*") if p.is_file()
+    )
+    write_text_atomic(out / WRITTEN_NAME, json.dumps({"files": files}, indent=1) + "\n")
+
+
 def run_demo(options: DemoOptions) -> DemoResult:
     """Run the demo and write the report folder; returns everything the report shows (also ``demo.json``).
 
@@ -378,8 +422,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
     started = time.perf_counter()
     out = Path(options.output)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("bench", "parity"):  # a previous run's results must not appear in this run's report
-        shutil.rmtree(out / stale, ignore_errors=True)
+    clear_previous_results(out)  # a previous run's results must not appear in this run's report
     scratch = new_scratch("demo")  # removed below, or by the next run if this one is killed
     models = out / "models" if options.keep_models else scratch / "models"
     for folder in (models, out / "parity", scratch / "sweep"):
@@ -439,6 +482,7 @@ def run_demo(options: DemoOptions) -> DemoResult:
             bench_doc = BenchDocument.load(out / "bench" / "bench.json")
         write_text_atomic(out / RESULT_NAME, json.dumps(result.to_dict(), indent=1) + "\n")
         write_demo_report(result, bench_doc, out)
+        record_results(out)
         shutil.rmtree(scratch, ignore_errors=True)
     return result
 

@@ -25,6 +25,9 @@ exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph or
 def _build(args: argparse.Namespace) -> int:
     from posenc.engine.build import build_engine
     from posenc.engine.profiles import format_profiles
+    from posenc.export.files import check_apart
+
+    check_apart([(args.output, "engine"), (args.timing_cache, "file")], [(args.model, "model")])
 
     result = build_engine(
         args.model,

@@ -94,9 +94,11 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from posenc.export import export_onnx
+    from posenc.export.files import check_apart
 
     check_output(args.output, "ONNX model")
     check_input(args.hf_config, "--hf-config file")
+    check_apart([(args.output, "model")], [(args.hf_config, "file")])
     if args.hf_model is not None:
         result = _export_checkpoint(args)
     else:

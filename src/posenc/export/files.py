@@ -15,23 +15,29 @@ journal from which the new complete artifact is finished (:func:`settle`, run by
 and by every posenc reader before it reads). Staging and journals of dead writers are removed by the next run
 (:func:`settle`): while a writer holds a folder's lock nobody else stages there, so what it finds is stale.
 Files get ``0666 & ~umask`` (:func:`posenc.paths.file_mode`), like files the shell creates. This protects against
-killed processes and concurrent posenc writers, not against power loss (nothing is fsynced).
+killed processes and concurrent posenc writers, not against power loss (nothing is fsynced). A journal is signed
+(HMAC with this user's key, :func:`_journal_key`) over its moves and each staged file's identity: one that
+posenc did not write, or for other files, is never replayed.
+
+:func:`check_apart` refuses, before any work, an output that would overwrite a command's input or its companions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.errors import ModelFileError
+from posenc.errors import ConfigError, ModelFileError
 from posenc.paths import file_mode, output_path, sha256_file
 
 try:  # POSIX advisory locks; elsewhere writers are not serialized
@@ -53,7 +59,9 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "WEIGHTS_FORMAT",
     "WEIGHTS_SUFFIX",
+    "artifact_files",
     "atomic_outputs",
+    "check_apart",
     "json_text",
     "load_weights_file",
     "manifest_path_for",
@@ -85,6 +93,65 @@ def weights_path_for(onnx_path: str | os.PathLike[str]) -> Path:
     """``model.onnx`` -> ``model.weights.safetensors`` (same directory)."""
     stem = _stem(onnx_path)
     return stem.with_name(stem.name + WEIGHTS_SUFFIX)
+
+
+ENGINE_MANIFEST_SUFFIX = ".engine" + MANIFEST_SUFFIX
+ArtifactKind = str
+"""``"model"`` (an ONNX file with its manifest and weights), ``"engine"`` (an engine and its manifest) or ``"file"``
+(a report, a JSON file: itself alone)."""
+
+
+def artifact_files(path: str | os.PathLike[str], kind: ArtifactKind = "model") -> set[Path]:
+    """Every file the artifact at ``path`` consists of, as absolute paths: a model's ONNX file, manifest and weights;
+    an engine and its manifest; a ``"file"`` itself. A manifest or weights file given as a model (or an engine
+    manifest as an engine) stands for its whole artifact."""
+    path = Path(os.path.abspath(path))
+    name = path.name
+    if kind == "file":
+        return {path}
+    if kind == "engine" or name.endswith(ENGINE_MANIFEST_SUFFIX):
+        engine = path.with_name(name.removesuffix(MANIFEST_SUFFIX)) if name.endswith(ENGINE_MANIFEST_SUFFIX) else path
+        return {engine, engine.with_name(engine.name + MANIFEST_SUFFIX)}
+    for suffix in (MANIFEST_SUFFIX, WEIGHTS_SUFFIX):
+        if name.endswith(suffix):
+            path = path.with_name(name.removesuffix(suffix) + ".onnx")
+    return {path, manifest_path_for(path), weights_path_for(path)}
+
+
+def check_apart(
+    outputs: Sequence[tuple[str | os.PathLike[str] | None, ArtifactKind]],
+    inputs: Sequence[tuple[str | os.PathLike[str] | None, ArtifactKind]],
+) -> None:
+    """Refuse, before any work, outputs that would overwrite an input or its companions (``build m.onnx -o
+    m.onnx``, ``validate m.onnx --json-out m.manifest.json``), two outputs that share a file, and a model output
+    whose manifest and weights would overwrite another model's (``export -o out/a`` beside ``out/a.onnx``).
+    ``None`` entries (options not given) are skipped.
+
+    Raises:
+        ConfigError: naming the output, the file and whose it is.
+    """
+    owners: dict[Path, str] = {}
+    for path, kind in inputs:
+        if path is not None:
+            for file in artifact_files(path, kind):
+                owners.setdefault(file, f"the input {path}")
+    for path, kind in outputs:
+        if path is None:
+            continue
+        files = artifact_files(path, kind)
+        for file in sorted(files):
+            if file in owners:
+                raise ConfigError(
+                    f"output {path} would overwrite {file.name}, part of {owners[file]}; choose another output path."
+                )
+        for file in files:
+            owners[file] = f"the output {path}"
+        stem = Path(path)
+        if kind == "model" and stem.suffix != ".onnx" and stem.with_name(stem.name + ".onnx").exists():
+            raise ConfigError(
+                f"output {path} would share its manifest and weights with {stem.name}.onnx beside it; name the "
+                f"output {stem.name}.onnx to replace that model, or choose another name."
+            )
 
 
 def save_weights(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -159,8 +226,50 @@ def _is_staging(name: str) -> bool:
     return STAGING_MARK in name and (name.endswith(".tmp") or name.endswith(".json")) and name.startswith(".")
 
 
+_PROCESS_KEY = secrets.token_bytes(32)
+
+
+def _journal_key() -> bytes:
+    """This user's secret for journals (``$POSENC_STATE_DIR``, else ``$XDG_STATE_HOME/posenc``, else
+    ``~/.local/state/posenc``: ``journal.key``, 0600, made on first use). Where none can be kept, a key of this
+    process: its journals are then finished by no other process (the old files stay, the staging is removed)."""
+    base = os.environ.get("POSENC_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "posenc"
+    )
+    path = Path(base) / "journal.key"
+    try:
+        with contextlib.suppress(FileExistsError):
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_bytes(32))
+        key = path.read_bytes()
+        if len(key) == 32 and path.stat().st_uid == os.getuid():
+            return key
+    except OSError:
+        pass
+    return _PROCESS_KEY
+
+
+def _signature(folder: Path, moves: list[list[Any]]) -> str:
+    """HMAC-SHA256, with this user's key, of the folder and the moves (each staged file's name and identity)."""
+    payload = json.dumps([str(folder.resolve()), moves], sort_keys=True).encode("utf-8")
+    return hmac.new(_journal_key(), payload, hashlib.sha256).hexdigest()
+
+
+def _staged_identity(path: Path) -> list[int]:
+    """Inode, size and change time of a staged file: another file put under its name (even on a reused inode, with
+    the same size) has another change time, which no user can set."""
+    stat = path.stat()
+    return [stat.st_ino, stat.st_size, stat.st_ctime_ns]
+
+
 def _finish_journals_and_clear_staging(folder: Path) -> None:
-    """With ``folder``'s lock held: finish every journal left by a killed writer, then remove stale staging."""
+    """With ``folder``'s lock held: finish every journal left by a killed writer, then remove stale staging.
+
+    A journal is replayed only if this user's posenc wrote it (its HMAC verifies with this user's key) and only for
+    the staged files it was signed for (same inode, size and change time): a journal planted in a folder the user
+    reads cannot move anything onto the user's files."""
     try:
         names = sorted(os.listdir(folder))
     except OSError:
@@ -170,13 +279,16 @@ def _finish_journals_and_clear_staging(folder: Path) -> None:
             continue
         journal = folder / name
         try:
-            moves = json.loads(journal.read_text(encoding="utf-8"))["moves"]
-            for temp, final in moves:
+            record = json.loads(journal.read_text(encoding="utf-8"))
+            moves = record["moves"]
+            if not hmac.compare_digest(str(record["mac"]), _signature(folder, moves)):
+                raise ValueError("a journal posenc did not write")
+            for temp, final, *identity in moves:
                 # only staged files of this folder onto plain names of this folder: a journal found in an
                 # untrusted model's folder must not move anything else
                 if not (_plain_name(temp) and _is_staging(temp) and _plain_name(final) and not _is_staging(final)):
                     continue
-                if (folder / temp).exists():
+                if (folder / temp).exists() and _staged_identity(folder / temp) == identity:
                     os.replace(folder / temp, folder / final)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a journal that cannot be finished: its staging is removed below, the old files stay
@@ -273,7 +385,7 @@ def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
         except OSError as exc:
             raise ModelFileError(f"cannot write in {folders[0]} ({exc}); choose a writable output path.") from None
         token = _token()
-        temps = [final.parent / f".{final.name}{STAGING_MARK}{token}.tmp" for final in finals]
+        temps = [final.parent / _staging_name(final.name, token) for final in finals]
         try:
             for temp in temps:
                 try:
@@ -293,6 +405,22 @@ def atomic_outputs(*targets: str | os.PathLike[str]) -> Iterator[list[Path]]:
                     temp.unlink()
 
 
+NAME_MAX = 255
+"""Bytes of one file name on Linux and macOS file systems."""
+
+
+def _staging_name(final: str, token: str) -> str:
+    """``.NAME.posenc~TOKEN.tmp``, with NAME shortened (and a hash of it kept) when the whole would pass the file
+    system's name limit: a final name that fits must not fail for its staging name."""
+    tail = f"{STAGING_MARK}{token}.tmp"
+    name = f".{final}{tail}"
+    if len(name.encode("utf-8")) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(final.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    keep = final.encode("utf-8", "surrogateescape")[: NAME_MAX - len(tail) - len(digest) - 3]
+    return f".{keep.decode('utf-8', 'ignore')}~{digest}{tail}"
+
+
 def _land(pairs: list[tuple[Path, Path]], token: str) -> None:
     """Rename staged files into place, side files first and the main file (first pair) last, through a journal."""
     order = list(reversed(pairs))
@@ -301,9 +429,11 @@ def _land(pairs: list[tuple[Path, Path]], token: str) -> None:
         journal = order[-1][1].parent / f"{STAGING_MARK}commit-{token}.json"
         staged = journal.with_name(f"{journal.name}{STAGING_MARK}{token}.tmp")
         here = journal.parent.resolve()  # the journal names the moves within its folder
-        moves = [[temp.name, final.name] for temp, final in order if final.parent.resolve() == here]
+        moves = [
+            [temp.name, final.name, *_staged_identity(temp)] for temp, final in order if final.parent.resolve() == here
+        ]
         try:
-            staged.write_text(json.dumps({"moves": moves}), encoding="utf-8")
+            staged.write_text(json.dumps({"moves": moves, "mac": _signature(here, moves)}), encoding="utf-8")
             os.replace(staged, journal)
         except OSError as exc:
             with contextlib.suppress(OSError):

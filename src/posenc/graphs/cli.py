@@ -31,10 +31,12 @@ exit status: 0 inspected (also when TensorRT cannot parse the graph; see the rep
 
 
 def _optimize(args: argparse.Namespace) -> int:
+    from posenc.export.files import check_apart
     from posenc.graphs.optimize import optimize_file
 
     output = Path(args.output) if args.output else _default_output(Path(args.model), args.target)
     check_output(str(output), "optimized model")
+    check_apart([(output, "model")], [(args.model, "model")])
     check = None if args.no_parity else args.parity_check
     result = optimize_file(args.model, output, args.target, args.rope, check=check, fold_limit=args.fold_limit)
     manifest = result.manifest_path

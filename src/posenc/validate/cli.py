@@ -61,12 +61,15 @@ exit status: 0 all series pass; 1 a series exceeds its tolerance (or fp16 roundi
 
 def _validate(args: argparse.Namespace) -> int:
     from posenc.errors import BackendUnavailable
+    from posenc.export.files import check_apart
     from posenc.export.runtime import ort_providers
     from posenc.export.units import FeedShape
     from posenc.validate.parity import validate_onnx
 
     for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):
         check_output(path, what)
+    reports = [(args.report, "file"), (args.json_out, "file"), (args.runs, "file")]
+    check_apart(reports, [(args.model, "model"), *((engine, "engine") for engine in args.engine)])
     for engine in args.engine:
         check_input(engine, "engine", missing=f"build it with `posenc build MODEL.onnx -o {engine}`")
     shapes = [feed for _, feed in args.shape or []]
@@ -155,6 +158,7 @@ _SCHEME_SWEEP_OPTIONS = ("scheme", "dtype", "table_mode", "no_fp16_tables")
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from posenc.export.files import check_apart
     from posenc.validate.sweep import position_sweep, sweep_artifact
 
     if args.model is not None:
@@ -171,6 +175,7 @@ def _sweep(args: argparse.Namespace) -> int:
         check_output(args.output, "sweep -o (a folder, or a new prefix for OUT.json and OUT.md)", folder=True)
     for suffix in (".json", ".md"):
         check_output(f"{prefix}{suffix}", "sweep report")
+    check_apart([(f"{prefix}.json", "file"), (f"{prefix}.md", "file")], [(args.model, "model")])
     if args.model is not None:
         last = None if args.last_position is None else args.last_position
         report = sweep_artifact(args.model, max_position=last, per_bucket=args.per_bucket, seed=args.seed)
