@@ -237,12 +237,15 @@ def check_model_file(path: str | os.PathLike[str]) -> Any:
         ) from None
     if not model.graph.node and not model.graph.output:
         raise ModelFileError(f"{path} holds no ONNX graph (no nodes, no outputs); re-export it.")
+    external = False
     for tensor in _get_all_tensors(model):
         if uses_external_data(tensor):
+            external = True
             location = ExternalDataInfo(tensor).location
             member(path.parent, location, f"external data of tensor {tensor.name!r} in {path.name}")
     try:
-        onnx.checker.check_model(model)
+        # by path when tensors live in another file: the checker finds them beside the model, not in the cwd
+        onnx.checker.check_model(str(path) if external else model)
     except Exception as exc:
         raise ModelFileError(
             f"{path} is not a valid ONNX model ({str(exc).splitlines()[0][:200]}); re-export it."
