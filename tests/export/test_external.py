@@ -45,7 +45,7 @@ def _shape():  # type: ignore[no-untyped-def]
 
 
 def test_weights_and_tables_are_stored_once_and_the_graph_computes_the_same(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    state = load_file(str(exported.weights_path))
+    state = read_state(load_file(str(exported.weights_path)))
     model = onnx.load(str(exported.path))
     linked = write_linked(model, state, tmp_path / "m.weights.safetensors", "m.weights.safetensors")
     onnx.save(linked, str(tmp_path / "m.onnx"))
@@ -72,7 +72,7 @@ def test_weights_and_tables_are_stored_once_and_the_graph_computes_the_same(expo
 
 
 def test_an_inline_graph_is_pointed_into_an_existing_file(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    state = load_file(str(exported.weights_path))
+    state = read_state(load_file(str(exported.weights_path)))
     write_linked(onnx.load(str(exported.path)), state, tmp_path / "m.weights.safetensors", "m.weights.safetensors")
     inline = onnx.load(str(exported.path))
     link_existing(inline, tmp_path / "m.weights.safetensors", "m.weights.safetensors")

@@ -63,7 +63,7 @@ def _assert_matches_eager(
     source: Path, target: Path, feed: dict[str, np.ndarray], what: str, scheme: str = "rope"
 ) -> None:
     manifest_outputs = ("out", "present_key", "present_value")
-    for name, got, want in zip(manifest_outputs, ort_run(target.read_bytes(), feed), _eager(source, feed), strict=True):
+    for name, got, want in zip(manifest_outputs, ort_run(target, feed), _eager(source, feed), strict=True):
         tol = tolerance_for(scheme, "float32", name)
         assert_close(got, want, tol.atol, tol.rtol, f"{what} {name}")
 

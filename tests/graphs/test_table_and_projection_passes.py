@@ -124,7 +124,10 @@ def test_query_key_value_products_become_one_matmul_and_a_split() -> None:
     assert [o.name for o in split.outputs] == ["q_raw", "k_raw", "v_raw"]
     packed = split.inputs[0].producer()
     assert packed is not None
-    assert packed.inputs[1].const_value.shape == (E, 16)
+    concat = packed.inputs[1].producer()  # the stored weights packed at load time, not stored a second time
+    assert concat is not None
+    assert concat.op_type == "Concat"
+    assert [value.name for value in concat.inputs] == ["w_q", "w_k", "w_v"]
     after = ort_run(model, _feed())
     for name, got, want in zip(["q", "k", "v", "other"], after, before, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)

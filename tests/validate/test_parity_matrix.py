@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from posenc.schemes import specs
-from posenc.validate import DEFAULT_SHAPES, validate_onnx
+from posenc.schemes import get_spec, specs
+from posenc.validate import DEFAULT_SHAPES, default_shapes, validate_onnx
+from posenc.validate.feeds import serving_limit
 from tests.conftest import SMALL
 from tests.matrix import MatrixCase, exported
 
@@ -40,5 +41,9 @@ def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: s
     path = exported(MatrixCase(scheme, mode, full_dtype, unit), export_cache, SMALL)
     report = validate_onnx(path)
     outputs = len({row.output for row in report.rows})
-    assert [row.shape for row in report.rows[::outputs]] == list(DEFAULT_SHAPES)
+    shapes = [row.shape for row in report.rows[::outputs]]
+    assert shapes == default_shapes(report.manifest)  # the fixed shapes, then the model's boundaries
+    assert shapes[: len(DEFAULT_SHAPES)] == list(DEFAULT_SHAPES)
+    if get_spec(scheme).position_axes == 1:  # multi-axis ids place images, not far positions
+        assert shapes[-1].last == serving_limit(report.manifest) - 1  # the last position the graph serves
     assert report.passed, report.to_markdown()

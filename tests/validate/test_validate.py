@@ -151,4 +151,6 @@ def test_default_shapes_shrink_to_a_short_table(yarn_op) -> None:  # type: ignor
     assert all(s.past + s.seq <= 5 for s in shapes)
     assert {s.seq for s in shapes} >= {1, 5}
     assert any(s.past > 0 for s in shapes)
-    assert default_shapes(dataclasses.replace(yarn_op.manifest, max_positions=None)) == list(DEFAULT_SHAPES)
+    unbounded = default_shapes(dataclasses.replace(yarn_op.manifest, max_positions=None))
+    assert unbounded[: len(DEFAULT_SHAPES)] == list(DEFAULT_SHAPES)  # then the context's boundaries
+    assert all(s.seq == 4 and s.start is not None for s in unbounded[len(DEFAULT_SHAPES) :])

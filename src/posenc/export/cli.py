@@ -89,6 +89,7 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
         optimize=not args.no_optimize,
         provenance=loaded.provenance(),
         position_guard=args.position_guard,
+        cache_capacity=args.cache_capacity,
     )
 
 
@@ -121,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
             optimize=not args.no_optimize,
             seed=args.seed,
             position_guard=args.position_guard,
+            cache_capacity=args.cache_capacity,
         )
     m = result.manifest
     if args.json:
@@ -159,6 +161,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="scheme parameter (repeat)")
     add(p, "unit", default="block", note="default block")
     add(p, "kv_cache", default="concat", note="default concat")
+    p.add_argument(
+        "--cache-capacity",
+        type=int,
+        metavar="N",
+        help="slots of the in-place cache (with --kv-cache inplace), independent of the table's length; default: "
+        "the table's length (131072 slots of fp32 keys for Llama 3.2 is 268 MB per sequence per layer)",
+    )
     add(p, "table_mode", note="default: precomputed where the scheme has it")
     add(p, "dtype", default="fp32", note="default fp32")
     p.add_argument(

@@ -35,11 +35,11 @@ from posenc.config import AttentionConfig
 from posenc.dtypes import dtype_name, torch_dtype
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.export.complex import realify_complex
+from posenc.export.external import write_linked
 from posenc.export.files import (
-    WEIGHTS_FORMAT,
+    LINKED_WEIGHTS_FORMAT,
     atomic_outputs,
     manifest_path_for,
-    save_weights,
     sha256_file,
     weights_path_for,
 )
@@ -405,6 +405,7 @@ def export_onnx(
     seed: int = 0,
     provenance: WeightsSource | None = None,
     position_guard: bool = True,
+    cache_capacity: int | None = None,
 ) -> ExportResult:
     """Export a scheme's positional op or a whole :class:`AttentionBlock` to ONNX, with manifest and weights.
 
@@ -433,6 +434,9 @@ def export_onnx(
             outside the table (or negative) makes ONNX Runtime raise and TensorRT return NaN, never a plausible
             number. ``False`` leaves it out (measure what it costs with ``posenc bench --no-position-guard``);
             recorded in the manifest.
+        cache_capacity: slots of the in-place cache (``kv_cache="inplace"``), independent of the table's length:
+            a 131072-position model served 8192 tokens at a time needs 8192 slots, not 131072 (default: the
+            table's length).
 
     Returns:
         :class:`ExportResult` with the written paths and the manifest.
@@ -469,7 +473,7 @@ def export_onnx(
     for parameter in inner.parameters():
         parameter.requires_grad_(False)
     _check_exportable(inner, activation)
-    export_unit = make_unit(inner, unit, activation)
+    export_unit = make_unit(inner, unit, activation, _cache_capacity(cache_capacity, unit))
     scheme_module = export_unit.scheme
     scheme_module.guard_exported = position_guard
     limit = scheme_module.position_limit
@@ -485,6 +489,18 @@ def export_onnx(
         optimize=optimize,
     )
     return _write_artifacts(Path(path), model, export_unit, notes, opset, source)
+
+
+def _cache_capacity(capacity: int | None, unit: str) -> int | None:
+    if capacity is None:
+        return None
+    if unit != BLOCK_INPLACE:
+        raise ConfigError(
+            "cache_capacity sizes the in-place cache; export with kv_cache='inplace' (--kv-cache inplace)."
+        )
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ConfigError(f"cache_capacity must be an int >= 1 (cache slots), got {capacity!r}.")
+    return capacity
 
 
 ONNX_FILE_LIMIT = 2**31 - (1 << 24)
@@ -538,10 +554,11 @@ def _write_artifacts(
     path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int, source: WeightsSource
 ) -> ExportResult:
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
-    data = model.SerializeToString()
     with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
+        # every tensor once: in the weights file, which the graph reads as its external data
+        write_linked(model, unit.inner.state_dict(), tmp_weights, weights_path.name)
+        data = model.SerializeToString()
         tmp_model.write_bytes(data)
-        save_weights(unit.inner.state_dict(), tmp_weights)
         digest = hashlib.sha256(data).hexdigest()
         manifest = _manifest(model, unit, notes, opset, digest, weights_path, tmp_weights, source)
         manifest.save(tmp_manifest)
@@ -557,6 +574,14 @@ def _graph_specs(values: Any, layouts: Mapping[str, tuple[Any, str, str]], role_
         dtype = _ONNX_ELEM_TYPES.get(tensor_type.elem_type, "unknown")
         specs.append(TensorSpec(value.name, dtype, shape, layout, role))
     return tuple(specs)
+
+
+def _served(unit: ExportUnit, table_limit: int | None) -> int | None:
+    """New tokens a call may bring at most: the table's length, and an in-place cache's capacity."""
+    if unit.unit != BLOCK_INPLACE:
+        return table_limit
+    capacity = next(int(s.shape[2]) for s in unit.slots if s.name == "key_cache")
+    return capacity if table_limit is None else min(capacity, table_limit)
 
 
 def _dim_ranges(unit: ExportUnit, limit: int | None) -> dict[str, DimRange]:
@@ -601,14 +626,14 @@ def _manifest(
         attention=unit.config.to_dict(),
         max_positions=scheme.position_limit,
         build_max_positions=int(scheme.max_positions),
-        dynamic_dims=_dim_ranges(unit, scheme.position_limit),
+        dynamic_dims=_dim_ranges(unit, _served(unit, scheme.position_limit)),
         inputs=_graph_specs(model.graph.input, layouts, "activation"),
         outputs=_graph_specs(model.graph.output, out_layouts, "output"),
         onnx_sha256=onnx_sha,
         weights=WeightsRecord(
             path=weights_path.name,
             sha256=sha256_file(tmp_weights),
-            format=WEIGHTS_FORMAT,
+            format=LINKED_WEIGHTS_FORMAT,
             tables=tuple(sorted(table_keys(unit.inner))),
             source=source,
         ),

@@ -48,6 +48,9 @@ except ImportError:  # pragma: no cover - Windows
 MANIFEST_SUFFIX = ".manifest.json"
 WEIGHTS_SUFFIX = ".weights.safetensors"
 WEIGHTS_FORMAT = "safetensors"
+LINKED_WEIGHTS_FORMAT = "safetensors+onnx-external-data"
+"""The weights file is also the graph's external data (:mod:`posenc.export.external`): each tensor stored once, as
+the graph holds it (``key.T`` for a transposed weight)."""
 LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
 """Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
 STAGING_MARK = ".posenc~"
@@ -56,6 +59,7 @@ SCRATCH_PREFIX = "posenc-scratch-"
 """Scratch folders in the system temp folder: ``posenc-scratch-KIND-PID-TOKEN`` (see :func:`scratch_folder`)."""
 
 __all__ = [
+    "LINKED_WEIGHTS_FORMAT",
     "MANIFEST_SUFFIX",
     "WEIGHTS_FORMAT",
     "WEIGHTS_SUFFIX",
@@ -169,10 +173,12 @@ def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict
         ModelFileError: unreadable, corrupt, or an unknown format.
     """
     try:
-        if weights_format == WEIGHTS_FORMAT:
+        if weights_format in (WEIGHTS_FORMAT, LINKED_WEIGHTS_FORMAT):
             from safetensors.torch import load_file
 
-            return dict(load_file(str(path), device="cpu"))
+            from posenc.export.external import read_state
+
+            return read_state(load_file(str(path), device="cpu"))
         if weights_format == LEGACY_WEIGHTS_FORMAT:
             import torch
 

@@ -489,8 +489,10 @@ def _export_dims() -> dict[str, Any]:
     }
 
 
-def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
+def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
     """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``/``op-3d``).
+
+    ``cache_capacity``: slots of a ``block-inplace`` unit's caches (default: the block's table length).
 
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
@@ -505,7 +507,7 @@ def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype) -> ExportUnit:
     if unit == BLOCK_INPLACE:
         if not isinstance(inner, AttentionBlock):
             raise ExportError(f"unit {unit!r} exports an AttentionBlock; pass one (or a scheme name).")
-        cache = int(inner.scheme.max_positions)
+        cache = int(inner.scheme.max_positions) if cache_capacity is None else int(cache_capacity)
         slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes, cache)
         return ExportUnit(unit, InPlaceBlock(inner), inner, inner.config, dtype, slots, outputs)
     scheme = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner

@@ -33,9 +33,23 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
         ) from None
 
 
-def model_to_proto(model: ir.Model) -> onnx.ModelProto:
-    """Serialize the IR model to a protobuf (external tensors are loaded into it)."""
-    return ir.serde.serialize_model(model)
+def model_to_proto(model: ir.Model, *, keep_external: bool = False) -> onnx.ModelProto:
+    """Serialize the IR model to a protobuf: every tensor inside it (what serialized bytes need: ONNX Runtime cannot
+    resolve another file from bytes), or, with ``keep_external``, tensors read from a weights file still pointing
+    into it (a graph written beside that file)."""
+    proto = ir.serde.serialize_model(model)
+    if keep_external:
+        return proto
+    base = next(
+        (value.const_value.base_dir for value in model.graph.initializers.values()
+         if isinstance(value.const_value, ir.ExternalTensor)),
+        None,
+    )  # fmt: skip
+    if base is not None:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(proto, str(base))
+    return proto
 
 
 def save_model(model: ir.Model, path: str | os.PathLike[str]) -> Path:

@@ -45,6 +45,7 @@ from typing import Any
 import onnx_ir as ir
 
 from posenc.errors import ConfigError, ModelFileError
+from posenc.export.external import link_existing
 from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
@@ -273,19 +274,23 @@ def optimize_file(
     model = model_io.load_model(source)
     original = model_io.model_to_proto(model).SerializeToString()
     result = optimize_model(model, target, rope_mode, fold_limit, CacheFacts.of(info.manifest))
-    optimized = model_io.model_to_proto(result.model).SerializeToString()
     if check is not None and _runs_on_ort(result.model):
-        result.parity = check(original, optimized, info)
-    new_weights = info.weights_path_for(output) if weights is not None else None
-    copy = weights is not None and new_weights is not None and new_weights.resolve() != weights.resolve()
+        result.parity = check(original, model_io.model_to_proto(result.model).SerializeToString(), info)
+    # Beside its source, the graph keeps reading the source's weights file (its external data, and the eager
+    # rebuild's state): nothing is copied. Elsewhere, the file is copied and the graph points into the copy.
+    same_folder = output.parent.resolve() == source.parent.resolve()
+    new_weights = None if weights is None or same_folder else info.weights_path_for(output)
+    optimized = model_io.model_to_proto(result.model, keep_external=same_folder)
     manifest_path = info.manifest_path_for(output)
-    written = optimized_manifest(info, hashlib.sha256(optimized).hexdigest(), result.record(), new_weights)
     # Model, manifest and weights land together (the model last), or none of them does.
-    with atomic_outputs(output, manifest_path, *([new_weights] if copy and new_weights is not None else [])) as temps:
-        temps[0].write_bytes(optimized)
+    with atomic_outputs(output, manifest_path, *([new_weights] if new_weights is not None else [])) as temps:
+        if new_weights is not None and weights is not None:
+            shutil.copyfile(weights, temps[2])
+            link_existing(optimized, temps[2], new_weights.name)
+        data = optimized.SerializeToString()
+        written = optimized_manifest(info, hashlib.sha256(data).hexdigest(), result.record(), new_weights)
+        temps[0].write_bytes(data)
         temps[1].write_text(json_text(written.to_dict()))
-        if copy:
-            shutil.copyfile(weights, temps[2])  # type: ignore[arg-type]  # weights is set when copy is
     result.path, result.manifest_path, result.written = output, manifest_path, written.optimized
     return result
 

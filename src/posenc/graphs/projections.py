@@ -9,7 +9,9 @@ decoders (a packed ``qkv_proj``). Each output column is the same dot product as 
 order ONNX Runtime's GEMM sums in.
 
 Only ``MatMul`` nodes of the default domain whose weight is a 2-D constant (initializer or ``Constant``) of the
-same dtype and row count are merged; a product whose output is a graph output keeps its own node.
+same dtype and row count are merged; a product whose output is a graph output keeps its own node. Initializer
+weights are packed by a ``Concat`` node, which ONNX Runtime folds into one matrix when a session loads the graph: the
+weights stay stored once, in the export's weights file; ``Constant`` weights are concatenated here.
 """
 
 from __future__ import annotations
@@ -59,9 +61,18 @@ def fuse_projections(model: ir.Model) -> int:
         nodes = [node for node, _ in products]
         widths = [int(weight.shape[1]) for _, weight in products]
         stem = "_".join(str(node.outputs[0].name) for node in nodes) + "_packed"  # value names are unique
-        packed = ir.Value(name=f"{stem}_weight")
-        packed.const_value = ir.tensor(np.concatenate([weight for _, weight in products], axis=1), name=packed.name)
-        graph.register_initializer(packed)
+        stored = [node.inputs[1] for node in nodes]
+        if all(value is not None and value.is_initializer() for value in stored):
+            # the weights stay where they are stored (the export's weights file): ONNX Runtime folds this Concat
+            # of initializers into one matrix when the session loads, so the file holds no second copy
+            concat = ir.Node("", "Concat", stored, attributes=[ir.AttrInt64("axis", 1)], name=f"{stem}_weight")
+            concat.outputs[0].name = f"{stem}_weight"
+            graph.insert_before(nodes[0], [concat])
+            packed = concat.outputs[0]
+        else:
+            packed = ir.Value(name=f"{stem}_weight")
+            packed.const_value = ir.tensor(np.concatenate([weight for _, weight in products], axis=1), name=packed.name)
+            graph.register_initializer(packed)
         product = ir.Node("", "MatMul", [x, packed], name=stem)
         product.outputs[0].name = stem  # named here: an unnamed value would get a "val_N" that a subgraph may hold
         sizes = ir.Value(name=f"{stem}_sizes")
