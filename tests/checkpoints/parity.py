@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from posenc.checkpoints import load_layer
+from posenc.checkpoints.samples import get_sample
 from posenc.cli import main
 from posenc.export import FeedShape, load_manifest, make_feed, ort_session, run_onnx
+from tests.matrix import locked
 
 ATOL = 1e-5
 
@@ -54,16 +56,35 @@ def _errors(got: dict[str, np.ndarray], want: tuple[torch.Tensor, ...]) -> dict[
     }
 
 
+def sample_case(name: str, cache: Path) -> Case:
+    """The case of sample checkpoint ``name``, built once per test session into ``cache`` (the session's shared
+    export folder; parallel workers wait for each other's build)."""
+    sample = get_sample(name)
+    folder = cache / "samples" / name / "checkpoint"
+    with locked(folder.with_suffix(".built")):
+        if not folder.with_suffix(".built").exists():
+            sample.build(folder)
+            folder.with_suffix(".built").write_text("built\n")
+    return Case(folder, sample.layer, sample.layer_type, sample.table_modes, sample.long)
+
+
 def export_layer(case: Case, folder: Path, table_mode: str) -> Path:
-    """``posenc export --hf-model`` of the case's layer; asserts the CLI succeeded."""
+    """``posenc export --hf-model`` of the case's layer into ``folder`` (once: later calls, from any worker, reuse
+    the file); asserts the CLI succeeded."""
     out = folder / f"{case.layer_type or 'layer'}{case.layer}-{table_mode}.onnx"
+    with locked(out):
+        if not out.exists():
+            _export(case, out, table_mode)
+    return out
+
+
+def _export(case: Case, out: Path, table_mode: str) -> None:
     args = ["export", "--hf-model", str(case.folder), "--table-mode", table_mode, "-o", str(out)]
     if case.layer is not None:
         args += ["--layer", str(case.layer)]
     if case.layer_type:
         args += ["--layer-type", case.layer_type]
     assert main(args) == 0
-    return out
 
 
 def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -71,14 +92,15 @@ def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[s
     return make_feed(manifest, FeedShape(batch, seq, 0, start=end - seq), seed=seed)
 
 
-def check_case(case: Case, tmp_path: Path) -> dict[str, dict[str, float]]:
-    """Run every claim of the module docstring for ``case``; returns the measured errors by check."""
+def check_case(case: Case, folder: Path) -> dict[str, dict[str, float]]:
+    """Run every claim of the module docstring for ``case`` (its layer exported into ``folder``); returns the
+    measured errors by check."""
     loaded = load_layer(case.folder, case.layer, case.layer_type)
     native = loaded.reference("native", torch.float32)
     exact = loaded.reference("float64", torch.float64)
     measured: dict[str, dict[str, float]] = {}
     for mode in case.table_modes:
-        path = export_layer(case, tmp_path, mode)
+        path = export_layer(case, folder, mode)
         manifest = load_manifest(path)
         assert manifest.weights.source.kind == "checkpoint"
         session = ort_session(path)

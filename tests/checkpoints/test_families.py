@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from posenc.checkpoints.samples import SAMPLES
-from tests.checkpoints.parity import Case, check_case
+from tests.checkpoints.parity import check_case, sample_case
 
 pytest.importorskip("transformers")
 
@@ -24,8 +24,8 @@ by other samples; tests/checkpoints/test_families_decoders.py still proves its r
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(SAMPLES)])
-def test_sample_layer_matches_its_transformers_module(name: str, tmp_path: Path) -> None:
-    sample = SAMPLES[name]
-    folder = sample.build(tmp_path / "ckpt")
-    case = Case(folder, sample.layer, sample.layer_type, sample.table_modes, sample.long)
-    assert check_case(case, tmp_path)  # check_case asserts every claim and returns the measured errors
+def test_sample_layer_matches_its_transformers_module(name: str, export_cache: Path) -> None:
+    case = sample_case(
+        name, export_cache
+    )  # built and exported once per session (tests/checkpoints/test_sample_targets.py optimizes them)
+    assert check_case(case, case.folder.parent)  # check_case asserts every claim and returns the measured errors

@@ -1,4 +1,4 @@
-"""Running graphs on ONNX Runtime CPU for the graph tests."""
+"""Running graphs on ONNX Runtime CPU for the graph tests, and hand-built graphs they share."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from onnx import helper
 
@@ -73,3 +74,60 @@ def assert_close(got: np.ndarray, want: np.ndarray, atol: float, rtol: float, wh
     assert got64.shape == want64.shape, f"{what}: shape {got64.shape} != {want64.shape}"
     excess = np.abs(got64 - want64) - (atol + rtol * np.abs(want64))
     assert excess.max() <= 0, f"{what}: max |diff| {np.abs(got64 - want64).max():.3g} over atol={atol} rtol={rtol}"
+
+
+def concat_cache_block(heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> onnx.ModelProto:
+    """A concat-cache attention on q/k/v inputs ``[B, S, h·D]`` with the boolean mask a graph input ``[B, 1, S, T]``
+    (as a model from elsewhere might pass its padding mask)."""
+    h, f = onnx.helper, onnx.TensorProto.FLOAT
+
+    def split(name: str) -> list[onnx.NodeProto]:
+        return [
+            h.make_node("Reshape", [name, f"{name}_shape"], [f"{name}_heads"]),
+            h.make_node("Transpose", [f"{name}_heads"], [f"{name}4"], perm=[0, 2, 1, 3]),
+        ]
+
+    nodes = [*split("q"), *split("k"), *split("v")]
+    nodes += [
+        h.make_node("Concat", ["past_key", "k4"], ["present_key"], axis=2),
+        h.make_node("Concat", ["past_value", "v4"], ["present_value"], axis=2),
+        h.make_node("Attention", ["q4", "present_key", "present_value", "mask"], ["att"], scale=0.25),
+        h.make_node("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3]),
+        h.make_node("Reshape", ["att_t", "merged_shape"], ["out"]),
+    ]
+    shapes = {"q_shape": [0, 0, heads, head_dim], "k_shape": [0, 0, kv_heads, head_dim]}
+    shapes |= {"v_shape": shapes["k_shape"], "merged_shape": [0, 0, heads * head_dim]}
+    inits = [onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in shapes.items()]
+    inputs = [
+        h.make_tensor_value_info("q", f, ["B", "S", heads * head_dim]),
+        h.make_tensor_value_info("k", f, ["B", "S", kv_heads * head_dim]),
+        h.make_tensor_value_info("v", f, ["B", "S", kv_heads * head_dim]),
+        h.make_tensor_value_info("past_key", f, ["B", kv_heads, "P", head_dim]),
+        h.make_tensor_value_info("past_value", f, ["B", kv_heads, "P", head_dim]),
+        h.make_tensor_value_info("mask", onnx.TensorProto.BOOL, ["B", 1, "S", "T"]),
+    ]
+    outputs = [h.make_tensor_value_info(n, f, None) for n in ("out", "present_key", "present_value")]
+    model = h.make_model(h.make_graph(nodes, "block", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+def half_rotation_nodes() -> list[onnx.NodeProto]:
+    """posenc's exported half rotation (:func:`posenc.functional.apply_rope`) of ``x`` into ``y``: rows of the
+    tables ``cos`` / ``sin`` gathered at ``pos``, ``x`` split at ``h`` (constants ``zero``, ``h``, ``end``, ``ax``,
+    ``one`` for the slices and unsqueezes)."""
+    return [
+        helper.make_node("Gather", ["cos", "pos"], ["c3"]),
+        helper.make_node("Gather", ["sin", "pos"], ["s3"]),
+        helper.make_node("Unsqueeze", ["c3", "one"], ["c"]),
+        helper.make_node("Unsqueeze", ["s3", "one"], ["s"]),
+        helper.make_node("Slice", ["x", "zero", "h", "ax", "one"], ["x1"]),
+        helper.make_node("Slice", ["x", "h", "end", "ax", "one"], ["x2"]),
+        helper.make_node("Mul", ["x1", "c"], ["a"]),
+        helper.make_node("Mul", ["x2", "s"], ["b"]),
+        helper.make_node("Sub", ["a", "b"], ["first"]),
+        helper.make_node("Mul", ["x2", "c"], ["e"]),
+        helper.make_node("Mul", ["x1", "s"], ["f"]),
+        helper.make_node("Add", ["e", "f"], ["second"]),
+        helper.make_node("Concat", ["first", "second"], ["y"], axis=-1),
+    ]

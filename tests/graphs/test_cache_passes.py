@@ -87,7 +87,7 @@ def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp
         (CacheFacts(in_place=True, causal=False), "not causal"),
         (CacheFacts(in_place=True, sliding_window=8), "sliding window"),
         (CacheFacts(in_place=True, logit_softcap=30.0, placement="score"), "soft-cap"),
-        (CacheFacts(in_place=True, head_dim=40), "multiple of 16"),
+        (CacheFacts(in_place=True, head_dim=12), "multiple of 8"),
         (CacheFacts(in_place=True, placement="attention"), "computes its attention itself"),
     ],
 )

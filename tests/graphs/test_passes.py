@@ -20,7 +20,7 @@ from posenc.graphs import (
     rope_for_tensorrt,
 )
 from posenc.graphs import fold as graph_ops
-from tests.graphs.helpers import nodes, op_counts, ort_run
+from tests.graphs.helpers import half_rotation_nodes, nodes, op_counts, ort_run
 
 B, H, S, D = 2, 3, 5, 8
 
@@ -135,15 +135,7 @@ def test_only_a_split_into_halves_is_fused(split: int, fused: int) -> None:
     ints = {name: numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
             {"zero": [0], "h": [split], "end": [D], "ax": [-1], "one": [1]}.items()}  # fmt: skip
     model = _model(
-        [helper.make_node("Gather", ["cos", "pos"], ["c3"]), helper.make_node("Gather", ["sin", "pos"], ["s3"]),
-         helper.make_node("Unsqueeze", ["c3", "one"], ["c"]), helper.make_node("Unsqueeze", ["s3", "one"], ["s"]),
-         helper.make_node("Slice", ["x", "zero", "h", "ax", "one"], ["x1"]),
-         helper.make_node("Slice", ["x", "h", "end", "ax", "one"], ["x2"]),
-         helper.make_node("Mul", ["x1", "c"], ["a"]), helper.make_node("Mul", ["x2", "s"], ["b"]),
-         helper.make_node("Sub", ["a", "b"], ["first"]),
-         helper.make_node("Mul", ["x2", "c"], ["e"]), helper.make_node("Mul", ["x1", "s"], ["f"]),
-         helper.make_node("Add", ["e", "f"], ["second"]),
-         helper.make_node("Concat", ["first", "second"], ["y"], axis=-1)],
+        half_rotation_nodes(),
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, H, S, D]),
          helper.make_tensor_value_info("pos", TensorProto.INT64, [B, S])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],

@@ -25,7 +25,7 @@ from posenc.graphs.model_io import model_to_proto
 from posenc.graphs.prefill import prefill_over_gqa
 from posenc.validate import tolerance_for
 from posenc.validate.decode import validate_decode
-from tests.graphs.helpers import assert_close, ort_run
+from tests.graphs.helpers import assert_close, concat_cache_block, ort_run
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
 
@@ -153,44 +153,8 @@ def test_a_score_bias_goes_in_alone_and_the_masked_sum_is_built_only_for_the_pre
         _assert_matches_eager(source, target, feed, f"alibi {shape}", scheme="alibi")
 
 
-def _hand_built_block(heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> onnx.ModelProto:
-    """A concat-cache attention on q/k/v inputs ``[B, S, h·D]`` with the boolean mask a graph input ``[B, 1, S, T]``
-    (as a model from elsewhere might pass its padding mask)."""
-    h, f = onnx.helper, onnx.TensorProto.FLOAT
-
-    def split(name: str) -> list[onnx.NodeProto]:
-        return [
-            h.make_node("Reshape", [name, f"{name}_shape"], [f"{name}_heads"]),
-            h.make_node("Transpose", [f"{name}_heads"], [f"{name}4"], perm=[0, 2, 1, 3]),
-        ]
-
-    nodes = [*split("q"), *split("k"), *split("v")]
-    nodes += [
-        h.make_node("Concat", ["past_key", "k4"], ["present_key"], axis=2),
-        h.make_node("Concat", ["past_value", "v4"], ["present_value"], axis=2),
-        h.make_node("Attention", ["q4", "present_key", "present_value", "mask"], ["att"], scale=0.25),
-        h.make_node("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3]),
-        h.make_node("Reshape", ["att_t", "merged_shape"], ["out"]),
-    ]
-    shapes = {"q_shape": [0, 0, heads, head_dim], "k_shape": [0, 0, kv_heads, head_dim]}
-    shapes |= {"v_shape": shapes["k_shape"], "merged_shape": [0, 0, heads * head_dim]}
-    inits = [onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), k) for k, v in shapes.items()]
-    inputs = [
-        h.make_tensor_value_info("q", f, ["B", "S", heads * head_dim]),
-        h.make_tensor_value_info("k", f, ["B", "S", kv_heads * head_dim]),
-        h.make_tensor_value_info("v", f, ["B", "S", kv_heads * head_dim]),
-        h.make_tensor_value_info("past_key", f, ["B", kv_heads, "P", head_dim]),
-        h.make_tensor_value_info("past_value", f, ["B", kv_heads, "P", head_dim]),
-        h.make_tensor_value_info("mask", onnx.TensorProto.BOOL, ["B", 1, "S", "T"]),
-    ]
-    outputs = [h.make_tensor_value_info(n, f, None) for n in ("out", "present_key", "present_value")]
-    model = h.make_model(h.make_graph(nodes, "block", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 23)])
-    model.ir_version = 10
-    return model
-
-
 def test_a_mask_given_as_input_takes_the_fused_branch_only_when_it_is_the_causal_triangle() -> None:
-    original = _hand_built_block()
+    original = concat_cache_block()
     model = ir.serde.deserialize_model(original)
     infer_shapes(model)
     assert prefill_over_gqa(model) == 1

@@ -14,7 +14,9 @@ The fused op receives the un-repeated ``k``/``v`` (it handles grouped heads itse
 ``scale``, and ``softmax_precision=FLOAT`` when the graph computed the softmax in float32 (ONNX Runtime
 target only). A soft-cap becomes the ``softcap`` attribute only when ``softcap=True`` (ONNX Runtime; TensorRT's
 parser rejects it) and no score bias is present (``Attention`` caps before adding its mask, posenc after the
-bias), otherwise the attention stays decomposed.
+bias), otherwise the attention stays decomposed. So does an attention whose mask ONNX Runtime's ``Attention`` would
+refuse (:func:`posenc.graphs.op_limits.attention_mask`: a mask broadcast along the queries or keys, e.g. a padding
+mask ``[B, 1, 1, T]``), the reason recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from posenc.graphs import match_utils as mu
+from posenc.graphs import op_limits as limits
 
 _NEG_INF = float("-inf")
 _DECLINED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("attention_declined", default=None)
@@ -134,6 +137,11 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
             )
             _decline(reason)
             return result.fail(reason, v)
+        parts = [value for value, on in ((bias, self.biased), (allowed, self.masked)) if on and value is not None]
+        refused = limits.attention_mask(parts, q, k) if parts else None
+        if refused is not None:
+            _decline(f"attention: {refused}")
+            return result.fail(refused, parts[0])
         return result
 
     def rewrite(self, op, q, k, v, scale=None, bias=None, allowed=None, cap=None, **_):

@@ -25,11 +25,17 @@ The condition reads only shapes and ``T``, so one graph serves decode and prefil
 (``past_key`` = the cache, ``seqlens_k = past_length + S - 1``, ``total_sequence_length = max(past_length) + S``;
 bind each present to its cache's buffer). The rotation moves into the op (``do_rotary``, ``cos_cache`` /
 ``sin_cache``, ``position_ids``, ``rotary_interleaved``) when it is a ``RotaryEmbedding`` on the projections with a
-precomputed table of the activation dtype; otherwise the rotated q and k are fed as they are. A score bias becomes
-``attention_bias``. What ``GroupQueryAttention`` cannot express keeps its present path, with the reason recorded
-(:func:`gqa_refusal`): blocks that are not causal (it masks by cache slots), sliding windows (it counts slots, posenc
-counts positions, which differ after a jump in positions), a soft-cap together with a score bias (it caps after
-adding the bias), schemes that compute attention themselves (no ``Attention`` to replace).
+precomputed table of the activation dtype that the op can read (:func:`posenc.graphs.op_limits.gqa_rotary`: head
+size a multiple of 16, ``r/2`` a multiple of 8, a table row per cache slot); otherwise the rotated q and k are fed
+as they are. A score bias becomes ``attention_bias``. What ``GroupQueryAttention`` cannot express keeps its present
+path, with the reason recorded (:func:`gqa_refusal` from the manifest, the pass's own checks from the graph): blocks
+that are not causal (it masks by cache slots), sliding windows (it counts slots, posenc counts positions, which
+differ after a jump in positions), a soft-cap together with a score bias (it caps after adding the bias), schemes
+that compute attention themselves (no ``Attention`` to replace), and what the kernel refuses
+(:mod:`posenc.graphs.op_limits`: head sizes not a multiple of 8, a score bias broadcast along queries or keys).
+ONNX Runtime runs a step of several tokens after cached ones only with batch 1 ("batch_size must be 1 when
+sequence_length > 1 and past context is given"): the graph serves a batched first prompt and batched single-token
+steps, as onnxruntime-genai's decoders do; feed a batched chunk after a cache one row at a time.
 
 The graph alone does not say what the attention mask of an in-place block means; :class:`CacheFacts` carries that
 from the manifest (``posenc optimize`` reads it), and graphs without one keep their attention.
@@ -46,6 +52,7 @@ from onnxscript.rewriter import pattern
 
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
+from posenc.graphs import op_limits as limits
 
 DECODE_MAX_QUERIES = 16
 """Largest number of new tokens the grouped decode path takes (more is a prefill: the fused op is faster)."""
@@ -54,6 +61,8 @@ FULL_CACHE_FILL = 3
 slots (read + write) and a read of them moves fewer bytes than one read of all ``C`` slots."""
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+GQA_MAX_HEAD_SIZE = 256
+"""posenc gives CUDA's ``GroupQueryAttention`` heads of at most this many features (flash attention's largest)."""
 
 
 def _const(tape: ir.tape.Tape, value: np.ndarray) -> ir.Value:
@@ -263,8 +272,10 @@ def gqa_refusal(facts: CacheFacts | None) -> str | None:
         return "GroupQueryAttention shares its past and present buffer: export with --kv-cache inplace"
     if attention_refusal(facts):
         return attention_refusal(facts)
-    if facts.head_dim % 16 or facts.head_dim > 256:
-        return f"head size {facts.head_dim}: GroupQueryAttention needs a multiple of 16, at most 256"
+    if limits.gqa_head_size(facts.head_dim):
+        return limits.gqa_head_size(facts.head_dim)
+    if facts.head_dim > GQA_MAX_HEAD_SIZE:
+        return f"head size {facts.head_dim}: posenc gives GroupQueryAttention at most {GQA_MAX_HEAD_SIZE} (flash)"
     if facts.logit_softcap is not None and facts.placement == "score":
         return "a soft-cap with a score bias: GroupQueryAttention caps the scores after adding the bias"
     if not facts.causal:
@@ -287,8 +298,9 @@ def gqa_attributes(attention: ir.Node, q: ir.Value, k: ir.Value) -> dict[str, An
     return attributes
 
 
-def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
-    """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation."""
+def _rotary(q: ir.Value, k: ir.Value, cache: ir.Value) -> tuple[ir.Node, ir.Node] | None:
+    """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation over
+    ``cache [B, Hkv, C, D]`` (:func:`posenc.graphs.op_limits.gqa_rotary`)."""
     rq, rk = mu.producer_of(q, "RotaryEmbedding"), mu.producer_of(k, "RotaryEmbedding")
     if rq is None or rk is None:
         return None
@@ -303,6 +315,8 @@ def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     rotary_dim = mu.int_attr(rq, "rotary_embedding_dim") or head_dim
     if half is None or head_dim is None or 2 * half != rotary_dim:
         return None
+    if limits.gqa_rotary(head_dim, half, mu.static_dim(cos, 0), mu.static_dim(cache, 2)) is not None:
+        return None  # the rotation stays a RotaryEmbedding before the op
     q_in, k_in = rq.inputs[0], rk.inputs[0]
     if q_in is None or k_in is None or mu.split_heads_source(q_in) is None or mu.split_heads_source(k_in) is None:
         return None
@@ -312,8 +326,14 @@ def _rotary(q: ir.Value, k: ir.Value) -> tuple[ir.Node, ir.Node] | None:
 class _GroupQueryAttention(pattern.RewriteRuleClassBase):
     """Cache writes + ``Attention`` over the filled slots + head merge -> ``com.microsoft.GroupQueryAttention``."""
 
-    def __init__(self) -> None:
+    def __init__(self, declined: list[str]) -> None:
         super().__init__(name="gqa_over_cache")
+        self._declined = declined
+
+    def _decline(self, result: Any, reason: str, where: Any) -> Any:
+        if f"gqa_over_cache: {reason}" not in self._declined:
+            self._declined.append(f"gqa_over_cache: {reason}")
+        return result.fail(reason, where)
 
     def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape):
         present_k = op.TensorScatter(key_cache, k, past_length, _allow_other_attributes=True, _outputs=["present_k"])
@@ -344,26 +364,27 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
             return result.fail("present/qk outputs of the Attention are used", node)
         if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
             return result.fail("causal flag or qk output on the Attention", node)
-        heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(k, 1), mu.static_dim(q, 3)
-        if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:
-            return result.fail("head counts or head size are unknown or do not group", q)
+        if mu.rank(q) != 4 or mu.rank(merged) != 3:
+            return result.fail("the heads are not [B, H, S, D] merged back into [B, S, H*D]", q)
+        refused = limits.gqa_heads(q, k, v)
+        if refused is not None:
+            return self._decline(result, refused, q)
         if mu.dtype(q) not in _FLOATS:
-            return result.fail("GroupQueryAttention takes float32, float16 or bfloat16", q)
-        if head_dim % 16 or head_dim > 256:
-            return result.fail("GroupQueryAttention needs a head size that is a multiple of 16, at most 256", q)
+            return self._decline(result, f"{mu.dtype(q)} activations: GroupQueryAttention takes float16 or bfloat16 "
+                                 "(CUDA), float32 or float16 (CPU)", q)  # fmt: skip
         biased = mu.dtype(mask) != ir.DataType.BOOL
         if biased and "softcap" in node.attributes:
-            return result.fail("a soft-cap with a score bias: GroupQueryAttention caps after adding the bias", node)
-        if biased and (mu.dtype(mask) != mu.dtype(q) or mu.rank(mask) != 4):
-            return result.fail("the score bias is not [B|1, H|1, S, T] in the query's dtype", mask)
-        if mu.rank(merged) != 3:
-            return result.fail("the heads are not merged back into [B, S, H*D]", merged)
+            reason = "a soft-cap with a score bias: GroupQueryAttention caps after adding the bias"
+            return self._decline(result, reason, node)
+        refused = limits.gqa_bias(mask, q, k_slice) if biased else None
+        if refused is not None:
+            return self._decline(result, refused, mask)
         return result
 
     def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):
         node = att.producer()
         attributes = gqa_attributes(node, q, k)
-        rotary = _rotary(q, k)
+        rotary = _rotary(q, k, key_cache)
         merged_width = op.Constant(value_ints=[0, 0, -1])
         if rotary is not None:
             rq, rk = rotary
@@ -386,19 +407,22 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         return op.GroupQueryAttention(*inputs, _domain=mu.MS_DOMAIN, _outputs=3, **attributes)
 
 
-_GQA_RULES = pattern.RewriteRuleSet([_GroupQueryAttention.rule()])
-
-
-def gqa_over_cache(model: ir.Model) -> int:
+def gqa_over_cache(model: ir.Model, declined: list[str] | None = None) -> int:
     """ONNX Runtime (CUDA): an in-place block's cache writes and attention as one contrib ``GroupQueryAttention``.
 
     Only for graphs whose :class:`CacheFacts` pass :func:`gqa_refusal` (the caller checks).
+
+    Args:
+        model: rewritten in place.
+        declined: collects why an attention keeps its path (what ``GroupQueryAttention`` would refuse,
+            :mod:`posenc.graphs.op_limits`).
 
     Returns:
         The number of attentions replaced.
     """
     fold.cleanup(model)
-    count = _GQA_RULES.apply_to_model(model)
+    rules = pattern.RewriteRuleSet([_GroupQueryAttention.rule(declined if declined is not None else [])])
+    count = rules.apply_to_model(model)
     if count:
         model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
     return count

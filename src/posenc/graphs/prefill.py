@@ -22,9 +22,11 @@ attention into ``If(fresh, gqa, present)``:
   does not run them.
 
 The rotation is not moved: the ``RotaryEmbedding`` before the head split (and its position guard) runs in both
-branches. Declined (the block keeps its path, the reason recorded): activations other than float32 / float16 (the
-CPU kernel's types), a soft-cap together with a score bias (``GroupQueryAttention`` caps after adding the bias), a
-mask that is neither a boolean nor ``bias + Where(mask, 0, -inf)``.
+branches. Declined (the block keeps its path, the reason recorded): whatever ONNX Runtime's ``GroupQueryAttention``
+refuses (:mod:`posenc.graphs.op_limits`: head sizes not a multiple of 8, head counts that do not group, a score bias
+broadcast along the queries or keys), activations other than float32 / float16 (the CPU kernel's types), a soft-cap
+together with a score bias (``GroupQueryAttention`` caps after adding the bias), a mask that is neither a boolean
+nor ``bias + Where(mask, 0, -inf)``.
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ from onnxscript.rewriter import pattern
 
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
+from posenc.graphs import op_limits as limits
 from posenc.graphs.cache import gqa_attributes
-
-_CPU_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +124,12 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             return result.fail("present/qk outputs of the Attention are used", node)
         if mu.int_attr(node, "is_causal") or mu.int_attr(node, "qk_matmul_output_mode"):
             return result.fail("causal flag or qk output on the Attention", node)
-        heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(k, 1), mu.static_dim(q, 3)
         if mu.rank(q) != 4 or mu.rank(k) != 4 or mu.rank(v) != 4 or mu.rank(merged) != 3:
             return result.fail("q, k, v are not [B, h, S, D] merged back into [B, S, H·D]", q)
-        if None in (heads, kv_heads, head_dim) or heads % kv_heads or mu.static_dim(v, 1) != kv_heads:
-            return self._decline(result, "head counts or head size are unknown or do not group", q)
-        if mu.static_dim(v, 3) != head_dim or mu.static_dim(k, 3) != head_dim:
-            return self._decline(result, "GroupQueryAttention needs one head size for q, k and v", v)
-        if mu.dtype(q) not in _CPU_FLOATS:
+        heads = limits.gqa_heads(q, k, v)
+        if heads is not None:
+            return self._decline(result, heads, q)
+        if mu.dtype(q) not in limits.GQA_CPU_TYPES:
             return self._decline(result, f"{mu.dtype(q)} activations: the CPU kernel takes float32 or float16", q)
         parts = _Mask.of(mask)
         if parts is None or mu.rank(mask) != 4:
@@ -139,6 +138,10 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             )
         if parts.bias is not None and "softcap" in node.attributes:
             return self._decline(result, "a soft-cap with a score bias: GroupQueryAttention caps after the bias", node)
+        bias, _ = _gqa_bias(parts, mask, q, present_k)
+        refused = limits.gqa_bias(bias, q, present_k) if bias is not None else None
+        if refused is not None:
+            return self._decline(result, refused, mask)
         return result
 
     def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **_):
@@ -153,11 +156,22 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
         off = op.ReduceMax(op.Cast(op.Xor(allowed, triangle), to=ir.DataType.UINT8), keepdims=0)
         causal = op.Equal(off, op.Constant(value=ir.tensor(np.array(0, dtype=np.uint8))))
         condition = op.And(op.And(fresh, something), causal)
-        moved = parts if parts.movable(mask, q) else None  # the mask's sum is built in the present branch only
-        bias = parts.bias if moved is not None else None if parts.bias is None else mask
+        bias, moved = _gqa_bias(parts, mask, q, present_k)
         found = _Attention(node, q, k, v, past_k, past_v, mask, shape, merged, present_k, present_v)
         gqa, present = _gqa_graph(found, bias), _present_graph(found, moved)
         return op.If(condition, then_branch=gqa, else_branch=present, _outputs=3)
+
+
+def _gqa_bias(parts: _Mask, mask: ir.Value, q: ir.Value, keys: ir.Value) -> tuple[ir.Value | None, _Mask | None]:
+    """``(attention_bias, moved)``: what ``GroupQueryAttention`` gets as its ``attention_bias`` over ``keys``, and the
+    mask parts whose sum moves into the other branch. The score bias alone when the sum can move and the op takes the
+    bias's shape (one broadcast along the queries it refuses); else the whole mask when there is a bias; nothing for a
+    boolean mask."""
+    if parts.bias is None:
+        return None, None
+    if parts.movable(mask, q) and limits.gqa_bias(parts.bias, q, keys) is None:
+        return parts.bias, parts  # the mask's sum is built in the present branch only
+    return mask, None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,9 @@ with ``cos``/``sin`` ``[B, 1, S, r/2]``:
 
 ``cos``/``sin`` are ``Unsqueeze(Gather(table, position_ids), 1)`` for precomputed tables (the fused op then
 takes the 2-D table and the position ids) or any ``[B, S, r/2]`` tensor computed in the graph (dynamic
-tables; the fused op takes them as 3-D caches without position ids).
+tables; the fused op takes them as 3-D caches without position ids). A rotation whose position ids (or computed
+cos/sin) are shared by the batch stays decomposed, the reason recorded: ONNX Runtime's ``RotaryEmbedding`` takes them
+only at the input's batch and length (:func:`posenc.graphs.op_limits.rotary_inputs`).
 
 Each public function is a pass: it rewrites the IR model in place and returns how many matches it rewrote.
 """
@@ -22,6 +24,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from posenc.graphs import match_utils as mu
+from posenc.graphs import op_limits as limits
 
 ROTARY = "RotaryEmbedding"
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
@@ -41,32 +44,53 @@ def _cos_sin_ok(x: ir.Value, cos3: ir.Value, sin3: ir.Value, ax_c: ir.Value, ax_
     )
 
 
+def _table_lookup(cos3: ir.Value, sin3: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value] | None:
+    """``(cos table, sin table, position ids)`` when cos/sin are rows of two constant 2-D tables gathered at the same
+    ``[B, S]`` ids, else ``None`` (cos/sin computed in the graph)."""
+    gather_c, gather_s = mu.producer_of(cos3, "Gather"), mu.producer_of(sin3, "Gather")
+    if gather_c is None or gather_s is None:
+        return None
+    table_c, pos_c = mu.operand(gather_c, 0), mu.operand(gather_c, 1)
+    table_s, pos_s = mu.operand(gather_s, 0), mu.operand(gather_s, 1)
+    if (
+        pos_c is pos_s
+        and mu.int_attr(gather_c, "axis") == 0
+        and mu.int_attr(gather_s, "axis") == 0
+        and mu.const_array(table_c) is not None
+        and mu.const_array(table_s) is not None
+        and mu.rank(table_c) == 2
+        and mu.rank(pos_c) == 2
+    ):
+        return table_c, table_s, pos_c
+    return None
+
+
 def _caches(op, cos3: ir.Value, sin3: ir.Value) -> list[ir.Value]:
     """Inputs 1.. of the fused op: 2-D tables + position ids when cos/sin are gathered, else 3-D caches."""
-    gather_c, gather_s = mu.producer_of(cos3, "Gather"), mu.producer_of(sin3, "Gather")
-    if gather_c is not None and gather_s is not None:
-        table_c, pos_c = mu.operand(gather_c, 0), mu.operand(gather_c, 1)
-        table_s, pos_s = mu.operand(gather_s, 0), mu.operand(gather_s, 1)
-        if (
-            pos_c is pos_s
-            and mu.int_attr(gather_c, "axis") == 0
-            and mu.int_attr(gather_s, "axis") == 0
-            and mu.const_array(table_c) is not None
-            and mu.const_array(table_s) is not None
-            and mu.rank(table_c) == 2
-            and mu.rank(pos_c) == 2
-        ):
-            if mu.dtype(pos_c) != ir.DataType.INT64:
-                pos_c = op.Cast(pos_c, to=ir.DataType.INT64)
-            return [table_c, table_s, pos_c]
-    return [cos3, sin3]
+    lookup = _table_lookup(cos3, sin3)
+    if lookup is None:
+        return [cos3, sin3]
+    table_c, table_s, pos = lookup
+    if mu.dtype(pos) != ir.DataType.INT64:
+        pos = op.Cast(pos, to=ir.DataType.INT64)
+    return [table_c, table_s, pos]
+
+
+def _refused(x: ir.Value, cos3: ir.Value, sin3: ir.Value, declined: list[str] | None) -> str | None:
+    """Why ONNX Runtime's ``RotaryEmbedding`` would refuse the fused op's inputs (recorded in ``declined``)."""
+    lookup = _table_lookup(cos3, sin3)
+    reason = limits.rotary_inputs(x, cos3, lookup[2] if lookup is not None else None)
+    if reason is not None and declined is not None and f"fuse_rope: {reason}" not in declined:
+        declined.append(f"fuse_rope: {reason}")
+    return reason
 
 
 class _HalfRotation(pattern.RewriteRuleClassBase):
     """``Concat(x1*c - x2*s, x2*c + x1*s)`` on the two halves of ``x [B, H, S, r]`` -> RotaryEmbedding."""
 
-    def __init__(self) -> None:
+    def __init__(self, declined: list[str] | None = None) -> None:
         super().__init__(name="rope_half", remove_nodes=False)
+        self.declined = declined
 
     def pattern(self, op, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s):
         x1 = op.Slice(x, s1, e1, a1, st1)
@@ -95,7 +119,8 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
             return result.fail("slices are not the two halves of the last axis")
         if not _cos_sin_ok(x, cos3, sin3, ax_c, ax_s, half):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
-        return result
+        refused = _refused(x, cos3, sin3, self.declined)
+        return result.fail(refused, cos3) if refused is not None else result
 
     def rewrite(self, op, x, cos3, sin3, **_):
         return op.RotaryEmbedding(x, *_caches(op, cos3, sin3), interleaved=0)
@@ -142,6 +167,9 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
             return result.fail("the flatten does not restore the input's shape", out)
         if not _cos_sin_ok(x, cos3, sin3, ax_c, ax_s, width // 2):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
+        refused = _refused(x, cos3, sin3, self.declined)
+        if refused is not None:
+            return result.fail(refused, cos3)
         if self.refusal is not None:
             if self.declined is not None and self.refusal not in self.declined:
                 self.declined.append(self.refusal)
@@ -224,7 +252,6 @@ class _PartialRotationInFloat(pattern.RewriteRuleClassBase):
         return op.Cast(rotated, to=mu.dtype(x))
 
 
-_CORE_RULES = pattern.RewriteRuleSet([_HalfRotation.rule(), _InterleavedRotation.rule()], commute=True)
 _PARTIAL_RULES = pattern.RewriteRuleSet([_PartialRotation.rule(), _PartialRotationInFloat.rule()])
 
 
@@ -235,14 +262,13 @@ def fuse_rope(model: ir.Model, *, interleaved_refusal: str | None = None, declin
         model: rewritten in place.
         interleaved_refusal: if given, interleaved rotations stay decomposed for this reason (a runtime that cannot
             build the fused form), appended once to ``declined``.
-        declined: receives the reasons for rotations left decomposed.
+        declined: receives the reasons for rotations left decomposed (the refusal above, and inputs ONNX Runtime's
+            ``RotaryEmbedding`` would refuse: :func:`posenc.graphs.op_limits.rotary_inputs`).
 
     Returns:
         The number of rotations fused (each rotated tensor counts once).
     """
-    if interleaved_refusal is None:
-        return _CORE_RULES.apply_to_model(model)
-    rules = [_HalfRotation.rule(), _InterleavedRotation.rule(interleaved_refusal, declined)]
+    rules = [_HalfRotation.rule(declined), _InterleavedRotation.rule(interleaved_refusal, declined)]
     return pattern.RewriteRuleSet(rules, commute=True).apply_to_model(model)
 
 
