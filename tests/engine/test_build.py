@@ -201,3 +201,24 @@ def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsy
     manifest = json.loads(out.with_name("long.engine.manifest.json").read_text())
     assert manifest["profile_names"] == ["prefill", "decode"]
     assert [p["seq"]["max"] for p in manifest["profiles"]] == [131072, 16]
+
+
+def test_a_graph_optimized_for_onnx_runtime_points_to_its_original_export(export_cache, tmp_path, capsys) -> None:
+    """TensorRT cannot parse a graph optimized for ONNX Runtime; inspect and build name the original export to
+    optimize for TensorRT (the optimized manifests' source), not the ONNX Runtime graph itself."""
+    from posenc.graphs import optimize_file
+
+    export = export_case(export_cache, BLOCK)
+    ort = optimize_file(export, tmp_path / "block.ort.onnx", "ort-cpu").path
+    again = optimize_file(ort, tmp_path / "block.ort2.onnx", "ort-cpu").path  # its record's chain leads to export
+    for graph in (ort, again):
+        assert main(["inspect", str(graph)]) == 0
+        printed = capsys.readouterr().out
+        assert "does NOT parse" in printed
+        assert f"optimize its original export for TensorRT instead (`posenc optimize {export.name} --target trt`" in (
+            printed
+        )
+        assert f"posenc optimize {graph.name}" not in printed
+    with pytest.raises(BuildError, match=f"posenc optimize {export.name} --target trt"):
+        build_engine(again, tmp_path / "block.engine", targets=["sm89"])
+    assert not (tmp_path / "block.engine").exists()

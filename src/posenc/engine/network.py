@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from posenc.engine.backend import NOISE, Backend, trt_logger
-from posenc.errors import BuildError
+from posenc.errors import BuildError, ModelFileError
 from posenc.export.runtime import check_model_file
+from posenc.graphs.manifests import read_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +84,32 @@ def parse_onnx(backend: Backend, path: str | os.PathLike[str]) -> ParsedNetwork:
     if not parser.parse_from_file(str(path)):
         issues = _issues(parser) or [ParseIssue("", "", "the parser gave no details")]
         listed = "; ".join(str(issue) for issue in issues)
-        raise BuildError(
-            f"{backend.describe()} cannot parse {path.name}: {listed}. Optimize the graph for TensorRT first "
-            f"(`posenc optimize {path.name} --target trt`), or replace the named op."
-        )
+        raise BuildError(f"{backend.describe()} cannot parse {path.name}: {listed}. {parse_remedy(path)}")
     return ParsedNetwork(backend, builder, network, parser)
+
+
+def parse_remedy(path: Path) -> str:
+    """What to do about a graph TensorRT cannot parse: optimize it for TensorRT; a graph optimized for another
+    target (its manifest's ``optimized`` record) is not the one to optimize again: its original export is (the
+    first ``source_onnx`` of the record's chain)."""
+    try:
+        found = read_manifest(path)
+    except ModelFileError:
+        found = None
+    record = None if found is None else found.optimized
+    if record is None:
+        return f"Optimize the graph for TensorRT first (`posenc optimize {path.name} --target trt`), or replace the op."
+    target = record.target
+    if target == "trt":
+        return "The graph is optimized for TensorRT already (its manifest says so); replace the named op."
+    while record.previous is not None:
+        record = record.previous
+    original = record.source_onnx
+    return (
+        f"{path.name} was optimized for {target} (ONNX Runtime's ops), not TensorRT: optimize its "
+        f"original export for TensorRT instead (`posenc optimize {original} --target trt`: the source its manifest "
+        f"records)."
+    )
 
 
 def mark_fp32_attention_decomposable(parsed: ParsedNetwork) -> int:
