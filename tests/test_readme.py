@@ -156,6 +156,23 @@ def test_readme_commands_run_in_order_and_do_what_they_say(
     assert ran >= 16
 
 
+def test_every_python_name_the_readme_gives_exists() -> None:
+    """Each dotted name the README's prose gives (`posenc.validate.validate_against_checkpoint(...)`) imports."""
+    names = sorted(set(re.findall(r"`(posenc(?:\.\w+)+)", README.read_text())))
+    assert "posenc.validate.validate_against_checkpoint" in names
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                value = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[cut:]:
+                assert hasattr(value, attribute), f"the README names {name}, which does not exist"
+                value = getattr(value, attribute)
+            break
+
+
 def test_readme_python_blocks_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
     from posenc.checkpoints.samples import get_sample

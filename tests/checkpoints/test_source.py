@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -105,6 +106,24 @@ def test_missing_shard(llama_dir: Path, tmp_path: Path) -> None:
     (folder / victim).unlink()
     with pytest.raises(ModelFileError, match=f"{victim}.*missing"):
         load_layer(folder)
+
+
+def test_a_missing_shard_that_holds_none_of_the_layer_is_not_needed(llama_dir: Path, tmp_path: Path) -> None:
+    """Only the shards holding the requested layer's tensors are read: another missing shard does not matter, and
+    a missing one that holds the layer is named when its tensor is read."""
+    folder = _copy(llama_dir, tmp_path / "ckpt")
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    needed = {file for name, file in weight_map.items() if "layers.1.self_attn." in name}
+    spare = sorted(set(weight_map.values()) - needed)
+    assert spare, "the fixture must have shards without layer 1's attention"
+    for file in spare:
+        (folder / file).unlink()
+    loaded = load_layer(folder, 1)
+    torch.testing.assert_close(loaded.state, load_layer(llama_dir, 1).state, rtol=0, atol=0)
+    victim = sorted(needed)[0]
+    (folder / victim).unlink()
+    with pytest.raises(ModelFileError, match=f"in shard {re.escape(victim)}, which is missing.*download"):
+        load_layer(folder, 1)
 
 
 def test_index_naming_a_file_outside_the_folder_is_refused(llama_dir: Path, tmp_path: Path) -> None:

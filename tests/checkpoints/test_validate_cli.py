@@ -86,6 +86,33 @@ def test_another_layer_is_refused(exported: Path, checkpoint: Path, capsys: pyte
     assert "differ from those the model was exported from" in capsys.readouterr().err
 
 
+def test_an_export_of_another_model_is_refused_as_such(
+    exported: Path, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Llama export checked against a Qwen2 checkpoint: the manifest's provenance says where it came from, before
+    any layer type or geometry is compared."""
+    from posenc.checkpoints.samples import get_sample
+
+    qwen = get_sample("qwen2-yarn").build(tmp_path / "qwen")
+    assert main(["validate", str(exported), "--against-hf", str(qwen)]) == 2
+    err = capsys.readouterr().err
+    assert "came from another checkpoint" in err
+    assert f"{checkpoint} (llama, layer 1)" in err
+    assert f"{qwen} is a qwen2 checkpoint" in err
+
+
+def test_a_config_mismatch_names_only_the_fields_that_differ(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same family with another geometry: one line per differing field, model value vs checkpoint value."""
+    other = tiny.llama(tmp_path / "other", max_position_embeddings=2048, rms_norm_eps=1e-5)
+    assert main(["validate", str(exported), "--against-hf", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "max_position_embeddings: 4096 vs 2048" in err
+    assert "num_heads" not in err  # an equal field is not listed
+    assert str(tmp_path / "other") in err
+
+
 def test_layer_without_checkpoint_is_refused(exported: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(exported), "--layer", "2"]) == 2
     assert "--against-hf" in capsys.readouterr().err

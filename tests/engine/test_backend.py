@@ -152,3 +152,32 @@ def test_a_precomputed_table_bounds_the_profiles_and_overrides_apply_to_each() -
         resolve_profiles(DIMS, ["seq=1:8:128"], context=131072, decoder=True)
     assert list(resolve_profiles(DIMS, context=4096, decoder=False)) == ["prefill"]
     assert list(resolve_profiles(DIMS)) == ["default"]  # no context known: the manifest's ranges, capped
+
+
+@pytest.mark.parametrize("datacenter", [False, True])
+def test_running_an_engine_without_a_gpu_says_what_it_needs(monkeypatch, tmp_path, datacenter: bool) -> None:
+    """`validate --engine` here: with or without datacenter tensorrt, the remedy is a GPU and `tensorrt`, never
+    "install TensorRT-RTX" (which builds engines but cannot run them)."""
+    from posenc.engine import runner as runner_module
+    from posenc.engine import targets as targets_module
+
+    fake = types.SimpleNamespace(__version__="11.4.0")
+
+    def importer(name: str):
+        if name == "tensorrt" and datacenter:
+            return fake
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(backend_module, "_LOADED", {})
+    monkeypatch.setattr(backend_module, "_import", importer)
+    monkeypatch.setattr(targets_module, "current_gpu_target", lambda: None)
+    engine = tmp_path / "block.engine"
+    engine.write_bytes(b"not run")
+    with pytest.raises(BackendUnavailable) as info:
+        runner_module.engine_runner(engine)
+    message = str(info.value)
+    assert "needs an NVIDIA GPU and datacenter `tensorrt`" in message
+    assert "no NVIDIA GPU is visible here" in message
+    assert ("datacenter tensorrt is not installed" in message) is not datacenter
+    assert "install TensorRT-RTX" not in message
+    assert "cannot run" in message

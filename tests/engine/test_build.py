@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,57 @@ def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsy
     manifest = json.loads(out.with_name("long.engine.manifest.json").read_text())
     assert manifest["profile_names"] == ["prefill", "decode"]
     assert [p["seq"]["max"] for p in manifest["profiles"]] == [131072, 16]
+
+
+def test_a_graph_optimized_for_onnx_runtime_points_to_its_original_export(export_cache, tmp_path, capsys) -> None:
+    """TensorRT cannot parse a graph optimized for ONNX Runtime; inspect and build name the original export to
+    optimize for TensorRT (the optimized manifests' source), not the ONNX Runtime graph itself."""
+    from posenc.graphs import optimize_file
+
+    export = export_case(export_cache, BLOCK)
+    ort = optimize_file(export, tmp_path / "block.ort.onnx", "ort-cpu").path
+    again = optimize_file(ort, tmp_path / "block.ort2.onnx", "ort-cpu").path  # its record's chain leads to export
+    for graph in (ort, again):
+        assert main(["inspect", str(graph)]) == 0
+        printed = capsys.readouterr().out
+        assert "does NOT parse" in printed
+        assert f"optimize its original export for TensorRT instead (`posenc optimize {export.name} --target trt`" in (
+            printed
+        )
+        assert f"posenc optimize {graph.name}" not in printed
+    with pytest.raises(BuildError, match=f"posenc optimize {export.name} --target trt"):
+        build_engine(again, tmp_path / "block.engine", targets=["sm89"])
+    assert not (tmp_path / "block.engine").exists()
+
+
+def test_a_plugin_graph_is_not_silently_inlined_by_a_backend_without_plugins(export_cache, tmp_path, capsys) -> None:
+    """`optimize --rope plugin`, then TensorRT-RTX (no plugins): inspect says the plugin node parses only as its
+    ONNX function, inlined into many layers; build refuses, naming `--rope fused` on the original export, and builds
+    it only when asked (--inline-plugins), the engine manifest recording the inlined layers."""
+    from posenc.graphs import optimize_file
+
+    export = export_case(export_cache, MatrixCase("rope", "precomputed", "float16", "block"))
+    plugin = optimize_file(export, tmp_path / "block.plugin.onnx", "trt", "plugin").path
+    assert main(["inspect", str(plugin)]) == 0
+    printed = capsys.readouterr().out
+    found = re.search(
+        r"parses, with the posenc plugin inlined as its ONNX function \((\d+) layers\): tensorrt_rtx \S+ has no "
+        r"plugins; `posenc optimize (\S+) --target trt --rope fused`",
+        printed,
+    )
+    assert found, printed
+    inlined, original = int(found[1]), found[2]
+    assert inlined > 100  # the twin's elementwise body, where TensorRT's rotary layer is one layer per tensor
+    assert original == export.name
+    out = tmp_path / "block.engine"
+    profile = ["seq=1:8:16", "past=0:0:16"]
+    with pytest.raises(BuildError, match=r"has no plugins.*--rope fused.*--inline-plugins"):
+        build_engine(plugin, out, targets=["sm89"], profile=profile)
+    assert not out.exists()
+    assert not engine_manifest_path(out).exists()
+    argv = ["build", str(plugin), "--engine-target", "sm89", *(f"--profile={p}" for p in profile), "-o", str(out)]
+    assert main(argv) == 2
+    assert "--rope fused" in capsys.readouterr().err
+    assert main([*argv, "--inline-plugins"]) == 0
+    assert f"inlined as its ONNX function ({inlined} layers" in capsys.readouterr().out
+    assert json.loads(engine_manifest_path(out).read_text())["inlined_plugin_layers"] == inlined

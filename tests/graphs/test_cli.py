@@ -149,3 +149,27 @@ def test_optimized_files_are_readable_by_others_and_land_together(exported) -> N
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path
     assert not out.with_name("rope.ort.weights.safetensors").exists()  # beside its export: reads its weights file
     assert not list(exported.parent.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("target", ["trt", "ort-cpu"], ids=["for-tensorrt", "for-ort-cpu"])  # "trt": a GPU marker
+def test_the_manifest_says_the_dtype_the_optimized_graph_stores_its_tables_in(export_cache, tmp_path, target) -> None:
+    """A bf16 block's position tables: float32 in the export; for TensorRT its RotaryEmbedding takes them in bf16,
+    and the optimized manifest's table_dtype says what the graph holds (every table initializer), with a note."""
+    import onnx
+
+    from posenc.dtypes import dtype_name
+
+    source = export_case(export_cache, MatrixCase("rope", "precomputed", "bfloat16", "block"))
+    out = tmp_path / f"block.{target}.onnx"
+    optimize_file(source, out, target)
+    manifest = load_manifest(out)
+    graph = onnx.load(str(out), load_external_data=False)
+    tables = {
+        init.name: dtype_name(onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name)
+        for init in graph.graph.initializer
+        if any(init.name == key or init.name.startswith(f"{key}_") for key in manifest.weights.tables)
+    }
+    assert len(tables) == 2, tables  # cos and sin
+    assert set(tables.values()) == {manifest.table_dtype}, (tables, manifest.table_dtype)
+    assert manifest.table_dtype == ("bfloat16" if target == "trt" else "float32")
+    assert any("bfloat16" in note and "RotaryEmbedding" in note for note in manifest.notes) is (target == "trt")

@@ -49,6 +49,7 @@ class CheckpointSource:
         self._files: dict[str, Path] = {}  # tensor name -> file holding it (folders)
         self._memory: dict[str, torch.Tensor] = {}  # tensor name -> tensor (in-memory models)
         self._open: dict[Path, Any] = {}
+        self._checked: set[Path] = set()  # files checked when their first tensor was read
         self._stack = ExitStack()
         self.hf_model: Any = None
         """The in-memory transformers model this source was made from, if any."""
@@ -57,11 +58,13 @@ class CheckpointSource:
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str]) -> CheckpointSource:
-        """A local checkpoint folder; refuses hub ids, missing folders, configs without weights, missing shards.
+        """A local checkpoint folder; refuses hub ids, missing folders, configs without weights (a missing shard: when
+        a tensor it holds is read).
 
         Raises:
             ConfigError: ``folder`` is not a local folder (e.g. a hub id), or its config.json is unusable.
-            ModelFileError: no weights, a missing shard, or an unreadable index.
+            ModelFileError: no weights, or an unreadable index (a missing shard is refused when a tensor it holds is
+                read).
         """
         if not str(folder).strip():
             raise ConfigError("the checkpoint folder path is empty; pass a downloaded checkpoint folder.")
@@ -121,13 +124,16 @@ class CheckpointSource:
         """The tensor ``name`` as stored (its dtype, on CPU); only its bytes are read.
 
         Raises:
-            ModelFileError: no such tensor, or its file cannot be read.
+            ModelFileError: no such tensor, its shard is missing, or its file cannot be read.
         """
         if name in self._memory:
             return self._memory[name].detach()
         if name not in self._files:
             raise ModelFileError(f"checkpoint {self.location} has no tensor {name!r}; is it the model you meant?")
         path = self._files[name]
+        if path not in self._checked:
+            self._check_shard(name, path)
+            self._checked.add(path)
         try:
             if path.suffix == ".safetensors":
                 return self._handle(path).get_tensor(name)
@@ -136,6 +142,22 @@ class CheckpointSource:
             raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
         except Exception as exc:
             raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
+
+    def _check_shard(self, name: str, path: Path) -> None:
+        """Check the file holding ``name`` by the safe-path rule; a shard the index names but the folder lacks is
+        refused here, when one of its tensors is needed (other missing shards do not matter).
+
+        Raises:
+            ModelFileError: the shard is missing (names it and the tensor), or leads out of the folder.
+        """
+        folder = Path(self.location)
+        relative = path.relative_to(folder).as_posix() if path.is_relative_to(folder) else str(path)
+        if not path.exists() and not path.is_symlink():
+            raise ModelFileError(
+                f"checkpoint {self.location}: tensor {name!r} is in shard {relative}, which is missing; download "
+                f"that shard into the folder (only the shards holding the requested layer's tensors are read)."
+            )
+        _safe(folder, relative, f"shard {relative!r} of checkpoint {self.location}")
 
     def _handle(self, path: Path) -> Any:
         from safetensors import safe_open
@@ -259,14 +281,13 @@ def _from_index(folder: Path, index: Path) -> dict[str, Path]:
         outside = os.path.isabs(file) or not (target == root or root in target.parents)
         if outside and not any(r in target.parents for r in _hub_cache_blobs(folder)):
             raise ModelFileError(f"{index} names {file!r}, outside {folder}; refusing to read it.")
-    missing = sorted({file for file in names.values() if not (folder / file).exists()})
-    if missing:
-        raise ModelFileError(
-            f"{index.name} names shard(s) {missing[:3]}{' ...' if len(missing) > 3 else ''} that are missing from "
-            f"{folder}; download every shard of the checkpoint."
-        )
+    # A missing shard is refused only when a tensor it holds is read (CheckpointSource.tensor): one layer needs
+    # only the shards that hold that layer's tensors.
     shards = {
-        file: _safe(folder, file, f"shard {file!r} named by {index.name}") for file in sorted(set(names.values()))
+        file: _safe(folder, file, f"shard {file!r} named by {index.name}")
+        if (folder / file).exists()
+        else folder / file
+        for file in sorted(set(names.values()))
     }
     return {name: shards[file] for name, file in names.items()}
 

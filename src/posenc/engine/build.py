@@ -21,9 +21,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import onnx
+
 from posenc.dtypes import dtype_name
 from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_backend
-from posenc.engine.network import layer_histogram, mark_fp32_attention_decomposable, parse_onnx
+from posenc.engine.network import (
+    fused_remedy,
+    inlined_plugin_layers,
+    layer_histogram,
+    mark_fp32_attention_decomposable,
+    parse_onnx,
+    plugin_reason,
+)
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profiles
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ConfigError, ModelFileError
@@ -128,6 +137,8 @@ class EngineManifest(Document):
     format: str = ENGINE_FORMAT
     profile_names: tuple[str, ...] = field(optional=True, default=())
     """The name of each of :attr:`profiles`, in order (``prefill``, ``decode``; ``default`` without a context)."""
+    inlined_plugin_layers: int = field(optional=True, default=0)
+    """Layers made of posenc plugin nodes' ONNX function instead of the plugin (a build that asked for it)."""
 
 
 @dataclasses.dataclass
@@ -162,10 +173,7 @@ def _symbolic_inputs(
     return shapes
 
 
-def _onnx_dim_names(path: Path) -> dict[str, list[int | str]]:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
+def _onnx_dim_names(model: onnx.ModelProto) -> dict[str, list[int | str]]:
     return {
         value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
         for value in model.graph.input
@@ -201,6 +209,7 @@ def build_engine(
     backend: str | None = None,
     timing_cache: str | os.PathLike[str] | None = None,
     workspace_bytes: int | None = None,
+    inline_plugins: bool = False,
 ) -> EngineResult:
     """Build ``output`` (engine) and its manifest from an ONNX file.
 
@@ -214,12 +223,15 @@ def build_engine(
         timing_cache: timing cache file (read and updated) for datacenter TensorRT; ignored by RTX, whose
             timing cache would force a GPU query in ahead-of-time builds.
         workspace_bytes: builder workspace limit.
+        inline_plugins: build a graph holding posenc plugin nodes even where TensorRT has no such plugin
+            (TensorRT-RTX has none) and inlines their ONNX function instead: many elementwise layers, slower than
+            TensorRT's own rotary layer (``posenc optimize --rope fused``). Default: refuse.
 
     Raises:
         BackendUnavailable: no TensorRT (says what to install).
         ConfigError: unsupported target (lists the supported), profile outside the manifest's ranges.
-        BuildError: the graph does not parse (names node and op) or the build fails. No engine file is
-            written then.
+        BuildError: the graph does not parse (names node and op), its posenc plugin nodes would be inlined
+            (without ``inline_plugins``), or the build fails. No engine file is written then.
     """
     onnx_path, output = Path(onnx_path), output_path(output, "engine")
     if workspace_bytes is not None and (
@@ -235,7 +247,16 @@ def build_engine(
     profiles = engine_profiles(source_manifest, profile)
     configure_polygraphy(trt_backend)
     parsed = parse_onnx(trt_backend, onnx_path)
-    symbolic = _symbolic_inputs(parsed, source_manifest, _onnx_dim_names(onnx_path))
+    graph = onnx.load(str(onnx_path), load_external_data=False)
+    inlined = inlined_plugin_layers(parsed, graph)
+    if inlined and not inline_plugins:
+        raise BuildError(
+            f"{onnx_path.name} holds posenc plugin nodes, but {plugin_reason(trt_backend)}: TensorRT would inline "
+            f"the plugin's ONNX function as {inlined} layers, slower than its own rotary layer. "
+            f"{fused_remedy(onnx_path)}: build that graph, or pass --inline-plugins (inline_plugins=True) to build "
+            f"this one anyway."
+        )
+    symbolic = _symbolic_inputs(parsed, source_manifest, _onnx_dim_names(graph))
     all_shapes = [input_shapes(symbolic, dim_profile) for dim_profile in profiles.values()]
     shapes = all_shapes[0]
     decomposable = mark_fp32_attention_decomposable(parsed)
@@ -264,6 +285,7 @@ def build_engine(
         build_seconds=round(seconds, 3),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         engine_sha256=hashlib.sha256(engine).hexdigest(),
+        inlined_plugin_layers=inlined,
     )
     manifest_path = engine_manifest_path(output)
     with atomic_outputs(output, manifest_path) as (tmp_engine, tmp_manifest):  # the engine lands last

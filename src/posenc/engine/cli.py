@@ -18,8 +18,10 @@ Backend: datacenter `tensorrt` when importable (builds for the GPU it runs on), 
 model's manifest, sized to the model: a prefill profile (profile 0: any call the model serves, up to its
 context length) and, for a block with a cache, a decode profile (1-16 new tokens after up to context - 1 cached);
 build prints them. --profile NAME=MIN:OPT:MAX overrides one dimension in every profile, within the manifest's range.
-Writes OUT and OUT.manifest.json; a failed build writes neither.
-exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph or failed build."""
+A graph with posenc plugin nodes (`optimize --rope plugin`) is refused where TensorRT has no such plugin
+(TensorRT-RTX has none; it would inline the plugin's ONNX function, slower than --rope fused) unless
+--inline-plugins. Writes OUT and OUT.manifest.json; a failed build writes neither.
+exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph, inlined plugin or failed build."""
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -37,6 +39,7 @@ def _build(args: argparse.Namespace) -> int:
         backend=args.trt_backend,
         timing_cache=args.timing_cache,
         workspace_bytes=None if args.workspace_mib is None else args.workspace_mib * (1 << 20),
+        inline_plugins=args.inline_plugins,
     )
     manifest = result.manifest
     if args.json:
@@ -47,6 +50,15 @@ def _build(args: argparse.Namespace) -> int:
         f"wrote {result.path} ({manifest.engine_bytes} bytes, {manifest.backend} {manifest.backend_version}, "
         f"targets {targets}, {manifest.precision}, {manifest.build_seconds:.2f} s) + {result.manifest_path.name}"
     )
+    if manifest.inlined_plugin_layers:
+        from pathlib import Path
+
+        from posenc.engine.network import fused_remedy
+
+        print(
+            f"warning: the posenc plugin is inlined as its ONNX function ({manifest.inlined_plugin_layers} layers, "
+            f"--inline-plugins), slower than TensorRT's rotary layer: {fused_remedy(Path(args.model))}"
+        )
     names = manifest.profile_names or tuple(f"profile {i}" for i in range(len(manifest.profiles)))
     print(f"optimization profiles (min:opt:max): {format_profiles(dict(zip(names, manifest.profiles, strict=True)))}")
     return 0
@@ -76,5 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_alias(p, "--backend", "trt_backend", use="--trt-backend", choices=BACKENDS)
     p.add_argument("--timing-cache", type=path_arg, help="timing cache file (datacenter TensorRT; RTX has none)")
     p.add_argument("--workspace-mib", type=int, help="builder workspace limit in MiB")
+    p.add_argument(
+        "--inline-plugins",
+        action="store_true",
+        help="build a graph with posenc plugin nodes where TensorRT has no such plugin (TensorRT-RTX has none) by "
+        "inlining their ONNX function: slower than --rope fused; default: refuse",
+    )
     add(p, "json", note="the engine manifest and the paths written")
     p.set_defaults(func=_build)

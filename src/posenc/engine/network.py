@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from posenc.engine.backend import NOISE, Backend, trt_logger
-from posenc.errors import BuildError
+from posenc.errors import BuildError, ModelFileError
 from posenc.export.runtime import check_model_file
+from posenc.graphs.manifests import read_manifest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +84,98 @@ def parse_onnx(backend: Backend, path: str | os.PathLike[str]) -> ParsedNetwork:
     if not parser.parse_from_file(str(path)):
         issues = _issues(parser) or [ParseIssue("", "", "the parser gave no details")]
         listed = "; ".join(str(issue) for issue in issues)
-        raise BuildError(
-            f"{backend.describe()} cannot parse {path.name}: {listed}. Optimize the graph for TensorRT first "
-            f"(`posenc optimize {path.name} --target trt`), or replace the named op."
-        )
+        raise BuildError(f"{backend.describe()} cannot parse {path.name}: {listed}. {parse_remedy(path)}")
     return ParsedNetwork(backend, builder, network, parser)
+
+
+def _optimized_from(path: Path) -> tuple[str | None, str]:
+    """``(target, original export)`` of an optimized graph: its manifest's ``optimized`` record and the first
+    ``source_onnx`` of the record's chain; ``(None, file name)`` for a graph no ``posenc optimize`` wrote."""
+    try:
+        found = read_manifest(path)
+    except ModelFileError:
+        found = None
+    record = None if found is None else found.optimized
+    if record is None:
+        return None, path.name
+    target = record.target
+    while record.previous is not None:
+        record = record.previous
+    return target, record.source_onnx
+
+
+def parse_remedy(path: Path) -> str:
+    """What to do about a graph TensorRT cannot parse: optimize it for TensorRT; a graph optimized for another
+    target is not the one to optimize again: its original export is."""
+    target, original = _optimized_from(path)
+    if target is None:
+        return f"Optimize the graph for TensorRT first (`posenc optimize {path.name} --target trt`), or replace the op."
+    if target == "trt":
+        return "The graph is optimized for TensorRT already (its manifest says so); replace the named op."
+    return (
+        f"{path.name} was optimized for {target} (ONNX Runtime's ops), not TensorRT: optimize its "
+        f"original export for TensorRT instead (`posenc optimize {original} --target trt`: the source its manifest "
+        f"records)."
+    )
+
+
+PLUGIN_LAYER_TYPES = frozenset({"PLUGIN", "PLUGIN_V2", "PLUGIN_V3"})
+
+
+def _layer_type(layer: Any) -> str:
+    return str(layer.type).split(".")[-1]
+
+
+def inlined_plugin_layers(parsed: ParsedNetwork, model: Any) -> int:
+    """How many layers TensorRT made of posenc plugin nodes by inlining their ONNX function (the ONNX Runtime twin
+    the node carries, :mod:`posenc.plugins.rope.ort_twin`): what it does when no plugin of that name is registered,
+    always with TensorRT-RTX, which has no plugins. 0: no plugin node, or TensorRT used the plugin.
+
+    The parser imports nodes in graph order, so a node's layers are those after the last layer of the nodes before
+    it, up to the layer producing its last output.
+
+    Args:
+        parsed: the parsed network.
+        model: the ``onnx.ModelProto`` it was parsed from.
+    """
+    from posenc.graphs.rope_plugin import plugin_nodes
+
+    plugins = {tuple(node.output) for node in plugin_nodes(model)}  # protobuf wrappers have no stable identity
+    if not plugins:
+        return 0
+    network = parsed.network
+    layers = [network.get_layer(index) for index in range(network.num_layers)]
+    producer = {layer.get_output(i).name: index for index, layer in enumerate(layers) for i in range(layer.num_outputs)}
+    last = -1  # the last layer of the nodes imported so far
+    inlined = 0
+    for node in model.graph.node:
+        made = [producer[name] for name in node.output if name in producer]
+        if not made:
+            continue
+        end = max(made)
+        if tuple(node.output) in plugins and not any(
+            _layer_type(layer) in PLUGIN_LAYER_TYPES for layer in layers[last + 1 : end + 1]
+        ):
+            inlined += end - last
+        last = max(last, end)
+    return inlined
+
+
+def plugin_reason(backend: Backend) -> str:
+    """Why ``backend`` inlines posenc plugin nodes (:func:`inlined_plugin_layers`)."""
+    if backend.is_rtx:
+        return f"{backend.describe()} has no plugins"
+    return (
+        f"no posenc plugin is registered with {backend.describe()} in this process "
+        f"(posenc.plugins.rope.trt_plugin.register_rope_plugins() registers them)"
+    )
+
+
+def fused_remedy(path: Path) -> str:
+    """The graph to build instead of a plugin graph TensorRT inlines: its original export optimized with
+    ``--rope fused``."""
+    _, original = _optimized_from(path)
+    return f"`posenc optimize {original} --target trt --rope fused` gives TensorRT's own rotary layer"
 
 
 def mark_fp32_attention_decomposable(parsed: ParsedNetwork) -> int:
@@ -119,6 +207,6 @@ def layer_histogram(parsed: ParsedNetwork) -> dict[str, int]:
     """``{layer type: count}`` of the parsed network (e.g. ROTARY_EMBEDDING, ATTENTION_OUTPUT)."""
     counts: dict[str, int] = {}
     for index in range(parsed.network.num_layers):
-        name = str(parsed.network.get_layer(index).type).split(".")[-1]
+        name = _layer_type(parsed.network.get_layer(index))
         counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))

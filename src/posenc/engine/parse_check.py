@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
+import onnx
+
 from posenc.engine.backend import configure_polygraphy, load_backend
-from posenc.engine.network import layer_histogram, parse_onnx
+from posenc.engine.network import fused_remedy, inlined_plugin_layers, layer_histogram, parse_onnx, plugin_reason
 from posenc.errors import BackendUnavailable, BuildError
 
 
@@ -20,12 +23,17 @@ class ParseReport:
         parsed: True / False, or ``None`` when not checked.
         message: the failure (node and op) or why it was not checked.
         layers: layer-type histogram of the parsed network.
+        inlined_plugin_layers: layers TensorRT made of posenc plugin nodes by inlining their ONNX function
+            (:func:`posenc.engine.network.inlined_plugin_layers`); 0 when none.
+        inlined_reason: why, and what to build instead (empty when none were inlined).
     """
 
     backend: str | None
     parsed: bool | None
     message: str = ""
     layers: dict[str, int] = dataclasses.field(default_factory=dict)
+    inlined_plugin_layers: int = 0
+    inlined_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -44,4 +52,11 @@ def check_parse(path: str | os.PathLike[str], backend: str | None = None) -> Par
         return ParseReport(backend=trt_backend.describe(), parsed=None, message=f"not checked: {exc}")
     except BuildError as exc:
         return ParseReport(backend=trt_backend.describe(), parsed=False, message=str(exc))
-    return ParseReport(backend=trt_backend.describe(), parsed=True, layers=layer_histogram(parsed))
+    inlined = inlined_plugin_layers(parsed, onnx.load(str(path), load_external_data=False))
+    return ParseReport(
+        backend=trt_backend.describe(),
+        parsed=True,
+        layers=layer_histogram(parsed),
+        inlined_plugin_layers=inlined,
+        inlined_reason=f"{plugin_reason(trt_backend)}; {fused_remedy(Path(path))}" if inlined else "",
+    )

@@ -22,16 +22,21 @@ def engine_runner(path: str | os.PathLike[str], name: str | None = None) -> Any:
         BackendUnavailable: datacenter ``tensorrt`` is not importable or no GPU is visible (TensorRT-RTX
             engines cannot be run on this machine either).
     """
+    from posenc.engine import targets
     from posenc.engine.build import verify_engine
 
     path = verify_engine(path)
-    backend = load_backend("tensorrt")
-    from posenc.engine.targets import current_gpu_target
-
-    if current_gpu_target() is None:
+    missing = [] if targets.current_gpu_target() else ["no NVIDIA GPU is visible here (to torch with CUDA)"]
+    try:
+        backend = load_backend("tensorrt")
+    except BackendUnavailable:
+        missing.append("datacenter tensorrt is not installed")
+    if missing:
         raise BackendUnavailable(
-            "running a TensorRT engine needs an NVIDIA GPU with a CUDA build of torch; none is visible here. "
-            "Run `posenc validate` with the TrtRunner on a GPU machine (scripts/gpu_check.py runs every GPU check)."
+            f"running a TensorRT engine needs an NVIDIA GPU and datacenter `tensorrt`: {'; '.join(missing)}. "
+            f"TensorRT-RTX builds engines ahead of time without a GPU but cannot run them. Run `posenc validate "
+            f"--engine` on a machine with an NVIDIA GPU after `pip install tensorrt` (scripts/gpu_check.py runs every "
+            f"GPU check)."
         )
     configure_polygraphy(backend)
     from polygraphy.backend.common import BytesFromPath

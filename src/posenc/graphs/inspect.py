@@ -33,6 +33,8 @@ class TensorRTParse(Protocol):
     parsed: bool | None
     message: str
     layers: dict[str, int]
+    inlined_plugin_layers: int
+    inlined_reason: str
 
 
 TensorRTCheck = Callable[[Path], TensorRTParse]
@@ -98,6 +100,12 @@ class InspectReport:
             trt = self.tensorrt
             if trt.parsed is None:
                 lines.append(f"TensorRT: {trt.message}")
+            elif trt.parsed and trt.inlined_plugin_layers:
+                lines.append(
+                    f"TensorRT ({trt.backend}): parses, with the posenc plugin inlined as its ONNX function "
+                    f"({trt.inlined_plugin_layers} layers): {trt.inlined_reason}"
+                )
+                lines.append("  layers: " + ", ".join(f"{k} {v}" for k, v in trt.layers.items()))
             elif trt.parsed:
                 layers = ", ".join(f"{k} {v}" for k, v in trt.layers.items())
                 lines.append(f"TensorRT ({trt.backend}): parses ({layers})")

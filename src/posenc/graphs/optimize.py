@@ -44,15 +44,17 @@ from typing import Any
 
 import onnx_ir as ir
 
+from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.external import link_existing
 from posenc.export.files import atomic_outputs, json_text
-from posenc.export.manifest import OptimizedRecord, OutputDrift, PassRecord
+from posenc.export.manifest import Manifest, OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
 from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
+from posenc.graphs import match_utils as mu
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
-from posenc.graphs.manifests import ModelInfo, optimized_manifest, read_model_info
+from posenc.graphs.manifests import GraphManifest, ModelInfo, optimized_manifest, read_model_info
 from posenc.paths import output_path
 from posenc.records import to_json
 
@@ -289,10 +291,35 @@ def optimize_file(
             link_existing(optimized, temps[2], new_weights.name)
         data = optimized.SerializeToString()
         written = optimized_manifest(info, hashlib.sha256(data).hexdigest(), result.record(), new_weights)
+        written = _rotation_tables_as_stored(written, result.model)
         temps[0].write_bytes(data)
         temps[1].write_text(json_text(written.to_dict()))
     result.path, result.manifest_path, result.written = output, manifest_path, written.optimized
     return result
+
+
+def _rotation_tables_as_stored(manifest: Manifest | GraphManifest, model: ir.Model) -> Manifest | GraphManifest:
+    """The manifest with the ``table_dtype`` the optimized graph's rotations read their tables in, where the passes
+    changed it (``rope_for_tensorrt``: TensorRT's ``RotaryEmbedding`` takes cos/sin in the activation dtype, so a
+    bf16 block's float32 tables become bf16), and a note saying so; else unchanged."""
+    if not isinstance(manifest, Manifest):
+        return manifest
+    read = {
+        mu.dtype(table)
+        for node in model.graph.all_nodes()
+        if node.op_type == "RotaryEmbedding" and node.domain in ("", "ai.onnx")
+        for table in node.inputs[1:3]
+        if table is not None
+    }
+    names = sorted(dtype_name(str(dtype.numpy())) for dtype in read if dtype is not None)
+    changed = [name for name in names if name != manifest.table_dtype]
+    if not changed:
+        return manifest
+    note = (
+        f"position tables: the optimized graph's RotaryEmbedding reads cos/sin in {', '.join(names)} (TensorRT's "
+        f"rotary layer takes them in the activation dtype), not the export's {manifest.table_dtype}"
+    )
+    return dataclasses.replace(manifest, table_dtype=changed[0], notes=(*manifest.notes, note))
 
 
 def _runs_on_ort(model: ir.Model) -> bool:

@@ -17,11 +17,15 @@ Public API::
 - :func:`tolerance_for` / :data:`OUTPUT_RULES`: the one tolerance policy (:mod:`posenc.validate.tolerance`).
 - :func:`position_sweep` -> :class:`SweepReport`: error against position up to 131072 per bucket
   (:mod:`posenc.validate.sweep`).
+- :func:`validate_against_checkpoint` / :func:`decode_against_checkpoint`: ``posenc validate --against-hf`` (and
+  with ``--decode``), an exported checkpoint layer against the checkpoint's own transformers module
+  (:mod:`posenc.validate.checkpoint`).
 - :func:`check_ort_parity`: the before/after check of ``posenc optimize`` (pass it to
   :func:`posenc.graphs.optimize_file` as ``check=``).
 - bf16 graphs: structural check plus bf16 emulation on ONNX Runtime CPU (:mod:`posenc.validate.bf16`).
 """
 
+from posenc.validate.checkpoint import decode_against_checkpoint, validate_against_checkpoint
 from posenc.validate.compare import (
     Comparison,
     ComparisonRow,
@@ -75,6 +79,7 @@ __all__ = [
     "Verdict",
     "check_ort_parity",
     "compare",
+    "decode_against_checkpoint",
     "default_shapes",
     "eager_reference",
     "feed_metadata",
@@ -88,5 +93,6 @@ __all__ = [
     "tolerance_for",
     "tolerances_for",
     "tolerances_of",
+    "validate_against_checkpoint",
     "validate_onnx",
 ]

@@ -107,15 +107,46 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str, decode: 
             f"exports hold the positional op alone. Export with --unit block."
         )
     plan = loaded.plan
-    if manifest.attention != plan.config.to_dict() or manifest.scheme != plan.scheme:
+    differences = _differences(
+        {"scheme": manifest.scheme, **manifest.attention}, {"scheme": plan.scheme, **plan.config.to_dict()}
+    )
+    if differences:
+        recorded = f" (its manifest records {_origin(source)})" if isinstance(source, CheckpointWeights) else ""
         raise ConfigError(
-            f"the model ({manifest.scheme}, {manifest.attention}) is not layer {plan.layer} of {checkpoint} "
-            f"({plan.scheme}, {plan.config.to_dict()}); pass the checkpoint and layer it was exported from."
+            f"the model{recorded} is not layer {plan.layer} of {checkpoint}; these fields differ (model vs "
+            f"checkpoint): {'; '.join(differences)}. Pass the checkpoint and layer it was exported from."
         )
     if isinstance(source, CheckpointWeights) and source.tensors and source.tensors != loaded.provenance().tensors:
         raise ConfigError(
             f"the tensors of layer {plan.layer} in {checkpoint} differ from those the model was exported from "
             f"(sha256 recorded in its manifest); re-export it from this checkpoint."
+        )
+
+
+def _differences(model: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
+    """``field: model value vs checkpoint value`` for each field whose values differ (absent: ``None``)."""
+    keys = [*model, *(key for key in checkpoint if key not in model)]
+    return [
+        f"{key}: {model.get(key)!r} vs {checkpoint.get(key)!r}" for key in keys if model.get(key) != checkpoint.get(key)
+    ]
+
+
+def _origin(source: CheckpointWeights) -> str:
+    kind = f", {source.layer_type}" if source.layer_type else ""
+    return f"{source.checkpoint} ({source.model_type}, layer {source.layer}{kind})"
+
+
+def _check_same_model(source: CheckpointWeights, checkpoint: Any) -> None:
+    """Refuse a checkpoint of another model type than the one the manifest records, before reading its layer (whose
+    layer types or geometry would otherwise be the first thing to disagree)."""
+    from posenc.checkpoints.source import CheckpointSource
+
+    with CheckpointSource.open(checkpoint) as opened:
+        model_type, where = opened.config.get("model_type"), opened.location
+    if model_type != source.model_type:
+        raise ConfigError(
+            f"this model came from another checkpoint: its manifest records {_origin(source)}, and {where} is a "
+            f"{model_type or 'model_type-less'} checkpoint. Pass the checkpoint it was exported from."
         )
 
 
@@ -127,8 +158,10 @@ def _load_matching(
     from posenc.checkpoints import load_layer
 
     source = manifest.weights.source
-    if layer is None and isinstance(source, CheckpointWeights):
-        layer, layer_type = source.layer, layer_type or source.layer_type
+    if isinstance(source, CheckpointWeights):
+        _check_same_model(source, checkpoint)
+        if layer is None:
+            layer, layer_type = source.layer, layer_type or source.layer_type
     loaded = load_layer(checkpoint, layer, layer_type)
     where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
     _check_same_layer(loaded, manifest, str(where), decode)
