@@ -80,6 +80,22 @@ def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp
     assert decode.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in decode.rows if not r.passed]
 
 
+@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
+def test_attention_sinks_keep_the_fused_attention_over_the_cache_with_the_reason(tmp_path: Path, target: str) -> None:
+    """An in-place block with sinks: its Attention fuses (the sink as a zero key), the cache passes are skipped with
+    the reason, and the graph still steps its cache like the float64 eager block."""
+    geometry = AttentionConfig(**{**CONFIG.__dict__, "attention_sinks": True})
+    source = export_onnx(tmp_path / "sinks.onnx", "rope", kv_cache="inplace", config=geometry).path
+    optimized = tmp_path / f"sinks.{target}.onnx"
+    result = optimize_file(source, optimized, target)
+    name = "decode_over_cache" if target == "ort-cpu" else "gqa_over_cache"
+    assert result.counts["fuse_attention"] == 1
+    assert result.counts[name] == 0
+    assert "attention sinks" in inspect_model(optimized).skipped[name]
+    report = validate_decode([source, optimized], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
 @pytest.mark.parametrize(
     ("facts", "reason"),
     [
@@ -89,6 +105,7 @@ def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp
         (CacheFacts(in_place=True, logit_softcap=30.0, placement="score"), "soft-cap"),
         (CacheFacts(in_place=True, head_dim=40), "multiple of 16"),
         (CacheFacts(in_place=True, placement="attention"), "computes its attention itself"),
+        (CacheFacts(in_place=True, attention_sinks=True), "attention sinks"),
     ],
 )
 def test_group_query_attention_refusals(facts: CacheFacts, reason: str) -> None:

@@ -30,7 +30,8 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     fused = 0 if target == "trt" and interleaved else rotations  # TensorRT-RTX cannot build it in a block
     assert record["fuse_rope"] == fused  # ReRoPE's rotations too
     if case.scheme == "rope" and target == "ort-cpu":  # a q/k norm before RoPE sits between the head split and it
-        before_rope = case.config.qk_norm != "none" and not case.config.qk_norm_after_rope
+        config = case.config  # (a norm over the whole projection sits before the head split)
+        before_rope = config.qk_norm != "none" and not config.qk_norm_after_rope and not config.qk_norm_full_width
         assert record["rope_to_3d"] == (0 if before_rope else rotations)
     attention = nodes(model, "Attention")
     assert len(attention) == record["fuse_attention"]

@@ -140,6 +140,20 @@ _QWEN_VISION = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, 
 _QWEN3_VISION = {"depth": 1, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2, "intermediate_size": 32,
                  "patch_size": 4, "deepstack_visual_indexes": [0]}  # fmt: skip
 _QWEN3_MROPE = {"rope_type": "default", "rope_theta": 5e5, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+_GPT_OSS = {**TINY, "head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1, "sliding_window": 4,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 1024},
+            **NO_SPECIAL_TOKENS}  # fmt: skip
+_QWEN3_NEXT = {**TINY, "head_dim": 16, "attention_bias": True,
+               "layer_types": ["linear_attention", "full_attention", "full_attention"],
+               "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+               "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+               "linear_key_head_dim": 8, "linear_value_head_dim": 8, **NO_SPECIAL_TOKENS}  # fmt: skip
+_MINISTRAL3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4,
+                    "llama_4_scaling_beta": 0.1, "beta_fast": 32.0, "beta_slow": 1.0}  # fmt: skip
+_PARTIAL_HALF = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
 _DEEPSEEK = {**TINY, "num_hidden_layers": 2, "num_key_value_heads": 4, "moe_intermediate_size": 32,
              "n_routed_experts": 2, "n_shared_experts": 1, "num_experts_per_tok": 1, "first_k_dense_replace": 1,
              "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
@@ -300,6 +314,22 @@ SAMPLES: dict[str, Sample] = {
                "Llama4ForCausalLM", _LLAMA4, layer=3),
         Sample("hunyuan", "HunYuan: NTK-α RoPE, q/k norms after the rotation", "HunYuanDenseV1Config",
                "HunYuanDenseV1ForCausalLM", _HUNYUAN, layer=1),
+        Sample("olmo2", "OLMo 2: q/k RMSNorm over the whole projection", "Olmo2Config", "Olmo2ForCausalLM",
+               _decoder(head_dim=16, attention_bias=True, **NO_SPECIAL_TOKENS), layer=1),
+        Sample("gpt-oss", "gpt-oss: attention sinks, YaRN, sliding layer, biases", "GptOssConfig",
+               "GptOssForCausalLM", _GPT_OSS, layer=0),
+        Sample("qwen3-next", "Qwen3-Next: sigmoid output gate in q_proj, zero-centred q/k norms, partial rotary",
+               "Qwen3NextConfig", "Qwen3NextForCausalLM", _QWEN3_NEXT, layer=1),
+        Sample("ministral3", "Ministral 3: YaRN, query scaled by position (llama_4_scaling)", "Ministral3Config",
+               "Ministral3ForCausalLM", _decoder(head_dim=16, rope_parameters=_MINISTRAL3_YARN, **NO_SPECIAL_TOKENS),
+               layer=1),
+        Sample("phi", "Phi-2 style: q/k LayerNorm, partial rotary, dense", "PhiConfig", "PhiForCausalLM",
+               _decoder(qk_layernorm=True, rope_parameters=_PARTIAL_HALF, **NO_SPECIAL_TOKENS), layer=1),
+        Sample("phi-plain", "Phi (phi-1.5, phi-2): partial rotary, biases, dense", "PhiConfig", "PhiForCausalLM",
+               _decoder(rope_parameters=_PARTIAL_HALF, **NO_SPECIAL_TOKENS), layer=1),
+        Sample("persimmon", "Persimmon: fused per-head qkv, q/k LayerNorm, partial rotary", "PersimmonConfig",
+               "PersimmonForCausalLM", _decoder(num_key_value_heads=4, rope_parameters=_PARTIAL_HALF,
+                                                **NO_SPECIAL_TOKENS), layer=1),
     )
 }  # fmt: skip
 

@@ -29,7 +29,9 @@ precomputed table of the activation dtype; otherwise the rotated q and k are fed
 ``attention_bias``. What ``GroupQueryAttention`` cannot express keeps its present path, with the reason recorded
 (:func:`gqa_refusal`): blocks that are not causal (it masks by cache slots), sliding windows (it counts slots, posenc
 counts positions, which differ after a jump in positions), a soft-cap together with a score bias (it caps after
-adding the bias), schemes that compute attention themselves (no ``Attention`` to replace).
+adding the bias), schemes that compute attention themselves (no ``Attention`` to replace), attention sinks (the
+sink fusion appends a zero key to the sliced caches, which neither pass reads; the fused ``Attention`` keeps the
+sinks exactly).
 
 The graph alone does not say what the attention mask of an in-place block means; :class:`CacheFacts` carries that
 from the manifest (``posenc optimize`` reads it), and graphs without one keep their attention.
@@ -224,6 +226,7 @@ class CacheFacts:
         logit_softcap: the soft-cap, or ``None``.
         placement: where the scheme acts (``qk``, ``score``, ``attention``, ...).
         head_dim: the head size.
+        attention_sinks: the softmax has a learned sink column per head.
     """
 
     in_place: bool
@@ -232,6 +235,7 @@ class CacheFacts:
     logit_softcap: float | None = None
     placement: str = "qk"
     head_dim: int = 64
+    attention_sinks: bool = False
 
     @classmethod
     def of(cls, manifest: Any) -> CacheFacts | None:
@@ -247,13 +251,22 @@ class CacheFacts:
             logit_softcap=config.logit_softcap,
             placement=manifest.placement,
             head_dim=config.head_dim,
+            attention_sinks=config.attention_sinks,
         )
+
+
+SINK_REFUSAL = (
+    "attention sinks: the fused Attention reads the caches with the sink's zero key appended, which this pass does "
+    "not take; the fused Attention keeps the sinks exactly"
+)
 
 
 def attention_refusal(facts: CacheFacts | None) -> str | None:
     """Why an in-place block has no ``Attention`` for the cache passes to take (``None``: it has)."""
     if facts is not None and facts.placement == "attention":
         return "the scheme computes its attention itself (no Attention op to replace); it keeps its own path"
+    if facts is not None and facts.attention_sinks:
+        return SINK_REFUSAL
     return None
 
 
