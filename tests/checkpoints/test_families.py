@@ -18,7 +18,17 @@ from tests.checkpoints.parity import Case, check_case
 pytest.importorskip("transformers")
 
 
-SLOW = {"falcon-new-arch-alibi", "olmo2", "gpt-oss", "qwen3-next", "ministral3", "phi", "phi-plain", "persimmon"}
+SLOW = {
+    "falcon-new-arch-alibi",
+    "olmo2",
+    "gpt-oss",
+    "qwen3-next",
+    "ministral3",
+    "mistral4",
+    "phi",
+    "phi-plain",
+    "persimmon",
+}
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
 reference against the model. The samples of today's attention features (full-width q/k norms, sinks, output gates,

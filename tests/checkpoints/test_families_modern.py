@@ -1,5 +1,6 @@
 """Families of today's attention features that are not Llama-convention aliases: Phi and Persimmon (q/k LayerNorm,
-partial rotary, ``dense``; Persimmon's fused per-head ``query_key_value``).
+partial rotary, ``dense``; Persimmon's fused per-head ``query_key_value``), Mistral 4 (DeepSeek-V3's multi-head
+latent attention with the query scaled by position).
 
 Each is a tiny seeded checkpoint (``posenc.checkpoints.samples``); posenc's block equals the type's own attention
 module within 1e-5 (a prompt, a prompt at position 100, a decode step over a cache, the context's end against the
@@ -22,13 +23,23 @@ from tests.checkpoints.whole_model import model_steps, reference_error
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize(("name", "family", "norm"), [("phi", "phi", "layer"), ("phi-plain", "phi", "none"),
-                                                      ("persimmon", "persimmon", "layer")])  # fmt: skip
-def test_layer_is_its_own_module(name: str, family: str, norm: str, tmp_path: Path) -> None:
+FEATURES = {
+    "phi": ("phi", "qk_norm", "layer"),
+    "phi-plain": ("phi", "qk_norm", "none"),
+    "persimmon": ("persimmon", "qk_norm", "layer"),
+    "mistral4": ("deepseek", "temperature_floor_scale", 4),
+}
+"""sample -> (family, a geometry field, the value its config gives it)."""
+
+
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_layer_is_its_own_module(name: str, tmp_path: Path) -> None:
     sample = get_sample(name)
     folder = sample.build(tmp_path / "ckpt")
     loaded = load_layer(folder, sample.layer)
-    assert (loaded.family.name, loaded.plan.attention.qk_norm) == (family, norm)
+    family, field, value = FEATURES[name]
+    assert loaded.family.name == family
+    assert getattr(loaded.plan.config, field) == value
     errors = block_errors(loaded)
     assert max(errors.values()) <= ATOL, errors
     steps = model_steps(folder, sample.layer or 0, None, path=f"layers.{sample.layer or 0}.self_attn")

@@ -80,19 +80,20 @@ def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp
     assert decode.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in decode.rows if not r.passed]
 
 
-@pytest.mark.parametrize("target", ["ort-cpu", "ort-cuda"])
-def test_attention_sinks_keep_the_fused_attention_over_the_cache_with_the_reason(tmp_path: Path, target: str) -> None:
-    """An in-place block with sinks: its Attention fuses (the sink as a zero key), the cache passes are skipped with
-    the reason, and the graph still steps its cache like the float64 eager block."""
+def test_attention_sinks_go_into_group_query_attention_over_the_cache(tmp_path: Path) -> None:
+    """An in-place block with sinks: ort-cuda's GroupQueryAttention takes them as head_sink, ort-cpu's grouped decode
+    as a softmax column of their own (the sliced branch keeps the fused Attention with the sink as a zero key). Both
+    step their caches like the float64 eager block, through both of ort-cpu's branches (steps past a third of the
+    cache take the grouped one)."""
     geometry = AttentionConfig(**{**CONFIG.__dict__, "attention_sinks": True})
     source = export_onnx(tmp_path / "sinks.onnx", "rope", kv_cache="inplace", config=geometry).path
-    optimized = tmp_path / f"sinks.{target}.onnx"
-    result = optimize_file(source, optimized, target)
-    name = "decode_over_cache" if target == "ort-cpu" else "gqa_over_cache"
-    assert result.counts["fuse_attention"] == 1
-    assert result.counts[name] == 0
-    assert "attention sinks" in inspect_model(optimized).skipped[name]
-    report = validate_decode([source, optimized], SHORT)
+    cuda, cpu = tmp_path / "sinks.ort-cuda.onnx", tmp_path / "sinks.ort-cpu.onnx"
+    assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1
+    (gqa,) = [n for n in onnx.load(str(cuda)).graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa.input) == 12  # head_sink
+    assert _ops(cuda)["Attention"] == 0
+    assert optimize_file(source, cpu, "ort-cpu").counts["decode_over_cache"] == 1
+    report = validate_decode([source, cuda, cpu], SHORT)
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
@@ -105,7 +106,6 @@ def test_attention_sinks_keep_the_fused_attention_over_the_cache_with_the_reason
         (CacheFacts(in_place=True, logit_softcap=30.0, placement="score"), "soft-cap"),
         (CacheFacts(in_place=True, head_dim=40), "multiple of 16"),
         (CacheFacts(in_place=True, placement="attention"), "computes its attention itself"),
-        (CacheFacts(in_place=True, attention_sinks=True), "attention sinks"),
     ],
 )
 def test_group_query_attention_refusals(facts: CacheFacts, reason: str) -> None:
@@ -114,6 +114,7 @@ def test_group_query_attention_refusals(facts: CacheFacts, reason: str) -> None:
 
 def test_group_query_attention_takes_a_plain_causal_block() -> None:
     assert gqa_refusal(CacheFacts(in_place=True, head_dim=128)) is None
+    assert gqa_refusal(CacheFacts(in_place=True, attention_sinks=True)) is None  # head_sink
     assert gqa_refusal(CacheFacts(in_place=True, logit_softcap=30.0, placement="qk")) is None
 
 

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -243,6 +245,65 @@ def _sink_column_ok(joined: ir.Value | None, column: ir.Value | None, kept: ir.V
     scores = concat.inputs[0]
     width = mu.static_dim(scores, 3) if scores is not None else None
     return mu.is_ints(ends, [-1]) or (width is not None and mu.is_ints(ends, [width]))
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkMask:
+    """A sink attention's mask taken apart, ``[Cast](Concat(Expand(Where(allowed, 0, -inf), grid), column))`` with
+    ``column = Expand(sinks, [B, H, Sq, 1])``: the boolean ``allowed`` and the constant ``sinks [H]``."""
+
+    allowed: ir.Value
+    sinks: np.ndarray
+
+    @classmethod
+    def of(cls, mask: ir.Value, heads: int | None) -> SinkMask | None:
+        """The parts of ``mask``, or ``None`` when it is not that form (a score bias, no mask, sinks computed at
+        run time) or its sinks are not ``heads`` constants."""
+        cast = mu.producer_of(mask, "Cast")
+        concat = mu.producer_of(cast.inputs[0] if cast is not None else mask, "Concat")
+        if concat is None or len(concat.inputs) != 2 or mu.int_attr(concat, "axis") not in (-1, 3):
+            return None
+        body = mu.producer_of(concat.inputs[0], "Expand")
+        where = mu.producer_of(body.inputs[0] if body is not None else None, "Where")
+        if (
+            where is None
+            or mu.dtype(where.inputs[0]) != ir.DataType.BOOL
+            or mu.const_scalar(where.inputs[1]) != 0.0
+            or not mu.is_neg_inf(where.inputs[2])
+        ):
+            return None
+        column = mu.producer_of(concat.inputs[1], "Expand")
+        source = column.inputs[0] if column is not None else None
+        while source is not None and mu.const_array(source) is None:  # Reshape / Cast of the constant sinks
+            step = source.producer()
+            if step is None or step.op_type not in ("Reshape", "Cast", "Unsqueeze") or not step.inputs:
+                return None
+            source = step.inputs[0]
+        sinks = mu.const_array(source)
+        if sinks is None or sinks.size != heads:
+            return None
+        return cls(mu.operand(where, 0), sinks.reshape(heads))
+
+
+def is_zero_slot(value: ir.Value | None) -> bool:
+    """``value`` is a ``ConstantOfShape`` of zeros (the sink fusion's zero key or value, :func:`zero_slot`)."""
+    fill = mu.producer_of(value, "ConstantOfShape")
+    if fill is None:
+        return False
+    attribute = fill.attributes.get("value")
+    return attribute is not None and not np.asarray(attribute.value.numpy()).any()
+
+
+def head_sink_refusal(node: ir.Node, mask: ir.Value, heads: int | None) -> str | None:
+    """Why ``GroupQueryAttention``'s ``head_sink`` cannot take a fused sink ``Attention`` (``None``: it can)."""
+    if "softcap" in node.attributes:
+        return "attention sinks with a soft-cap: GroupQueryAttention's order of cap and sink is not verified here"
+    if SinkMask.of(mask, heads) is None:
+        return (
+            "attention sinks: the mask is not the causal mask beside constant sinks (a score bias, no mask, or sinks "
+            "computed at run time); GroupQueryAttention's head_sink takes constants beside its causal mask"
+        )
+    return None
 
 
 def _rules(softmax_precision: bool, softcap: bool, equal_head_dims: bool) -> pattern.RewriteRuleSet:

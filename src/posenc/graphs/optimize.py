@@ -175,7 +175,7 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
         why = attention_refusal(facts) or ""
         plan.append(("decode_over_cache", lambda m, _: cache.decode_over_cache(m), True, why))
     if in_place and target == "ort-cuda":
-        plan.append(("gqa_over_cache", lambda m, _: cache.gqa_over_cache(m), True, gqa_refusal(facts) or ""))
+        plan.append(("gqa_over_cache", cache.gqa_over_cache, True, gqa_refusal(facts) or ""))
     if rope_mode == "fused" and target == "ort-cpu":
         plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True, ""))
         plan.append(("guard_in_rotary", lambda m, _: guard.guard_in_rotary(m), True, ""))

@@ -44,6 +44,7 @@ from onnxscript.rewriter import pattern
 
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
+from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
 from posenc.graphs.cache import gqa_attributes
 
 _CPU_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16)
@@ -94,42 +95,6 @@ class _Mask:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Sink:
-    """A sink attention's mask taken apart, ``[Cast](Concat(Expand(Where(allowed, 0, -inf), grid), column))`` with
-    ``column = Expand(sinks, [B, H, Sq, 1])``: the boolean ``allowed`` and the constant ``sinks [H]``."""
-
-    allowed: ir.Value
-    sinks: np.ndarray
-
-    @classmethod
-    def of(cls, mask: ir.Value, heads: int) -> _Sink | None:
-        cast = mu.producer_of(mask, "Cast")
-        concat = mu.producer_of(cast.inputs[0] if cast is not None else mask, "Concat")
-        if concat is None or len(concat.inputs) != 2 or mu.int_attr(concat, "axis") not in (-1, 3):
-            return None
-        body = mu.producer_of(concat.inputs[0], "Expand")
-        where = mu.producer_of(body.inputs[0] if body is not None else None, "Where")
-        if (
-            where is None
-            or mu.dtype(where.inputs[0]) != ir.DataType.BOOL
-            or mu.const_scalar(where.inputs[1]) != 0.0
-            or not mu.is_neg_inf(where.inputs[2])
-        ):
-            return None
-        column = mu.producer_of(concat.inputs[1], "Expand")
-        source = column.inputs[0] if column is not None else None
-        while source is not None and mu.const_array(source) is None:  # Reshape / Cast of the constant sinks
-            step = source.producer()
-            if step is None or step.op_type not in ("Reshape", "Cast", "Unsqueeze") or not step.inputs:
-                return None
-            source = step.inputs[0]
-        sinks = mu.const_array(source)
-        if sinks is None or sinks.size != heads:
-            return None
-        return cls(mu.operand(where, 0), sinks.reshape(heads))
-
-
 class _PrefillOverGQA(pattern.RewriteRuleClassBase):
     """Concat caches + ``Attention`` + head merge -> ``If(fresh prefill, GroupQueryAttention, the same nodes)``;
     with ``sink``, the caches' zero slot appended before the ``Attention`` (the sink fusion's form)."""
@@ -160,7 +125,7 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
         node = att.producer()
         if node.graph is not context.model.graph:
             return result.fail("inside a subgraph", node)
-        if not self.sink and (mu.producer_of(k, "ConstantOfShape") or mu.producer_of(v, "ConstantOfShape")):
+        if not self.sink and (is_zero_slot(k) or is_zero_slot(v)):
             return result.fail("the keys end in the sink's zero slot: the sink rule's match", k)
         concats = [present_k.producer(), present_v.producer()]
         if self.sink:
@@ -199,31 +164,20 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
 
     def _check_sink(self, result, node, q, mask, present_k, present_v, zero_k, zero_v):
         for zero, present in ((zero_k, present_k), (zero_v, present_v)):
-            fill = mu.producer_of(zero, "ConstantOfShape")
-            if fill is None or fill.attributes.get("value") is None:
+            if not is_zero_slot(zero):
                 return result.fail("the sink slot is not a ConstantOfShape of zeros", zero)
-            if float(np.asarray(fill.attributes["value"].value.numpy()).reshape(-1)[0]) != 0.0:
-                return result.fail("the sink slot is not zeros", zero)
-            shape = mu.producer_of(fill.inputs[0], "Concat")
+            shape = mu.producer_of(mu.producer(zero).inputs[0], "Concat")
             if shape is None or any(
                 mu.producer_of(x, "Shape") and x.producer().inputs[0] is present for x in shape.inputs
             ):
                 reason = "attention sinks over keys of unknown head count or width (the sink slot reads the cache)"
                 return self._decline(result, reason, zero)
-        if "softcap" in node.attributes:
-            return self._decline(result, "attention sinks with a soft-cap: not GroupQueryAttention's order", node)
-        if _Sink.of(mask, mu.static_dim(q, 1)) is None:
-            return self._decline(
-                result,
-                "attention sinks: the mask is not the causal mask beside constant sinks (a score bias, no mask, or "
-                "sinks computed at run time); GroupQueryAttention's head_sink takes constants beside its causal mask",
-                mask,
-            )
-        return result
+        refusal = head_sink_refusal(node, mask, mu.static_dim(q, 1))
+        return self._decline(result, refusal, mask) if refusal else result
 
     def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **kw):
         node = att.producer()
-        sink = _Sink.of(mask, mu.static_dim(q, 1)) if self.sink else None
+        sink = SinkMask.of(mask, mu.static_dim(q, 1)) if self.sink else None
         parts = _Mask.of(mask) if sink is None else _Mask(sink.allowed)
         assert parts is not None  # check() made sure
         allowed = parts.allowed
