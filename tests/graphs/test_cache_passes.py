@@ -97,6 +97,20 @@ def test_attention_sinks_go_into_group_query_attention_over_the_cache(tmp_path: 
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
+def test_gates_norms_and_scaled_queries_keep_both_cache_passes_exact(tmp_path: Path) -> None:
+    """The options outside the attention (a softplus gate per head, a full-width q/k norm, a position-scaled query)
+    leave decode_over_cache and GroupQueryAttention over the in-place cache taking the block, stepping like it."""
+    geometry = AttentionConfig(**{**CONFIG.__dict__, "output_gate": "softplus", "output_gate_per_head": True,
+                                  "qk_norm": "rms", "qk_norm_full_width": True, "temperature_floor_scale": 8,
+                                  "temperature_scale": 0.1, "temperature_offset": 0})  # fmt: skip
+    source = export_onnx(tmp_path / "modern.onnx", "rope", kv_cache="inplace", config=geometry).path
+    cpu, cuda = tmp_path / "modern.ort-cpu.onnx", tmp_path / "modern.ort-cuda.onnx"
+    assert optimize_file(source, cpu, "ort-cpu").counts["decode_over_cache"] == 1
+    assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1
+    report = validate_decode([source, cpu, cuda], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
 @pytest.mark.parametrize(
     ("facts", "reason"),
     [
