@@ -33,6 +33,13 @@ LLAMA4_ROPE = dataclasses.replace(_DECODER, qk_norm="l2", qk_norm_eps=1e-5, qk_n
                                   attention_chunk_size=4)  # fmt: skip
 LLAMA4_NOPE = dataclasses.replace(_DECODER, temperature_floor_scale=2, temperature_scale=0.1)
 HUNYUAN = dataclasses.replace(_DECODER, qk_norm="rms", qk_norm_eps=1e-5, qk_norm_after_rope=True)
+GPT_OSS = dataclasses.replace(_DECODER, qkv_bias=True, out_bias=True, sliding_window=4, attention_sinks=True)
+QWEN3_NEXT = dataclasses.replace(_DECODER, qkv_bias=True, qk_norm="rms", output_gate="sigmoid")
+LAGUNA = dataclasses.replace(_DECODER, qk_norm="rms", output_gate="softplus", output_gate_per_head=True)
+OLMO2 = dataclasses.replace(_DECODER, qk_norm="rms", qk_norm_full_width=True)
+MINISTRAL3 = dataclasses.replace(_DECODER, temperature_floor_scale=8, temperature_scale=0.1, temperature_offset=0)
+PHI = dataclasses.replace(_DECODER, num_kv_heads=4, qkv_bias=True, out_bias=True, qk_norm="layer", qk_norm_eps=1e-5)
+_YARN = {"factor": 4.0, "original_max_position_embeddings": 16, "truncate": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,16 +105,29 @@ FEATURE_CASES = [
     FeatureCase("llama4_rope_chunked", "rope", LLAMA4_ROPE, {"layout": "interleaved"}, "precomputed", "float16"),
     FeatureCase("llama4_nope_temperature", "nope", LLAMA4_NOPE, {}, "precomputed", "float16"),
     FeatureCase("hunyuan_norm_after_rope", "rope_ntk_alpha", HUNYUAN, {"alpha": 1000.0}, "dynamic", "float32"),
+    FeatureCase("gpt_oss_sinks", "rope_yarn", GPT_OSS, _YARN, "precomputed", "float16"),
+    FeatureCase("gpt_oss_sinks", "rope_yarn", GPT_OSS, _YARN, "dynamic", "float32"),
+    FeatureCase("qwen3_next_gate", "rope", QWEN3_NEXT, {"partial_rotary_factor": 0.5}, "precomputed", "float16"),
+    FeatureCase("laguna_softplus_head_gate", "rope", LAGUNA, {}, "dynamic", "float32"),
+    FeatureCase("olmo2_full_width_norm", "rope", OLMO2, {}, "precomputed", "float16"),
+    FeatureCase("ministral3_scaled_query", "rope_yarn", MINISTRAL3, _YARN, "precomputed", "float16"),
+    FeatureCase("phi_layernorm", "rope", PHI, {"partial_rotary_factor": 0.5}, "precomputed", "float32"),
 ]
 """Every option in fp32 and fp16 and in both table modes where its scheme has them."""
 
 ENGINE_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" and c.scheme != "rerope"]
 """One engine per option: q/k norm, soft-cap, window, biases (gemma2); scaled ALiBi; BERT embeddings; odd
-sinusoids; shared DeBERTa projections; Llama 4's chunks, L2 norm after RoPE and temperature tuning.
+sinusoids; shared DeBERTa projections; Llama 4's chunks, L2 norm after RoPE and temperature tuning; gpt-oss's
+sinks (the zero-key Attention), Qwen3-Next's gate, OLMo 2's full-width norm, Ministral 3's scaled query.
 (TensorRT-RTX has no fp16 fused-attention kernel for head_dim 8, so the blocks keep head_dim >= 16.)"""
-FUSION_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" or c.name in ("gemma2", "alibi_encoder_window_capped")]
-"""The fp16 blocks (their TensorRT graphs are the engine tests' too), the fp32 dynamic RoPE block and the
-soft-capped ALiBi block whose attention must stay decomposed."""
+FUSION_CASES = [
+    c for c in FEATURE_CASES
+    if c.dtype == "float16" or c.name in ("gemma2", "alibi_encoder_window_capped", "gpt_oss_sinks", "phi_layernorm",
+                                          "laguna_softplus_head_gate")
+]  # fmt: skip
+"""The fp16 blocks (their TensorRT graphs are the engine tests' too), the fp32 dynamic RoPE block, the
+soft-capped ALiBi block whose attention must stay decomposed, and the fp32 sink, softplus-gate and LayerNorm
+blocks."""
 
 
 def exported_feature(folder: Path, case: FeatureCase) -> Path:

@@ -144,3 +144,216 @@ def test_hunyuan_norms_after_the_rotation_equal_the_module_and_the_order_matters
 def test_bad_options_raise(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         dataclasses.replace(BASE, **{field: value})
+
+
+# --------------------------------------------------------------------------------------------------
+# Sinks, output gates, full-width q/k norms, position-scaled queries, q/k LayerNorm (issue 22)
+# --------------------------------------------------------------------------------------------------
+
+
+def _module(path: str, config, layer: int = 0, **arguments):  # type: ignore[no-untyped-def]
+    """A transformers attention module (float64, eager) with N(0, 0.2) weights."""
+    import importlib
+
+    module_name, _, name = path.rpartition(".")
+    config._attn_implementation = "eager"
+    attention = getattr(importlib.import_module(f"transformers.models.{module_name}"), name)(
+        config, layer_idx=layer, **arguments
+    )
+    attention = attention.double().eval()
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0.0, 0.2)
+        if hasattr(attention, "sinks"):
+            attention.sinks.normal_(0.0, 1.0)
+    return attention
+
+
+_TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 96}  # fmt: skip
+
+
+def _embeddings(positions: torch.Tensor, rotary: int = 16, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq, _ = PF.rope_inv_freq(rotary)
+    cos, sin = PF.rope_cos_sin(positions.expand(2, -1), inv_freq, dtype=torch.float64)
+    return (cos, sin) if half else (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+
+
+def _block(config: AttentionConfig, state: dict, scheme: str = "rope", **params: object) -> AttentionBlock:
+    block = AttentionBlock(config, scheme, params or None, table_dtype=torch.float64).double()
+    missing = [k for k in block.state_dict() if k not in state and not k.startswith("scheme.")]
+    assert not missing, missing
+    block.load_state_dict(state, strict=False)
+    return block.eval()
+
+
+def _changed(block: AttentionBlock, x: torch.Tensor, want: torch.Tensor, params=None, **change: object) -> float:  # type: ignore[no-untyped-def]
+    """How far a block with one option changed (same weights where they exist) lands from ``want``."""
+    other = AttentionBlock(dataclasses.replace(block.config, **change), "rope", params).double()
+    other.load_state_dict(block.state_dict(), strict=False)
+    with torch.no_grad():
+        return float((other(x)[0] - want).abs().max())
+
+
+def test_sinks_equal_gpt_oss_and_granite_swa_forms_and_every_cache_path() -> None:
+    """gpt-oss appends the sink column to the logits; Granite SWA scales the output by sigmoid(lse - sink): one
+    block option equals both modules (sliding window 4, past it), decode in steps and the in-place cache alike."""
+    hf = transformers.GptOssConfig(**_TINY, num_local_experts=2, sliding_window=4, attention_bias=True,
+                                   layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    gpt_oss = _module("gpt_oss.modeling_gpt_oss.GptOssAttention", hf)
+    config = dataclasses.replace(BASE, qkv_bias=True, out_bias=True, sliding_window=4, attention_sinks=True)
+    block = _block(config, gpt_oss.state_dict())
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    positions = torch.arange(9)
+    mask = (
+        _mask(positions, positions, None)
+        + torch.where(  # transformers' sliding-window overlay: q - k < 4
+            positions[None, :] > positions[:, None] - 4, 0.0, float("-inf")
+        ).double()[None, None]
+    )
+    with torch.no_grad():
+        want = gpt_oss(x, _embeddings(positions, half=True), mask)[0]
+        got = block(x)[0]
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(decode_in_steps(block, x, 5), got, atol=1e-10, rtol=1e-10)
+    cache = torch.zeros(2, 2, 12, 16, dtype=torch.float64)
+    with torch.no_grad():
+        first, keys, values = block.forward_in_place(x[:, :5], None, cache, cache.clone(), torch.tensor([0, 0]))
+        rest, _, _ = block.forward_in_place(x[:, 5:], None, keys, values, torch.tensor([5, 5]))
+    torch.testing.assert_close(torch.cat((first, rest), 1), got, atol=1e-10, rtol=1e-10)
+    assert _changed(block, x, want, attention_sinks=False) > 1e-2
+
+    granite = transformers.GraniteSWAConfig(**_TINY, attention_multiplier=0.25, sliding_window=4,
+                                            layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    swa = _module("granite_swa.modeling_granite_swa.GraniteSWAAttention", granite)
+    block = _block(dataclasses.replace(BASE, attn_scale=0.25, sliding_window=4, attention_sinks=True),
+                   swa.state_dict())  # fmt: skip
+    with torch.no_grad():
+        want = swa(x, _embeddings(positions), mask)[0]
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)  # transformers: float32 softmax
+
+
+@pytest.mark.parametrize("gating", ["per-head", "per-element"])
+def test_softplus_gate_equals_laguna(gating: str) -> None:
+    """Laguna's softplus gate (one value per head, or per output element), from g_proj of the block's input."""
+    hf = transformers.LagunaConfig(**_TINY, gating=gating, num_experts=2, moe_intermediate_size=32,
+                                   shared_expert_intermediate_size=32)  # fmt: skip
+    laguna = _module("laguna.modeling_laguna.LagunaAttention", hf, num_heads=4)
+    state = dict(laguna.state_dict())
+    state["gate_proj.weight"] = state.pop("g_proj.weight")
+    config = dataclasses.replace(BASE, qk_norm="rms", qk_norm_eps=hf.rms_norm_eps, output_gate="softplus",
+                                 output_gate_per_head=gating == "per-head")  # fmt: skip
+    block = _block(config, state, partial_rotary_factor=0.5)  # Laguna's full layers rotate half of each head
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = laguna(x, _embeddings(positions, rotary=8), _mask(positions, positions, None))[0]
+    # transformers: the gate's softplus and the q/k norms in float32
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(decode_in_steps(block, x, 4), block(x)[0], atol=1e-10, rtol=1e-10)
+    half = {"partial_rotary_factor": 0.5}
+    assert _changed(block, x, want, half, output_gate="sigmoid") > 1e-2  # the activation matters
+
+
+def test_sigmoid_gate_in_q_proj_equals_qwen3_next() -> None:
+    """Qwen3-Next's q_proj holds each head's query rows, then its gate rows: split by the checkpoint rule, the block's
+    sigmoid gate equals the module."""
+    from posenc.checkpoints.plan import LayerPlan
+    from posenc.checkpoints.rotary import split_packed_gate
+
+    hf = transformers.Qwen3NextConfig(**_TINY, attention_bias=True, layer_types=["full_attention"] * 2,
+                                      num_experts=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                       "partial_rotary_factor": 1.0})  # fmt: skip
+    qwen = _module("qwen3_next.modeling_qwen3_next.Qwen3NextAttention", hf)
+    config = dataclasses.replace(BASE, qkv_bias=True, out_bias=True, qk_norm="rms", qk_norm_eps=hf.rms_norm_eps,
+                                 output_gate="sigmoid")  # fmt: skip
+    state = dict(qwen.state_dict())
+    plan = LayerPlan(config, "rope", {}, 0)
+    state["q_proj.weight"], state["gate_proj.weight"] = split_packed_gate([state["q_proj.weight"]], plan)
+    state["q_proj.bias"], state["gate_proj.bias"] = split_packed_gate([state["q_proj.bias"]], plan)
+    state["q_norm.weight"], state["k_norm.weight"] = 1.0 + state["q_norm.weight"], 1.0 + state["k_norm.weight"]
+    block = _block(config, state)
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = qwen(x, _embeddings(positions), _mask(positions, positions, None))[0]
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)  # transformers: q/k norms in float32
+    assert _changed(block, x, want, output_gate="none") > 1e-2
+
+
+def test_full_width_qk_norm_equals_olmo2_and_differs_from_per_head() -> None:
+    hf = transformers.Olmo2Config(**_TINY)
+    olmo = _module("olmo2.modeling_olmo2.Olmo2Attention", hf)
+    config = dataclasses.replace(BASE, qk_norm="rms", qk_norm_eps=hf.rms_norm_eps, qk_norm_full_width=True)
+    block = _block(config, olmo.state_dict())
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = olmo(x, _embeddings(positions), _mask(positions, positions, None))[0]
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)  # transformers: q/k norms in float32
+    assert tuple(block.state_dict()["q_norm.weight"].shape) == (64,)
+    assert tuple(block.state_dict()["k_norm.weight"].shape) == (32,)
+    per_head = AttentionBlock(dataclasses.replace(config, qk_norm_full_width=False), "rope").double()
+    per_head.load_state_dict({k: v for k, v in block.state_dict().items() if "norm" not in k}, strict=False)
+    assert (per_head(x)[0] - want).abs().max() > 1e-3
+
+
+def test_llama_4_scaling_equals_ministral3_from_position_zero() -> None:
+    """Ministral 3 scales q by 1 + β·ln(1 + floor(p / original)): Llama 4's temperature with offset 0 (offset 1
+    moves the step one position earlier)."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "original_max_position_embeddings": 3,
+            "llama_4_scaling_beta": 0.5}  # fmt: skip
+    hf = transformers.Ministral3Config(**_TINY, rope_parameters=rope)
+    ministral = _module("ministral3.modeling_ministral3.Ministral3Attention", hf)
+    config = dataclasses.replace(BASE, temperature_floor_scale=3, temperature_scale=0.5, temperature_offset=0)
+    block = _block(config, ministral.state_dict())
+    x = torch.randn(2, 10, 64, dtype=torch.float64)
+    positions = torch.arange(10)
+    with torch.no_grad():
+        want = ministral(x, _embeddings(positions), _mask(positions, positions, None), positions.expand(2, 10))[0]
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)  # transformers: float32 softmax
+    torch.testing.assert_close(decode_in_steps(block, x, 6), block(x)[0], atol=1e-10, rtol=1e-10)
+    assert _changed(block, x, want, temperature_offset=1) > 1e-3
+
+
+def test_qk_layernorm_equals_phi() -> None:
+    hf = transformers.PhiConfig(**{**_TINY, "num_key_value_heads": 4}, qk_layernorm=True,
+                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "partial_rotary_factor": 0.5})  # fmt: skip
+    phi = _module("phi.modeling_phi.PhiAttention", hf)
+    state = {k.replace("dense", "o_proj").replace("_layernorm", "_norm"): v for k, v in phi.state_dict().items()}
+    config = dataclasses.replace(BASE, num_kv_heads=4, qkv_bias=True, out_bias=True, qk_norm="layer",
+                                 qk_norm_eps=hf.layer_norm_eps)  # fmt: skip
+    block = _block(config, state, partial_rotary_factor=0.5)
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = phi(x, _embeddings(positions, rotary=8), _mask(positions, positions, None))[0]
+    torch.testing.assert_close(block(x)[0], want, atol=1e-6, rtol=1e-6)  # transformers: float32 softmax
+    assert _changed(block, x, want, {"partial_rotary_factor": 0.5}, qk_norm="rms") > 1e-3  # mean removed, bias added
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"output_gate": "tanh"}, r"output_gate must be one of \['none', 'sigmoid', 'softplus'\]"),
+        ({"output_gate_per_head": True}, r"output_gate_per_head needs an output_gate"),
+        ({"qk_norm": "l2", "qk_norm_full_width": True}, r"qk_norm_full_width .* needs qk_norm='rms'"),
+        ({"qk_norm": "rms", "qk_norm_after_rope": True, "qk_norm_full_width": True}, r"without qk_norm_after_rope"),
+        ({"temperature_offset": -1}, r"temperature_offset must be an int >= 0"),
+        ({"attention_sinks": 1}, r"attention_sinks must be True or False"),
+        ({"qk_norm": "group"}, r"qk_norm must be one of \['none', 'rms', 'l2', 'layer'\]"),
+    ],
+)
+def test_bad_new_options_raise(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        dataclasses.replace(BASE, **change)
+
+
+def test_a_gated_block_needs_its_gate_input() -> None:
+    block = AttentionBlock(dataclasses.replace(BASE, output_gate="sigmoid"), "rope")
+    q = torch.randn(1, 4, 3, 16)
+    kv = torch.randn(1, 2, 3, 16)
+    with pytest.raises(ConfigError, match=r"pass gate=block.gate\(hidden, position_ids\)"):
+        block.attend(q, kv, kv, torch.arange(3)[None], torch.arange(3)[None])

@@ -103,6 +103,20 @@ def test_gpt_j_is_interleaved_partial_rope_like_transformers() -> None:
     torch.testing.assert_close(got.transpose(1, 2), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_interleaved_model_types_import_their_layout_as_their_checkpoints_load() -> None:
+    """``export --hf-config`` and the checkpoint loader agree on the layout of every Llama-convention type: the
+    interleaved ones (GLM-4, Helium, ERNIE 4.5, Cohere, ...) import ``layout=interleaved``, the others do not."""
+    transformers = pytest.importorskip("transformers")
+    from posenc.checkpoints.families.llama import VARIANTS
+
+    for model_type, variant in VARIANTS.items():
+        data = transformers.CONFIG_MAPPING[model_type]().to_dict()
+        nested = any(isinstance(v, dict) for v in (data.get("rope_parameters") or {}).values())
+        layer_type = next(iter(data["rope_parameters"])) if nested else None
+        layout = from_hf_config(data, layer_type).params.get("layout")
+        assert (layout == "interleaved") is variant.interleaved, model_type
+
+
 @pytest.mark.parametrize(
     ("data", "scheme", "params", "causal"),
     [
@@ -286,7 +300,7 @@ def test_attention_options_default_to_plain_attention_and_round_trip() -> None:
         ("sliding_window", -4, "sliding_window must be an int >= 1"),
         ("sliding_window", 4.0, "sliding_window must be an int >= 1"),
         ("sliding_window", True, "sliding_window must be an int >= 1"),
-        ("qk_norm", "layer", r"qk_norm must be one of \['none', 'rms', 'l2'\]"),
+        ("qk_norm", "group", r"qk_norm must be one of \['none', 'rms', 'l2', 'layer'\]"),
         ("qk_norm", None, r"qk_norm must be one of"),
         ("qk_norm_eps", 0.0, "qk_norm_eps must be a finite number > 0"),
         ("qk_norm_eps", None, "qk_norm_eps must be a finite number > 0"),

@@ -36,7 +36,8 @@ class HeadRMSNorm(nn.Module):
 
     ``x · rsqrt(mean(x²) + eps) · weight`` computed in float32 (float64 for float64 input) and cast back to the
     input's dtype. ``weight [D]`` starts at ones. Gemma's ``(1 + w)`` form is stored as ``1 + w`` (the checkpoint
-    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm). Shapes: ``[..., D] -> [..., D]``.
+    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm). Shapes: ``[..., D] -> [..., D]``; the
+    same module normalises a whole projection ``[..., H·D]`` when built with ``dim = H·D`` (OLMo 2).
     """
 
     def __init__(self, dim: int, eps: float, learned: bool = True) -> None:
@@ -55,14 +56,68 @@ class HeadRMSNorm(nn.Module):
         return f"({self.dim},), eps={self.eps}" + ("" if self.weight is not None else ", no weight")
 
 
-def temperature_tuned(q: torch.Tensor, q_pos: torch.Tensor, floor_scale: int, scale: float) -> torch.Tensor:
-    """Llama 4's attention-temperature tuning (Nakanishi, "Scalable-Softmax Is Superior for Attention", 2025):
-    ``q [B, H, S, D]`` at positions ``q_pos [B, S]`` times ``1 + scale · ln(1 + floor((p + 1) / floor_scale))``,
-    computed in float32 (float64 for float64 q) with an exact integer floor, cast back to q's dtype."""
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over the last axis (``head_dim``) of q or k (Phi, Persimmon ``q_layernorm`` / ``k_layernorm``).
+
+    ``(x - mean(x)) · rsqrt(var(x) + eps) · weight + bias`` computed in float32 (float64 for float64 input), cast
+    back to the input's dtype (one LayerNormalization between two casts once exported). ``weight``, ``bias [D]``
+    (ones, zeros at first). Shapes: ``[..., D] -> [..., D]``.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.dim = dim
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        weight, bias = self.weight.to(compute), self.bias.to(compute)
+        return F.layer_norm(x.to(compute), (self.dim,), weight, bias, self.eps).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"({self.dim},), eps={self.eps}"
+
+
+def qk_norms(config: AttentionConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """The q and k norm modules of ``config.qk_norm`` (``None, None`` for none): per head over ``D``, or over the
+    whole projection (``qk_norm_full_width``: ``H·D`` and ``Hkv·D``)."""
+    if config.qk_norm == "none":
+        return None, None
+    h, hkv, d, eps = config.num_heads, config.num_kv_heads, config.head_dim, config.qk_norm_eps
+    if config.qk_norm_full_width:
+        return HeadRMSNorm(h * d, eps), HeadRMSNorm(hkv * d, eps)
+    if config.qk_norm == "layer":
+        return HeadLayerNorm(d, eps), HeadLayerNorm(d, eps)
+    learned = config.qk_norm == "rms"
+    return HeadRMSNorm(d, eps, learned), HeadRMSNorm(d, eps, learned)
+
+
+def temperature_tuned(
+    q: torch.Tensor, q_pos: torch.Tensor, floor_scale: int, scale: float, offset: int = 1
+) -> torch.Tensor:
+    """Llama 4's attention-temperature tuning (Nakanishi, "Scalable-Softmax Is Superior for Attention", 2025,
+    https://arxiv.org/abs/2501.19399): ``q [B, H, S, D]`` at positions ``q_pos [B, S]`` times
+    ``1 + scale · ln(1 + floor((p + offset) / floor_scale))`` (Llama 4: offset 1; Ministral 3's ``llama_4_scaling``:
+    offset 0), computed in float32 (float64 for float64 q) with an exact integer floor, cast back to q's dtype."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    steps = torch.div(q_pos + 1, floor_scale, rounding_mode="floor").to(compute)
+    steps = torch.div(q_pos + offset, floor_scale, rounding_mode="floor").to(compute)
     factor = torch.log(steps + 1.0) * scale + 1.0
     return (q.to(compute) * factor[:, None, :, None]).to(q.dtype)
+
+
+def gated(out: torch.Tensor, gate: torch.Tensor, activation: str, heads: int) -> torch.Tensor:
+    """The attention output ``out [B, S, H·D]`` times ``activation(gate)``: ``gate [B, S, H·D]``, or ``[B, S, H]``
+    (one value per head). ``sigmoid`` or ``softplus``, computed in float32 (float64 for float64 input) and cast to
+    ``out``'s dtype before the product."""
+    compute = torch.float64 if gate.dtype == torch.float64 else torch.float32
+    g = gate.to(compute)
+    g = (torch.sigmoid(g) if activation == "sigmoid" else F.softplus(g)).to(out.dtype)
+    if g.shape[-1] == out.shape[-1]:
+        return out * g
+    b, s = out.shape[0], out.shape[1]
+    return (out.view(b, s, heads, -1) * g.unsqueeze(-1)).view(b, s, -1)
 
 
 def default_positions(batch: int, seq: int, past: int, device: torch.device | None = None) -> torch.Tensor:
@@ -124,15 +179,22 @@ class AttentionBlock(nn.Module):
         For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
 
     Computation: ``q, k, v`` from ``q_proj``/``k_proj``/``v_proj`` (bias when ``config.qkv_bias``), then
-    ``q_norm``/``k_norm`` (``config.qk_norm``; after the rotation with ``config.qk_norm_after_rope``), then the
-    scheme; q's temperature (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
+    ``q_norm``/``k_norm`` (``config.qk_norm``; after the rotation with ``config.qk_norm_after_rope``; over the whole
+    projection with ``config.qk_norm_full_width``), then the scheme; q's temperature
+    (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
     scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality,
     ``config.sliding_window`` and ``config.attention_chunk_size``, softmax in float32, ``@ v``, heads merged,
     ``o_proj`` (bias when ``config.out_bias``). Multi-axis schemes take position ids ``[A, B, S]`` and mask in
     token order (cached keys at ``0 .. P - 1``, new tokens at ``P .. P + S - 1``), as transformers' Qwen2-VL does.
 
+    With ``config.attention_sinks`` the softmax has one more column per head holding ``sinks[h]``; with
+    ``config.output_gate`` the merged heads are multiplied by ``sigmoid`` / ``softplus`` of ``gate_proj(hidden)``
+    before ``o_proj`` (:func:`gated`).
+
     State dict keys: ``q_proj.*``, ``k_proj.*``, ``v_proj.*``, ``o_proj.*`` (``.bias`` as configured),
-    ``q_norm.weight`` / ``k_norm.weight`` ``[D]`` with ``qk_norm="rms"``, and ``scheme.*``. A DeBERTa scheme with
+    ``q_norm.weight`` / ``k_norm.weight`` (``[D]``; ``[H·D]`` / ``[Hkv·D]`` with ``qk_norm_full_width``; and
+    ``.bias`` for ``qk_norm="layer"``), ``sinks [H]``,
+    ``gate_proj.*``, and ``scheme.*``. A DeBERTa scheme with
     ``share_att_key`` uses ``q_proj`` / ``k_proj`` for its position terms (no ``scheme.pos_*_proj`` keys).
     """
 
@@ -160,9 +222,11 @@ class AttentionBlock(nn.Module):
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(h * d, e, bias=config.out_bias)
-        learned = config.qk_norm == "rms"
-        self.q_norm = HeadRMSNorm(d, config.qk_norm_eps, learned) if config.qk_norm != "none" else None
-        self.k_norm = HeadRMSNorm(d, config.qk_norm_eps, learned) if config.qk_norm != "none" else None
+        self.q_norm, self.k_norm = qk_norms(config)
+        # sinks drawn like the projections' seeded weights (a checkpoint's replace them), so that they show
+        self.sinks = nn.Parameter(torch.randn(h)) if config.attention_sinks else None
+        gate_width = h if config.output_gate_per_head else h * d
+        self.gate_proj = nn.Linear(e, gate_width, bias=config.qkv_bias) if config.output_gate != "none" else None
         self.scheme.share_projections(self.q_proj, self.k_proj)
 
     def forward(
@@ -189,11 +253,12 @@ class AttentionBlock(nn.Module):
         key_positions = torch.cat((past_positions.unsqueeze(0).expand(b, past), order), dim=1)
         key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
-        q, k, v = self.project(poisoned(hidden, poison, 1), position_ids)
+        x = poisoned(hidden, poison, 1)
+        q, k, v = self.project(x, position_ids)
         if past_key is not None and past_value is not None:
             k = torch.cat((past_key.to(k.dtype), k), dim=2)
             v = torch.cat((past_value.to(v.dtype), v), dim=2)
-        return self.attend(q, k, v, order, key_positions), k, v
+        return self.attend(q, k, v, order, key_positions, gate=self.gate(x, position_ids)), k, v
 
     def guard_keys(self, key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`PositionalScheme.guard` of the key positions ``[B, Sk]``, where the scheme reads a table with them.
@@ -242,10 +307,13 @@ class AttentionBlock(nn.Module):
         b, s, _ = hidden.shape
         placement = self.scheme.placement
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
-        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
         norms = self.q_norm is not None and self.k_norm is not None
-        if norms and not cfg.qk_norm_after_rope:
+        if norms and cfg.qk_norm_full_width:  # over the whole projection [B, S, H·D], before the head split
+            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
+        q = q.view(b, s, cfg.num_heads, cfg.head_dim)
+        k = k.view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        if norms and not cfg.qk_norm_after_rope and not cfg.qk_norm_full_width:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
@@ -255,6 +323,14 @@ class AttentionBlock(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         return q, k, v
 
+    def gate(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
+        """The output gate's pre-activation ``[B, S, H·D]`` (``[B, S, H]`` per head) from the same input as the
+        projections (``config.output_gate``), or ``None`` for a block without a gate."""
+        if self.gate_proj is None:
+            return None
+        embedding = self.scheme.placement is Placement.EMBEDDING
+        return self.gate_proj(self.scheme.embed(hidden, position_ids) if embedding else hidden)
+
     def attend(
         self,
         q: torch.Tensor,
@@ -263,16 +339,22 @@ class AttentionBlock(nn.Module):
         q_pos: torch.Tensor,
         k_pos: torch.Tensor,
         key_mask: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``q [B, H, Sq, D]`` over all keys ``k``, ``v [B, Hkv, Sk, D]`` at positions ``q_pos [B, Sq]``
-        and ``k_pos [B, Sk]`` (grouped heads, scheme bias or attention, soft-cap, causal and window masks), heads
-        merged and ``o_proj``: ``[B, Sq, E]``. ``key_mask [B, Sk]`` (bool, True = a real key) hides cache slots that
-        hold no key yet (a preallocated cache)."""
+        and ``k_pos [B, Sk]`` (grouped heads, scheme bias or attention, soft-cap, causal and window masks, sinks),
+        heads merged, the output gate and ``o_proj``: ``[B, Sq, E]``. ``key_mask [B, Sk]`` (bool, True = a real key)
+        hides cache slots that hold no key yet (a preallocated cache). ``gate``: :meth:`gate` of the new tokens'
+        input, for a block with ``config.output_gate``.
+
+        Raises:
+            ConfigError: a gated block called without ``gate``.
+        """
         cfg = self.config
         b, s = q.shape[0], q.shape[2]
         placement = self.scheme.placement
         if cfg.temperature_floor_scale is not None:
-            q = temperature_tuned(q, q_pos, cfg.temperature_floor_scale, cfg.temperature_scale)
+            q = temperature_tuned(q, q_pos, cfg.temperature_floor_scale, cfg.temperature_scale, cfg.temperature_offset)
         k, v = repeat_kv(k, cfg.num_heads), repeat_kv(v, cfg.num_heads)
         if placement is Placement.ATTENTION:
             if key_mask is not None:
@@ -292,8 +374,14 @@ class AttentionBlock(nn.Module):
             if key_mask is not None:
                 visible = key_mask[:, None, None, :]
                 mask = visible if mask is None else mask & visible
-            out = softmax_attention(scores, v, mask)
+            out = softmax_attention(scores, v, mask, self.sinks)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
+        if self.gate_proj is not None:
+            if gate is None:
+                raise ConfigError(
+                    f"this block gates its output ({cfg.output_gate}): pass gate=block.gate(hidden, position_ids)."
+                )
+            out = gated(out, gate, cfg.output_gate, cfg.num_heads)
         return self.o_proj(out)
 
     def forward_in_place(
@@ -350,10 +438,11 @@ class AttentionBlock(nn.Module):
         key_positions = torch.where(slots < past, slots, order.gather(1, offset))  # [B, total]
         key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
-        q, k, v = self.project(poisoned(hidden, poison, 1), position_ids)  # the guard's poison, as in forward
+        x = poisoned(hidden, poison, 1)  # the guard's poison, as in forward
+        q, k, v = self.project(x, position_ids)
         key_cache = write_cache(key_cache, k, past_length)
         value_cache = write_cache(value_cache, v, past_length)
         key_mask = None if attention_placement else slots < past + s
         keys, values = key_cache.narrow(2, 0, total), value_cache.narrow(2, 0, total)
-        out = self.attend(q, keys, values, order, key_positions, key_mask)
+        out = self.attend(q, keys, values, order, key_positions, key_mask, self.gate(x, position_ids))
         return out, key_cache, value_cache

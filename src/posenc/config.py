@@ -13,8 +13,10 @@ from posenc import rope_types
 from posenc.errors import ConfigError
 from posenc.paths import input_file
 
-QK_NORMS: tuple[str, ...] = ("none", "rms", "l2")
+QK_NORMS: tuple[str, ...] = ("none", "rms", "l2", "layer")
 """Values of :attr:`AttentionConfig.qk_norm`."""
+OUTPUT_GATES: tuple[str, ...] = ("none", "sigmoid", "softplus")
+"""Values of :attr:`AttentionConfig.output_gate`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +46,33 @@ class AttentionConfig:
             the scheme acts (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``), with learned weights ``q_norm.weight``,
             ``k_norm.weight`` ``[head_dim]`` on the block; ``"none"``: no norm.
             ``"l2"``: the same norm without weights (Llama 4's ``Llama4TextL2Norm``, ``use_qk_norm``).
-        qk_norm_eps: the epsilon inside that RMSNorm's square root.
+            ``"layer"``: per-head LayerNorm (mean removed) with weight and bias ``[head_dim]`` (Phi, Persimmon
+            ``q_layernorm`` / ``k_layernorm``).
+        qk_norm_eps: the epsilon inside that norm's square root.
         qk_norm_after_rope: apply the q/k norm after the scheme rotated q and k (HunYuan's ``query_layernorm`` /
             ``key_layernorm``, Llama 4's L2 norm) instead of before it.
+        qk_norm_full_width: the RMSNorm spans the whole projection, ``H·D`` for q and ``Hkv·D`` for k, rather than
+            each head (OLMo 2 / OLMo 3 / OLMoE / MiniMax-M2 ``q_norm`` over ``num_heads * head_dim``): weights
+            ``q_norm.weight [H·D]``, ``k_norm.weight [Hkv·D]``; before the rotation, with ``qk_norm="rms"``.
+        attention_sinks: a learned logit per query head in every softmax (gpt-oss, Granite SWA; Xiao et al.,
+            "Efficient Streaming Language Models with Attention Sinks", 2023, https://arxiv.org/abs/2309.17453):
+            ``softmax([scores, sink_h])`` with the sink's column dropped afterwards, so a query may give part of
+            its weight to no key. Weights ``sinks [H]`` on the block.
+        output_gate: a gate on the attention output before ``o_proj``, computed from the block's input by
+            ``gate_proj`` (``[H·D, E]``, or ``[H, E]`` with ``output_gate_per_head``; bias with ``qkv_bias``):
+            ``"sigmoid"`` (Qwen3-Next, AFMoE: Qiu et al., "Gated Attention for Large Language Models", 2025,
+            https://arxiv.org/abs/2505.06708) multiplies by ``sigmoid(gate)``, ``"softplus"`` (Laguna) by
+            ``softplus(gate)``; ``"none"``: no gate.
+        output_gate_per_head: one gate value per head (broadcast over its ``D`` outputs) instead of one per
+            output element.
         attention_chunk_size: chunked attention (Llama 4's RoPE layers, ``attention_chunk_size``): a query sees
             only keys of its own chunk, ``k_pos // c == q_pos // c`` (with causality); ``None``: no chunks.
         temperature_floor_scale: attention-temperature tuning of q (Llama 4's NoPE layers, ``floor_scale``): q at
-            position p is multiplied by ``1 + temperature_scale · ln(1 + floor((p + 1) / floor_scale))`` before
-            the scores; ``None``: off.
+            position p is multiplied by ``1 + temperature_scale · ln(1 + floor((p + temperature_offset) /
+            floor_scale))`` before the scores; ``None``: off. Ministral 3's ``llama_4_scaling`` is the same with
+            offset 0, ``original_max_position_embeddings`` as the floor scale and ``llama_4_scaling_beta``.
         temperature_scale: the ``attn_scale`` of that temperature (Llama 4: 0.1).
+        temperature_offset: added to the position before the floor division (Llama 4: 1, Ministral 3: 0).
     """
 
     hidden_size: int = 256
@@ -74,9 +94,16 @@ class AttentionConfig:
     attention_chunk_size: int | None = None
     temperature_floor_scale: int | None = None
     temperature_scale: float = 0.1
+    temperature_offset: int = 1
+    qk_norm_full_width: bool = False
+    attention_sinks: bool = False
+    output_gate: str = "none"
+    output_gate_per_head: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("causal", "qkv_bias", "out_bias", "qk_norm_after_rope"):
+        flags = ("causal", "qkv_bias", "out_bias", "qk_norm_after_rope", "qk_norm_full_width", "attention_sinks",
+                 "output_gate_per_head")  # fmt: skip
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}.")
         for name in ("hidden_size", "num_heads", "max_position_embeddings"):
@@ -128,12 +155,33 @@ class AttentionConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"AttentionConfig.{name} must be an int >= 1 ({meaning}) or None, got {value!r}.")
+        offset = self.temperature_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(
+                f"AttentionConfig.temperature_offset must be an int >= 0 (Llama 4: 1, Ministral 3: 0), got {offset!r}."
+            )
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(
                 f"AttentionConfig.qk_norm must be one of {list(QK_NORMS)} (per-head RMSNorm of q and k with or "
-                f"without weights, or none), "
+                f"without weights, LayerNorm, or none), "
                 f"got {self.qk_norm!r}."
             )
+        self._check_norm_and_gate()
+
+    def _check_norm_and_gate(self) -> None:
+        if self.qk_norm_full_width and (self.qk_norm != "rms" or self.qk_norm_after_rope):
+            raise ConfigError(
+                "AttentionConfig.qk_norm_full_width is an RMSNorm over the whole projection before the rotation: it "
+                f"needs qk_norm='rms' without qk_norm_after_rope (got qk_norm={self.qk_norm!r}, "
+                f"qk_norm_after_rope={self.qk_norm_after_rope})."
+            )
+        if self.output_gate not in OUTPUT_GATES:
+            raise ConfigError(
+                f"AttentionConfig.output_gate must be one of {list(OUTPUT_GATES)} (the activation of the gate on the "
+                f"attention output), got {self.output_gate!r}."
+            )
+        if self.output_gate_per_head and self.output_gate == "none":
+            raise ConfigError("AttentionConfig.output_gate_per_head needs an output_gate ('sigmoid' or 'softplus').")
 
     @property
     def kv_groups(self) -> int:
@@ -166,9 +214,14 @@ _ROPE_MODEL_TYPES = frozenset(
     {
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
         "phi", "phi3", "gpt_neox", "gptj", "codegen", "stablelm", "olmo", "olmo2", "starcoder2", "cohere",
-        "internlm2", "deepseek_v2", "deepseek_v3", "granite", "falcon", "persimmon", "glm", "mimi",
+        "internlm2", "deepseek_v2", "deepseek_v3", "granite", "falcon", "persimmon", "glm", "mimi", "glm4",
+        "helium", "ernie4_5", "ernie4_5_moe", "cohere2",
     }
 )  # fmt: skip
+# Model types whose modules rotate pairs (2i, 2i + 1) (transformers' rotate_every_two / interleaved cos, sin).
+_INTERLEAVED_MODEL_TYPES = frozenset(
+    {"gptj", "codegen", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe", "cohere", "cohere2"}
+)
 # Keys that only RoPE configs carry.
 _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "rotary_dim", "rotary_pct",
               "partial_rotary_factor")  # fmt: skip
@@ -313,7 +366,7 @@ def _hf_scheme(
     params = {"rope_theta": float(theta)}
     if partial is not None:
         params["partial_rotary_factor"] = float(partial)
-    if model_type in ("gptj", "codegen", "glm"):
+    if model_type in _INTERLEAVED_MODEL_TYPES:
         params["layout"] = "interleaved"
     # The type's own parameters are copied as given (keys another type would read are left out, as transformers
     # ignores them: HunYuan's NTK-α configs carry YaRN keys); type, theta and partial rotary were handled above.

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from posenc import rope_types as RT
-from posenc.blocks import AttentionBlock, HeadRMSNorm, block_scheme
+from posenc.blocks import AttentionBlock, HeadRMSNorm, block_scheme, temperature_tuned
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes.base import (
@@ -62,6 +62,10 @@ class MLAConfig:
         attn_scale: the multiplier of ``q·kᵀ``; ``None``: ``(nope + R) ** -0.5``, times YaRN's
             ``mscale(factor, mscale_all_dim)²`` when the scheme is scaled and gives ``mscale_all_dim``.
         causal: decoder attention.
+        temperature_floor_scale, temperature_scale, temperature_offset: q (both parts) at position p times
+            ``1 + temperature_scale · ln(1 + floor((p + temperature_offset) / temperature_floor_scale))`` before the
+            scores (Mistral 4's ``llama_4_scaling``: offset 0); ``None``: off. As in
+            :class:`~posenc.config.AttentionConfig`.
     """
 
     hidden_size: int
@@ -77,6 +81,9 @@ class MLAConfig:
     rope_interleave: bool = False
     attn_scale: float | None = None
     causal: bool = True
+    temperature_floor_scale: int | None = None
+    temperature_scale: float = 0.1
+    temperature_offset: int = 1
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_heads", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
@@ -97,7 +104,13 @@ class MLAConfig:
         for name in ("attention_bias", "rope_interleave", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"MLAConfig.{name} must be True or False, got {getattr(self, name)!r}.")
-        for name in ("norm_eps", "attn_scale"):
+        temperature = self.temperature_floor_scale
+        if temperature is not None:
+            _positive_int(self, "temperature_floor_scale")
+        offset = self.temperature_offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(f"MLAConfig.temperature_offset must be an int >= 0, got {offset!r}.")
+        for name in ("norm_eps", "attn_scale", "temperature_scale"):
             value = getattr(self, name)
             if value is None and name == "attn_scale":
                 continue
@@ -285,6 +298,8 @@ class MLABlock(nn.Module):
         k_nope, v = kv[..., : cfg.qk_nope_head_dim], kv[..., cfg.qk_nope_head_dim :]
         k = torch.cat((k_nope, k_rope.expand(b, h, keys, cfg.qk_rope_head_dim)), dim=-1)
         q = torch.cat((q_nope, q_rope), dim=-1)
+        if cfg.temperature_floor_scale is not None:
+            q = temperature_tuned(q, q_pos, cfg.temperature_floor_scale, cfg.temperature_scale, cfg.temperature_offset)
         scores = (q @ k.transpose(-1, -2)) * self.score_scale()
         out = softmax_attention(scores, v, attention_mask(q_pos, k_pos, cfg.causal))
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim))

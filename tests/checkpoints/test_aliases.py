@@ -38,6 +38,9 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 _WINDOW = {"sliding_window": 4}
 """A window shorter than the 6-token prompt, so the model's mask shows it."""
 _MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32}
+_ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention"]
+_GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 1024}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,33 @@ ALIAS_CASES: dict[str, Alias] = {
                      layers=(0, 1)),
     "vaultgemma": Alias({**_WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 30.0},
                         layers=(0, 1)),
+    # q/k RMSNorm over the whole projection
+    "olmo2": Alias({"attention_bias": True}),
+    "olmo3": Alias({**_WINDOW, "layer_types": _ALTERNATING}, layers=(0, 1)),
+    "olmoe": Alias({"num_experts": 2, "num_experts_per_tok": 1}),
+    "flex_olmo": Alias({"num_experts": 2, "num_experts_per_tok": 1}),
+    "minimax_m2": Alias({"num_local_experts": 2, "num_experts_per_tok": 1, "rotary_dim": 8}),
+    # attention sinks
+    "gpt_oss": Alias({"num_local_experts": 2, "num_experts_per_tok": 1, **_WINDOW, "layer_types": _ALTERNATING,
+                      "rope_parameters": _GPT_OSS_YARN}, layers=(0, 1)),
+    "granite_swa": Alias({"attention_multiplier": 0.11, **_WINDOW, "layer_types": _ALTERNATING,
+                          "layer_rope_theta": [10000.0, 0.0, 50000.0]}, layers=(0, 1, 2)),
+    "granitemoe_swa": Alias({"attention_multiplier": 0.13, "num_local_experts": 2, "num_experts_per_tok": 1,
+                             **_WINDOW, "layer_types": _ALTERNATING}, layers=(0, 1)),
+    # output gates
+    "qwen3_next": Alias({"attention_bias": True, "layer_types": ["linear_attention", "full_attention",
+                                                                 "full_attention"],
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.5},
+                         **_MOE, "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2,
+                         "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8}),
+    "afmoe": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "num_shared_experts": 1}, layers=(0, 1)),
+    "laguna": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "shared_expert_intermediate_size": 32,
+                     "num_attention_heads_per_layer": [4, 2, 4], "gating": True}, layers=(0, 1)),
+    # the query scaled by its position
+    "ministral3": Alias({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                             "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.1,
+                                             "beta_fast": 32.0, "beta_slow": 1.0}}),
 }  # fmt: skip
 """Every alias posenc registers, with the settings its test checkpoint uses."""
 
@@ -159,12 +189,39 @@ def test_qwen3_vl_moe_is_qwen3_vl_text_attention(tmp_path: Path) -> None:
     assert reference_error(loaded.reference(), steps) <= ATOL
 
 
+_QWEN3_5_TEXT = {**TINY, "head_dim": 16, "layer_types": ["linear_attention", "full_attention", "full_attention"],
+                 "rope_parameters": {**_QWEN3_MROPE, "mrope_section": [2, 1, 1], "partial_rotary_factor": 0.5},
+                 "linear_num_key_heads": 2, "linear_num_value_heads": 2, "linear_key_head_dim": 8,
+                 "linear_value_head_dim": 8, **NO_SPECIAL_TOKENS}  # fmt: skip
+QWEN3_5 = Sample(
+    "qwen3-5", "Qwen3.5 text attention", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration",
+    {"text_config": _QWEN3_5_TEXT, "vision_config": {**_QWEN3_VISION, "deepstack_visual_indexes": None}},
+)  # fmt: skip
+
+
+def test_qwen3_5_is_a_gated_qwen_vl_text_tower(tmp_path: Path) -> None:
+    """Qwen3.5's wrapper loads through its text tower (qwen3_5_text, Qwen-VL family): interleaved M-RoPE on a partial
+    rotary, zero-centred q/k norms, a sigmoid gate in q_proj; its Gated DeltaNet layer is refused by name."""
+    folder = QWEN3_5.build(tmp_path / "ckpt")
+    loaded = load_layer(folder, 1)
+    assert (loaded.family.name, loaded.plan.scheme, loaded.plan.attention.output_gate) == (
+        "qwen_vl", "rope_mrope", "sigmoid"
+    )  # fmt: skip
+    assert max(block_errors(loaded).values()) <= ATOL
+    steps = model_steps(folder, 1, None, path="language_model.layers.1.self_attn")
+    assert reference_error(loaded.reference(), steps) <= ATOL
+    with pytest.raises(ConfigError, match=r"layer 0 .* linear-attention .*one of \[1, 2\]"):
+        load_layer(folder, 0)
+
+
 REFUSED: dict[str, dict[str, Any]] = {
     "olmo": {"clip_qkv": 8.0},
+    "olmoe": {"clip_qkv": 8.0},
     "stablelm": {"qk_layernorm": True},
     "cohere": {"use_qk_norm": True},
 }
-"""Alias options the block cannot express (OLMo's q/k/v clamp, StableLM's and Cohere's per-head LayerNorms)."""
+"""Alias options the block cannot express (OLMo's and OLMoE's q/k/v clamp, StableLM's and Cohere's per-head
+LayerNorms)."""
 
 
 @pytest.mark.parametrize("model_type", sorted(REFUSED))

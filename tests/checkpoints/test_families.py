@@ -18,9 +18,23 @@ from tests.checkpoints.parity import check_case, sample_case
 pytest.importorskip("transformers")
 
 
-SLOW = {"falcon-new-arch-alibi"}
-"""Exported only in the slow run: its layout (falcon-new-arch-rope) and ALiBi form (falcon-alibi-bias) are exported
-by other samples; tests/checkpoints/test_families_decoders.py still proves its reference against the model."""
+SLOW = {
+    "falcon-new-arch-alibi",
+    "olmo2",
+    "gpt-oss",
+    "qwen3-next",
+    "ministral3",
+    "mistral4",
+    "phi",
+    "phi-plain",
+    "persimmon",
+}
+"""Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
+(falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
+reference against the model. The samples of today's attention features (full-width q/k norms, sinks, output gates,
+position-scaled queries, q/k LayerNorm) are proven in eager PyTorch against their modules and whole models in the
+default run (tests/checkpoints/test_aliases.py, test_families_modern.py) and exported there as blocks with the same
+options (tests/features.py); their CLI export through ONNX Runtime runs here in the slow run."""
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(SAMPLES)])

@@ -80,6 +80,37 @@ def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp
     assert decode.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in decode.rows if not r.passed]
 
 
+def test_attention_sinks_go_into_group_query_attention_over_the_cache(tmp_path: Path) -> None:
+    """An in-place block with sinks: ort-cuda's GroupQueryAttention takes them as head_sink, ort-cpu's grouped decode
+    as a softmax column of their own (the sliced branch keeps the fused Attention with the sink as a zero key). Both
+    step their caches like the float64 eager block, through both of ort-cpu's branches (steps past a third of the
+    cache take the grouped one)."""
+    geometry = AttentionConfig(**{**CONFIG.__dict__, "attention_sinks": True})
+    source = export_onnx(tmp_path / "sinks.onnx", "rope", kv_cache="inplace", config=geometry).path
+    cuda, cpu = tmp_path / "sinks.ort-cuda.onnx", tmp_path / "sinks.ort-cpu.onnx"
+    assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1
+    (gqa,) = [n for n in onnx.load(str(cuda)).graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa.input) == 12  # head_sink
+    assert _ops(cuda)["Attention"] == 0
+    assert optimize_file(source, cpu, "ort-cpu").counts["decode_over_cache"] == 1
+    report = validate_decode([source, cuda, cpu], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def test_gates_norms_and_scaled_queries_keep_both_cache_passes_exact(tmp_path: Path) -> None:
+    """The options outside the attention (a softplus gate per head, a full-width q/k norm, a position-scaled query)
+    leave decode_over_cache and GroupQueryAttention over the in-place cache taking the block, stepping like it."""
+    geometry = AttentionConfig(**{**CONFIG.__dict__, "output_gate": "softplus", "output_gate_per_head": True,
+                                  "qk_norm": "rms", "qk_norm_full_width": True, "temperature_floor_scale": 8,
+                                  "temperature_scale": 0.1, "temperature_offset": 0})  # fmt: skip
+    source = export_onnx(tmp_path / "modern.onnx", "rope", kv_cache="inplace", config=geometry).path
+    cpu, cuda = tmp_path / "modern.ort-cpu.onnx", tmp_path / "modern.ort-cuda.onnx"
+    assert optimize_file(source, cpu, "ort-cpu").counts["decode_over_cache"] == 1
+    assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1
+    report = validate_decode([source, cpu, cuda], SHORT)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
 @pytest.mark.parametrize(
     ("facts", "reason"),
     [
@@ -97,6 +128,7 @@ def test_group_query_attention_refusals(facts: CacheFacts, reason: str) -> None:
 
 def test_group_query_attention_takes_a_plain_causal_block() -> None:
     assert gqa_refusal(CacheFacts(in_place=True, head_dim=128)) is None
+    assert gqa_refusal(CacheFacts(in_place=True, attention_sinks=True)) is None  # head_sink
     assert gqa_refusal(CacheFacts(in_place=True, logit_softcap=30.0, placement="qk")) is None
 
 

@@ -30,7 +30,8 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     fused = 0 if target == "trt" and interleaved else rotations  # TensorRT-RTX cannot build it in a block
     assert record["fuse_rope"] == fused  # ReRoPE's rotations too
     if case.scheme == "rope" and target == "ort-cpu":  # a q/k norm before RoPE sits between the head split and it
-        before_rope = case.config.qk_norm != "none" and not case.config.qk_norm_after_rope
+        config = case.config  # (a norm over the whole projection sits before the head split)
+        before_rope = config.qk_norm != "none" and not config.qk_norm_after_rope and not config.qk_norm_full_width
         assert record["rope_to_3d"] == (0 if before_rope else rotations)
     attention = nodes(model, "Attention")
     assert len(attention) == record["fuse_attention"]
@@ -48,3 +49,27 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
     for name, new, ref in zip(manifest.output_names, after, reference, strict=True):
         tol = tolerance_for(case.scheme, case.dtype, name)
         assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
+
+
+def test_a_sink_attention_left_decomposed_is_named_and_kept_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT's parser rejects ``softcap``: a soft-capped sink block keeps its decomposed softmax (the sink column
+    included), ``inspect`` says why, and the graph still matches the original on ONNX Runtime."""
+    from posenc.config import AttentionConfig
+    from posenc.export import export_onnx
+    from posenc.graphs import optimize_file
+    from posenc.graphs.inspect import inspect_model
+
+    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32,
+                             logit_softcap=2.0, attention_sinks=True)  # fmt: skip
+    source = export_onnx(tmp_path / "capped_sinks.onnx", "rope", config=config).path
+    target = tmp_path / "capped_sinks.trt.onnx"
+    result = optimize_file(source, target, "trt")
+    assert result.counts["fuse_attention"] == 0
+    assert "attention sinks: an attention whose softmax has the sink column stayed decomposed" in (
+        inspect_model(target).to_text()
+    )
+    assert {"Tanh", "Softmax", "Concat"} <= {n.op_type for n in load_model(target).graph}
+    feed = make_feed(load_manifest(target, verify=False), FeedShape(batch=2, seq=5, past=3), seed=4)
+    reference = ort_run(load_model(source), feed)
+    for new, ref in zip(ort_run(load_model(target), feed), reference, strict=True):
+        assert_close(new, ref, 1e-5, 1e-5, "capped sinks on trt")

@@ -153,6 +153,38 @@ def test_a_score_bias_goes_in_alone_and_the_masked_sum_is_built_only_for_the_pre
         _assert_matches_eager(source, target, feed, f"alibi {shape}", scheme="alibi")
 
 
+def test_attention_sinks_go_into_group_query_attention_as_head_sink(tmp_path: Path) -> None:
+    """The sink fusion's zero key and sink column become GroupQueryAttention's head_sink (the block's own sinks) for a
+    first prompt; cached calls keep the Attention with the zero key; both match the float64 eager block."""
+    source, target = _optimized(tmp_path, "rope", attention_sinks=True)
+    model = onnx.load(str(target))
+    (branch,) = [node for node in model.graph.node if node.op_type == "If"]
+    then = {attribute.name: attribute.g for attribute in branch.attribute}["then_branch"]
+    (gqa,) = [node for node in then.node if node.op_type == "GroupQueryAttention"]
+    constants = {out: node for node in [*model.graph.node, *then.node] for out in node.output}
+    head_sink = onnx.numpy_helper.to_array(constants[gqa.input[11]].attribute[0].t)
+    module, _ = load_eager(source)
+    np.testing.assert_allclose(head_sink, module.sinks.detach().numpy(), rtol=1e-6)
+    assert np.abs(head_sink).max() > 0.1  # sinks that show
+    manifest = load_manifest(target, verify=False)
+    for shape, fresh in ((FeedShape(2, 9, 0), True), (FeedShape(2, 5, 3), False), (FeedShape(1, 1, 20), False)):
+        feed = make_feed(manifest, shape, seed=8)
+        assert _takes_gqa(target, feed) is fresh
+        _assert_matches_eager(source, target, feed, f"sinks {shape}")
+    steps = [FeedShape(2, 12, 0)] + [FeedShape(2, 1, 12 + i) for i in range(3)]
+    report = validate_decode([source, target], steps)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+def test_attention_sinks_beside_a_score_bias_are_declined_with_the_reason(tmp_path: Path) -> None:
+    source, target = _optimized(tmp_path, "alibi", attention_sinks=True)
+    assert "attention sinks: the mask is not the causal mask beside constant sinks" in inspect_model(target).to_text()
+    assert "GroupQueryAttention" not in {n.op_type for g in _graphs(target) for n in g.node}
+    assert "Attention" in {n.op_type for n in onnx.load(str(target)).graph.node}  # the sink as a zero key, fused
+    feed = make_feed(load_manifest(target, verify=False), FeedShape(2, 9, 0), seed=9)
+    _assert_matches_eager(source, target, feed, "alibi sinks", scheme="alibi")
+
+
 def test_a_mask_given_as_input_takes_the_fused_branch_only_when_it_is_the_causal_triangle() -> None:
     original = concat_cache_block()
     model = ir.serde.deserialize_model(original)

@@ -21,6 +21,8 @@ class LayerPlan:
         layer: the layer index within its stack.
         layer_type: the stack or kind of the layer (``decoder``, ``encoder``, ``sliding_attention``, ...), or None.
         decoder: True when the layer is used with a KV cache (decode steps make sense).
+        layout: tags a family sets where its model types store the same block differently (e.g. an output gate
+            inside ``q_proj`` or in a module of its own), read by the conditions of its weight table's rules.
     """
 
     config: AttentionConfig | MLAConfig
@@ -29,6 +31,7 @@ class LayerPlan:
     layer: int
     layer_type: str | None = None
     decoder: bool = True
+    layout: tuple[str, ...] = ()
 
     @property
     def attention(self) -> AttentionConfig:

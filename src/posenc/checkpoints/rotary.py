@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,7 +60,7 @@ def decoder_plan(hf: Any, layer: int, layer_type: str | None, **features: Any) -
     imported = from_hf_config(data, kind if nested else None)
     window = sliding_window_of(hf, kind)
     fields = dict(imported.config.to_dict(), causal=True)
-    fields.update({k: v for k, v in features.items() if v not in (False, None, "none")})
+    fields.update({k: v for k, v in features.items() if not (v is None or v is False or v == "none")})
     if window is not None:
         fields["sliding_window"] = window
     return LayerPlan(
@@ -87,12 +87,74 @@ PROJECTION_RULES: tuple[Rule, ...] = (
 """Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj`` modules (and their biases), named as in the block."""
 
 
+def check_attention_layer(hf: Any, layer: int) -> None:
+    """Raise for a layer that is not softmax attention (Qwen3-Next's and Qwen3.5's Gated DeltaNet
+    ``linear_attention`` layers), naming the layers posenc loads."""
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    if layer < len(kinds) and kinds[layer] == "linear_attention":
+        attention = [i for i, kind in enumerate(kinds) if kind != "linear_attention"]
+        raise ConfigError(
+            f"layer {layer} of this {hf.model_type} checkpoint is a linear-attention (Gated DeltaNet) layer, not "
+            f"softmax attention; posenc loads its attention layers: pass --layer with one of {attention[:8]}."
+        )
+
+
+GATES = ("q_proj", "gate_proj", "g_proj")
+"""Where an output gate's weights are: in ``q_proj`` (each head's query rows, then its gate rows: Qwen3-Next,
+Qwen3.5), or in a module of that name (AFMoE ``gate_proj``, Laguna ``g_proj``)."""
+PLUS_ONE = "norm:1+w"
+"""Layout tag: the q/k norm weights are stored zero-centred (the module multiplies by ``1 + w``)."""
+
+
+def layout_tags(gate: str | None, norm_plus_one: bool) -> tuple[str, ...]:
+    """:attr:`LayerPlan.layout` of a layer whose gate weights are in ``gate`` (one of :data:`GATES`, or None) and
+    whose q/k norms are zero-centred or not; read by :data:`FEATURE_RULES`."""
+    if gate is not None and gate not in GATES:
+        raise ValueError(f"gate {gate!r} is not one of {GATES}")
+    return (*((f"gate:{gate}",) if gate else ()), *((PLUS_ONE,) if norm_plus_one else ()))
+
+
+def split_packed_gate(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
+    """A ``q_proj`` holding the gate, rows ``[H, 2, D, ...]`` (each head's query, then its gate: the module views the
+    output as ``[..., H, 2·D]`` and chunks it) -> the query ``[H·D, ...]`` and the gate ``[H·D, ...]``."""
+    config = plan.attention
+    packed = tensors[0]
+    rest = tuple(packed.shape[1:])
+    heads = packed.reshape(config.num_heads, 2, config.head_dim, *rest)
+    width = config.num_heads * config.head_dim
+    return heads[:, 0].reshape(width, *rest), heads[:, 1].reshape(width, *rest)
+
+
+def zero_bias(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
+    """A zero bias for the rows of a weight (the block's gate has a bias with ``qkv_bias``; AFMoE's and Laguna's
+    gate modules have none)."""
+    return [torch.zeros(tensors[0].shape[0], dtype=tensors[0].dtype)]
+
+
+def _packed(plan: LayerPlan) -> bool:
+    return "gate:q_proj" in plan.layout
+
+
+def _normed(plus_one: bool) -> Callable[[LayerPlan], bool]:
+    return lambda plan: plan.attention.qk_norm != "none" and (PLUS_ONE in plan.layout) == plus_one
+
+
+def _gate_in(name: str, bias: bool = False) -> Callable[[LayerPlan], bool]:
+    return lambda plan: f"gate:{name}" in plan.layout and (plan.attention.qkv_bias or not bias)
+
+
 def norm_rules(transform: Transform = same) -> tuple[Rule, ...]:
     """Per-head q/k RMSNorm weights (``q_norm``/``k_norm``), through ``transform`` (e.g. Gemma's ``1 + w``)."""
     return tuple(
         Rule((target,), (target,), transform, when=lambda plan: plan.attention.qk_norm != "none")
         for target in ("q_norm.weight", "k_norm.weight")
     )
+
+
+def plus_one(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
+    """A zero-centred norm weight ``w`` (Gemma, Qwen3-Next: the module multiplies by ``1 + w``) -> the ``1 + w`` the
+    block multiplies by (rounded in the stored dtype's float32)."""
+    return [1.0 + t.float() for t in tensors]
 
 
 def float64_scheme(plan: LayerPlan) -> Any:
@@ -129,12 +191,17 @@ class RotaryReference(ModuleReference):
         prefix: str,
         angles: str = "native",
         dtype: torch.dtype = torch.float32,
+        attention_prefix: str | None = None,
+        **arguments: Any,
     ) -> RotaryReference:
-        """``models.<module>.modeling_<module>.<prefix>Attention`` loaded with the layer's ``tensors``."""
-        path = f"models.{module}.modeling_{module}.{prefix}"
-        attention = hf_class(f"{path}Attention")(hf, layer_idx=plan.layer)
+        """``models.<module>.modeling_<module>.<prefix>Attention`` loaded with the layer's ``tensors`` (built with
+        ``arguments`` besides the config and layer, e.g. Laguna's ``num_heads``; ``attention_prefix``: the attention
+        class's prefix where it differs from the rotary module's), with ``<prefix>RotaryEmbedding``."""
+        path = f"models.{module}.modeling_{module}."
+        attention_class = hf_class(f"{path}{attention_prefix or prefix}Attention")
+        attention = attention_class(hf, layer_idx=plan.layer, **arguments)
         load_module(attention, tensors, "", dtype)
-        rotary = hf_class(f"{path}RotaryEmbedding")(hf)
+        rotary = hf_class(f"{path}{prefix}RotaryEmbedding")(hf)
         return cls(attention, rotary, plan, angles, dtype)
 
     def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -169,3 +236,22 @@ def reference_by_model_type(modules: Mapping[str, tuple[str, str]]) -> Reference
         return RotaryReference.build(hf, plan, tensors, module, prefix, angles, dtype)
 
     return reference
+
+
+_QUERY = (("q_proj.weight",), ("q_proj.bias",))
+PROJECTION_RULES_BUT_QUERY: tuple[Rule, ...] = tuple(r for r in PROJECTION_RULES if r.targets not in _QUERY)
+""":data:`PROJECTION_RULES` without ``q_proj`` (which :data:`FEATURE_RULES` reads, split when it holds a gate)."""
+FEATURE_RULES: tuple[Rule, ...] = (
+    Rule(("q_proj.weight",), ("q_proj.weight",), when=lambda plan: not _packed(plan)),
+    Rule(("q_proj.bias",), ("q_proj.bias",), when=lambda plan: plan.attention.qkv_bias and not _packed(plan)),
+    Rule(("q_proj.weight", "gate_proj.weight"), ("q_proj.weight",), split_packed_gate, when=_packed),
+    Rule(("q_proj.bias", "gate_proj.bias"), ("q_proj.bias",), split_packed_gate,
+         when=lambda plan: plan.attention.qkv_bias and _packed(plan)),
+    *(Rule(("gate_proj.weight",), (f"{name}.weight",), when=_gate_in(name)) for name in GATES[1:]),
+    *(Rule(("gate_proj.bias",), (f"{name}.weight",), zero_bias, when=_gate_in(name, bias=True)) for name in GATES[1:]),
+    *rename(("sinks", "sinks"), when=lambda plan: plan.attention.attention_sinks),
+    *(Rule((t,), (t,), when=_normed(False)) for t in ("q_norm.weight", "k_norm.weight")),
+    *(Rule((t,), (t,), plus_one, when=_normed(True)) for t in ("q_norm.weight", "k_norm.weight")),
+)  # fmt: skip
+"""``q_proj`` (and the gate it may hold), the output gate's own module, attention sinks and the q/k norms (as
+stored or ``1 + w``), by the plan's options and :attr:`LayerPlan.layout` (:func:`layout_tags`)."""

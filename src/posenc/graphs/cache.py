@@ -35,7 +35,9 @@ that compute attention themselves (no ``Attention`` to replace), and what the ke
 (:mod:`posenc.graphs.op_limits`: head sizes not a multiple of 8, a score bias broadcast along queries or keys).
 ONNX Runtime runs a step of several tokens after cached ones only with batch 1 ("batch_size must be 1 when
 sequence_length > 1 and past context is given"): the graph serves a batched first prompt and batched single-token
-steps, as onnxruntime-genai's decoders do; feed a batched chunk after a cache one row at a time.
+steps, as onnxruntime-genai's decoders do; feed a batched chunk after a cache one row at a time. Attention sinks
+(the sink fusion's zero key after the filled slots and its mask column) become ``head_sink``, and
+``decode_over_cache``'s grouped branch gives them a softmax column of their own.
 
 The graph alone does not say what the attention mask of an in-place block means; :class:`CacheFacts` carries that
 from the manifest (``posenc optimize`` reads it), and graphs without one keep their attention.
@@ -53,6 +55,7 @@ from onnxscript.rewriter import pattern
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
+from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
 
 DECODE_MAX_QUERIES = 16
 """Largest number of new tokens the grouped decode path takes (more is a prefill: the fused op is faster)."""
@@ -94,17 +97,22 @@ def _same_end(a: ir.Value, b: ir.Value) -> bool:
 
 
 class _DecodeOverCache(pattern.RewriteRuleClassBase):
-    """``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)`` -> ``If(decode, grouped over K, V; sliced)``."""
+    """``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)`` -> ``If(decode, grouped over K, V; sliced)``; with
+    ``sink``, the sink fusion's zero slot after the slices and the sinks as one more softmax column."""
 
-    def __init__(self) -> None:
-        super().__init__(name="decode_over_cache")
+    def __init__(self, sink: bool = False) -> None:
+        super().__init__(name="decode_over_cache_sink" if sink else "decode_over_cache")
+        self.sink = sink
 
-    def pattern(self, op, q, keys, values, mask):
+    def pattern(self, op, q, keys, values, mask, zero_k, zero_v):
         k = op.Slice(keys, _allow_other_inputs=True, _outputs=["k_slice"])
         v = op.Slice(values, _allow_other_inputs=True, _outputs=["v_slice"])
+        if self.sink:
+            k = op.Concat(k, zero_k, _allow_other_attributes=True, _outputs=["sink_k"])
+            v = op.Concat(v, zero_v, _allow_other_attributes=True, _outputs=["sink_v"])
         return op.Attention(q, k, v, mask, _outputs=["out"])
 
-    def check(self, context, q, keys, values, mask, k_slice, v_slice, out, **_):
+    def check(self, context, q, keys, values, mask, k_slice, v_slice, out, **kw):
         result = pattern.MatchResult()
         node = out.producer()
         k_node, v_node = k_slice.producer(), v_slice.producer()
@@ -125,19 +133,27 @@ class _DecodeOverCache(pattern.RewriteRuleClassBase):
             return result.fail("a float query and a 4-D mask are needed", q)
         if mu.dtype(mask) != ir.DataType.BOOL and mu.dtype(mask) != mu.dtype(q):
             return result.fail("the additive mask is not in the query's dtype", mask)
+        if self.sink:
+            for concat in (kw["sink_k"].producer(), kw["sink_v"].producer()):
+                if mu.int_attr(concat, "axis") not in (2, -2) or not is_zero_slot(concat.inputs[1]):
+                    return result.fail("not the sink fusion's zero slot after the filled slots", concat)
+            if SinkMask.of(mask, heads) is None:
+                return result.fail("the mask is not the cache's mask beside constant sinks", mask)
         return result
 
-    def rewrite(self, op, q, keys, values, mask, k_slice, v_slice, out, **_):
+    def rewrite(self, op, q, keys, values, mask, k_slice, v_slice, out, **kw):
         node = out.producer()
         k_node, v_node = k_slice.producer(), v_slice.producer()
+        sinks = SinkMask.of(mask, mu.static_dim(q, 1)) if self.sink else None
+        zeros = (kw["zero_k"], kw["zero_v"]) if self.sink else None
         ends = k_node.inputs[2]
         queries = op.Shape(q, start=2, end=3)
         slots = op.Shape(keys, start=2, end=3)
         small = op.LessOrEqual(queries, op.Constant(value_ints=[DECODE_MAX_QUERIES]))
         full = op.GreaterOrEqual(op.Mul(ends, op.Constant(value_ints=[FULL_CACHE_FILL])), slots)
         decode = op.And(small, full)
-        grouped = _grouped_graph(node, q, keys, values, mask, ends, slots)
-        sliced = _sliced_graph(node, q, keys, values, mask, k_node, v_node)
+        grouped = _grouped_graph(node, q, keys, values, mask, ends, slots, sinks)
+        sliced = _sliced_graph(node, q, keys, values, mask, k_node, v_node, zeros)
         return op.If(decode, then_branch=grouped, else_branch=sliced)
 
 
@@ -146,21 +162,39 @@ def _attributes(node: ir.Node) -> dict[str, ir.Attr]:
 
 
 def _sliced_graph(
-    node: ir.Node, q: ir.Value, keys: ir.Value, values: ir.Value, mask: ir.Value, k_node: ir.Node, v_node: ir.Node
+    node: ir.Node,
+    q: ir.Value,
+    keys: ir.Value,
+    values: ir.Value,
+    mask: ir.Value,
+    k_node: ir.Node,
+    v_node: ir.Node,
+    zeros: tuple[ir.Value, ir.Value] | None = None,
 ) -> ir.Graph:
-    """The original computation: the filled slots copied out, the fused Attention over them."""
+    """The original computation: the filled slots copied out (and the sink's zero slot after them), the fused
+    Attention over them."""
     tape = ir.tape.Tape()
     k = tape.op("Slice", [keys, *k_node.inputs[1:]])
     v = tape.op("Slice", [values, *v_node.inputs[1:]])
+    if zeros is not None:
+        k, v = (tape.op("Concat", [x, zero], {"axis": 2}) for x, zero in zip((k, v), zeros, strict=True))
     attention = ir.Node("", "Attention", [q, k, v, mask], _attributes(node).values(), num_outputs=1)
     out = mu.shaped_like(attention.outputs[0], node.outputs[0])
     return ir.Graph([], [out], nodes=[*tape.nodes, attention], name="sliced_attention")
 
 
 def _grouped_graph(
-    node: ir.Node, q: ir.Value, keys: ir.Value, values: ir.Value, mask: ir.Value, ends: ir.Value, slots: ir.Value
+    node: ir.Node,
+    q: ir.Value,
+    keys: ir.Value,
+    values: ir.Value,
+    mask: ir.Value,
+    ends: ir.Value,
+    slots: ir.Value,
+    sinks: SinkMask | None = None,
 ) -> ir.Graph:
-    """Attention over every slot of the caches, each key/value head's query heads as one matrix."""
+    """Attention over every slot of the caches, each key/value head's query heads as one matrix (with ``sinks``, the
+    sink logits as one more softmax column, dropped after the softmax)."""
     heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(keys, 1), mu.static_dim(q, 3)
     dtype = mu.dtype(q)
     np_dtype = dtype.numpy()  # type: ignore[union-attr]
@@ -169,6 +203,8 @@ def _grouped_graph(
     softcap = float(attrs["softcap"].value) if "softcap" in attrs else 0.0
     wide = "softmax_precision" in attrs and ir.DataType(int(attrs["softmax_precision"].value)) != dtype
     tape = ir.tape.Tape()
+    if sinks is not None:
+        mask = sinks.allowed  # the boolean mask beside the sink column
     # mask [B|1, 1|H, S, T] -> [.., C]: the slots past T hidden
     pads = tape.op("Concat", [_ints(tape, 0, 0, 0, 0, 0, 0, 0), tape.op("Sub", [slots, ends])], {"axis": 0})
     if mu.dtype(mask) == ir.DataType.BOOL:
@@ -194,7 +230,13 @@ def _grouped_graph(
     else:
         bias = tape.op("Cast", [full_mask], {"to": compute}) if wide else full_mask
         scores = tape.op("Add", [scores, bias])
+    if sinks is not None:  # [B, H, S, C] ++ [B, H, S, 1] of sinks[h], softmax, the column dropped
+        column = _const(tape, sinks.sinks.reshape(1, heads, 1, 1).astype(compute.numpy()))  # type: ignore[union-attr,arg-type]
+        grid = tape.op("Concat", [tape.op("Shape", [scores], {"start": 0, "end": 3}), _ints(tape, 1)], {"axis": 0})
+        scores = tape.op("Concat", [scores, tape.op("Expand", [column, grid])], {"axis": -1})
     probs = tape.op("Softmax", [scores], {"axis": -1})
+    if sinks is not None:
+        probs = tape.op("Slice", [probs, _ints(tape, 0), slots, _ints(tape, 3)])
     if wide:
         probs = tape.op("Cast", [probs], {"to": dtype})
     per_group = tape.op("Concat", [_ints(tape, 0, kv_heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
@@ -204,7 +246,7 @@ def _grouped_graph(
     return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
 
 
-_DECODE_RULES = pattern.RewriteRuleSet([_DecodeOverCache.rule()])
+_DECODE_RULES = pattern.RewriteRuleSet([_DecodeOverCache.rule(), _DecodeOverCache.rule(sink=True)])
 
 
 def decode_over_cache(model: ir.Model) -> int:
@@ -233,6 +275,7 @@ class CacheFacts:
         logit_softcap: the soft-cap, or ``None``.
         placement: where the scheme acts (``qk``, ``score``, ``attention``, ...).
         head_dim: the head size.
+        attention_sinks: the softmax has a learned sink column per head.
     """
 
     in_place: bool
@@ -241,6 +284,7 @@ class CacheFacts:
     logit_softcap: float | None = None
     placement: str = "qk"
     head_dim: int = 64
+    attention_sinks: bool = False
 
     @classmethod
     def of(cls, manifest: Any) -> CacheFacts | None:
@@ -256,6 +300,7 @@ class CacheFacts:
             logit_softcap=config.logit_softcap,
             placement=manifest.placement,
             head_dim=config.head_dim,
+            attention_sinks=config.attention_sinks,
         )
 
 
@@ -324,29 +369,34 @@ def _rotary(q: ir.Value, k: ir.Value, cache: ir.Value) -> tuple[ir.Node, ir.Node
 
 
 class _GroupQueryAttention(pattern.RewriteRuleClassBase):
-    """Cache writes + ``Attention`` over the filled slots + head merge -> ``com.microsoft.GroupQueryAttention``."""
+    """Cache writes + ``Attention`` over the filled slots + head merge -> ``com.microsoft.GroupQueryAttention``; with
+    ``sink``, the sink fusion's zero slot after the filled slots and the sinks as ``head_sink``."""
 
-    def __init__(self, declined: list[str]) -> None:
-        super().__init__(name="gqa_over_cache")
+    def __init__(self, declined: list[str], sink: bool = False) -> None:
+        super().__init__(name="gqa_over_cache_sink" if sink else "gqa_over_cache")
         self._declined = declined
+        self.sink = sink
 
     def _decline(self, result: Any, reason: str, where: Any) -> Any:
         if f"gqa_over_cache: {reason}" not in self._declined:
             self._declined.append(f"gqa_over_cache: {reason}")
         return result.fail(reason, where)
 
-    def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape):
+    def pattern(self, op, q, k, v, key_cache, value_cache, past_length, mask, shape, zero_k, zero_v):
         present_k = op.TensorScatter(key_cache, k, past_length, _allow_other_attributes=True, _outputs=["present_k"])
         present_v = op.TensorScatter(value_cache, v, past_length, _allow_other_attributes=True, _outputs=["present_v"])
         keys = op.Slice(present_k, _allow_other_inputs=True, _outputs=["k_slice"])
         values = op.Slice(present_v, _allow_other_inputs=True, _outputs=["v_slice"])
+        if self.sink:
+            keys = op.Concat(keys, zero_k, _allow_other_attributes=True, _outputs=["sink_k"])
+            values = op.Concat(values, zero_v, _allow_other_attributes=True, _outputs=["sink_v"])
         attention = op.Attention(q, keys, values, mask, _outputs=["att"])
         heads = op.Transpose(attention, perm=[0, 2, 1, 3])
         merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
         return merged, present_k, present_v
 
     def check(
-        self, context, q, k, v, key_cache, value_cache, mask, present_k, present_v, k_slice, v_slice, att, merged, **_
+        self, context, q, k, v, key_cache, value_cache, mask, present_k, present_v, k_slice, v_slice, att, merged, **kw
     ):
         result = pattern.MatchResult()
         node = att.producer()
@@ -372,6 +422,8 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         if mu.dtype(q) not in _FLOATS:
             return self._decline(result, f"{mu.dtype(q)} activations: GroupQueryAttention takes float16 or bfloat16 "
                                  "(CUDA), float32 or float16 (CPU)", q)  # fmt: skip
+        if self.sink:
+            return self._check_sink(result, node, mu.static_dim(q, 1), mask, kw)
         biased = mu.dtype(mask) != ir.DataType.BOOL
         if biased and "softcap" in node.attributes:
             reason = "a soft-cap with a score bias: GroupQueryAttention caps after adding the bias"
@@ -381,8 +433,19 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
             return self._decline(result, refused, mask)
         return result
 
+    def _check_sink(self, result, node, heads, mask, kw):
+        for concat in (kw["sink_k"].producer(), kw["sink_v"].producer()):
+            if mu.int_attr(concat, "axis") not in (2, -2) or not is_zero_slot(concat.inputs[1]):
+                return result.fail("not the sink fusion's zero slot after the filled slots", concat)
+        refusal = head_sink_refusal(node, mask, heads)
+        if refusal:
+            self._declined.append(f"gqa_over_cache: {refusal}")
+            return result.fail(refusal, mask)
+        return result
+
     def rewrite(self, op, q, k, v, key_cache, value_cache, past_length, mask, att, **_):
         node = att.producer()
+        sinks = SinkMask.of(mask, mu.static_dim(q, 1)) if self.sink else None
         attributes = gqa_attributes(node, q, k)
         rotary = _rotary(q, k, key_cache)
         merged_width = op.Constant(value_ints=[0, 0, -1])
@@ -400,8 +463,11 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         filled = op.Add(past_length, seq)  # [B]: slots filled after this step
         seqlens = op.Cast(op.Sub(filled, op.Constant(value_ints=[1])), to=ir.DataType.INT32)
         total = op.Cast(op.ReduceMax(filled, keepdims=0), to=ir.DataType.INT32)
-        bias = mask if mu.dtype(mask) != ir.DataType.BOOL else None
-        inputs = [query, key, value, key_cache, value_cache, seqlens, total, cos, sin, positions, bias]
+        bias = mask if mu.dtype(mask) != ir.DataType.BOOL and sinks is None else None
+        head_sink = None
+        if sinks is not None:  # GroupQueryAttention masks the slots causally itself; the sinks go in as head_sink
+            head_sink = op.Constant(value=ir.tensor(sinks.sinks.astype(mu.dtype(q).numpy())))
+        inputs = [query, key, value, key_cache, value_cache, seqlens, total, cos, sin, positions, bias, head_sink]
         while inputs[-1] is None:
             inputs.pop()
         return op.GroupQueryAttention(*inputs, _domain=mu.MS_DOMAIN, _outputs=3, **attributes)
@@ -410,7 +476,11 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
 def gqa_over_cache(model: ir.Model, declined: list[str] | None = None) -> int:
     """ONNX Runtime (CUDA): an in-place block's cache writes and attention as one contrib ``GroupQueryAttention``.
 
-    Only for graphs whose :class:`CacheFacts` pass :func:`gqa_refusal` (the caller checks).
+    Only for graphs whose :class:`CacheFacts` pass :func:`gqa_refusal` (the caller checks). Attention sinks (the
+    sink fusion's zero slot and mask column) become ``head_sink``.
+
+    Args:
+        declined: collects why an attention with sinks keeps its fused ``Attention``.
 
     Args:
         model: rewritten in place.
@@ -421,8 +491,9 @@ def gqa_over_cache(model: ir.Model, declined: list[str] | None = None) -> int:
         The number of attentions replaced.
     """
     fold.cleanup(model)
-    rules = pattern.RewriteRuleSet([_GroupQueryAttention.rule(declined if declined is not None else [])])
-    count = rules.apply_to_model(model)
+    collected = declined if declined is not None else []
+    rules = [_GroupQueryAttention.rule(collected), _GroupQueryAttention.rule(collected, sink=True)]
+    count = pattern.RewriteRuleSet(rules).apply_to_model(model)
     if count:
         model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
     return count

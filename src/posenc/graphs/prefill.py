@@ -27,6 +27,12 @@ refuses (:mod:`posenc.graphs.op_limits`: head sizes not a multiple of 8, head co
 broadcast along the queries or keys), activations other than float32 / float16 (the CPU kernel's types), a soft-cap
 together with a score bias (``GroupQueryAttention`` caps after adding the bias), a mask that is neither a boolean
 nor ``bias + Where(mask, 0, -inf)``.
+
+Attention sinks (gpt-oss): the sink fusion gave the ``Attention`` one more key and value of zeros and the sink logits
+as that key's mask column (:mod:`posenc.graphs.attention`). The ``If`` then takes the sinks as
+``GroupQueryAttention``'s ``head_sink`` (one logit per head in the softmax's denominator, onnxruntime >= 1.22; checked
+against the decomposed block by the tests), and the present branch keeps the zero key. Declined with sinks: a mask
+other than the causal mask and the sink column (a score bias), sinks that are not constants, and a soft-cap.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from onnxscript.rewriter import pattern
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
+from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
 from posenc.graphs.cache import gqa_attributes
 
 
@@ -90,16 +97,22 @@ class _Mask:
 
 
 class _PrefillOverGQA(pattern.RewriteRuleClassBase):
-    """Concat caches + ``Attention`` + head merge -> ``If(fresh prefill, GroupQueryAttention, the same nodes)``."""
+    """Concat caches + ``Attention`` + head merge -> ``If(fresh prefill, GroupQueryAttention, the same nodes)``;
+    with ``sink``, the caches' zero slot appended before the ``Attention`` (the sink fusion's form)."""
 
-    def __init__(self, declined: list[str]) -> None:
-        super().__init__(name="prefill_over_gqa")
+    def __init__(self, declined: list[str], sink: bool = False) -> None:
+        super().__init__(name="prefill_over_gqa_sink" if sink else "prefill_over_gqa")
         self._declined = declined
+        self.sink = sink
 
-    def pattern(self, op, q, past_k, k, past_v, v, mask, shape):
+    def pattern(self, op, q, past_k, k, past_v, v, mask, shape, zero_k, zero_v):
         present_k = op.Concat(past_k, k, _allow_other_attributes=True, _outputs=["present_k"])
         present_v = op.Concat(past_v, v, _allow_other_attributes=True, _outputs=["present_v"])
-        attention = op.Attention(q, present_k, present_v, mask, _outputs=["att"])
+        keys, values = present_k, present_v
+        if self.sink:
+            keys = op.Concat(present_k, zero_k, _allow_other_attributes=True, _outputs=["sink_k"])
+            values = op.Concat(present_v, zero_v, _allow_other_attributes=True, _outputs=["sink_v"])
+        attention = op.Attention(q, keys, values, mask, _outputs=["att"])
         heads = op.Transpose(attention, perm=[0, 2, 1, 3])
         merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
         return merged, present_k, present_v
@@ -108,16 +121,22 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
         self._declined.append(f"prefill_over_gqa: {reason}")
         return result.fail(reason, where)
 
-    def check(self, context, q, k, v, mask, present_k, present_v, att, merged, **_):
+    def check(self, context, q, k, v, mask, present_k, present_v, att, merged, **kw):
         result = pattern.MatchResult()
         node = att.producer()
         if node.graph is not context.model.graph:
             return result.fail("inside a subgraph", node)
-        for concat in (present_k.producer(), present_v.producer()):
+        if not self.sink and (is_zero_slot(k) or is_zero_slot(v)):
+            return result.fail("the keys end in the sink's zero slot: the sink rule's match", k)
+        concats = [present_k.producer(), present_v.producer()]
+        if self.sink:
+            concats += [kw["sink_k"].producer(), kw["sink_v"].producer()]
+        for concat in concats:
             if mu.int_attr(concat, "axis") not in (2, -2):
                 return result.fail("the caches are not concatenated along the position axis", concat)
-        for present in (present_k, present_v):
-            if any(use.node is not node for use in present.uses()):
+        readers = (kw["sink_k"].producer(), kw["sink_v"].producer()) if self.sink else (node, node)
+        for present, reader in zip((present_k, present_v), readers, strict=True):
+            if any(use.node is not reader for use in present.uses()):
                 reason = "the cached keys or values feed more than the attention (e.g. a score bias that reads them)"
                 return self._decline(result, reason, present)
         if len(node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
@@ -131,6 +150,8 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             return self._decline(result, heads, q)
         if mu.dtype(q) not in limits.GQA_CPU_TYPES:
             return self._decline(result, f"{mu.dtype(q)} activations: the CPU kernel takes float32 or float16", q)
+        if self.sink:
+            return self._check_sink(result, node, q, mask, present_k, present_v, kw["zero_k"], kw["zero_v"])
         parts = _Mask.of(mask)
         if parts is None or mu.rank(mask) != 4:
             return self._decline(
@@ -144,9 +165,23 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             return self._decline(result, refused, mask)
         return result
 
-    def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **_):
+    def _check_sink(self, result, node, q, mask, present_k, present_v, zero_k, zero_v):
+        for zero, present in ((zero_k, present_k), (zero_v, present_v)):
+            if not is_zero_slot(zero):
+                return result.fail("the sink slot is not a ConstantOfShape of zeros", zero)
+            shape = mu.producer_of(mu.producer(zero).inputs[0], "Concat")
+            if shape is None or any(
+                mu.producer_of(x, "Shape") and x.producer().inputs[0] is present for x in shape.inputs
+            ):
+                reason = "attention sinks over keys of unknown head count or width (the sink slot reads the cache)"
+                return self._decline(result, reason, zero)
+        refusal = head_sink_refusal(node, mask, mu.static_dim(q, 1))
+        return self._decline(result, refusal, mask) if refusal else result
+
+    def rewrite(self, op, q, past_k, k, past_v, v, mask, shape, present_k, present_v, att, merged, **kw):
         node = att.producer()
-        parts = _Mask.of(mask)
+        sink = SinkMask.of(mask, mu.static_dim(q, 1)) if self.sink else None
+        parts = _Mask.of(mask) if sink is None else _Mask(sink.allowed)
         assert parts is not None  # check() made sure
         allowed = parts.allowed
         # fresh: nothing cached, something to attend, and the mask is exactly the causal triangle
@@ -157,8 +192,12 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
         causal = op.Equal(off, op.Constant(value=ir.tensor(np.array(0, dtype=np.uint8))))
         condition = op.And(op.And(fresh, something), causal)
         bias, moved = _gqa_bias(parts, mask, q, present_k)
-        found = _Attention(node, q, k, v, past_k, past_v, mask, shape, merged, present_k, present_v)
-        gqa, present = _gqa_graph(found, bias), _present_graph(found, moved)
+        zeros = (kw["zero_k"], kw["zero_v"]) if sink is not None else None
+        found = _Attention(node, q, k, v, past_k, past_v, mask, shape, merged, present_k, present_v, zeros)
+        head_sink = None
+        if sink is not None:
+            head_sink = op.Constant(value=ir.tensor(sink.sinks.astype(mu.dtype(q).numpy())))
+        gqa, present = _gqa_graph(found, bias, head_sink), _present_graph(found, moved)
         return op.If(condition, then_branch=gqa, else_branch=present, _outputs=3)
 
 
@@ -190,6 +229,8 @@ class _Attention:
     merged: ir.Value
     present_k: ir.Value
     present_v: ir.Value
+    zeros: tuple[ir.Value, ir.Value] | None = None
+    """The sink's zero key and value slots the ``Attention`` reads after the caches (None: no sinks)."""
 
 
 def _merged_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
@@ -201,8 +242,8 @@ def _merged_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
     return tape.op("Reshape", [heads, tape.op("Constant", [], {"value": ir.tensor(np.array([0, 0, -1]))})])
 
 
-def _gqa_graph(found: _Attention, bias: ir.Value | None) -> ir.Graph:
-    """The then branch: ``GroupQueryAttention`` over the new tokens only (a first prompt)."""
+def _gqa_graph(found: _Attention, bias: ir.Value | None, head_sink: ir.Value | None = None) -> ir.Graph:
+    """The then branch: ``GroupQueryAttention`` over the new tokens only (a first prompt), with ``head_sink``."""
     tape = ir.tape.Tape()
     query, key, value = (_merged_heads(tape, x) for x in (found.q, found.k, found.v))
     seq = tape.op("Shape", [query], {"start": 1, "end": 2})
@@ -211,7 +252,7 @@ def _gqa_graph(found: _Attention, bias: ir.Value | None) -> ir.Graph:
     seqlens = tape.op("Cast", [tape.op("Expand", [last, batch])], {"to": ir.DataType.INT32})  # [B]: S - 1
     total = tape.op("Cast", [tape.op("Squeeze", [seq])], {"to": ir.DataType.INT32})  # scalar S
     attributes = gqa_attributes(found.node, found.q, found.k)
-    inputs = [query, key, value, None, None, seqlens, total, None, None, None, bias]
+    inputs = [query, key, value, None, None, seqlens, total, None, None, None, bias, head_sink]
     while inputs[-1] is None:
         inputs.pop()
     results = tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=mu.MS_DOMAIN)
@@ -242,7 +283,10 @@ def _present_graph(found: _Attention, moved: _Mask | None) -> ir.Graph:
     axis = {"axis": mu.int_attr(mu.producer(found.present_k), "axis")}
     keys = tape.op("Concat", [found.past_k, k4], axis)
     values = tape.op("Concat", [found.past_v, v4], axis)
-    attention = tape.op("Attention", [q4, keys, values, mask], dict(found.node.attributes.items()))
+    attended = [keys, values]
+    if found.zeros is not None:  # the sink's zero slot after the caches (not part of the presents)
+        attended = [tape.op("Concat", [x, zero], axis) for x, zero in zip(attended, found.zeros, strict=True)]
+    attention = tape.op("Attention", [q4, *attended, mask], dict(found.node.attributes.items()))
     heads = tape.op("Transpose", [attention], {"perm": [0, 2, 1, 3]})
     reshape = mu.producer(found.merged)
     out = tape.op("Reshape", [heads, found.shape], dict(reshape.attributes.items()))
@@ -262,9 +306,9 @@ def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
         The number of attentions given the prefill branch.
     """
     fold.cleanup(model)
-    count = pattern.RewriteRuleSet([_PrefillOverGQA.rule(declined if declined is not None else [])]).apply_to_model(
-        model
-    )
+    collected = declined if declined is not None else []
+    rules = [_PrefillOverGQA.rule(collected), _PrefillOverGQA.rule(collected, sink=True)]
+    count = pattern.RewriteRuleSet(rules).apply_to_model(model)
     if count:
         model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
         fold.cleanup(model)  # the head splits now rebuilt inside the branch

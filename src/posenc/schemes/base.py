@@ -405,20 +405,29 @@ def repeat_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x[:, :, None].expand(b, hkv, groups, s, d).reshape(b, hkv * groups, s, d)
 
 
-def softmax_attention(scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def softmax_attention(
+    scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """``softmax(scores + mask) @ v`` with the softmax in float32 (float64 for float64 input).
 
     Args:
         scores: ``[B, H, Sq, Sk]`` (already scaled and biased).
         v: ``[B, H, Sk, D]``.
         mask: boolean, broadcastable to scores, True = may attend; or ``None``.
+        sinks: ``[H]`` attention sinks (gpt-oss): one more softmax column per head holding ``sinks[h]``, dropped
+            after the softmax (``Concat``, ``Softmax``, ``Slice`` once exported), so the weights of the keys sum to
+            less than one; ``None``: none.
     """
     compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
     s = scores.to(compute)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(s, dim=-1).to(v.dtype)
-    return probs @ v
+    if sinks is None:
+        return torch.softmax(s, dim=-1).to(v.dtype) @ v
+    b, h, q = s.shape[0], s.shape[1], s.shape[2]
+    column = sinks.to(compute).view(1, h, 1, 1).expand(b, h, q, 1)
+    probs = torch.softmax(torch.cat((s, column), dim=-1), dim=-1)[..., :-1]
+    return probs.to(v.dtype) @ v
 
 
 def table_keys(module: nn.Module) -> set[str]:

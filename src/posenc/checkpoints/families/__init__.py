@@ -17,6 +17,7 @@ from posenc.checkpoints.families import (  # noqa: F401
     llama,
     llama4,
     mpt,
+    phi,
     phi3,
     qwen_vl,
     t5,

@@ -12,10 +12,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
-
-import torch
 
 from posenc.checkpoints import rotary
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register
@@ -40,12 +38,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     return rotary.decoder_plan(hf, layer, layer_type, **features)
 
 
-def plus_one(tensors: Sequence[torch.Tensor], plan: LayerPlan) -> Sequence[torch.Tensor]:
-    """Gemma's norm weight ``w`` -> the ``1 + w`` the block multiplies by (rounded in the stored dtype's float32)."""
-    return [1.0 + t.float() for t in tensors]
-
-
-RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules(plus_one))
+RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules(rotary.plus_one))
 
 
 reference = rotary.reference_by_model_type(CLASSES)

@@ -8,11 +8,14 @@ module (``XxxRotaryEmbedding(config)(x, position_ids) -> (cos, sin)``, half layo
 An alias is registered only with a test against its own transformers module (tests/checkpoints/test_aliases.py:
 a tiny seeded checkpoint per type, the block against the module and the module against the whole model). What
 an alias's module does differently is declared in its :class:`Variant` (which config attribute gives the biases,
-a softmax scale, interleaved pairs, layers without RoPE, options the block cannot express and so refuses).
+a softmax scale, interleaved pairs, layers without RoPE, q/k norms over the whole projection, attention sinks, an
+output gate and where its weights are, a position-scaled query, options the block cannot express and so refuses).
+Layers that are not softmax attention (Qwen3-Next's Gated DeltaNet ``linear_attention`` layers) are refused.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -43,10 +46,16 @@ def nope_by_table(hf: Any, kind: str | None, layer: int) -> bool:
     return not hf.no_rope_layers[layer]
 
 
+def nope_unless_local(hf: Any, kind: str | None, layer: int) -> bool:
+    """AFMoE: only ``sliding_attention`` layers rotate (``if self.is_local_attention``)."""
+    return kind != "sliding_attention"
+
+
 NOPE_RULES: Mapping[str, NopeRule] = {
     "when_not_sliding": nope_when_not_sliding,
     "unless_windowed": nope_unless_windowed,
     "no_rope_layers": nope_by_table,
+    "unless_local": nope_unless_local,
 }
 
 
@@ -73,6 +82,30 @@ class Variant:
     ``clip_qkv``, Cohere's per-head LayerNorm ``use_qk_norm``)."""
     cos_sin_interleaved: bool = False
     """the model's rotary module returns cos/sin repeated pairwise (Cohere) rather than concatenated."""
+    cos_sin_half: bool = False
+    """the model's rotary module returns cos/sin ``[B, S, r / 2]``, once per frequency (gpt-oss)."""
+    qk_norm_full_width: bool = False
+    """the q/k RMSNorm spans the whole projection, weights ``[H·D]`` / ``[Hkv·D]`` (OLMo 2, MiniMax-M2)."""
+    norm_plus_one: bool = False
+    """the q/k norms multiply by ``1 + w`` (Qwen3-Next's zero-centred weights)."""
+    sinks: bool = False
+    """the module holds a learned softmax logit per head, ``sinks [H]`` (gpt-oss, Granite SWA)."""
+    gate: str | None = None
+    """the module gates its output before ``o_proj``: where the gate's weights are (one of
+    :data:`posenc.checkpoints.rotary.GATES`)."""
+    gate_activation: str = "sigmoid"
+    """``sigmoid`` (Qwen3-Next, AFMoE) or ``softplus`` (Laguna)."""
+    gate_per_head: str | bool = False
+    """one gate value per head: a constant, or the config attribute saying so (Laguna's ``gating``: ``True`` or
+    ``"per-head"``)."""
+    query_scaling: bool = False
+    """Ministral 3's ``llama_4_scaling``: q times ``1 + β · ln(1 + floor(p / original_max_position_embeddings))``
+    (``rope_parameters["llama_4_scaling_beta"]``); the module takes ``position_ids``."""
+    heads_per_layer: str | None = None
+    """config attribute listing each layer's query heads (Laguna's ``num_attention_heads_per_layer``)."""
+    theta_per_layer: str | None = None
+    """config attribute listing each layer's RoPE theta, 0 for a layer without RoPE (Granite SWA's
+    ``layer_rope_theta``; its model builds one rotary module per theta)."""
 
 
 CORE: Mapping[str, Variant] = {
@@ -130,6 +163,26 @@ ALIASES: Mapping[str, Variant] = {
     "cohere": Variant("Cohere", "cohere", interleaved=True, cos_sin_interleaved=True,
                       refuse=(("use_qk_norm", False),)),
     "cohere2": Variant("Cohere2", "cohere2", interleaved=True, cos_sin_interleaved=True, nope="unless_windowed"),
+    # q/k RMSNorm over the whole projection
+    "olmo2": Variant("Olmo2", "olmo2", qk_norm=True, qk_norm_full_width=True),
+    "olmo3": Variant("Olmo3", "olmo3", qk_norm=True, qk_norm_full_width=True),
+    "olmoe": Variant("Olmoe", "olmoe", qk_norm=True, qk_norm_full_width=True, refuse=(("clip_qkv", None),)),
+    "flex_olmo": Variant("FlexOlmo", "flex_olmo", qk_norm=True, qk_norm_full_width=True),
+    "minimax_m2": Variant("MiniMaxM2", "minimax_m2", qkv_bias=False, out_bias=False, qk_norm=True,
+                          qk_norm_full_width=True),
+    # attention sinks
+    "gpt_oss": Variant("GptOss", "gpt_oss", sinks=True, cos_sin_half=True),
+    "granite_swa": Variant("GraniteSWA", "granite_swa", scale="attention_multiplier", sinks=True,
+                           theta_per_layer="layer_rope_theta"),
+    "granitemoe_swa": Variant("GraniteMoeSWA", "granitemoe_swa", scale="attention_multiplier", sinks=True,
+                              theta_per_layer="layer_rope_theta"),
+    # output gates
+    "qwen3_next": Variant("Qwen3Next", "qwen3_next", qk_norm=True, norm_plus_one=True, gate="q_proj"),
+    "afmoe": Variant("Afmoe", "afmoe", qk_norm=True, gate="gate_proj", nope="unless_local"),
+    "laguna": Variant("Laguna", "laguna", qk_norm=True, gate="g_proj", gate_activation="softplus",
+                      gate_per_head="gating", heads_per_layer="num_attention_heads_per_layer"),
+    # the query scaled by its position
+    "ministral3": Variant("Ministral3", "ministral3", qkv_bias=False, out_bias=False, query_scaling=True),
 }  # fmt: skip
 """Model types whose attention is the Llama convention's up to what their Variant declares; each is proven against
 its own module by tests/checkpoints/test_aliases.py."""
@@ -141,6 +194,37 @@ def _flag(hf: Any, value: str | bool) -> bool:
     return bool(getattr(hf, value, False)) if isinstance(value, str) else value
 
 
+def _per_head(hf: Any, value: str | bool) -> bool:
+    """Laguna's ``gating``: ``True`` or ``"per-head"`` gate per head, ``"per-element"`` per output element."""
+    setting = getattr(hf, value, False) if isinstance(value, str) else value
+    return setting is True or setting == "per-head"
+
+
+def _features(hf: Any, variant: Variant, layer: int) -> dict[str, Any]:
+    """The block options of a layer of ``variant`` (see :class:`Variant`)."""
+    features: dict[str, Any] = {"qkv_bias": _flag(hf, variant.qkv_bias), "out_bias": _flag(hf, variant.out_bias)}
+    if _flag(hf, variant.qk_norm):
+        features.update(qk_norm="rms", qk_norm_eps=float(hf.rms_norm_eps))
+        features["qk_norm_full_width"] = variant.qk_norm_full_width
+    if variant.scale is not None:
+        features["attn_scale"] = float(getattr(hf, variant.scale))
+    features["attention_sinks"] = variant.sinks
+    if variant.gate is not None:
+        features.update(output_gate=variant.gate_activation, output_gate_per_head=_per_head(hf, variant.gate_per_head))
+    if variant.query_scaling:
+        rope = dict(hf.rope_parameters or {})
+        beta, original = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+        if beta is None or original is None:
+            raise ConfigError(
+                f"{hf.model_type}'s rope_parameters lack llama_4_scaling_beta or original_max_position_embeddings, "
+                f"which its attention module scales the query with; this config cannot be loaded."
+            )
+        features.update(temperature_floor_scale=int(original), temperature_scale=float(beta), temperature_offset=0)
+    if variant.heads_per_layer is not None:
+        features["num_heads"] = int(getattr(hf, variant.heads_per_layer)[layer])
+    return features
+
+
 def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     """Geometry, scheme and parameters of one decoder layer of a Llama-convention model."""
     variant = VARIANTS[hf.model_type]
@@ -150,20 +234,37 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
                 f"{hf.model_type} {option}={getattr(hf, option)!r} is not supported: posenc's block cannot express "
                 f"it (only {option}={accepted!r} loads); export the scheme by hand."
             )
-    features: dict[str, Any] = {"qkv_bias": _flag(hf, variant.qkv_bias), "out_bias": _flag(hf, variant.out_bias)}
-    if _flag(hf, variant.qk_norm):
-        features.update(qk_norm="rms", qk_norm_eps=float(hf.rms_norm_eps))
-    if variant.scale is not None:
-        features["attn_scale"] = float(getattr(hf, variant.scale))
-    plan = rotary.decoder_plan(hf, layer, layer_type, **features)
+    rotary.check_layer(layer, int(hf.num_hidden_layers))
+    rotary.check_attention_layer(hf, layer)
+    plan = rotary.decoder_plan(hf, layer, layer_type, **_features(hf, variant, layer))
+    plan = dataclasses.replace(plan, layout=rotary.layout_tags(variant.gate, variant.norm_plus_one))
     if variant.nope is not None and NOPE_RULES[variant.nope](hf, plan.layer_type, layer):
         return dataclasses.replace(plan, scheme="nope", params={})
+    theta = _layer_theta(hf, variant, layer)
+    if theta == 0:
+        return dataclasses.replace(plan, scheme="nope", params={})
+    if theta is not None:
+        plan = dataclasses.replace(plan, params={**plan.params, "rope_theta": theta})
     if variant.interleaved:
         return dataclasses.replace(plan, params={**plan.params, "layout": "interleaved"})
     return plan
 
 
-RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES, *rotary.norm_rules())
+def _layer_theta(hf: Any, variant: Variant, layer: int) -> float | None:
+    """The layer's own RoPE theta where the config lists one per layer (0: no RoPE), else None."""
+    if variant.theta_per_layer is None or not getattr(hf, variant.theta_per_layer, None):
+        return None
+    return float(getattr(hf, variant.theta_per_layer)[layer])
+
+
+def _with_theta(hf: Any, theta: float) -> Any:
+    """A copy of ``hf`` whose ``rope_parameters`` carry ``theta`` (what Granite SWA builds a layer's rotary from)."""
+    copied = copy.deepcopy(hf)
+    copied.rope_parameters = {**hf.rope_parameters, "rope_theta": theta}
+    return copied
+
+
+RULES: tuple[Rule, ...] = (*rotary.PROJECTION_RULES_BUT_QUERY, *rotary.FEATURE_RULES)
 
 
 class InterleavedCosSinReference(rotary.RotaryReference):
@@ -177,12 +278,56 @@ class InterleavedCosSinReference(rotary.RotaryReference):
         return cos.repeat_interleave(2, -1).to(self.dtype), sin.repeat_interleave(2, -1).to(self.dtype)
 
 
+class HalfCosSinReference(rotary.RotaryReference):
+    """A module whose model's rotary module returns cos/sin once per frequency, ``[B, S, r / 2]`` (gpt-oss rotates
+    the halves itself): float64 angles are handed over the same way."""
+
+    def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.exact is None:
+            return super().position_embeddings(hidden, position_ids)
+        cos, sin = self.exact.cos_sin(position_ids)
+        return cos.to(self.dtype), sin.to(self.dtype)
+
+
+class PositionIdsReference(rotary.RotaryReference):
+    """A module that also takes ``position_ids`` (Ministral 3 scales its query by position)."""
+
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        embeddings = self.position_embeddings(hidden, position_ids)
+        return self.attention(
+            hidden, position_embeddings=embeddings, attention_mask=mask, position_ids=position_ids,
+            past_key_values=cache,
+        )[0]  # fmt: skip
+
+
+class UnrotatedReference(rotary.RotaryReference):
+    """A layer its model hands no cos/sin (Granite SWA's layers of theta 0: ``position_embeddings=None``)."""
+
+    def call(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        return self.attention(hidden, position_embeddings=None, attention_mask=mask, past_key_values=cache)[0]
+
+
 def reference(
     hf: Any, plan: LayerPlan, tensors: Mapping[str, torch.Tensor], angles: str, dtype: torch.dtype
 ) -> rotary.RotaryReference:
     variant = VARIANTS[hf.model_type]
-    cls = InterleavedCosSinReference if variant.cos_sin_interleaved else rotary.RotaryReference
-    return cls.build(hf, plan, tensors, variant.module, variant.prefix, angles, dtype)
+    cls: type[rotary.RotaryReference] = rotary.RotaryReference
+    if variant.cos_sin_interleaved:
+        cls = InterleavedCosSinReference
+    elif variant.cos_sin_half:
+        cls = HalfCosSinReference
+    elif variant.query_scaling:
+        cls = PositionIdsReference
+    arguments = {"num_heads": plan.attention.num_heads} if variant.heads_per_layer else {}
+    theta = _layer_theta(hf, variant, plan.layer)
+    if theta == 0:
+        cls = UnrotatedReference
+    config = _with_theta(hf, theta) if theta else hf
+    return cls.build(config, plan, tensors, variant.module, variant.prefix, angles, dtype, None, **arguments)
 
 
 LLAMA = register(
