@@ -83,7 +83,13 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str) -> None:
             f"exports hold the positional op alone. Export with --unit block."
         )
     plan = loaded.plan
-    if manifest.attention != plan.config.to_dict() or manifest.scheme != plan.scheme:
+    if manifest.trace is not None:
+        if manifest.trace.model_type != loaded.provenance().model_type or manifest.trace.layer != plan.layer:
+            raise ConfigError(
+                f"the model traces layer {manifest.trace.layer} of a {manifest.trace.model_type} model, not layer "
+                f"{plan.layer} of {checkpoint}; pass the checkpoint and layer it was exported from."
+            )
+    elif manifest.attention != plan.config.to_dict() or manifest.scheme != plan.scheme:
         raise ConfigError(
             f"the model ({manifest.scheme}, {manifest.attention}) is not layer {plan.layer} of {checkpoint} "
             f"({plan.scheme}, {plan.config.to_dict()}); pass the checkpoint and layer it was exported from."
@@ -131,13 +137,15 @@ def validate_against_checkpoint(
             scheme or tensors), or is not a block.
     """
     from posenc.checkpoints import load_layer
+    from posenc.trace.reference import load_traced
 
     path = Path(path)
     manifest = load_manifest(path)
     source = manifest.weights.source
     if layer is None and isinstance(source, CheckpointWeights):
         layer, layer_type = source.layer, layer_type or source.layer_type
-    loaded = load_layer(checkpoint, layer, layer_type)
+    traced = manifest.trace is not None  # a traced export: its reference is the module captured again
+    loaded = load_traced(checkpoint, layer, layer_type) if traced else load_layer(checkpoint, layer, layer_type)
     where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
     _check_same_layer(loaded, manifest, str(where))
     if shapes is None:
