@@ -46,9 +46,9 @@ from posenc.paths import output_path, sha256_file
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.build import NOPE, ROTARY_PART, TracePlan, plan_trace, trace_record, traced_module
+from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
-from posenc.trace.record import TracePart
+from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced
 
 TRACE_OPSET = DEFAULT_OPSET
 """Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
@@ -170,7 +170,7 @@ def export_traced(
         parts: tuple[TracePart, ...] = _unrewritten(plan)
     else:
         model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
-    replaced = any(part.status == "replaced" for part in parts)
+    replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip
     return _write(Path(path), model, unit, weights_module, plan, exact if replaced else None, parts, notes,

@@ -39,10 +39,9 @@ from posenc.export.trace import RewriteRequest
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.schemes.base import PositionalScheme, TableMode
-from posenc.trace.build import ROTARY_PART
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import scheme_cos_sin
-from posenc.trace.record import TracePart
+from posenc.trace.record import ROTARY_PART, TracePart
 
 ROTATION_PART = "rotation"
 MASK_PART = "attention mask"
@@ -217,9 +216,34 @@ class _Builder:
         return node.outputs[0]
 
 
+def _table_lookup(graph: ir.Graph, ids: ir.Value, exact: PositionalScheme) -> tuple[ir.Value, ir.Value] | None:
+    """``Gather(cos_table, ids)``, ``Gather(sin_table, ids)`` for a scheme whose cos/sin are one precomputed table
+    pair (what its exported module computes), else None."""
+    from posenc.schemes.rope import RotaryAngles
+
+    angles = getattr(exact, "angles", None)
+    if not isinstance(angles, RotaryAngles) or exact.table_mode is not TableMode.PRECOMPUTED:
+        return None
+    if getattr(exact, "key_angles", None) is not None or getattr(exact, "position_axes", 1) != 1:
+        return None
+    build = _Builder(graph, "posenc_angles/")
+    tables = []
+    for name in ("cos_table", "sin_table"):
+        array = getattr(angles, name).detach().numpy()
+        value = ir.Value(name=f"posenc_angles/scheme.angles.{name}", const_value=ir.tensor(array))
+        value.shape, value.dtype = ir.Shape(array.shape), ir.DataType.from_numpy(array.dtype)
+        graph.register_initializer(value)
+        tables.append(build.op("Gather", [value, ids], axis=0))
+    return tables[0], tables[1]
+
+
 def splice_scheme(graph: ir.Graph, ids: ir.Value, exact: PositionalScheme) -> tuple[ir.Value, ir.Value]:
-    """posenc's ``cos``, ``sin [B, S, r/2]`` of ``ids [B, S]`` as a subgraph of ``graph``: the scheme's module exported
-    (precomputed: a Gather of the float64-exact tables; dynamic: float32-exact angles) and moved in."""
+    """posenc's ``cos``, ``sin [B, S, r/2]`` of ``ids [B, S]`` as a subgraph of ``graph``: a Gather of the
+    float64-exact tables where the scheme's cos/sin are one precomputed table pair, else the scheme's module
+    exported (switching table sets, float32-exact dynamic angles) and moved in."""
+    direct = _table_lookup(graph, ids, exact)
+    if direct is not None:
+        return direct
 
     class CosSin(torch.nn.Module):
         def __init__(self) -> None:
@@ -235,7 +259,7 @@ def splice_scheme(graph: ir.Graph, ids: ir.Value, exact: PositionalScheme) -> tu
         CosSin().eval(),
         (sample,),
         input_names=["position_ids"],
-        output_names=["cos", "sin"],
+        output_names=["posenc_cos", "posenc_sin"],
         dynamic_shapes=({0: dims[0], 1: dims[1]},),
         dim_names=({0: "batch", 1: "seq"},),
     )
@@ -535,24 +559,47 @@ def _match(request: RewriteRequest, model: ir.Model, region: Region) -> tuple[li
     return matched, ""
 
 
-def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ...]]:
-    """The rewrite of a traced export (see the module docstring): ``(model proto, parts)``."""
-    model = ir.serde.deserialize_model(request.model)
+def _other_positional(graph: ir.Graph, region: Region) -> list[str]:
+    """Position-dependent values besides the angles, the mask and the guard (e.g. a position-dependent q scale), as
+    ``"name [shape] read by Op"``: they stay as traced."""
+    frontier = {id(v) for v in region.frontier}
+    found = []
+    for node in graph:
+        for value in node.outputs:
+            if id(value) not in region.values or id(value) in frontier or node.op_type in _SHAPE_OPS:
+                continue
+            readers = [user for user, _ in value.uses() if user.op_type not in _SHAPE_OPS  # shapes read no values
+                       and not any(id(o) in region.values for o in user.outputs)]  # fmt: skip
+            if not readers or _is_mask(value) or any(_adds_to_hidden(user) for user in readers):
+                continue
+            shape = "[" + ", ".join(str(d) for d in value.shape.dims) + "]" if value.shape is not None else "[?]"
+            found.append(f"{value.name} {shape} read by {', '.join(sorted({u.op_type for u in readers}))}")
+    return found
+
+
+def _is_mask(value: ir.Value) -> bool:
+    """A per-key mask ``[B, 1, S, P + S]`` (its last axis runs over the keys, cache included)."""
+    if value.shape is None or value.shape.rank() < 3:
+        return False
+    last = value.shape.dims[-1]
+    return not isinstance(last, int) and "past" in str(last.value)
+
+
+def _adds_to_hidden(node: ir.Node) -> bool:
+    """The position guard's ``hidden + poison``."""
+    return node.op_type == "Add" and any(v is not None and v.name == "hidden" and v.producer() is None
+                                         for v in node.inputs)  # fmt: skip
+
+
+def _replace_angles(request: RewriteRequest, model: ir.Model, matched: list[tuple[ir.Value, Any]]) -> list[TracePart]:
+    """Splice posenc's cos/sin in, give every matched frontier tensor its values, rewrite the rotations."""
     graph = model.graph
-    ids = _guarded_ids(graph)
-    region = positional_region(graph, graph.inputs[[v.name for v in graph.inputs].index("position_ids")])
-    if not region.cos_sin:
-        absent = "the traced graph computes no cos/sin of the positions: the layer does not rotate q and k"
-        return request.model, (TracePart(ROTARY_PART, "absent", absent),)
-    if request.exact is None:
-        return request.model, _kept(request.plan.note or "posenc has no scheme for these angles")
-    matched, why = _match(request, model, region)
-    if not matched:
-        return request.model, _kept(why)
-    before = run_graph(model, probe_feed(request, _probe_seq(region.frontier)))
-    cos3, sin3 = splice_scheme(graph, ids, request.exact)
+    exact = request.exact
+    if exact is None:
+        raise ExportError("no posenc scheme to replace the traced angles with.")
+    cos3, sin3 = splice_scheme(graph, _guarded_ids(graph), exact)
     build = _Builder(graph, "posenc_angles/")
-    half = int(scheme_cos_sin(request.exact, torch.zeros(1, 1, dtype=torch.int64))[0].shape[-1])
+    half = int(scheme_cos_sin(exact, torch.zeros(1, 1, dtype=torch.int64))[0].shape[-1])
     replacements: dict[int, Replacement] = {}
     layouts = set()
     for value, (source, layout, axes) in matched:
@@ -567,39 +614,56 @@ def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ..
     fold.cleanup(model)
     rotations = rotation_rules(replacements).apply_to_model(model)
     fold.cleanup(model)
+    traced = sum(1 for node in graph if node.op_type in ("Cos", "Sin") and not (node.name or "").startswith(
+        "posenc_angles/"))  # fmt: skip
+    angles = (
+        f"{len(matched)} cos/sin tensors ({', '.join(sorted(layouts))} layout) now read posenc's {request.plan.scheme} "
+        f"{exact.table_mode.value} tables (float64-exact), guarded; {traced} traced Cos/Sin left"
+    )
+    rotation = (
+        f"{rotations} rotations rewritten to posenc's decomposed form (posenc optimize fuses it into RotaryEmbedding)"
+        if rotations
+        else "the model's rotation is not a form posenc rewrites; it stays decomposed as traced, on posenc's cos/sin"
+    )
+    return [TracePart(ROTARY_PART, "replaced", angles), TracePart(ROTATION_PART, "replaced" if rotations else "kept",
+                                                                  rotation)]  # fmt: skip
+
+
+def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ...]]:
+    """The rewrite of a traced export (see the module docstring): ``(model proto, parts)``."""
+    model = ir.serde.deserialize_model(request.model)
+    graph = model.graph
+    region = positional_region(graph, graph.inputs[[v.name for v in graph.inputs].index("position_ids")])
+    others = _other_positional(graph, region)
+    feed = probe_feed(request, _probe_seq(region.frontier))
+    before = run_graph(model, feed)
+    kept: list[TracePart] = []
+    if others:
+        detail = "; ".join(others) + ": computed as the model computes it (posenc has no table for it)"
+        kept.append(TracePart("position-dependent values", "kept", detail))
+    parts: list[TracePart] = []
+    if not region.cos_sin:
+        absent = "the traced graph computes no cos/sin of the positions: the layer does not rotate q and k"
+        parts.append(TracePart(ROTARY_PART, "absent", absent))
+    elif request.exact is None:
+        parts += _kept(request.plan.note or "posenc has no scheme for these angles")
+    else:
+        matched, why = _match(request, model, region)
+        parts += _replace_angles(request, model, matched) if matched else _kept(why)
     masks = MASK_RULES.apply_to_model(model)
     fold.cleanup(model)
-    after = run_graph(model, probe_feed(request, _probe_seq(region.frontier)))
+    mask = (
+        "the additive mask became posenc's boolean Where(-inf) (posenc optimize fuses it into Attention)"
+        if masks
+        else "the mask stays as traced (not the additive 0/min form posenc rewrites)"
+    )
+    parts.append(TracePart(MASK_PART, "replaced" if masks else "kept", mask))
+    after = run_graph(model, feed)
     moved = max(_relative(after[k], before[k]) for k in before)
     if not moved <= VERIFY_TOLERANCE:
-        return request.model, _kept(f"replacing the angles moved the outputs by {moved:.2e} at probe positions")
-    remaining = sum(1 for node in graph if node.op_type in ("Cos", "Sin") and not (node.name or "").startswith(
-        "posenc_angles/"))  # fmt: skip
-    mode = request.exact.table_mode.value
-    parts = [
-        TracePart(
-            ROTARY_PART,
-            "replaced",
-            f"{len(matched)} cos/sin tensors ({', '.join(sorted(layouts))} layout) now read posenc's "
-            f"{request.plan.scheme} {mode} tables; {remaining} traced Cos/Sin left",
-        ),
-        TracePart(
-            ROTATION_PART,
-            "replaced" if rotations else "kept",
-            f"{rotations} rotations rewritten to posenc's decomposed form (fusable into RotaryEmbedding)"
-            if rotations
-            else "the model's rotation is not a form posenc rewrites; it stays decomposed as traced, on posenc's "
-            "cos/sin",
-        ),
-        TracePart(
-            MASK_PART,
-            "replaced" if masks else "kept",
-            "the additive mask became posenc's boolean Where(-inf) (fusable into Attention)"
-            if masks
-            else "the mask stays as traced (not the additive 0/min form)",
-        ),
-    ]
-    return ir.serde.serialize_model(model), tuple(parts)
+        why = f"posenc's rewrite moved the outputs by {moved:.2e} at probe positions, so the traced graph stays"
+        return request.model, (*_kept(why), *kept)
+    return ir.serde.serialize_model(model), (*parts, *kept)
 
 
 def _relative(a: np.ndarray, b: np.ndarray) -> float:

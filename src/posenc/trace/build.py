@@ -22,13 +22,11 @@ from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
-from posenc.trace.capture import Captured, build_base_model
+from posenc.trace.capture import Captured, build_base_model, quiet_transformers
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, TracePart, TraceRecord
 
-ROTARY_PART = "rotary angles"
-"""The name of the positional part a rotary layer's graph holds (``position_ids -> ... -> Cos / Sin``)."""
 NOPE = "nope"
 
 
@@ -218,8 +216,9 @@ def rebuild(
 ) -> TracedAttention:
     """The :class:`TracedAttention` a manifest's record describes, without the layer's weights (load them from the
     weights file), in ``dtype``: with posenc's ``exact`` scheme when its angles replaced the model's."""
-    hf = hf_config(record.config)
-    model = build_base_model(hf, record.layer + 1)
+    with quiet_transformers():
+        hf = hf_config(record.config)
+        model = build_base_model(hf, record.layer + 1)
     attention = model.get_submodule(record.attention.path)
     rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
     module = TracedAttention(
@@ -236,4 +235,4 @@ def rebuild(
     return module.to(dtype).eval()
 
 
-__all__ = ["ROTARY_PART", "TracePlan", "geometry", "plan_trace", "rebuild", "trace_record", "traced_module"]
+__all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "trace_record", "traced_module"]

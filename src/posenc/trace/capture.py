@@ -234,6 +234,23 @@ def default_layer(hf: Any, layer_type: str | None) -> int:
 
 
 @contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (config consistency notes, slow-kernel fallbacks) silenced while posenc builds and runs
+    a model it only captures a call from."""
+    import warnings
+
+    logging = import_transformers().logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
 def _hooks(handles: list[Any]) -> Iterator[None]:
     try:
         yield
@@ -509,7 +526,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cannot rebuild from positions.
     """
     transformers = import_transformers()
-    with CheckpointSource.open(model_or_folder) as source:
+    with CheckpointSource.open(model_or_folder) as source, quiet_transformers():
         model_type = source.config.get("model_type")
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from posenc.blocks import default_positions
-from posenc.checkpoints.reference import attention_mask, import_transformers, key_positions
+from posenc.checkpoints.reference import import_transformers, key_positions
 from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
-from posenc.schemes.base import PositionalScheme, poisoned
+from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
 from posenc.schemes.rope import Rotary
 from posenc.trace.layouts import arrange
 from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
@@ -102,13 +102,21 @@ class TracedAttention(nn.Module):
         return tuple(self.rotary(*args, **kwargs))
 
     def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
+        """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
+        mask (:func:`posenc.schemes.base.attention_mask`, transformers' rules), made additive (0 / the dtype's
+        minimum) where the model adds its mask to the scores."""
         recipe = self.mask
         if recipe.kind == "none":
             return None
         keys = key_positions(position_ids, past)
+        visible = attention_mask(position_ids, keys, recipe.causal, recipe.window)
+        if visible is None:
+            visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
+        if recipe.kind == "bool":
+            return visible
         dtype = hidden.dtype if hidden.dtype.is_floating_point else torch.float32
-        additive = attention_mask(position_ids, keys, recipe.causal, recipe.window, dtype)
-        return additive == 0 if recipe.kind == "bool" else additive
+        zeros = torch.zeros(visible.shape, dtype=dtype, device=hidden.device)
+        return zeros.masked_fill(~visible, torch.finfo(dtype).min)
 
     def _fill(
         self,

@@ -29,6 +29,9 @@ ARGUMENT_KINDS: tuple[str, ...] = (
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
+ROTARY_PART = "rotary angles"
+"""The positional part a rotary layer's graph holds (``position_ids -> ... -> Cos / Sin``): posenc's tables replace
+it, or it stays as traced."""
 PART_STATUSES: tuple[str, ...] = ("replaced", "kept", "absent")
 """``replaced``: posenc's tables compute it now; ``kept``: the traced computation stays (``detail`` says why);
 ``absent``: the traced graph has no such part (a layer that ignores positions)."""
@@ -125,21 +128,28 @@ class TraceRecord:
     parts: tuple[TracePart, ...] = ()
 
     def replaced(self) -> bool:
-        """Whether posenc's tables compute the graph's angles (some part was replaced)."""
-        return any(part.status == "replaced" for part in self.parts)
+        """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
+        return angles_replaced(self.parts)
 
     def summary(self) -> list[str]:
         """One line per part: ``replaced: rotary angles (...)`` / ``kept: ... (why)``."""
         return [f"{part.status}: {part.part} ({part.detail})" for part in self.parts]
 
 
+def angles_replaced(parts: tuple[TracePart, ...]) -> bool:
+    """Whether ``parts`` say posenc's tables replaced the traced angles."""
+    return any(part.part == ROTARY_PART and part.status == "replaced" for part in parts)
+
+
 __all__ = [
     "ARGUMENT_KINDS",
     "PART_STATUSES",
+    "ROTARY_PART",
     "AnglesRecord",
     "CallRecipe",
     "MaskRecipe",
     "ModuleRef",
     "TracePart",
     "TraceRecord",
+    "angles_replaced",
 ]
