@@ -62,7 +62,12 @@ _CLASSES = {
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
     "apertus": ("ApertusConfig", "ApertusForCausalLM"),
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM"),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+    "opt": ("OPTConfig", "OPTForCausalLM"),
 }
+_GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
+_OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
+        "max_position_embeddings": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}  # fmt: skip
 
 SAMPLES: dict[str, Sample] = {
     s.name: s
@@ -111,6 +116,8 @@ SAMPLES: dict[str, Sample] = {
         _sample("seed_oss", "seed_oss", "biases", _tiny()),
         _sample("apertus", "apertus", "llama3 RoPE, q/k norm", _tiny(rope_parameters=_LLAMA3)),
         _sample("persimmon", "persimmon", "fused qkv, partial 0.5, q/k LayerNorm", _tiny(num_key_value_heads=4)),
+        _sample("gpt2", "gpt2", "learned positions at the embeddings: embedding step + first attention", _GPT2),
+        _sample("opt", "opt", "learned positions with OPT's offset 2: embedding step + first attention", _OPT),
     )
 }
 """Model types posenc has no family for (and Llama, which it has, to compare the two paths)."""

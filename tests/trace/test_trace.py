@@ -28,6 +28,7 @@ from posenc.graphs.optimize import optimize_file
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.reference import load_traced
 from posenc.validate import check_ort_parity, validate_onnx
+from posenc.validate.checkpoint import validate_against_checkpoint
 from posenc.validate.decode import decode_schedule, serving_limit, validate_decode
 from tests.trace.samples import SAMPLES, build
 
@@ -173,6 +174,21 @@ def test_decode_steps_with_a_cache_on_a_traced_graph(root: Path, tmp_path: Path)
     report = validate_decode([result.path, optimized.path], schedule)
     assert report.passed, report.to_markdown()
     assert len({row.feed for row in report.rows}) == len(schedule)
+
+
+def test_positions_that_enter_at_the_embeddings_trace_with_the_embedding_step(root: Path, tmp_path: Path) -> None:
+    """GPT-2: the unit is ``ln_1(tokens + wpe(position_ids))`` and layer 0's attention; the learned table stays the
+    model's own (kept, said), the graph matches the checkpoint's modules and carries a cache through decode steps."""
+    folder = build(SAMPLES["gpt2"], root)
+    result = export_traced(root / "gpt2.onnx", folder, rewrite=replace_positions)
+    record = result.manifest.trace
+    assert record is not None
+    assert record.embedding is not None
+    assert [ref.path for ref in (record.embedding.position, *record.embedding.norms)] == ["wpe", "h.0.ln_1"]
+    assert (result.manifest.scheme, result.manifest.max_positions) == ("learned", 1024)
+    assert "kept: position table (Gather of the model's table" in inspect_model(result.path).to_text()
+    assert validate_against_checkpoint(result.path, folder, shapes=[FeedShape(2, 5, 3), FeedShape(1, 1, 7)]).passed
+    assert validate_decode([result.path], decode_schedule(serving_limit(result.manifest), steps=4)).passed
 
 
 def test_a_layer_without_attention_is_refused_with_the_layers_that_have_it(root: Path) -> None:

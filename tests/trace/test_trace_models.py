@@ -20,11 +20,14 @@ pytestmark = pytest.mark.slow
 
 ABSENT = {"cohere2-full"}
 """Samples whose layer does not rotate (Cohere 2's full-attention layers are NoPE)."""
-KEPT = {"ministral3": "position-dependent values"}
-"""Samples with a positional part posenc keeps as traced (Ministral 3's llama_4_scaling q scale)."""
+KEPT = {"ministral3": "position-dependent values", "gpt2": "position table", "opt": "position table"}
+"""Samples with a positional part posenc keeps as traced (Ministral 3's llama_4_scaling q scale, the learned tables
+of the embedding step)."""
+EMBEDDING = {"gpt2", "opt"}
+"""Samples whose positions enter at the embeddings: the unit is the embedding step and the first attention."""
 
 
-@pytest.mark.parametrize("name", sorted(set(SAMPLES) - {"llama"}))
+@pytest.mark.parametrize("name", sorted(set(SAMPLES) - {"llama", "gpt2"}))
 def test_a_traced_layer_matches_its_own_module(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     root: Path = tmp_path_factory.mktemp(name)
     sample = SAMPLES[name]
@@ -34,6 +37,9 @@ def test_a_traced_layer_matches_its_own_module(name: str, tmp_path_factory: pyte
     if name in ABSENT:
         assert parts["rotary angles"] == "absent"
         assert result.manifest.scheme == "nope"
+    elif name in EMBEDDING:
+        assert result.manifest.trace.embedding is not None  # type: ignore[union-attr]
+        assert result.manifest.scheme == "learned"
     else:
         assert parts["rotary angles"] == "replaced"
         assert parts["rotation"] == "replaced"
@@ -42,5 +48,7 @@ def test_a_traced_layer_matches_its_own_module(name: str, tmp_path_factory: pyte
         assert parts[KEPT[name]] == "kept"
     else:
         assert set(parts) <= {"rotary angles", "rotation", "attention mask"}
+    if name in EMBEDDING:
+        assert set(parts) == {"attention mask", KEPT[name]}
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()

@@ -102,7 +102,10 @@ def _check_options(dtype: str, kv_cache: str, opset: int | None) -> None:
 
 
 def _guard_limit(plan: TracePlan, exact: PositionalScheme | None) -> int | None:
-    return exact.position_limit if exact is not None else None
+    """The positions the graph serves: posenc's table's, a learned table's rows, else any position >= 0."""
+    if exact is not None:
+        return exact.position_limit
+    return plan.config.max_position_embeddings if plan.captured.embedding is not None else None
 
 
 def export_traced(
@@ -191,7 +194,7 @@ def _unit(module: torch.nn.Module, config: AttentionConfig) -> ExportUnit:
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:
     """The manifest's scheme: the plan's, or ``nope`` when the traced graph holds no positional part."""
     rotary = [part for part in parts if part.part == ROTARY_PART]
-    if rotary and all(part.status == "absent" for part in rotary):
+    if rotary and all(part.status == "absent" for part in rotary) and plan.captured.embedding is None:
         return NOPE
     return plan.scheme
 
@@ -229,7 +232,7 @@ def _write(
             placement=spec.placement.value,
             params=to_json(dict(plan.params)) if scheme != NOPE else {},
             unit="block",
-            table_mode=(exact.table_mode.value if exact is not None else TableMode.DYNAMIC.value),
+            table_mode=_table_mode(plan, exact),
             dtype="float32",
             table_dtype="float32",
             opset=TRACE_OPSET,
@@ -256,6 +259,14 @@ def _write(
         )
         manifest.save(tmp_manifest)
     return ExportResult(path, manifest, manifest_path, weights_path)
+
+
+def _table_mode(plan: TracePlan, exact: PositionalScheme | None) -> str:
+    """posenc's tables' mode; a learned table's ``precomputed``; angles kept as traced are computed in the graph."""
+    if exact is not None:
+        return exact.table_mode.value
+    mode = TableMode.PRECOMPUTED if plan.captured.embedding is not None else TableMode.DYNAMIC
+    return mode.value
 
 
 def _dim_ranges(limit: int | None) -> dict[str, DimRange]:

@@ -559,10 +559,28 @@ def _match(request: RewriteRequest, model: ir.Model, region: Region) -> tuple[li
     return matched, ""
 
 
+TABLE_PART = "position table"
+
+
+def position_tables(graph: ir.Graph, region: Region) -> list[ir.Node]:
+    """Lookups of a constant table (of more than one row) by position-derived indices: a model's learned (or stored
+    sinusoidal) position embeddings. The guard's one-row tripwire is not one."""
+    found = []
+    for node in graph:
+        if node.op_type != "Gather" or len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+            continue
+        table, index = node.inputs[0], node.inputs[1]
+        rows = mu.static_dim(table, 0)
+        if table.is_initializer() and id(index) in region.values and rows is not None and rows > 1:
+            found.append(node)
+    return found
+
+
 def _other_positional(graph: ir.Graph, region: Region) -> list[str]:
-    """Position-dependent values besides the angles, the mask and the guard (e.g. a position-dependent q scale), as
-    ``"name [shape] read by Op"``: they stay as traced."""
+    """Position-dependent values besides the angles, the mask, the guard and position tables (e.g. a
+    position-dependent q scale), as ``"name [shape] read by Op"``: they stay as traced."""
     frontier = {id(v) for v in region.frontier}
+    frontier |= {id(node.outputs[0]) for node in position_tables(graph, region)}
     found = []
     for node in graph:
         for value in node.outputs:
@@ -642,9 +660,17 @@ def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ..
         detail = "; ".join(others) + ": computed as the model computes it (posenc has no table for it)"
         kept.append(TracePart("position-dependent values", "kept", detail))
     parts: list[TracePart] = []
-    if not region.cos_sin:
+    for node in position_tables(graph, region):
+        table = node.inputs[0]
+        shape = "[" + ", ".join(str(d) for d in table.shape.dims) + "]" if table and table.shape else "[?]"
+        detail = (f"Gather of the model's table {table.name if table else '?'} {shape} by the guarded position ids: "
+                  f"its own learned values, read as traced (posenc recomputes no learned table)")  # fmt: skip
+        kept.append(TracePart(TABLE_PART, "kept", detail))
+    if not region.cos_sin and not any(part.part == TABLE_PART for part in kept):
         absent = "the traced graph computes no cos/sin of the positions: the layer does not rotate q and k"
         parts.append(TracePart(ROTARY_PART, "absent", absent))
+    elif not region.cos_sin:
+        pass  # the positions enter through a table, not as angles
     elif request.exact is None:
         parts += _kept(request.plan.note or "posenc has no scheme for these angles")
     else:

@@ -19,7 +19,7 @@ import torch
 
 from posenc.checkpoints.reference import hf_config
 from posenc.config import AttentionConfig, from_hf_config
-from posenc.errors import ConfigError, PosencError
+from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
 from posenc.trace.capture import Captured, build_base_model, quiet_transformers
@@ -106,10 +106,45 @@ def _rotary_values(captured: Captured, positions: torch.Tensor) -> tuple[torch.T
     return out[0].reshape(-1, out[0].shape[-1]), out[1].reshape(-1, out[1].shape[-1])
 
 
+LEARNED = "learned"
+"""posenc's scheme of learned absolute position embeddings (the embedding step of GPT-2, GPT-Neo, OPT)."""
+SELF_CHECK = 1e-5
+"""Largest difference (relative to the output's magnitude) between the wrapper and the model's own call of the
+attention, on the capture's positions, that the capture accepts."""
+
+
+def check_wrapper(plan: TracePlan) -> None:
+    """The wrapper, fed the capture's probe, must compute what the model's own call of the attention computed.
+
+    Raises:
+        ExportError: it does not (an argument rebuilt wrongly); the message gives the difference.
+    """
+    hidden, positions, want = plan.captured.probe
+    module = traced_module(plan)
+    with torch.no_grad():
+        got = module(hidden, positions)[0]
+    scale = max(1.0, float(want.abs().max()))
+    moved = float((got - want).abs().max()) / scale
+    if not moved <= SELF_CHECK:
+        raise ExportError(
+            f"posenc's call of layer {plan.captured.layer}'s attention differs from the model's own by {moved:.2e} "
+            f"on the capture's tokens; it rebuilds an argument differently, so this model cannot be traced yet."
+        )
+
+
 def plan_trace(captured: Captured) -> TracePlan:
-    """The :class:`TracePlan` of a capture (see the module docstring)."""
+    """The :class:`TracePlan` of a capture (see the module docstring), its wrapper checked against the model's call
+    (:func:`check_wrapper`)."""
+    plan = _plan(captured)
+    check_wrapper(plan)
+    return plan
+
+
+def _plan(captured: Captured) -> TracePlan:
     imported, why = _imported(captured)
     config = geometry(captured, imported.config if imported is not None else None)
+    if captured.embedding is not None:
+        return TracePlan(captured, config, LEARNED, {}, None, "the model's learned position table (kept)")
     if imported is None or get_spec(imported.scheme).placement is not Placement.QK:
         scheme = imported.scheme if imported is not None else NOPE
         params = dict(imported.params) if imported is not None else {}
@@ -177,6 +212,7 @@ def traced_module(
             position_limit = exact.position_limit
     elif angles != "native":
         raise ConfigError(f"angles must be 'native' or 'exact', got {angles!r}.")
+    step = captured.embedding
     return TracedAttention(
         captured.attention,
         captured.rotary,
@@ -187,6 +223,9 @@ def traced_module(
         exact=exact,
         angles_layout=plan.angles if exact is not None else None,
         position_limit=position_limit,
+        embedding=step.position if step is not None else None,
+        embedding_call=step.record.call if step is not None else None,
+        norms=step.norms if step is not None else None,
     ).eval()
 
 
@@ -205,6 +244,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         mask=captured.mask,
         angles=plan.angles,
         parts=parts,
+        embedding=captured.embedding.record if captured.embedding is not None else None,
     )
 
 
@@ -221,6 +261,7 @@ def rebuild(
         model = build_base_model(hf, record.layer + 1)
     attention = model.get_submodule(record.attention.path)
     rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
+    step = record.embedding
     module = TracedAttention(
         attention,
         rotary,
@@ -231,6 +272,9 @@ def rebuild(
         exact=exact if record.angles is not None else None,
         angles_layout=record.angles if exact is not None else None,
         position_limit=position_limit,
+        embedding=model.get_submodule(step.position.path) if step is not None else None,
+        embedding_call=step.call if step is not None else None,
+        norms=[model.get_submodule(ref.path) for ref in step.norms] if step is not None else None,
     )
     return module.to(dtype).eval()
 

@@ -28,7 +28,7 @@ from posenc.checkpoints.reference import attention_mask, hf_config, import_trans
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights
-from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
+from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
@@ -54,6 +54,16 @@ class Call:
 
 
 @dataclasses.dataclass
+class EmbeddingStep:
+    """The embedding step a first layer's unit starts with (:class:`~posenc.trace.record.EmbeddingRecord`): the
+    position module and the layer's pre-attention norms, loaded with the checkpoint's tensors."""
+
+    record: EmbeddingRecord
+    position: nn.Module
+    norms: list[nn.Module]
+
+
+@dataclasses.dataclass
 class Captured:
     """Layer N of a checkpoint, captured (see the module docstring).
 
@@ -73,6 +83,8 @@ class Captured:
         location: the checkpoint folder (or ``<in-memory ...>``).
         probe: ``(hidden, position_ids, out)``: the attention called as the model called it, with the checkpoint's
             weights, on random hidden states (the self-check of the wrapper).
+        embedding: the embedding step the unit starts with, for a first layer whose positions enter at the
+            embeddings; None otherwise. ``embedding_note``: why a first layer without rotary angles has none.
     """
 
     model_type: str
@@ -92,6 +104,8 @@ class Captured:
     tensors: dict[str, str]
     location: str
     probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    embedding: EmbeddingStep | None = None
+    embedding_note: str = ""
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -363,6 +377,8 @@ def _classify(
             return "position_ids"
         if value.dim() == 1 and _same_tensor(value, positions[0]):
             return "cache_position"
+        if value.dim() == 2 and value.numel() and bool((value == 1).all()):
+            return "ones"
     shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
@@ -409,6 +425,75 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
     return CallRecipe(tuple(positional), keywords, constants)
 
 
+def _embedding_step(
+    calls: Mapping[str, Call],
+    model: nn.Module,
+    layer_path: str,
+    attention_input: torch.Tensor,
+    positions: torch.Tensor,
+    cache_class: type,
+) -> tuple[EmbeddingStep | None, str]:
+    """The embedding step before the first layer's attention, when the model adds a position embedding to the token
+    embeddings: ``(step, "")``; else ``(None, why)``.
+
+    Found from the recorded calls and checked on them: a module outside the layers called with the position ids
+    returns ``P [B, S, E]``; the layer's input ``X`` is ``T + P`` for the output ``T`` of another module (the token
+    embeddings); the layer's norms called before the attention turn ``X`` into the attention's input.
+    """
+    layer_call = calls.get(layer_path)
+    if layer_call is None:
+        return None, "the first layer's call was not recorded"
+    x = layer_call.args[0] if layer_call.args else layer_call.kwargs.get("hidden_states")
+    if not torch.is_tensor(x):
+        return None, "the first layer's input is not a hidden-state tensor"
+    found = None
+    for name, call in calls.items():
+        if name.startswith(layer_path.rsplit(".", 1)[0] + ".") or not torch.is_tensor(call.output):
+            continue
+        arguments = [*call.args, *call.kwargs.values()]
+        if (
+            call.output.is_floating_point()
+            and call.output.shape[-2:] == x.shape[-2:]
+            and any(_same_tensor(a, positions) for a in arguments)
+        ):
+            found = name
+            break
+    if found is None:
+        return None, "no module embeds the position ids before the first layer (its positions do not enter there)"
+    position_out = calls[found].output
+    token = x - position_out
+    tokens = [name for name, call in calls.items() if name != found and torch.is_tensor(call.output)
+              and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
+    if not tokens:
+        return None, f"the first layer's input is not the token embeddings plus {found}'s position embeddings"
+    order = [n for n in calls if n.startswith(layer_path + ".") and n.count(".") == layer_path.count(".") + 1]
+    norms = [n for n in order if "Norm" in type(model.get_submodule(n)).__name__]
+    y = x
+    with torch.no_grad():
+        for name in norms:
+            y = model.get_submodule(name)(y)
+    if not torch.allclose(y, attention_input, atol=1e-6):
+        return None, "the attention's input is not the layer's input through its norms"
+    record = EmbeddingRecord(
+        position=ModuleRef(found, class_path(model.get_submodule(found))),
+        call=_embedding_recipe(calls[found], positions, cache_class),
+        norms=tuple(ModuleRef(n, class_path(model.get_submodule(n))) for n in norms),
+    )
+    return EmbeddingStep(record, model.get_submodule(found), [model.get_submodule(n) for n in norms]), ""
+
+
+def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+    positional: list[str] = []
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
+        kind = _classify(key, value, positions, None, cache_class, False)
+        if kind == "constant":
+            constants[key] = value
+        (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
+    return CallRecipe(tuple(positional), keywords, constants)
+
+
 def _mask_recipe(mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor) -> MaskRecipe:
     """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not)."""
     if mask is None:
@@ -442,18 +527,33 @@ def _capture_tokens(hf: Any) -> int:
 
 
 def _probe(
-    attention: nn.Module, target: Call, hidden: torch.Tensor, positions: torch.Tensor, cache_class: type
+    attention: nn.Module,
+    target: Call,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cache_class: type,
+    step: EmbeddingStep | None,
+    calls: Mapping[str, Call],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
-    and a fresh cache: ``(hidden, position_ids, out)``."""
+    and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
+    embeddings that the model's own position embeddings (as computed in the capture call) and norms turn into the
+    attention's input."""
     generator = torch.Generator().manual_seed(1)
     fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
+    inputs = fresh
+    if step is not None:
+        call = calls[step.record.position.path]
+        with torch.no_grad():  # the position module with the checkpoint's table, called as in the capture
+            inputs = fresh + step.position(*call.args, **call.kwargs)
+            for norm in step.norms:
+                inputs = norm(inputs)
     kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
     args = list(target.args)
     if "hidden_states" in kwargs:
-        kwargs["hidden_states"] = fresh
+        kwargs["hidden_states"] = inputs
     else:
-        args[0] = fresh
+        args[0] = inputs
     with torch.no_grad():
         output = attention(*args, **kwargs)
     out = output[0] if isinstance(output, (tuple, list)) else output
@@ -466,8 +566,8 @@ def _probe(
 
 
 def load_attention_weights(source: CheckpointSource, attention: nn.Module, path: str) -> dict[str, str]:
-    """Load the checkpoint's tensors of the attention module at ``path`` (under whatever root the checkpoint stores
-    the base model) into ``attention``; returns full tensor name -> sha256.
+    """Load the checkpoint's tensors of the module at ``path`` (the attention, or a module of the embedding step;
+    under whatever root the checkpoint stores the base model) into it; returns full tensor name -> sha256.
 
     Raises:
         ConfigError: a parameter of the module is missing from the checkpoint, or has another shape.
@@ -492,7 +592,7 @@ def load_attention_weights(source: CheckpointSource, attention: nn.Module, path:
         full = f"{root}{path}.{key}"
         if not source.has(full):
             if key in params:
-                raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the layer's attention.")
+                raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the traced unit.")
             continue
         tensor = source.tensor(full)
         if tuple(tensor.shape) != tuple(current.shape):
@@ -570,8 +670,15 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                 f"[B, Hkv, P, D]; the traced path exports that cache layout only."
             )
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        step, note = None, ""
+        if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
+            step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         tensors = load_attention_weights(source, attention, attention_path)
-        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache)
+        if step is not None:
+            for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
+                                   strict=True):  # fmt: skip
+                tensors.update(load_attention_weights(source, module, ref.path))
+        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -591,7 +698,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             tensors=tensors,
             location=source.location,
             probe=probe,
+            embedding=step,
+            embedding_note=note,
         )
 
 
-__all__ = ["FAMILY_NAME", "Captured", "capture_layer", "class_path", "load_attention_weights"]
+__all__ = ["FAMILY_NAME", "Captured", "EmbeddingStep", "capture_layer", "class_path", "load_attention_weights"]

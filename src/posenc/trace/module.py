@@ -48,6 +48,9 @@ class TracedAttention(nn.Module):
         exact: posenc's scheme whose cos/sin replace the rotary module's output (``angles="exact"``), or None.
         angles_layout: how the model lays out cos/sin (needed with ``exact``).
         position_limit: exclusive bound on positions an exported graph serves (the guard's), or None.
+        embedding: the position module of an embedding step (the unit then takes token embeddings as ``hidden`` and
+            feeds the attention ``norms(hidden + embedding(...))``), or None; ``embedding_call``: how the model calls
+            it; ``norms``: the layer's modules between the embedding sum and the attention.
     """
 
     guard_exported = True
@@ -64,6 +67,9 @@ class TracedAttention(nn.Module):
         exact: PositionalScheme | None = None,
         angles_layout: AnglesRecord | None = None,
         position_limit: int | None = None,
+        embedding: nn.Module | None = None,
+        embedding_call: CallRecipe | None = None,
+        norms: list[nn.Module] | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -77,6 +83,11 @@ class TracedAttention(nn.Module):
         self.mask = mask
         self.angles_layout = angles_layout
         self._limit = position_limit
+        if (embedding is None) != (embedding_call is None):
+            raise ConfigError("an embedding step needs both its position module and how the model calls it.")
+        self.embedding = embedding
+        self.embedding_call = embedding_call
+        self.norms = nn.ModuleList(norms or [])
 
     @property
     def position_limit(self) -> int | None:
@@ -142,6 +153,8 @@ class TracedAttention(nn.Module):
                 return torch.arange(hidden.shape[1], device=hidden.device) + past
             if kind == "constant":
                 return recipe.constants.get(key)
+            if kind == "ones":
+                return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64, device=hidden.device)
             raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
         args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
@@ -172,11 +185,23 @@ class TracedAttention(nn.Module):
         if past_key is not None and past_value is not None:
             cache.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
         mask = self._mask(hidden, position_ids, past)
+        hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
         output = self.attention(*args, **kwargs)
         out = output[0] if isinstance(output, (tuple, list)) else output
         entry = cache.layers[self.layer]
         return out, entry.keys, entry.values
+
+    def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
+        """The attention's input: ``hidden`` itself, or with an embedding step ``norms(hidden + position
+        embeddings)`` (``hidden``: the token embeddings ``[B, S, E]``)."""
+        if self.embedding is None or self.embedding_call is None:
+            return hidden
+        args, kwargs = self._fill(self.embedding_call, hidden, position_ids, None, None, past)
+        x = hidden + self.embedding(*args, **kwargs).to(hidden.dtype)
+        for norm in self.norms:
+            x = norm(x)
+        return x
 
     def _guard(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:func:`posenc.functional.position_guard` while exporting with the guard on; else the ids unchanged."""

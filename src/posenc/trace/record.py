@@ -26,6 +26,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "cache_position",  # past + arange(S) (the new tokens' slots)
     "position_ids",  # the new tokens' position ids [B, S]
     "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
+    "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
@@ -89,6 +90,22 @@ class AnglesRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class EmbeddingRecord:
+    """The embedding step of a model whose positions enter at the embeddings (GPT-2, GPT-Neo, OPT): the first
+    layer's unit is ``norms(hidden + position(position_ids))`` followed by the attention, ``hidden`` being the token
+    embeddings.
+
+    Attributes:
+        position: the module that embeds the positions (a learned table); ``call``: how the model calls it.
+        norms: the layer's modules between the embedding sum and the attention (its pre-attention norm), in order.
+    """
+
+    position: ModuleRef
+    call: CallRecipe
+    norms: tuple[ModuleRef, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class TracePart:
     """One positional part of the traced graph and what became of it (:data:`PART_STATUSES`)."""
 
@@ -112,6 +129,7 @@ class TraceRecord:
         rotary_call: how the model calls the rotary module (None without one).
         mask: the mask the model gives the layer.
         angles: how the rotary output lays out posenc's cos/sin (None: not recognised, or no rotary module).
+        embedding: the embedding step the unit starts with (GPT-2's ``wpe``), else None.
         parts: the positional parts of the graph: replaced, kept (why) or absent.
     """
 
@@ -126,6 +144,8 @@ class TraceRecord:
     mask: MaskRecipe
     angles: AnglesRecord | None
     parts: tuple[TracePart, ...] = ()
+    embedding: EmbeddingRecord | None = field(optional=True, default=None)
+    """The embedding step the unit starts with (positions that enter at the embeddings), else None."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
@@ -147,6 +167,7 @@ __all__ = [
     "ROTARY_PART",
     "AnglesRecord",
     "CallRecipe",
+    "EmbeddingRecord",
     "MaskRecipe",
     "ModuleRef",
     "TracePart",
