@@ -2,14 +2,16 @@
 
 Public API::
 
-    from posenc.trace import capture_layer, TracedAttention
+    from posenc.trace import capture_layer, plan_trace, traced_module, load_traced
 
-    captured = capture_layer("path/to/checkpoint", layer=3)   # how the model calls layer 3's attention
-    module = traced_module(captured)                           # hidden, position_ids, past -> out, presents
+    plan = plan_trace(capture_layer("path/to/checkpoint", layer=3))   # how the model calls layer 3's attention
+    module = traced_module(plan)                      # hidden, position_ids, past -> out, presents (the model's angles)
+    exact = traced_module(plan, angles="exact")       # the same with posenc's cos/sin, where they are the model's
+    layer = load_traced("path/to/checkpoint", 3)      # plan, provenance and references for validate --against-hf
 
-See :mod:`posenc.trace.capture` (the capture), :mod:`posenc.trace.module` (the unit),
-:mod:`posenc.trace.layouts` (how a model lays out cos/sin) and :mod:`posenc.trace.record` (what the manifest
-records). The export is :func:`posenc.export.trace.export_traced`; the graph pass that replaces the traced angles
+See :mod:`posenc.trace.capture` (the capture), :mod:`posenc.trace.build` (plan and unit), :mod:`posenc.trace.module`
+(the unit's forward), :mod:`posenc.trace.layouts` (how a model lays out cos/sin) and :mod:`posenc.trace.record`
+(what the manifest records). The export is :func:`posenc.export.trace.export_traced`; the graph pass that replaces the traced angles
 with posenc's tables is :mod:`posenc.graphs.trace_rewrite`.
 """
 
@@ -19,7 +21,10 @@ _EXPORTS = {
     "Captured": "posenc.trace.capture",
     "TraceRecord": "posenc.trace.record",
     "TracedAttention": "posenc.trace.module",
+    "TracePlan": "posenc.trace.build",
     "capture_layer": "posenc.trace.capture",
+    "load_traced": "posenc.trace.reference",
+    "plan_trace": "posenc.trace.build",
     "traced_module": "posenc.trace.build",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

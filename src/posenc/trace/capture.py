@@ -129,11 +129,6 @@ def class_path(module: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def text_config(hf: Any) -> Any:
-    """The config whose layers are traced: the config itself (a wrapper's text tower is another path's work)."""
-    return hf
-
-
 def layer_count(hf: Any) -> int:
     count = getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None) or getattr(hf, "num_layers", None)
     if not isinstance(count, int) or count < 1:
@@ -631,7 +626,6 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
         hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
-        hf = text_config(hf)
         total = layer_count(hf)
         index = default_layer(hf, layer_type) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
