@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.mla",),  # multi-head latent attention: its own block class beside AttentionBlock
     ("posenc",),  # the package's public API: re-exports of the layers above
     ("posenc.checkpoints", "posenc.plugins"),
+    ("posenc.trace",),  # the traced path's capture and unit: a checkpoint's own attention module, as its model calls it
     ("posenc.export",),
     ("posenc.cli_args",),  # the CLI vocabulary (argument groups, the one shape parser's CLI side)
     ("posenc.graphs",),

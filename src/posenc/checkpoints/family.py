@@ -140,7 +140,8 @@ def family_for(model_type: str) -> Family:
     except KeyError:
         raise ConfigError(
             f"model_type {model_type!r} is not supported for checkpoint loading; supported model types: "
-            f"{', '.join(sorted(_FAMILIES))}. For other models export a scheme by hand (posenc export --scheme ...)."
+            f"{', '.join(sorted(_FAMILIES))}. For other models trace the checkpoint's own attention module "
+            f"(posenc export --hf-model DIR --via trace), or export a scheme by hand (posenc export --scheme ...)."
         ) from None
 
 

@@ -15,6 +15,7 @@ EPILOG = """\
 examples:
   posenc export --hf-model ckpt/ --layer 3 -o out/layer3.onnx       # a checkpoint's layer with its weights
   posenc export --hf-model ckpt/ --layer 5 --layer-type decoder --table-mode dynamic --dtype fp16 -o out/dec5.onnx
+  posenc export --hf-model phi-ckpt/ --via trace -o out/phi0.onnx   # any model type: its own module, posenc's tables
   posenc export --scheme rope -o out/rope.onnx
   posenc export --scheme rope --kv-cache inplace -o out/rope_inplace.onnx   # preallocated cache, opset 24
   posenc export --scheme rope_yarn --param factor=8 --param original_max_position_embeddings=4096 \\
@@ -64,6 +65,40 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
 _CHECKPOINT_FIXED = ("scheme", "hf_config", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "causal")
 
 
+def _via(args: argparse.Namespace) -> str:
+    """``family`` or ``trace``: as given, else the family where the checkpoint's model type has one."""
+    if args.via is not None:
+        return str(args.via)
+    from posenc.checkpoints import supported_model_types
+    from posenc.checkpoints.source import CheckpointSource
+
+    with CheckpointSource.open(args.hf_model) as source:
+        model_type = source.config.get("model_type")
+    return "family" if model_type in supported_model_types() else "trace"
+
+
+def _export_traced(args: argparse.Namespace) -> Any:
+    """Export layer ``--layer`` of the checkpoint as its model calls it, with posenc's tables (the traced path)."""
+    from posenc.export.trace import export_traced
+    from posenc.graphs.trace_rewrite import replace_positions
+
+    if args.unit != "block":
+        raise ConfigError(f"--via trace exports the attention block; drop --unit {args.unit}.")
+    return export_traced(
+        args.output,
+        args.hf_model,
+        layer=args.layer,
+        layer_type=args.layer_type,
+        table_mode=args.table_mode,
+        max_positions=args.max_positions,
+        dtype=args.dtype,
+        kv_cache=args.kv_cache,
+        opset=args.opset,
+        position_guard=args.position_guard,
+        rewrite=replace_positions,
+    )
+
+
 def _export_checkpoint(args: argparse.Namespace) -> Any:
     """Export layer ``--layer`` of the ``--hf-model`` checkpoint with its own weights."""
     from posenc.checkpoints import load_layer
@@ -76,6 +111,8 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
         raise ConfigError(
             f"--hf-model takes geometry, scheme and parameters from the checkpoint; drop {', '.join(flags)}."
         )
+    if _via(args) == "trace":
+        return _export_traced(args)
     loaded = load_layer(args.hf_model, args.layer, args.layer_type)
     block = loaded.block(args.table_mode, args.max_positions)
     module = block if args.unit == "block" else block.scheme
@@ -103,8 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.hf_model is not None:
         result = _export_checkpoint(args)
     else:
-        if args.layer is not None:
-            raise ConfigError("--layer selects a layer of --hf-model; give --hf-model DIR too.")
+        if args.layer is not None or args.via is not None:
+            flag = "--layer selects a layer" if args.via is None else "--via chooses how to export a layer"
+            raise ConfigError(f"{flag} of --hf-model; give --hf-model DIR too.")
         config, scheme, params = _geometry(args)
         if scheme is None:
             raise ConfigError("give --hf-model DIR, --scheme NAME (see `posenc list`) or --hf-config config.json.")
@@ -185,6 +223,14 @@ def register(subparsers: Any) -> None:
     add(checkpoint, "hf_model")
     add(checkpoint, "layer", note="default: 0, or the first layer of --layer-type where layers differ")
     add(checkpoint, "layer_type", note="with --hf-config: which per-layer-type rope_parameters")
+    checkpoint.add_argument(
+        "--via",
+        choices=("family", "trace"),
+        default=None,
+        help="family: posenc's rebuild of the layer (its model type's family); trace: the checkpoint's own "
+        "attention module traced as its model calls it, its angles replaced by posenc's tables (any model type). "
+        "Default: the family where the model type has one, else the trace",
+    )
     add(p, "seed", default=0, note="for the random weights when no --hf-model is given; default 0")
     add(p, "output", required=True, note="the .onnx file; its manifest and weights go beside it")
     p.add_argument("--no-optimize", action="store_true", help="skip the onnxscript optimizer")

@@ -33,6 +33,9 @@ read it instead of asking the user again. Fields (JSON keys):
                            invalid position raises in ONNX Runtime and gives NaN in TensorRT); absent: false
 ``optimized``              only in graphs written by ``posenc optimize``: ``{"target", "rope", "passes",
                            "parity", "source_onnx", "source_sha256"[, "previous"]}`` (:class:`OptimizedRecord`)
+``trace``                  only in traced exports (``posenc export --via trace``): the traced layer (model type,
+                           config, modules, how the model calls them) and which positional parts posenc replaced
+                           with its tables, which it kept and why (:class:`posenc.trace.record.TraceRecord`)
 
 Each JSON object is a record class below, read strictly by :func:`posenc.records.from_json`: a missing or
 unknown key is a :class:`~posenc.errors.ModelFileError` that says to re-export.
@@ -55,6 +58,7 @@ from posenc.export.files import manifest_path_for, reading, write_text_atomic
 from posenc.paths import input_file, member, sha256_file
 from posenc.provenance import WeightsSource
 from posenc.records import Document, field
+from posenc.trace.record import TraceRecord
 
 MANIFEST_FORMAT = "posenc.export/1"
 REEXPORT = "re-export the model with this posenc version (`posenc export ...`)"
@@ -198,6 +202,8 @@ class Manifest(Document):
     """The graph guards its positions (an export option, on by default; manifests written before it: off)."""
     optimized: OptimizedRecord | None = field(optional=True, default=None)
     """Added by ``posenc optimize`` (:mod:`posenc.graphs`); absent in an export's manifest."""
+    trace: TraceRecord | None = field(optional=True, default=None)
+    """A traced export's layer and the fate of its positional parts (:mod:`posenc.export.trace`); else absent."""
 
     # -- lookups ---------------------------------------------------------------------------------
 

@@ -317,12 +317,28 @@ def build_eager(
         tables = torch_dtype(table_dtype)
     config = manifest.attention_config()
     rest = (manifest.params, manifest.table_mode, manifest.build_max_positions, tables)
+    if manifest.trace is not None:
+        return _traced_eager(manifest, activation, rest)
     inner: nn.Module
     if manifest.unit in ("block", BLOCK_INPLACE):
         inner = build_block(config, manifest.scheme, *rest)  # make_unit refuses an in-place MLA block
     else:
         inner = build_scheme(manifest.scheme, config.rope_config() if isinstance(config, MLAConfig) else config, *rest)
     return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
+
+
+def _traced_eager(manifest: Manifest, activation: torch.dtype, rest: tuple[Any, ...]) -> nn.Module:
+    """A traced export's module (:mod:`posenc.export.trace`): the checkpoint's attention module as its model calls
+    it, with posenc's scheme computing its angles where the graph's were replaced (the float64 reference)."""
+    from posenc.schemes import build_scheme
+    from posenc.trace.build import rebuild
+
+    record = manifest.trace
+    if record is None:
+        raise ConfigError("the manifest has no trace record.")
+    exact = build_scheme(manifest.scheme, manifest.attention_config(), *rest) if record.replaced() else None
+    limit = exact.position_limit if exact is not None else manifest.max_positions
+    return rebuild(record, exact, limit, activation)
 
 
 def check_graph_tables(manifest: Manifest, onnx_path: str | os.PathLike[str], module: nn.Module | None = None) -> None:

@@ -2,7 +2,8 @@
 
 Reports the op histogram, initializer bytes (total and the largest tables), the fused ops present
 (RotaryEmbedding, Attention, GroupQueryAttention, posenc plugin nodes), the passes recorded in the manifest (with
-the reason of each one that could not run on the graph), and the result of
+the reason of each one that could not run on the graph), for a traced export which positional parts posenc replaced
+with its tables and which it kept (and why), and the result of
 parsing with TensorRT (``tensorrt`` or ``tensorrt_rtx``; a failure names the node and op). The parse is the
 caller's ``tensorrt_check`` (``posenc inspect`` passes :func:`posenc.engine.check_parse`): this layer sits below
 ``posenc.engine`` and does not import it.
@@ -75,6 +76,10 @@ class InspectReport:
     the scheme)."""
     engine_profiles: str | None = None
     """The optimization profiles a ``posenc build`` of this graph uses (min:opt:max per dimension)."""
+    traced: str | None = None
+    """For a traced export (``posenc export --via trace``): the layer it traced, else None."""
+    positional_parts: tuple[str, ...] = ()
+    """For a traced export: each positional part, replaced by posenc's tables, kept as traced (and why) or absent."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -86,6 +91,9 @@ class InspectReport:
         for item in self.largest_initializers:
             lines.append(f"  {item.name} {item.dtype}{list(item.shape)}: {_human(item.bytes)}")
         lines.append("fused ops: " + (", ".join(f"{op} {n}" for op, n in self.fused_ops.items()) or "none"))
+        if self.traced is not None:
+            lines.append(f"traced: {self.traced}")
+            lines.extend(f"  {part}" for part in self.positional_parts)
         if self.fusions is None:
             lines.append("fusions applied: unknown (no `posenc optimize` record in the manifest)")
         else:
@@ -157,6 +165,7 @@ def inspect_model(
     fusions = record.counts if record else None
     fused = {op: n for op, n in ops.items() if op.split("::")[-1] in FUSED_OPS or ("::" in op and "posenc" in op)}
     tensorrt = tensorrt_check(path) if tensorrt_check is not None else None
+    trace = getattr(manifest, "trace", None)
     return InspectReport(
         path=str(path),
         opset=model_io.default_opset(model),
@@ -171,4 +180,6 @@ def inspect_model(
         tensorrt=tensorrt,
         skipped={p.name: p.skipped for p in record.passes if p.skipped} if record else {},
         engine_profiles=profile_text(manifest) if profile_text is not None else None,
+        traced=None if trace is None else f"{trace.model_type} layer {trace.layer} ({trace.attention.cls})",
+        positional_parts=() if trace is None else tuple(trace.summary()),
     )

@@ -107,9 +107,17 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str, decode: 
             f"exports hold the positional op alone. Export with --unit block."
         )
     plan = loaded.plan
-    differences = _differences(
-        {"scheme": manifest.scheme, **manifest.attention}, {"scheme": plan.scheme, **plan.config.to_dict()}
-    )
+    if manifest.trace is not None:
+        if manifest.trace.model_type != loaded.provenance().model_type or manifest.trace.layer != plan.layer:
+            raise ConfigError(
+                f"the model traces layer {manifest.trace.layer} of a {manifest.trace.model_type} model, not layer "
+                f"{plan.layer} of {checkpoint}; pass the checkpoint and layer it was exported from."
+            )
+        differences = []
+    else:
+        differences = _differences(
+            {"scheme": manifest.scheme, **manifest.attention}, {"scheme": plan.scheme, **plan.config.to_dict()}
+        )
     if differences:
         recorded = f" (its manifest records {_origin(source)})" if isinstance(source, CheckpointWeights) else ""
         raise ConfigError(
@@ -156,13 +164,16 @@ def _load_matching(
     """The checkpoint's layer the model was exported from (default: the one its manifest records), refusing a model
     exported from anything else."""
     from posenc.checkpoints import load_layer
+    from posenc.trace.reference import load_traced
 
     source = manifest.weights.source
     if isinstance(source, CheckpointWeights):
         _check_same_model(source, checkpoint)
         if layer is None:
             layer, layer_type = source.layer, layer_type or source.layer_type
-    loaded = load_layer(checkpoint, layer, layer_type)
+    # a traced export's reference is the module captured again from the checkpoint
+    load = load_traced if manifest.trace is not None else load_layer
+    loaded = load(checkpoint, layer, layer_type)
     where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
     _check_same_layer(loaded, manifest, str(where), decode)
     return loaded

@@ -1,0 +1,280 @@
+"""The traced export: a checkpoint's own attention layer to ONNX, with the interface of a family export.
+
+The path of one traced export::
+
+    checkpoint folder -> capture how the model calls layer N's attention (posenc.trace.capture)
+      -> TracedAttention (the model's module, its rotary module, its mask; the position guard)
+      -> torch.export + torch.onnx.export(dynamo=True), opset 23, onnxscript's optimizer without its fusions
+      -> the caller's ``rewrite`` (posenc.graphs.trace_rewrite.replace_positions: posenc's tables for the traced
+         angles, or the reason they stay)
+      -> model.onnx + model.weights.safetensors + model.manifest.json (with its ``trace`` record), atomically
+
+The graph's inputs and outputs are a ``block`` export's: ``hidden [B, S, E]``, ``position_ids [B, S]``,
+``past_key`` / ``past_value [B, Hkv, P, D]`` -> ``out [B, S, E]``, ``present_key`` / ``present_value
+[B, Hkv, P + S, D]``, so ``validate`` (and ``--against-hf``, ``--decode``), ``optimize``, ``inspect`` and ``bench``
+take it unchanged. The graph stage sits above this one, so ``posenc export --via trace`` passes the rewrite in
+(``rewrite=None`` keeps the traced angles and says so in the manifest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.config import AttentionConfig
+from posenc.errors import ConfigError, ExportError
+from posenc.export.exporter import (
+    DEFAULT_OPSET,
+    ExportResult,
+    _graph_specs,
+    _quiet_exporter,
+    _source_info,
+    library_versions,
+    to_onnx_model,
+)
+from posenc.export.files import WEIGHTS_FORMAT, atomic_outputs, manifest_path_for, save_weights, weights_path_for
+from posenc.export.manifest import DimRange, Manifest, WeightsRecord
+from posenc.export.units import SAMPLE_SHAPE, ExportUnit, _slots
+from posenc.paths import output_path, sha256_file
+from posenc.records import to_json
+from posenc.schemes import get_spec
+from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
+from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
+from posenc.trace.capture import capture_layer
+from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced
+
+TRACE_OPSET = DEFAULT_OPSET
+"""Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
+
+
+@dataclasses.dataclass
+class RewriteRequest:
+    """What the graph rewrite of a traced export is given.
+
+    Attributes:
+        model: the traced ``onnx.ModelProto``.
+        plan: the traced layer (geometry, scheme, the layout of its cos/sin).
+        exact: posenc's scheme whose cos/sin replace the traced ones (float32 tables, the export's table mode and
+            rows), or None when the layer's angles are not posenc's (``plan.note`` says why).
+        position_limit: the bound the graph's position guard checks (None: any position >= 0).
+    """
+
+    model: Any
+    plan: TracePlan
+    exact: PositionalScheme | None
+    position_limit: int | None
+
+
+Rewrite = Callable[[RewriteRequest], tuple[Any, tuple[TracePart, ...]]]
+"""``rewrite(request) -> (model proto, parts)``: posenc's is :func:`posenc.graphs.trace_rewrite.replace_positions`."""
+
+
+def _optimize_without_fusions(model: Any) -> Any:
+    """onnxscript's optimizer (constant folding, dead code, common subexpressions) without its opset-23 fusions, so
+    the graph keeps the model's own rotation and attention for posenc's passes to read."""
+    import onnx_ir as ir
+    from onnxscript import optimizer
+
+    graph = ir.serde.deserialize_model(model)
+    optimizer.optimize_ir(graph)
+    return ir.serde.serialize_model(graph)
+
+
+def _check_options(dtype: str, kv_cache: str, opset: int | None) -> None:
+    if dtype not in ("fp32", "float32"):
+        raise ExportError(
+            f"the traced path exports float32 graphs only (got {dtype}); export with --dtype fp32, or --via family "
+            f"where the model type has a family."
+        )
+    if kv_cache != "concat":
+        raise ExportError(
+            "the traced path exports the concatenated cache only; drop --kv-cache inplace (or use --via family)."
+        )
+    if opset not in (None, TRACE_OPSET):
+        raise ExportError(f"the traced path exports opset {TRACE_OPSET} graphs; drop --opset {opset}.")
+
+
+def _guard_limit(plan: TracePlan, exact: PositionalScheme | None) -> int | None:
+    """The positions the graph serves: posenc's table's, a learned table's rows, else any position >= 0."""
+    if exact is not None:
+        return exact.position_limit
+    return plan.config.max_position_embeddings if plan.captured.embedding is not None else None
+
+
+def export_traced(
+    path: str | os.PathLike[str],
+    checkpoint: Any,
+    *,
+    layer: int | None = None,
+    layer_type: str | None = None,
+    table_mode: TableMode | str | None = None,
+    max_positions: int | None = None,
+    dtype: str = "fp32",
+    kv_cache: str = "concat",
+    opset: int | None = None,
+    position_guard: bool = True,
+    rewrite: Rewrite | None = None,
+) -> ExportResult:
+    """Export layer ``layer`` of a checkpoint as its model runs it (see the module docstring).
+
+    Args:
+        path: the ONNX file; manifest and weights go beside it.
+        checkpoint: a checkpoint folder or an in-memory transformers model.
+        layer, layer_type: the layer (default: the first of ``layer_type``, else the first with attention).
+        table_mode, max_positions: posenc's tables that replace the traced angles (default: precomputed, the context
+            length's rows).
+        dtype, kv_cache, opset: fp32, concat and 23 only (the traced path's scope).
+        position_guard: guard the positions (an invalid one raises in ONNX Runtime, gives NaN in TensorRT).
+        rewrite: the graph pass that puts posenc's tables in (``None``: keep the traced angles; the manifest says so).
+
+    Raises:
+        ConfigError: the checkpoint, layer or options are unusable (the message says what to change).
+        ExportError: the model's attention cannot be traced or exported (the message names the reason).
+    """
+    _check_options(dtype, kv_cache, opset)
+    if not isinstance(position_guard, bool):
+        raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
+    path = output_path(path, "ONNX model")
+    plan = plan_trace(capture_layer(checkpoint, layer, layer_type))
+    exact = None
+    if plan.angles is not None:
+        mode = table_mode if table_mode is not None else None
+        exact = plan.exact_scheme(mode, max_positions)
+    elif table_mode is not None or max_positions is not None:
+        raise ConfigError(
+            f"--table-mode and --max-positions choose posenc's tables, but this layer's angles stay traced "
+            f"({plan.note}); drop them."
+        )
+    limit = _guard_limit(plan, exact)
+    module = traced_module(plan, angles="native", position_limit=limit)
+    module.guard_exported = position_guard
+    unit = _unit(module, plan.config)
+    sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
+    model, notes = to_onnx_model(
+        module,
+        sample,
+        input_names=unit.input_names,
+        output_names=unit.output_names,
+        dynamic_shapes=unit.dynamic_shapes(),
+        dim_names=unit.dynamic_shapes(names=True),
+        opset=TRACE_OPSET,
+        optimize=False,
+    )
+    with _quiet_exporter():
+        model = _optimize_without_fusions(model)
+    if rewrite is None:
+        parts: tuple[TracePart, ...] = _unrewritten(plan)
+    else:
+        model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
+    replaced = angles_replaced(parts)
+    weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
+                                   position_limit=limit) if replaced else module  # fmt: skip
+    return _write(Path(path), model, unit, weights_module, plan, exact if replaced else None, parts, notes,
+                  limit, position_guard)  # fmt: skip
+
+
+def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
+    if plan.captured.rotary is None:
+        return ()
+    return (TracePart(ROTARY_PART, "kept", "exported without posenc's graph rewrite (rewrite=None)"),)
+
+
+def _unit(module: torch.nn.Module, config: AttentionConfig) -> ExportUnit:
+    slots, outputs = _slots("block", Placement.QK, config, 1)
+    return ExportUnit("block", module, module, config, torch.float32, slots, outputs)
+
+
+def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:
+    """The manifest's scheme: the plan's, or ``nope`` when the traced graph holds no positional part."""
+    rotary = [part for part in parts if part.part == ROTARY_PART]
+    if rotary and all(part.status == "absent" for part in rotary) and plan.captured.embedding is None:
+        return NOPE
+    return plan.scheme
+
+
+def _write(
+    path: Path,
+    model: Any,
+    unit: ExportUnit,
+    weights_module: torch.nn.Module,
+    plan: TracePlan,
+    exact: PositionalScheme | None,
+    parts: tuple[TracePart, ...],
+    notes: list[str],
+    limit: int | None,
+    guard: bool,
+) -> ExportResult:
+    from posenc.export.exporter import ONNX_FILE_LIMIT
+
+    data = model.SerializeToString()
+    if len(data) > ONNX_FILE_LIMIT:
+        raise ExportError("the traced graph is over ONNX's 2 GiB single-file limit; export a smaller layer.")
+    manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
+    scheme = _scheme_of(plan, parts)
+    spec = get_spec(scheme)
+    record = trace_record(plan, parts)
+    rows = int(exact.max_positions) if exact is not None else plan.config.max_position_embeddings
+    notes = [*notes, f"traced from {plan.captured.attention_ref.cls} (layer {plan.captured.layer})"]
+    notes += [f"positional part {line}" for line in record.summary()]
+    with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
+        tmp_model.write_bytes(data)
+        save_weights(weights_module.state_dict(), tmp_weights)
+        manifest = Manifest(
+            scheme=scheme,
+            family=spec.family,
+            placement=spec.placement.value,
+            params=to_json(dict(plan.params)) if scheme != NOPE else {},
+            unit="block",
+            table_mode=_table_mode(plan, exact),
+            dtype="float32",
+            table_dtype="float32",
+            opset=TRACE_OPSET,
+            attention=plan.config.to_dict(),
+            max_positions=limit,
+            build_max_positions=rows,
+            dynamic_dims=_dim_ranges(limit),
+            inputs=_graph_specs(model.graph.input, unit.input_layouts(), "activation"),
+            outputs=_graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
+            onnx_sha256=hashlib.sha256(data).hexdigest(),
+            weights=WeightsRecord(
+                path=weights_path.name,
+                sha256=sha256_file(tmp_weights),
+                format=WEIGHTS_FORMAT,
+                tables=tuple(sorted(table_keys(weights_module))),
+                source=plan.captured.provenance(),
+            ),
+            source=_source_info(weights_module),
+            versions=library_versions(),
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            notes=tuple(notes),
+            position_guard=guard,
+            trace=record,
+        )
+        manifest.save(tmp_manifest)
+    return ExportResult(path, manifest, manifest_path, weights_path)
+
+
+def _table_mode(plan: TracePlan, exact: PositionalScheme | None) -> str:
+    """posenc's tables' mode; a learned table's ``precomputed``; angles kept as traced are computed in the graph."""
+    if exact is not None:
+        return exact.table_mode.value
+    mode = TableMode.PRECOMPUTED if plan.captured.embedding is not None else TableMode.DYNAMIC
+    return mode.value
+
+
+def _dim_ranges(limit: int | None) -> dict[str, DimRange]:
+    return {
+        "batch": DimRange(1, None, SAMPLE_SHAPE.batch),
+        "seq": DimRange(1, limit, SAMPLE_SHAPE.seq),
+        "past": DimRange(0, None if limit is None else limit - 1, SAMPLE_SHAPE.past),
+    }
+
+
+__all__ = ["TRACE_OPSET", "Rewrite", "RewriteRequest", "export_traced"]

@@ -1,0 +1,282 @@
+"""From a capture to the traced unit: the layer's geometry, posenc's scheme for its angles, the wrapper module.
+
+:func:`plan_trace` reads what the captured layer is — its geometry from the capture (E from the hidden states,
+``Hkv`` and ``D`` from the cache the module filled), its positional scheme and parameters as
+:func:`posenc.config.from_hf_config` imports the config — and checks, on probe positions up to
+:data:`~posenc.trace.layouts.PROBE_LIMIT`, whether the model's rotary module computes posenc's cos/sin in one of the
+:data:`~posenc.trace.layouts.LAYOUTS` (then posenc can replace them, float64-exact). :func:`traced_module` builds
+the :class:`~posenc.trace.module.TracedAttention`; :func:`rebuild` builds it again from a manifest's
+:class:`~posenc.trace.record.TraceRecord` (the float64 reference of ``posenc validate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from posenc.checkpoints.reference import hf_config
+from posenc.config import AttentionConfig, from_hf_config
+from posenc.errors import ConfigError, ExportError, PosencError
+from posenc.schemes import build_scheme, get_spec
+from posenc.schemes.base import Placement, PositionalScheme, TableMode
+from posenc.trace.capture import Captured, build_base_model, quiet_transformers
+from posenc.trace.layouts import match_layout, probe_positions
+from posenc.trace.module import TracedAttention, scheme_cos_sin
+from posenc.trace.record import AnglesRecord, TracePart, TraceRecord
+
+NOPE = "nope"
+
+
+@dataclasses.dataclass
+class TracePlan:
+    """What the traced layer is (see the module docstring).
+
+    Attributes:
+        captured: the capture.
+        config: the geometry the manifest records (hidden size, heads, kv heads, head dim, causality, window).
+        scheme: posenc's scheme name for the layer's positions (``nope`` when it has none posenc can name).
+        params: the scheme's parameters (the layout found at capture wins over the config's).
+        angles: how the rotary module lays out posenc's cos/sin, or None when its angles are not posenc's.
+        note: why the angles are not posenc's (empty when they are, or when there is no rotary module).
+    """
+
+    captured: Captured
+    config: AttentionConfig
+    scheme: str
+    params: dict[str, Any]
+    angles: AnglesRecord | None
+    note: str = ""
+
+    def exact_scheme(
+        self,
+        table_mode: TableMode | str | None = None,
+        max_positions: int | None = None,
+        table_dtype: torch.dtype = torch.float32,
+    ) -> PositionalScheme:
+        """posenc's scheme of the layer's angles (raises when they are not posenc's)."""
+        if self.angles is None:
+            raise ConfigError(f"the traced layer's angles are not posenc's ({self.note}); there is no exact scheme.")
+        return build_scheme(self.scheme, self.config, self.params, table_mode, max_positions, table_dtype)
+
+
+def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionConfig:
+    """The traced layer's geometry: what the capture saw, the heads and context length from the config."""
+    hf = captured.hf
+    heads = int(getattr(hf, "num_attention_heads", 0) or (imported.num_heads if imported else captured.kv_heads))
+    context = getattr(hf, "max_position_embeddings", None) or (imported.max_position_embeddings if imported else 2048)
+    if heads % captured.kv_heads:
+        heads = captured.kv_heads * max(1, heads // captured.kv_heads)
+    return AttentionConfig(
+        hidden_size=captured.hidden_size,
+        num_heads=heads,
+        num_kv_heads=captured.kv_heads,
+        head_dim=captured.head_dim,
+        causal=captured.mask.causal,
+        max_position_embeddings=int(context),
+        sliding_window=captured.mask.window,
+    )
+
+
+def _imported(captured: Captured) -> tuple[Any, str]:
+    """``(HFImport or None, why not)`` of the config's positional scheme for the layer's type."""
+    data = captured.hf.to_dict()
+    rope = data.get("rope_parameters") or {}
+    nested = any(isinstance(value, Mapping) for value in rope.values())
+    try:
+        return from_hf_config(data, captured.layer_type if nested else None), ""
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def _rotary_values(captured: Captured, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The model's rotary output (cos, sin) ``[N, W]`` at ``positions [B, S]``, or None without one."""
+    if captured.rotary is None or captured.rotary_call is None:
+        return None
+    dummy = TracedAttention(
+        captured.attention, captured.rotary, captured.layer, captured.call, captured.rotary_call, captured.mask
+    )
+    hidden = torch.zeros(*positions.shape, captured.hidden_size)
+    with torch.no_grad():
+        out = dummy.position_embeddings(hidden, positions)
+    if len(out) != 2 or not all(torch.is_tensor(t) and t.dim() == 3 for t in out):
+        return None
+    return out[0].reshape(-1, out[0].shape[-1]), out[1].reshape(-1, out[1].shape[-1])
+
+
+LEARNED = "learned"
+"""posenc's scheme of learned absolute position embeddings (the embedding step of GPT-2, GPT-Neo, OPT)."""
+SELF_CHECK = 1e-5
+"""Largest difference (relative to the output's magnitude) between the wrapper and the model's own call of the
+attention, on the capture's positions, that the capture accepts."""
+
+
+def check_wrapper(plan: TracePlan) -> None:
+    """The wrapper, fed the capture's probe, must compute what the model's own call of the attention computed.
+
+    Raises:
+        ExportError: it does not (an argument rebuilt wrongly); the message gives the difference.
+    """
+    hidden, positions, want = plan.captured.probe
+    module = traced_module(plan)
+    with torch.no_grad():
+        got = module(hidden, positions)[0]
+    scale = max(1.0, float(want.abs().max()))
+    moved = float((got - want).abs().max()) / scale
+    if not moved <= SELF_CHECK:
+        raise ExportError(
+            f"posenc's call of layer {plan.captured.layer}'s attention differs from the model's own by {moved:.2e} "
+            f"on the capture's tokens; it rebuilds an argument differently, so this model cannot be traced yet."
+        )
+
+
+def plan_trace(captured: Captured) -> TracePlan:
+    """The :class:`TracePlan` of a capture (see the module docstring), its wrapper checked against the model's call
+    (:func:`check_wrapper`)."""
+    plan = _plan(captured)
+    check_wrapper(plan)
+    return plan
+
+
+def _plan(captured: Captured) -> TracePlan:
+    imported, why = _imported(captured)
+    config = geometry(captured, imported.config if imported is not None else None)
+    if captured.embedding is not None:
+        return TracePlan(captured, config, LEARNED, {}, None, "the model's learned position table (kept)")
+    if imported is None or get_spec(imported.scheme).placement is not Placement.QK:
+        scheme = imported.scheme if imported is not None else NOPE
+        params = dict(imported.params) if imported is not None else {}
+        note = why or f"the config's scheme {scheme!r} is not a rotation posenc replaces in a traced graph"
+        return TracePlan(captured, config, scheme, params, None, note if captured.rotary is not None else "")
+    scheme, params = imported.scheme, dict(imported.params)
+    positions = torch.from_numpy(probe_positions(2, 7, None))
+    values = _rotary_values(captured, positions)
+    if values is None:
+        return TracePlan(captured, config, scheme, params, None, "the layer takes no (cos, sin) from a rotary module")
+    try:
+        exact = build_scheme(scheme, config, params, _exact_mode(scheme), config.max_position_embeddings, torch.float64)
+        cos, sin = (t.reshape(-1, t.shape[-1]).numpy() for t in scheme_cos_sin(exact, positions))
+    except PosencError as exc:
+        return TracePlan(captured, config, scheme, params, None, f"posenc cannot build {scheme!r} for it: {exc}")
+    found = [match_layout(v.double().numpy(), cos, sin) for v in values]
+    cos_found, sin_found = found
+    if (
+        cos_found is None
+        or sin_found is None
+        or (cos_found[0], sin_found[0]) != ("cos", "sin")
+        or (cos_found[1] != sin_found[1])
+    ):
+        return TracePlan(
+            captured,
+            config,
+            scheme,
+            params,
+            None,
+            f"the rotary module's cos/sin are not {scheme!r}'s (from the config's rope parameters) in any layout",
+        )
+    layout = cos_found[1]
+    if layout == "interleaved":
+        params["layout"] = "interleaved"  # the config does not say; the module's cos/sin do
+    return TracePlan(captured, config, scheme, params, AnglesRecord(layout, int(values[0].shape[-1])))
+
+
+def _exact_mode(scheme: str) -> TableMode:
+    modes = get_spec(scheme).table_modes
+    return TableMode.DYNAMIC if TableMode.DYNAMIC in modes else TableMode.PRECOMPUTED
+
+
+def traced_module(
+    plan: TracePlan,
+    *,
+    angles: str = "native",
+    table_mode: TableMode | str | None = None,
+    max_positions: int | None = None,
+    table_dtype: torch.dtype = torch.float32,
+    position_limit: int | None = None,
+) -> TracedAttention:
+    """The layer's :class:`TracedAttention` (float32).
+
+    Args:
+        plan: the plan of the capture.
+        angles: ``native`` (the model's rotary module) or ``exact`` (posenc's scheme, built with ``table_mode``,
+            ``max_positions``, ``table_dtype``).
+        position_limit: the bound an exported graph guards (default: the exact scheme's, else None).
+    """
+    captured = plan.captured
+    exact = None
+    if angles == "exact":
+        exact = plan.exact_scheme(table_mode, max_positions, table_dtype)
+        if position_limit is None:
+            position_limit = exact.position_limit
+    elif angles != "native":
+        raise ConfigError(f"angles must be 'native' or 'exact', got {angles!r}.")
+    step = captured.embedding
+    return TracedAttention(
+        captured.attention,
+        captured.rotary,
+        captured.layer,
+        captured.call,
+        captured.rotary_call,
+        captured.mask,
+        exact=exact,
+        angles_layout=plan.angles if exact is not None else None,
+        position_limit=position_limit,
+        embedding=step.position if step is not None else None,
+        embedding_call=step.record.call if step is not None else None,
+        norms=step.norms if step is not None else None,
+    ).eval()
+
+
+def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
+    """The manifest's record of a traced layer, with the fate of its positional parts."""
+    captured = plan.captured
+    return TraceRecord(
+        model_type=captured.model_type,
+        layer=captured.layer,
+        layer_type=captured.layer_type,
+        config=captured.hf.to_dict(),
+        attention=captured.attention_ref,
+        rotary=captured.rotary_ref,
+        call=captured.call,
+        rotary_call=captured.rotary_call,
+        mask=captured.mask,
+        angles=plan.angles,
+        parts=parts,
+        embedding=captured.embedding.record if captured.embedding is not None else None,
+    )
+
+
+def rebuild(
+    record: TraceRecord,
+    exact: PositionalScheme | None,
+    position_limit: int | None,
+    dtype: torch.dtype = torch.float64,
+) -> TracedAttention:
+    """The :class:`TracedAttention` a manifest's record describes, without the layer's weights (load them from the
+    weights file), in ``dtype``: with posenc's ``exact`` scheme when its angles replaced the model's."""
+    with quiet_transformers():
+        hf = hf_config(record.config)
+        model = build_base_model(hf, record.layer + 1)
+    attention = model.get_submodule(record.attention.path)
+    rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
+    step = record.embedding
+    module = TracedAttention(
+        attention,
+        rotary,
+        record.layer,
+        record.call,
+        record.rotary_call,
+        record.mask,
+        exact=exact if record.angles is not None else None,
+        angles_layout=record.angles if exact is not None else None,
+        position_limit=position_limit,
+        embedding=model.get_submodule(step.position.path) if step is not None else None,
+        embedding_call=step.call if step is not None else None,
+        norms=[model.get_submodule(ref.path) for ref in step.norms] if step is not None else None,
+    )
+    return module.to(dtype).eval()
+
+
+__all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "trace_record", "traced_module"]

@@ -1,0 +1,700 @@
+"""How a model calls one layer's attention: captured on a short real forward, for any transformers model type.
+
+:func:`capture_layer` builds the checkpoint's base model with transformers (from its config, layers ``0 .. N``
+only, eager attention), runs a short forward on it and records, with a forward pre-hook, how layer N's attention
+module is called: every argument is classified (:data:`posenc.trace.record.ARGUMENT_KINDS`) — the hidden states,
+the position embeddings and the module that computed them (called again the same way), the mask (rebuilt from
+positions and checked equal to the model's), the cache, plain constants. An argument of any other kind (a tensor
+posenc cannot rebuild from the positions and the cache) is refused with its name. The attention module is then
+loaded with the layer's tensors from the checkpoint (read one by one, their sha256 recorded).
+
+What it returns (:class:`Captured`) builds :class:`posenc.trace.module.TracedAttention`, whose forward has the
+interface of a family export (``hidden``, ``position_ids``, past -> ``out``, presents); the capture checks that the
+wrapper reproduces the model's own call before anything is exported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
+from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.errors import ConfigError, ExportError
+from posenc.provenance import CheckpointWeights
+from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
+
+CAPTURE_TOKENS = 8
+"""Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
+"""Child names under which decoder layers hold their attention module (tried first, in order)."""
+LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
+"""``layer_types`` entries of layers without softmax attention."""
+FAMILY_NAME = "trace"
+"""The ``family`` a traced layer's provenance names."""
+
+
+class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """Raised by the capture hook after the layer's attention ran: the rest of the forward is not needed."""
+
+
+@dataclasses.dataclass
+class Call:
+    """One recorded module call: its positional and keyword arguments and its output."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    output: Any = None
+
+
+@dataclasses.dataclass
+class EmbeddingStep:
+    """The embedding step a first layer's unit starts with (:class:`~posenc.trace.record.EmbeddingRecord`): the
+    position module and the layer's pre-attention norms, loaded with the checkpoint's tensors."""
+
+    record: EmbeddingRecord
+    position: nn.Module
+    norms: list[nn.Module]
+
+
+@dataclasses.dataclass
+class Captured:
+    """Layer N of a checkpoint, captured (see the module docstring).
+
+    Attributes:
+        model_type: ``config.json``'s ``model_type``.
+        hf: the transformers config object (eager attention).
+        layer: the layer index; ``layer_type`` its ``layer_types`` entry or None.
+        attention: the layer's transformers attention module, loaded with the checkpoint's tensors (float32).
+        attention_ref: its path in the base model and its class.
+        rotary: the module that computes the position embeddings the attention takes (None without one).
+        rotary_ref: its path and class.
+        call: how the model calls the attention; ``rotary_call``: how it calls the rotary module.
+        mask: the mask the model gives the layer.
+        kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``.
+        hidden_size: E.
+        tensors: full checkpoint name -> sha256 of the tensors read.
+        location: the checkpoint folder (or ``<in-memory ...>``).
+        probe: ``(hidden, position_ids, out)``: the attention called as the model called it, with the checkpoint's
+            weights, on random hidden states (the self-check of the wrapper).
+        embedding: the embedding step the unit starts with, for a first layer whose positions enter at the
+            embeddings; None otherwise. ``embedding_note``: why a first layer without rotary angles has none.
+    """
+
+    model_type: str
+    hf: Any
+    layer: int
+    layer_type: str | None
+    attention: nn.Module
+    attention_ref: ModuleRef
+    rotary: nn.Module | None
+    rotary_ref: ModuleRef | None
+    call: CallRecipe
+    rotary_call: CallRecipe | None
+    mask: MaskRecipe
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    tensors: dict[str, str]
+    location: str
+    probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    embedding: EmbeddingStep | None = None
+    embedding_note: str = ""
+
+    def provenance(self) -> CheckpointWeights:
+        """Where the attention's weights came from (the manifest's ``weights.source``)."""
+        return CheckpointWeights(
+            checkpoint=self.location,
+            model_type=self.model_type,
+            family=FAMILY_NAME,
+            layer=self.layer,
+            layer_type=self.layer_type,
+            tensors=dict(sorted(self.tensors.items())),
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the model and finding the layer's attention
+# --------------------------------------------------------------------------------------------------
+
+
+def class_path(module: Any) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def layer_count(hf: Any) -> int:
+    count = getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None) or getattr(hf, "num_layers", None)
+    if not isinstance(count, int) or count < 1:
+        raise ConfigError(
+            f"the {hf.model_type} config names no layer count (num_hidden_layers); posenc traces decoder layers."
+        )
+    return count
+
+
+def reduced_config(hf: Any, layers: int) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention.
+
+    The capture runs layers ``0 .. N``; a model's later layers are never built.
+    """
+    total = layer_count(hf)
+    reduced = copy.deepcopy(hf)
+    if layers < total:
+        for name in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(getattr(reduced, name, None), int):
+                setattr(reduced, name, layers)
+        for name, value in list(vars(reduced).items()):
+            if isinstance(value, list) and len(value) == total and not name.startswith("_"):
+                setattr(reduced, name, value[:layers])
+    reduced._attn_implementation = "eager"
+    return reduced
+
+
+def build_base_model(hf: Any, layers: int) -> nn.Module:
+    """The base model of ``hf`` (transformers ``AutoModel``) with its first ``layers`` layers, seeded random
+    weights (only the capture call runs on them), eval mode.
+
+    Raises:
+        ConfigError: transformers has no model class for this config.
+    """
+    transformers = import_transformers()
+    config = reduced_config(hf, layers)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = transformers.AutoModel.from_config(config, attn_implementation="eager")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
+            f"({str(exc)[:200]}); posenc traces models transformers can build."
+        ) from None
+    return model.eval()
+
+
+def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
+    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules)."""
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+    found.sort(key=lambda item: (item[0].split(".")[-1] not in ("layers", "h", "layer", "blocks"), len(item[0])))
+    if not found:
+        raise ConfigError(f"cannot find the {count} decoder layers of {type(model).__name__}; posenc cannot trace it.")
+    return found[0]
+
+
+def _is_attention(name: str, module: nn.Module) -> bool:
+    cls = type(module).__name__
+    if "cross" in name.lower() or "encoder_attn" in name.lower() or "Cross" in cls:
+        return False
+    return "Attention" in cls and "Norm" not in cls and "Rotary" not in cls
+
+
+def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The layer's self-attention module ``(child name, module)``, or None (a layer without attention)."""
+    children = dict(layer_module.named_children())
+    for name in ATTENTION_NAMES:
+        if name in children and _is_attention(name, children[name]):
+            return name, children[name]
+    for name, child in children.items():
+        if _is_attention(name, child):
+            return name, child
+    return None
+
+
+def attention_layers(hf: Any) -> list[int] | None:
+    """Layers with softmax attention according to ``layer_types`` (None: the config does not say)."""
+    kinds = getattr(hf, "layer_types", None)
+    if not kinds:
+        return None
+    return [i for i, kind in enumerate(kinds) if not any(word in str(kind) for word in LINEAR_KINDS)]
+
+
+def no_attention_error(hf: Any, layer: int, layer_module: nn.Module) -> ConfigError:
+    held = ", ".join(f"{type(child).__name__} ({name})" for name, child in layer_module.named_children())
+    with_attention = attention_layers(hf)
+    where = f"; layers with attention: {with_attention[:12]}" if with_attention else ""
+    return ConfigError(
+        f"layer {layer} of this {hf.model_type} model has no softmax attention (it holds {held}){where}. "
+        f"Pass --layer N of a layer with attention."
+    )
+
+
+def default_layer(hf: Any, layer_type: str | None) -> int:
+    """The first layer of ``layer_type`` (or the first with attention when the config lists layer types)."""
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    if layer_type is not None:
+        if layer_type not in kinds:
+            raise ConfigError(
+                f"this {hf.model_type} model has no layer type {layer_type!r}"
+                + (f"; its layer types are {sorted(set(kinds))}." if kinds else "; it has one layer type.")
+            )
+        return kinds.index(layer_type)
+    with_attention = attention_layers(hf)
+    return with_attention[0] if with_attention else 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The capture forward
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (config consistency notes, slow-kernel fallbacks) silenced while posenc builds and runs
+    a model it only captures a call from."""
+    import warnings
+
+    logging = import_transformers().logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
+def _hooks(handles: list[Any]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple[dict[str, Call], list[Any]]:
+    """Hooks that record every module's call (until the attention's) and the attention's own; the attention's
+    forward hook stops the forward with :class:`_Stop`."""
+    calls: dict[str, Call] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if module is attention or not name:
+            continue
+
+        def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
+            calls.setdefault(name, Call(args, dict(kwargs)))
+
+        def post(mod: nn.Module, args: tuple, kwargs: dict, output: Any, name: str = name) -> None:
+            if name in calls and calls[name].output is None:
+                calls[name].output = output
+
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+
+    def attention_pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        target.args, target.kwargs = args, dict(kwargs)
+
+    def attention_post(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        target.output = output
+        raise _Stop
+
+    handles.append(attention.register_forward_pre_hook(attention_pre, with_kwargs=True))
+    handles.append(attention.register_forward_hook(attention_post, with_kwargs=True))
+    return calls, handles
+
+
+def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
+    """Run the base model on ``tokens`` token ids (position ids ``0 .. tokens - 1``) until the hook stops it."""
+    vocab = int(getattr(hf, "vocab_size", None) or 32)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
+    positions = torch.arange(tokens).unsqueeze(0)
+    attempts = (
+        {"input_ids": ids, "position_ids": positions, "use_cache": True},
+        {"input_ids": ids, "use_cache": True},
+        {"input_ids": ids},
+    )
+    last: Exception | None = None
+    for kwargs in attempts:
+        try:
+            with torch.no_grad():
+                model(**kwargs)
+        except _Stop:
+            return positions
+        except TypeError as exc:  # a forward without position_ids / use_cache
+            last = exc
+            continue
+        except Exception as exc:
+            raise ExportError(
+                f"the {hf.model_type} model's forward failed before layer's attention ran "
+                f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
+            ) from None
+        break
+    raise ExportError(
+        f"the {hf.model_type} model's forward never called the layer's attention module"
+        + (f" ({last})" if last else "")
+        + "; posenc cannot capture how it calls it."
+    )
+
+
+def _same_tensor(a: Any, b: torch.Tensor) -> bool:
+    return torch.is_tensor(a) and (a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)))
+
+
+def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> str | None:
+    """The module whose output holds the tensors of ``value`` (the last-named, innermost one)."""
+    found = None
+    for name, call in calls.items():
+        out = call.output
+        items = out if isinstance(out, (tuple, list)) else (out,)
+        if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
+            found = name
+    return found
+
+
+def _classify(
+    key: str,
+    value: Any,
+    positions: torch.Tensor,
+    hidden: torch.Tensor | None,
+    cache_class: type,
+    produced: bool,
+) -> str:
+    """The :data:`~posenc.trace.record.ARGUMENT_KINDS` entry of one captured argument, or raises."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return "constant"
+    if isinstance(value, cache_class):
+        return "cache"
+    if isinstance(value, (tuple, list)) and produced:
+        return "position_embeddings"
+    if torch.is_tensor(value):
+        if hidden is not None and value is hidden:
+            return "hidden"
+        if "mask" in key and value.dim() == 4:
+            return "mask"
+        if _same_tensor(value, positions):
+            return "position_ids"
+        if value.dim() == 1 and _same_tensor(value, positions[0]):
+            return "cache_position"
+        if value.dim() == 2 and value.numel() and bool((value == 1).all()):
+            return "ones"
+    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
+    raise ExportError(
+        f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
+        f"states, positions and cache; this model's attention cannot be traced yet."
+    )
+
+
+def _recipe(
+    call: Call, positions: torch.Tensor, calls: Mapping[str, Call], cache_class: type, hidden_key: str | None
+) -> tuple[CallRecipe, str | None]:
+    """The attention's :class:`CallRecipe` and the path of the module that computed its position embeddings."""
+    hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
+    rotary = None
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    positional = []
+    items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
+    for key, value in items:
+        produced = isinstance(value, (tuple, list)) and _producer(calls, tuple(value)) is not None
+        kind = _classify(key, value, positions, hidden, cache_class, produced)
+        if kind == "position_embeddings":
+            rotary = _producer(calls, tuple(value))
+        if kind == "constant":
+            constants[key] = value
+        if key.startswith("#"):
+            positional.append(kind)
+        else:
+            keywords[key] = kind
+    return CallRecipe(tuple(positional), keywords, constants), rotary
+
+
+def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+    positional: list[str] = []
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
+        if torch.is_tensor(value) and value.is_floating_point():
+            kind = "hidden"  # the rotary module reads only its dtype and device
+        else:
+            kind = _classify(key, value, positions, None, cache_class, False)
+        if kind == "constant":
+            constants[key] = value
+        (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
+    return CallRecipe(tuple(positional), keywords, constants)
+
+
+def _embedding_step(
+    calls: Mapping[str, Call],
+    model: nn.Module,
+    layer_path: str,
+    attention_input: torch.Tensor,
+    positions: torch.Tensor,
+    cache_class: type,
+) -> tuple[EmbeddingStep | None, str]:
+    """The embedding step before the first layer's attention, when the model adds a position embedding to the token
+    embeddings: ``(step, "")``; else ``(None, why)``.
+
+    Found from the recorded calls and checked on them: a module outside the layers called with the position ids
+    returns ``P [B, S, E]``; the layer's input ``X`` is ``T + P`` for the output ``T`` of another module (the token
+    embeddings); the layer's norms called before the attention turn ``X`` into the attention's input.
+    """
+    layer_call = calls.get(layer_path)
+    if layer_call is None:
+        return None, "the first layer's call was not recorded"
+    x = layer_call.args[0] if layer_call.args else layer_call.kwargs.get("hidden_states")
+    if not torch.is_tensor(x):
+        return None, "the first layer's input is not a hidden-state tensor"
+    found = None
+    for name, call in calls.items():
+        if name.startswith(layer_path.rsplit(".", 1)[0] + ".") or not torch.is_tensor(call.output):
+            continue
+        arguments = [*call.args, *call.kwargs.values()]
+        if (
+            call.output.is_floating_point()
+            and call.output.shape[-2:] == x.shape[-2:]
+            and any(_same_tensor(a, positions) for a in arguments)
+        ):
+            found = name
+            break
+    if found is None:
+        return None, "no module embeds the position ids before the first layer (its positions do not enter there)"
+    position_out = calls[found].output
+    token = x - position_out
+    tokens = [name for name, call in calls.items() if name != found and torch.is_tensor(call.output)
+              and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
+    if not tokens:
+        return None, f"the first layer's input is not the token embeddings plus {found}'s position embeddings"
+    order = [n for n in calls if n.startswith(layer_path + ".") and n.count(".") == layer_path.count(".") + 1]
+    norms = [n for n in order if "Norm" in type(model.get_submodule(n)).__name__]
+    y = x
+    with torch.no_grad():
+        for name in norms:
+            y = model.get_submodule(name)(y)
+    if not torch.allclose(y, attention_input, atol=1e-6):
+        return None, "the attention's input is not the layer's input through its norms"
+    record = EmbeddingRecord(
+        position=ModuleRef(found, class_path(model.get_submodule(found))),
+        call=_embedding_recipe(calls[found], positions, cache_class),
+        norms=tuple(ModuleRef(n, class_path(model.get_submodule(n))) for n in norms),
+    )
+    return EmbeddingStep(record, model.get_submodule(found), [model.get_submodule(n) for n in norms]), ""
+
+
+def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+    positional: list[str] = []
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
+        kind = _classify(key, value, positions, None, cache_class, False)
+        if kind == "constant":
+            constants[key] = value
+        (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
+    return CallRecipe(tuple(positional), keywords, constants)
+
+
+def _mask_recipe(mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor) -> MaskRecipe:
+    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not)."""
+    if mask is None:
+        return MaskRecipe("none", causal=True)
+    if not torch.is_tensor(mask) or mask.dim() != 4:
+        raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
+    kind = "bool" if mask.dtype == torch.bool else "additive"
+    allowed = mask if kind == "bool" else mask > torch.finfo(mask.dtype).min / 2
+    windows: list[int | None] = [None]
+    for name in ("sliding_window", "attention_window", "local_attention", "window_size"):
+        value = getattr(hf, name, None)
+        if isinstance(value, int) and value > 0:
+            windows += [value, value + 1, value // 2]
+    if layer_type is not None and "sliding" in layer_type:
+        windows = [w for w in windows if w is not None] + [None]
+    for causal in (True, False):
+        for window in windows:
+            rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : allowed.shape[-1]] == 0
+            if rebuilt.shape[-2:] == allowed.shape[-2:] and torch.equal(rebuilt.expand_as(allowed), allowed):
+                return MaskRecipe(kind, causal=causal, window=window)
+    raise ExportError(
+        f"cannot rebuild the mask this {hf.model_type} model gives layer's attention from positions (tried causal and "
+        f"bidirectional, with and without its sliding window); this model's attention cannot be traced yet."
+    )
+
+
+def _capture_tokens(hf: Any) -> int:
+    windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
+    small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
+    return max([CAPTURE_TOKENS, *[w + 3 for w in small]])
+
+
+def _probe(
+    attention: nn.Module,
+    target: Call,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cache_class: type,
+    step: EmbeddingStep | None,
+    calls: Mapping[str, Call],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
+    and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
+    embeddings that the model's own position embeddings (as computed in the capture call) and norms turn into the
+    attention's input."""
+    generator = torch.Generator().manual_seed(1)
+    fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
+    inputs = fresh
+    if step is not None:
+        call = calls[step.record.position.path]
+        with torch.no_grad():  # the position module with the checkpoint's table, called as in the capture
+            inputs = fresh + step.position(*call.args, **call.kwargs)
+            for norm in step.norms:
+                inputs = norm(inputs)
+    kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
+    args = list(target.args)
+    if "hidden_states" in kwargs:
+        kwargs["hidden_states"] = inputs
+    else:
+        args[0] = inputs
+    with torch.no_grad():
+        output = attention(*args, **kwargs)
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    return fresh, positions, out.detach().clone()
+
+
+# --------------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------------
+
+
+def load_attention_weights(source: CheckpointSource, attention: nn.Module, path: str) -> dict[str, str]:
+    """Load the checkpoint's tensors of the module at ``path`` (the attention, or a module of the embedding step;
+    under whatever root the checkpoint stores the base model) into it; returns full tensor name -> sha256.
+
+    Raises:
+        ConfigError: a parameter of the module is missing from the checkpoint, or has another shape.
+    """
+    expected = attention.state_dict()
+    names = list(source.names())
+    params = {name for name, _ in attention.named_parameters()}
+    probe = next(iter(sorted(params)), None) or next(iter(expected), None)
+    if probe is None:
+        return {}
+    suffix = f"{path}.{probe}"
+    roots = sorted({name[: -len(suffix)] for name in names if name.endswith(suffix)}, key=len)
+    if not roots:
+        raise ConfigError(
+            f"checkpoint {source.location} has no tensor ending in {suffix!r}; its weights are not laid out as "
+            f"transformers' {type(attention).__name__} expects for this config."
+        )
+    root = roots[0]
+    state: dict[str, torch.Tensor] = {}
+    tensors: dict[str, str] = {}
+    for key, current in expected.items():
+        full = f"{root}{path}.{key}"
+        if not source.has(full):
+            if key in params:
+                raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the traced unit.")
+            continue
+        tensor = source.tensor(full)
+        if tuple(tensor.shape) != tuple(current.shape):
+            raise ConfigError(
+                f"tensor {full!r} in {source.location} has shape {list(tensor.shape)}, but this config's "
+                f"{type(attention).__name__} needs {list(current.shape)}; the weights do not belong to this config."
+            )
+        tensors[full] = tensor_sha256(tensor)
+        state[key] = tensor.to(current.dtype)
+    attention.load_state_dict({**expected, **state})
+    return tensors
+
+
+# --------------------------------------------------------------------------------------------------
+# The entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: str | None = None) -> Captured:
+    """Capture how the checkpoint's model calls layer ``layer``'s attention (see the module docstring).
+
+    Args:
+        model_or_folder: a checkpoint folder or an in-memory transformers model.
+        layer: the layer (default: the first of ``layer_type``, else the first layer with attention).
+        layer_type: a ``layer_types`` entry the layer must have.
+
+    Raises:
+        ConfigError: no model_type, a layer out of range or without attention, a layer type the model lacks, weights
+            that do not fit.
+        ExportError: the model calls its attention with an argument posenc cannot rebuild, or with a mask it
+            cannot rebuild from positions.
+    """
+    transformers = import_transformers()
+    with CheckpointSource.open(model_or_folder) as source, quiet_transformers():
+        model_type = source.config.get("model_type")
+        if not model_type:
+            raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
+        hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        total = layer_count(hf)
+        index = default_layer(hf, layer_type) if layer is None else layer
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
+            raise ConfigError(f"layer {index!r} is out of range: the checkpoint has {total} layers (0 .. {total - 1}).")
+        kinds = list(getattr(hf, "layer_types", None) or [])
+        kind = kinds[index] if index < len(kinds) else None
+        if layer_type is not None and kind != layer_type:
+            raise ConfigError(f"layer {index} is a {kind or 'plain'} layer, not {layer_type!r}.")
+        model = build_base_model(hf, index + 1)
+        list_path, layers = layer_list(model, index + 1)
+        found = attention_child(layers[index])
+        if found is None:
+            raise no_attention_error(hf, index, layers[index])
+        child, attention = found
+        attention_path = f"{list_path}.{index}.{child}"
+        target = Call((), {})
+        calls, handles = _record_calls(model, attention, target)
+        with _hooks(handles):
+            positions = _run_forward(model, hf, _capture_tokens(hf))
+        hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
+        call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
+        mask = _mask_recipe(target.kwargs.get(mask_key) if mask_key else None, hf, kind, positions)
+        rotary = model.get_submodule(rotary_path) if rotary_path else None
+        rotary_call = _rotary_recipe(calls[rotary_path], positions, transformers.Cache) if rotary_path else None
+        cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
+        if cache is None:
+            raise ExportError(
+                f"layer {index}'s attention of this {model_type} model is called without a KV cache; posenc traces "
+                f"decoder attention with a cache (past_key/past_value)."
+            )
+        keys, values = cache.layers[index].keys, cache.layers[index].values
+        if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
+            raise ExportError(
+                f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
+                f"[B, Hkv, P, D]; the traced path exports that cache layout only."
+            )
+        hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        step, note = None, ""
+        if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
+            step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
+        tensors = load_attention_weights(source, attention, attention_path)
+        if step is not None:
+            for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
+                                   strict=True):  # fmt: skip
+                tensors.update(load_attention_weights(source, module, ref.path))
+        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
+        del model  # the other layers were only needed for the capture call
+        return Captured(
+            model_type=str(model_type),
+            hf=hf,
+            layer=index,
+            layer_type=kind,
+            attention=attention.float().eval(),
+            attention_ref=ModuleRef(attention_path, class_path(attention)),
+            rotary=rotary.float().eval() if rotary is not None else None,
+            rotary_ref=ModuleRef(rotary_path, class_path(rotary)) if rotary_path else None,
+            call=call,
+            rotary_call=rotary_call,
+            mask=mask,
+            kv_heads=int(keys.shape[1]),
+            head_dim=int(keys.shape[3]),
+            hidden_size=int(hidden.shape[-1]),
+            tensors=tensors,
+            location=source.location,
+            probe=probe,
+            embedding=step,
+            embedding_note=note,
+        )
+
+
+__all__ = ["FAMILY_NAME", "Captured", "EmbeddingStep", "capture_layer", "class_path", "load_attention_weights"]

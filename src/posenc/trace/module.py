@@ -1,0 +1,213 @@
+"""The traced unit: a checkpoint's own attention module, called as its model calls it, with a family export's
+interface.
+
+:class:`TracedAttention` takes ``hidden [B, S, E]``, ``position_ids [B, S]`` (int64) and ``past_key`` /
+``past_value [B, Hkv, P, D]`` and returns ``out [B, S, E]`` and ``present_key`` / ``present_value
+[B, Hkv, P + S, D]``, like :class:`posenc.blocks.AttentionBlock`. Inside, it rebuilds every argument of the model's
+call from those (:class:`~posenc.trace.record.CallRecipe`): the position embeddings from the model's rotary module
+(``angles="native"``) or from posenc's float64 scheme laid out as the model lays them out (``angles="exact"``, the
+reference of ``posenc validate``), the mask from positions (cached keys at ``0 .. P - 1``), a transformers
+``DynamicCache`` holding the past at the layer's index, the cache positions and the constants the model passed.
+Exported graphs guard their positions as posenc's blocks do (:func:`posenc.functional.position_guard`): the poison
+enters the hidden states before the module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.blocks import default_positions
+from posenc.checkpoints.reference import import_transformers, key_positions
+from posenc.errors import ConfigError, ExportError
+from posenc.functional import is_tracing, position_guard
+from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
+from posenc.schemes.rope import Rotary
+from posenc.trace.layouts import arrange
+from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
+
+
+def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotary scheme's ``cos``, ``sin [B, S, r/2]`` at ``position_ids [B, S]`` (ConfigError for other schemes)."""
+    if not isinstance(scheme, Rotary):
+        raise ConfigError(f"scheme {scheme.spec.name!r} does not rotate q and k; it has no cos/sin to replace angles.")
+    return scheme.cos_sin(position_ids)
+
+
+class TracedAttention(nn.Module):
+    """A transformers attention module with posenc's block interface (see the module docstring).
+
+    Args:
+        attention: the layer's attention module (its weights loaded).
+        rotary: the model's rotary module, or None.
+        layer: the layer index (where the cache holds the past).
+        call, rotary_call: how the model calls the attention and the rotary module.
+        mask: how the model's mask is rebuilt from positions.
+        exact: posenc's scheme whose cos/sin replace the rotary module's output (``angles="exact"``), or None.
+        angles_layout: how the model lays out cos/sin (needed with ``exact``).
+        position_limit: exclusive bound on positions an exported graph serves (the guard's), or None.
+        embedding: the position module of an embedding step (the unit then takes token embeddings as ``hidden`` and
+            feeds the attention ``norms(hidden + embedding(...))``), or None; ``embedding_call``: how the model calls
+            it; ``norms``: the layer's modules between the embedding sum and the attention.
+    """
+
+    guard_exported = True
+    """Whether an exported graph guards its positions (set by the exporter, like a scheme's)."""
+
+    def __init__(
+        self,
+        attention: nn.Module,
+        rotary: nn.Module | None,
+        layer: int,
+        call: CallRecipe,
+        rotary_call: CallRecipe | None,
+        mask: MaskRecipe,
+        exact: PositionalScheme | None = None,
+        angles_layout: AnglesRecord | None = None,
+        position_limit: int | None = None,
+        embedding: nn.Module | None = None,
+        embedding_call: CallRecipe | None = None,
+        norms: list[nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if exact is not None and angles_layout is None:
+            raise ConfigError("exact angles need the model's cos/sin layout (angles_layout).")
+        self.attention = attention
+        self.rotary = rotary
+        self.exact = exact
+        self.layer = layer
+        self.call = call
+        self.rotary_call = rotary_call
+        self.mask = mask
+        self.angles_layout = angles_layout
+        self._limit = position_limit
+        if (embedding is None) != (embedding_call is None):
+            raise ConfigError("an embedding step needs both its position module and how the model calls it.")
+        self.embedding = embedding
+        self.embedding_call = embedding_call
+        self.norms = nn.ModuleList(norms or [])
+
+    @property
+    def position_limit(self) -> int | None:
+        """Exclusive bound on the positions an exported graph serves (None: any position >= 0)."""
+        return self._limit
+
+    @property
+    def angles(self) -> str:
+        """``exact`` (posenc's cos/sin) or ``native`` (the model's rotary module)."""
+        return "exact" if self.exact is not None else "native"
+
+    # -- the arguments of the model's call --------------------------------------------------------
+
+    def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the model's rotary module returns for ``position_ids [B, S]`` (cos, sin in its layout)."""
+        if self.exact is not None and self.angles_layout is not None:
+            cos, sin = scheme_cos_sin(self.exact, position_ids)
+            layout = self.angles_layout.layout
+            return arrange(cos, layout).to(hidden.dtype), arrange(sin, layout).to(hidden.dtype)
+        if self.rotary is None or self.rotary_call is None:
+            raise ExportError("the model's call takes position embeddings, but no rotary module was captured.")
+        args, kwargs = self._fill(self.rotary_call, hidden, position_ids, None, None, 0)
+        return tuple(self.rotary(*args, **kwargs))
+
+    def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
+        """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
+        mask (:func:`posenc.schemes.base.attention_mask`, transformers' rules), made additive (0 / the dtype's
+        minimum) where the model adds its mask to the scores."""
+        recipe = self.mask
+        if recipe.kind == "none":
+            return None
+        keys = key_positions(position_ids, past)
+        visible = attention_mask(position_ids, keys, recipe.causal, recipe.window)
+        if visible is None:
+            visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
+        if recipe.kind == "bool":
+            return visible
+        dtype = hidden.dtype if hidden.dtype.is_floating_point else torch.float32
+        zeros = torch.zeros(visible.shape, dtype=dtype, device=hidden.device)
+        return zeros.masked_fill(~visible, torch.finfo(dtype).min)
+
+    def _fill(
+        self,
+        recipe: CallRecipe,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+        mask: torch.Tensor | None,
+        past: int,
+    ) -> tuple[list[Any], dict[str, Any]]:
+        def value(key: str, kind: str) -> Any:
+            if kind == "hidden":
+                return hidden
+            if kind == "position_ids":
+                return position_ids
+            if kind == "position_embeddings":
+                return self.position_embeddings(hidden, position_ids)
+            if kind == "mask":
+                return mask
+            if kind == "cache":
+                return cache
+            if kind == "cache_position":
+                return torch.arange(hidden.shape[1], device=hidden.device) + past
+            if kind == "constant":
+                return recipe.constants.get(key)
+            if kind == "ones":
+                return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64, device=hidden.device)
+            raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
+
+        args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
+        kwargs = {key: value(key, kind) for key, kind in recipe.keywords.items()}
+        return args, kwargs
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past_key: torch.Tensor | None = None,
+        past_value: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention."""
+        b, s = hidden.shape[0], hidden.shape[1]
+        past = 0 if past_key is None else past_key.shape[2]
+        if position_ids is None:
+            position_ids = default_positions(b, s, past, hidden.device)
+        elif not is_tracing():
+            position_ids = position_ids.expand(b, s)
+        if (past_key is None) != (past_value is None):
+            raise ConfigError("pass both past_key and past_value, or neither.")
+        position_ids, poison = self._guard(position_ids.to(torch.int64))
+        hidden = poisoned(hidden, poison, 1)
+        cache = import_transformers().DynamicCache()
+        if past_key is not None and past_value is not None:
+            cache.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
+        mask = self._mask(hidden, position_ids, past)
+        hidden = self.embed(hidden, position_ids, past)
+        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
+        output = self.attention(*args, **kwargs)
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        entry = cache.layers[self.layer]
+        return out, entry.keys, entry.values
+
+    def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
+        """The attention's input: ``hidden`` itself, or with an embedding step ``norms(hidden + position
+        embeddings)`` (``hidden``: the token embeddings ``[B, S, E]``)."""
+        if self.embedding is None or self.embedding_call is None:
+            return hidden
+        args, kwargs = self._fill(self.embedding_call, hidden, position_ids, None, None, past)
+        x = hidden + self.embedding(*args, **kwargs).to(hidden.dtype)
+        for norm in self.norms:
+            x = norm(x)
+        return x
+
+    def _guard(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:func:`posenc.functional.position_guard` while exporting with the guard on; else the ids unchanged."""
+        if not (self.guard_exported and is_tracing()):
+            return position_ids, None
+        return position_guard(position_ids, self.position_limit)
+
+
+__all__ = ["TracedAttention"]

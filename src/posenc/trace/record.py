@@ -1,0 +1,176 @@
+"""What a traced export records about the layer it traced (the manifest's ``trace`` record).
+
+A traced graph is a checkpoint's own attention module exported as the model calls it (:mod:`posenc.trace.capture`);
+this record says how to build and call that module again (the float64 reference of ``posenc validate``), and which
+positional parts of the graph posenc replaced with its own tables and which it kept as traced, and why. JSON::
+
+    "trace": {"model_type": "phi", "layer": 0, "layer_type": null, "config": {...},
+              "attention": {"path": "layers.0.self_attn", "cls": "transformers.models.phi.modeling_phi.PhiAttention"},
+              "rotary": {"path": "rotary_emb", "cls": "..."}, "call": {...}, "mask": {...},
+              "angles": {"layout": "half", "width": 8}, "parts": [{"part": "rotary angles", "status": "replaced",
+              "detail": "..."}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc.records import field
+
+ARGUMENT_KINDS: tuple[str, ...] = (
+    "hidden",  # the layer's input hidden states [B, S, E]
+    "position_embeddings",  # what the model's rotary module returns for the positions (cos, sin)
+    "mask",  # the attention mask (additive float, or boolean: True = may attend)
+    "cache",  # the KV cache (a transformers Cache holding the past at this layer)
+    "cache_position",  # past + arange(S) (the new tokens' slots)
+    "position_ids",  # the new tokens' position ids [B, S]
+    "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
+    "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
+)
+"""How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
+
+ROTARY_PART = "rotary angles"
+"""The positional part a rotary layer's graph holds (``position_ids -> ... -> Cos / Sin``): posenc's tables replace
+it, or it stays as traced."""
+PART_STATUSES: tuple[str, ...] = ("replaced", "kept", "absent")
+"""``replaced``: posenc's tables compute it now; ``kept``: the traced computation stays (``detail`` says why);
+``absent``: the traced graph has no such part (a layer that ignores positions)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleRef:
+    """A module of the model: its dotted path in the base model and its class (``module.QualName``)."""
+
+    path: str
+    cls: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecipe:
+    """How the model calls a module: each argument's kind (:data:`ARGUMENT_KINDS`) and the constants it passes.
+
+    Attributes:
+        positional: kinds of the positional arguments, in order.
+        keywords: keyword -> kind.
+        constants: keyword (or ``"#i"`` for positional ``i``) -> the plain value of ``constant`` arguments.
+    """
+
+    positional: tuple[str, ...]
+    keywords: dict[str, str]
+    constants: dict[str, Any] = field(optional=True, default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskRecipe:
+    """The mask the model gives the layer, as posenc rebuilds it from positions (checked equal at capture).
+
+    Attributes:
+        kind: ``additive`` (0 / the dtype's minimum), ``bool`` (True = may attend) or ``none`` (no mask passed).
+        causal: keys after the query are hidden.
+        window: a sliding window of that many keys (``q - w < k``; ``|q - k| < w`` bidirectional), or None.
+    """
+
+    kind: str
+    causal: bool
+    window: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AnglesRecord:
+    """How the model's rotary output lays out posenc's ``cos``/``sin [B, S, r/2]`` (:mod:`posenc.trace.layouts`).
+
+    Attributes:
+        layout: ``half`` (``cat(c, c)``), ``interleaved`` (each value twice in a row) or ``narrow`` (``c`` itself).
+        width: the last axis of the model's cos/sin.
+    """
+
+    layout: str
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingRecord:
+    """The embedding step of a model whose positions enter at the embeddings (GPT-2, GPT-Neo, OPT): the first
+    layer's unit is ``norms(hidden + position(position_ids))`` followed by the attention, ``hidden`` being the token
+    embeddings.
+
+    Attributes:
+        position: the module that embeds the positions (a learned table); ``call``: how the model calls it.
+        norms: the layer's modules between the embedding sum and the attention (its pre-attention norm), in order.
+    """
+
+    position: ModuleRef
+    call: CallRecipe
+    norms: tuple[ModuleRef, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TracePart:
+    """One positional part of the traced graph and what became of it (:data:`PART_STATUSES`)."""
+
+    part: str
+    status: str
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceRecord:
+    """The manifest's ``trace`` record (see the module docstring).
+
+    Attributes:
+        model_type: ``config.json``'s ``model_type``.
+        layer: the traced layer.
+        layer_type: its ``layer_types`` entry, or None.
+        config: the transformers config as a dict (``to_dict()``), from which the module is built again.
+        attention: the attention module of the layer.
+        rotary: the module that computes the position embeddings the attention takes, or None.
+        call: how the model calls the attention module.
+        rotary_call: how the model calls the rotary module (None without one).
+        mask: the mask the model gives the layer.
+        angles: how the rotary output lays out posenc's cos/sin (None: not recognised, or no rotary module).
+        embedding: the embedding step the unit starts with (GPT-2's ``wpe``), else None.
+        parts: the positional parts of the graph: replaced, kept (why) or absent.
+    """
+
+    model_type: str
+    layer: int
+    layer_type: str | None
+    config: dict[str, Any]
+    attention: ModuleRef
+    rotary: ModuleRef | None
+    call: CallRecipe
+    rotary_call: CallRecipe | None
+    mask: MaskRecipe
+    angles: AnglesRecord | None
+    parts: tuple[TracePart, ...] = ()
+    embedding: EmbeddingRecord | None = field(optional=True, default=None)
+    """The embedding step the unit starts with (positions that enter at the embeddings), else None."""
+
+    def replaced(self) -> bool:
+        """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
+        return angles_replaced(self.parts)
+
+    def summary(self) -> list[str]:
+        """One line per part: ``replaced: rotary angles (...)`` / ``kept: ... (why)``."""
+        return [f"{part.status}: {part.part} ({part.detail})" for part in self.parts]
+
+
+def angles_replaced(parts: tuple[TracePart, ...]) -> bool:
+    """Whether ``parts`` say posenc's tables replaced the traced angles."""
+    return any(part.part == ROTARY_PART and part.status == "replaced" for part in parts)
+
+
+__all__ = [
+    "ARGUMENT_KINDS",
+    "PART_STATUSES",
+    "ROTARY_PART",
+    "AnglesRecord",
+    "CallRecipe",
+    "EmbeddingRecord",
+    "MaskRecipe",
+    "ModuleRef",
+    "TracePart",
+    "TraceRecord",
+    "angles_replaced",
+]

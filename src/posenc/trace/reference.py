@@ -1,0 +1,102 @@
+"""A traced layer as ``posenc validate --against-hf`` reads a checkpoint layer: its plan, provenance and references.
+
+:func:`load_traced` captures the layer again from the checkpoint (:mod:`posenc.trace.capture`) and returns a
+:class:`TracedLayer` with the interface of :class:`posenc.checkpoints.LoadedLayer` that the comparison path uses:
+``plan`` (geometry, scheme, layer), ``location``, ``provenance()`` and ``reference(angles, dtype)``. The references are
+the checkpoint's own attention module called as its model calls it (:class:`~posenc.trace.module.TracedAttention`):
+``native`` with the model's rotary module (transformers' float32 angles), ``float64`` with posenc's float64 cos/sin in
+the model's layout (where the layer's angles are posenc's; else its own angles in float64).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.plan import LayerPlan
+from posenc.checkpoints.reference import ANGLES
+from posenc.errors import ConfigError
+from posenc.provenance import CheckpointWeights
+from posenc.schemes.base import TableMode
+from posenc.trace.build import TracePlan, plan_trace, traced_module
+from posenc.trace.capture import capture_layer
+
+
+class TracedReference(nn.Module):
+    """One reference: the traced module in ``dtype`` with ``native`` or ``float64`` angles, named for report rows."""
+
+    def __init__(self, module: nn.Module, plan: TracePlan, angles: str, dtype: torch.dtype, exact: bool) -> None:
+        super().__init__()
+        self.module = copy.deepcopy(module).to(dtype).eval()  # the capture's modules stay float32 for the others
+        self.dtype = dtype
+        self.angles = angles
+        self.exact = exact
+        self.layer = plan.captured.layer
+        self.module_name = plan.captured.attention_ref.cls.rsplit(".", 1)[-1]
+
+    @property
+    def name(self) -> str:
+        precision = {torch.float32: "fp32", torch.float64: "fp64"}.get(self.dtype, str(self.dtype))
+        return f"hf-{precision}" + (", fp64 angles" if self.exact else "")
+
+    @property
+    def description(self) -> str:
+        angles = "posenc's float64 angles" if self.exact else "its own angles"
+        return (
+            f"transformers {self.module_name} (checkpoint weights, layer {self.layer}, {self.dtype}, {angles}), "
+            f"called as its model calls it (traced)"
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past_key: torch.Tensor | None = None,
+        past_value: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cast = [None if t is None else t.to(self.dtype) for t in (hidden, past_key, past_value)]
+        with torch.no_grad():
+            return self.module(cast[0], position_ids, cast[1], cast[2])
+
+
+@dataclasses.dataclass
+class TracedLayer:
+    """A traced checkpoint layer for the comparison path (see the module docstring)."""
+
+    trace: TracePlan
+    plan: LayerPlan
+    location: str
+
+    def provenance(self) -> CheckpointWeights:
+        return self.trace.captured.provenance()
+
+    def reference(self, angles: str = "native", dtype: torch.dtype = torch.float32) -> TracedReference:
+        if angles not in ANGLES:
+            raise ConfigError(f"angles must be one of {list(ANGLES)}, got {angles!r}.")
+        if angles == "float64" and self.trace.angles is not None:
+            module = traced_module(
+                self.trace, angles="exact", table_mode=_dynamic_first(self.trace.scheme), table_dtype=torch.float64
+            )
+            return TracedReference(module, self.trace, angles, dtype, exact=True)
+        return TracedReference(traced_module(self.trace), self.trace, angles, dtype, exact=False)
+
+
+def _dynamic_first(scheme: str) -> TableMode:
+    from posenc.schemes import get_spec
+
+    return TableMode.DYNAMIC if TableMode.DYNAMIC in get_spec(scheme).table_modes else TableMode.PRECOMPUTED
+
+
+def load_traced(checkpoint: Any, layer: int | None = None, layer_type: str | None = None) -> TracedLayer:
+    """Capture layer ``layer`` of ``checkpoint`` and plan it (see the module docstring)."""
+    plan = plan_trace(capture_layer(checkpoint, layer, layer_type))
+    captured = plan.captured
+    layer_plan = LayerPlan(plan.config, plan.scheme, plan.params, captured.layer, captured.layer_type, decoder=True)
+    return TracedLayer(plan, layer_plan, captured.location)
+
+
+__all__ = ["TracedLayer", "TracedReference", "load_traced"]

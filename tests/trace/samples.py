@@ -1,0 +1,174 @@
+"""Tiny seeded checkpoints of model types posenc has no family for, for the traced path's tests.
+
+Each is a :class:`posenc.checkpoints.samples.Sample` (a transformers config class, its settings, the layer to
+trace), built with ``save_pretrained`` (sharded, seeded weights plus a seeded perturbation), never downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
+
+LONG = 131072
+"""The context of the far-position samples: positions up to 131071, where transformers' float32 angles are
+~1e-2 rad off."""
+_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+         "original_max_position_embeddings": 4096}  # fmt: skip
+_LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": 4096,
+    "short_factor": [1.0 + 0.1 * i for i in range(8)],
+    "long_factor": [1.0 + 0.5 * i for i in range(8)],
+}
+_QWEN3_NEXT = {"num_hidden_layers": 4, "head_dim": 16, "partial_rotary_factor": 0.25, "linear_num_value_heads": 2,
+               "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 32}  # fmt: skip
+
+
+def _tiny(**settings: Any) -> dict[str, Any]:
+    return {**TINY, **NO_SPECIAL_TOKENS, "head_dim": 16, **settings}
+
+
+def _sample(name: str, model_type: str, title: str, settings: Mapping[str, Any], layer: int | None = 0) -> Sample:
+    config, model = _CLASSES[model_type]
+    return Sample(name, title, config, model, dict(settings), layer=layer)
+
+
+_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "phi": ("PhiConfig", "PhiForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM"),
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM"),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM"),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM"),
+    "glm": ("GlmConfig", "GlmForCausalLM"),
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM"),
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM"),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM"),
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM"),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
+    "opt": ("OPTConfig", "OPTForCausalLM"),
+}
+_GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
+_OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
+        "max_position_embeddings": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}  # fmt: skip
+
+SAMPLES: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample("llama", "llama", "Llama convention (also a posenc family: traced vs family)", _tiny()),
+        _sample(
+            "phi",
+            "phi",
+            "partial rotary 0.5, biases, dense naming",
+            _tiny(num_key_value_heads=4, partial_rotary_factor=0.5),
+        ),
+        _sample("olmo2", "olmo2", "q/k RMSNorm over the whole projection", _tiny()),
+        _sample(
+            "gpt_oss",
+            "gpt_oss",
+            "YaRN, learned sinks, sliding/full layers",
+            _tiny(num_local_experts=4, num_experts_per_tok=2, sliding_window=4, rope_parameters=_YARN),
+        ),
+        _sample(
+            "qwen3_next",
+            "qwen3_next",
+            "output gate, partial 0.25, linear-attention hybrid",
+            _tiny(**_QWEN3_NEXT),
+            layer=3,
+        ),
+        _sample(
+            "cohere2", "cohere2", "interleaved RoPE on sliding layers", _tiny(num_hidden_layers=4, sliding_window=4)
+        ),
+        _sample(
+            "cohere2-full",
+            "cohere2",
+            "a NoPE full-attention layer",
+            _tiny(num_hidden_layers=4, sliding_window=4),
+            layer=3,
+        ),
+        _sample("ministral3", "ministral3", "YaRN with a position-dependent q scale (llama_4_scaling)", _tiny()),
+        _sample("granite", "granite", "attention multiplier", _tiny()),
+        _sample("starcoder2", "starcoder2", "biases, sliding window", _tiny(sliding_window=4)),
+        _sample("stablelm", "stablelm", "partial 0.25", _tiny(num_key_value_heads=4, partial_rotary_factor=0.25)),
+        _sample("nemotron", "nemotron", "partial 0.5", _tiny(partial_rotary_factor=0.5)),
+        _sample("glm", "glm", "interleaved, partial 0.5", _tiny()),
+        _sample("ernie4_5", "ernie4_5", "interleaved", _tiny()),
+        _sample("exaone4", "exaone4", "q/k norm, RoPE on sliding layers", _tiny()),
+        _sample("smollm3", "smollm3", "NoPE every 4th layer", _tiny()),
+        _sample("olmo3", "olmo3", "q/k norm, sliding layers", _tiny(sliding_window=4)),
+        _sample("seed_oss", "seed_oss", "biases", _tiny()),
+        _sample("apertus", "apertus", "llama3 RoPE, q/k norm", _tiny(rope_parameters=_LLAMA3)),
+        _sample("persimmon", "persimmon", "fused qkv, partial 0.5, q/k LayerNorm", _tiny(num_key_value_heads=4)),
+        _sample("gpt2", "gpt2", "learned positions at the embeddings: embedding step + first attention", _GPT2),
+        _sample("opt", "opt", "learned positions with OPT's offset 2: embedding step + first attention", _OPT),
+    )
+}
+"""Model types posenc has no family for (and Llama, which it has, to compare the two paths)."""
+
+FAR: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample("half", "llama", "half layout", _tiny(max_position_embeddings=LONG)),
+        _sample("llama3", "llama", "llama3 angles", _tiny(max_position_embeddings=LONG, rope_parameters=_LLAMA3)),
+        _sample(
+            "interleaved",
+            "cohere2",
+            "interleaved layout",
+            _tiny(max_position_embeddings=LONG, num_hidden_layers=4, sliding_window=4),
+        ),
+        _sample(
+            "partial",
+            "phi",
+            "partial rotary",
+            _tiny(max_position_embeddings=LONG, num_key_value_heads=4, partial_rotary_factor=0.5),
+        ),
+        _sample(
+            "yarn",
+            "gpt_oss",
+            "YaRN angles",
+            _tiny(
+                max_position_embeddings=LONG,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=4,
+                rope_parameters={**_YARN, "factor": 32.0},
+            ),
+            layer=1,
+        ),
+        _sample(
+            "longrope",
+            "phi3",
+            "LongRoPE angles (short and long factors)",
+            _tiny(max_position_embeddings=LONG, num_key_value_heads=4, rope_parameters=_LONGROPE),
+        ),
+    )
+}
+"""Samples with a 131072-position context, one per angle rule or layout the rewrite must get right far out."""
+
+
+def build(sample: Sample, root: Path) -> Path:
+    """The sample's checkpoint folder under ``root`` (built once per folder)."""
+    folder = root / sample.name
+    if not (folder / "config.json").exists():
+        sample.build(folder)
+    return folder
+
+
+__all__ = ["FAR", "LONG", "SAMPLES", "build"]
