@@ -19,7 +19,7 @@ import torch
 from posenc.checkpoints import load_layer
 from posenc.cli import main
 from posenc.errors import ConfigError, ExportError
-from posenc.export import export_onnx
+from posenc.export import export_onnx, load_manifest
 from posenc.export.runtime import ort_session
 from posenc.export.trace import RewriteRequest, export_traced
 from posenc.export.units import FeedShape, make_feed
@@ -240,12 +240,18 @@ def test_options_the_traced_path_lacks_are_refused(llama: Exported, options: dic
         export_traced(llama.folder / "x.onnx", llama.folder, **options)
 
 
-def test_the_cli_traces_a_model_type_without_a_family(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_traces_on_request_and_by_default_without_a_family(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = build(SAMPLES["phi"], root)
     out = root / "phi.onnx"
-    assert main(["export", "--hf-model", str(folder), "-o", str(out)]) == 0  # no phi family: --via trace
+    assert main(["export", "--hf-model", str(folder), "--via", "trace", "-o", str(out)]) == 0  # phi has a family too
     printed = capsys.readouterr().out
     assert "note: positional part replaced: rotary angles" in printed
     assert main(["validate", str(out), "--against-hf", str(folder)]) == 0
-    assert main(["export", "--hf-model", str(folder), "--via", "family", "-o", str(root / "x.onnx")]) == 2
+    gpt2 = build(SAMPLES["gpt2"], root)  # no family: the default is the trace
+    assert main(["export", "--hf-model", str(gpt2), "-o", str(root / "gpt2.onnx")]) == 0
+    assert load_manifest(root / "gpt2.onnx").trace is not None
+    capsys.readouterr()
+    assert main(["export", "--hf-model", str(gpt2), "--via", "family", "-o", str(root / "x.onnx")]) == 2
     assert "--via trace" in capsys.readouterr().err

@@ -189,14 +189,16 @@ def _family_of(model_type: str, hf: Any) -> tuple[Family, Any]:
         raise ConfigError(
             f"model_type {model_type!r} is not supported for checkpoint loading, and it wraps no text tower (its "
             f"config's get_text_config() is itself); supported model types: {', '.join(supported_model_types())}, "
-            f"and wrappers (vision-, audio-language models) whose text tower is one of them. For other models export "
-            f"a scheme by hand (posenc export --scheme ...)."
+            f"and wrappers (vision-, audio-language models) whose text tower is one of them. For other models trace "
+            f"the checkpoint's own attention module (posenc export --hf-model DIR --via trace), or export a scheme by "
+            f"hand (posenc export --scheme ...)."
         )
     if tower_type not in supported_model_types():
         raise ConfigError(
             f"model_type {model_type!r} wraps a text tower of model_type {tower_type!r}, which posenc does not load; "
             f"posenc loads checkpoints (and text towers) of: {', '.join(supported_model_types())}. For other models "
-            f"export a scheme by hand (posenc export --scheme ...)."
+            f"trace the checkpoint's own attention module (posenc export --hf-model DIR --via trace), or export a "
+            f"scheme by hand (posenc export --scheme ...)."
         )
     return family_for(str(tower_type)), hf.get_text_config()
 

@@ -39,7 +39,8 @@ from posenc.export.exporter import (
     library_versions,
     to_onnx_model,
 )
-from posenc.export.files import WEIGHTS_FORMAT, atomic_outputs, manifest_path_for, save_weights, weights_path_for
+from posenc.export.external import write_linked
+from posenc.export.files import LINKED_WEIGHTS_FORMAT, atomic_outputs, manifest_path_for, weights_path_for
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.units import SAMPLE_SHAPE, ExportUnit, _slots
 from posenc.paths import output_path, sha256_file
@@ -213,9 +214,6 @@ def _write(
 ) -> ExportResult:
     from posenc.export.exporter import ONNX_FILE_LIMIT
 
-    data = model.SerializeToString()
-    if len(data) > ONNX_FILE_LIMIT:
-        raise ExportError("the traced graph is over ONNX's 2 GiB single-file limit; export a smaller layer.")
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
     scheme = _scheme_of(plan, parts)
     spec = get_spec(scheme)
@@ -224,8 +222,12 @@ def _write(
     notes = [*notes, f"traced from {plan.captured.attention_ref.cls} (layer {plan.captured.layer})"]
     notes += [f"positional part {line}" for line in record.summary()]
     with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
+        # every tensor once: in the weights file, which the graph reads as its external data
+        write_linked(model, weights_module.state_dict(), tmp_weights, weights_path.name)
+        data = model.SerializeToString()
+        if len(data) > ONNX_FILE_LIMIT:
+            raise ExportError("the traced graph is over ONNX's 2 GiB single-file limit; export a smaller layer.")
         tmp_model.write_bytes(data)
-        save_weights(weights_module.state_dict(), tmp_weights)
         manifest = Manifest(
             scheme=scheme,
             family=spec.family,
@@ -246,7 +248,7 @@ def _write(
             weights=WeightsRecord(
                 path=weights_path.name,
                 sha256=sha256_file(tmp_weights),
-                format=WEIGHTS_FORMAT,
+                format=LINKED_WEIGHTS_FORMAT,
                 tables=tuple(sorted(table_keys(weights_module))),
                 source=plan.captured.provenance(),
             ),
