@@ -233,30 +233,44 @@ def eager_half(device: str, quick: bool, schemes: list[str] | None) -> list[dict
     names = schemes or list(scheme_names())
     if quick:
         names = names[:4]
+    cases = [(name, name, config) for name in names]
+    if not quick and not schemes:  # today's attention features, on RoPE
+        for label, features in FEATURE_CASES.items():
+            cases.append((f"rope+{label}", "rope", AttentionConfig(**{**config.to_dict(), **features})))
     rows = []
-    for name in names:
+    for label, name, case_config in cases:
         spec = get_spec(name)
         try:
             torch.manual_seed(0)
-            block = build_block(config, name).eval()
-            reference = build_block(config, name, table_dtype=torch.float64).to(torch.float64).eval()
+            block = build_block(case_config, name).eval()
+            reference = build_block(case_config, name, table_dtype=torch.float64).to(torch.float64).eval()
             load_weights(reference, block.state_dict(), sorted(table_keys(block)))
         except PosencError as exc:
-            rows.append({"scheme": name, "status": "error", "error": str(exc)})
+            rows.append({"scheme": label, "status": "error", "error": str(exc)})
             continue
         for dtype in (torch.float16, torch.bfloat16):
             dname = str(dtype).removeprefix("torch.")
             try:
                 check_dtype(dtype, name)
             except PosencError as exc:
-                rows.append({"scheme": name, "dtype": dname, "status": "skipped", "reason": str(exc)})
+                rows.append({"scheme": label, "dtype": dname, "status": "skipped", "reason": str(exc)})
                 continue
-            half = build_block(config, name).eval()
+            half = build_block(case_config, name).eval()
             half.load_state_dict(block.state_dict())
             half = half.to(device=device, dtype=dtype)
             for shape_name, batch, seq, past in EAGER_SHAPES:
-                rows.append(_eager_row(name, spec, half, reference, dtype, shape_name, batch, seq, past, config))
+                row = _eager_row(name, spec, half, reference, dtype, shape_name, batch, seq, past, case_config)
+                rows.append({**row, "scheme": label})
     return rows
+
+
+FEATURE_CASES: dict[str, dict[str, Any]] = {
+    "sinks": {"attention_sinks": True},
+    "gate": {"output_gate": "sigmoid"},
+    "full-width-qk-norm": {"qk_norm": "rms", "qk_norm_full_width": True},
+    "softcap+window": {"logit_softcap": 30.0, "sliding_window": 16},
+}
+"""Block features of today's models (gpt-oss sinks, Qwen3-Next gates, OLMo 2 norms, Gemma 2 caps and windows)."""
 
 
 def _eager_row(
