@@ -175,6 +175,20 @@ def _full_name(root: str, prefix: str, relative: str, plan: LayerPlan) -> str:
     return root + prefix + relative.format(layer=plan.layer, stack=plan.layer_type or "")
 
 
+def loads_by_family(model_or_folder: Any) -> bool:
+    """Whether a checkpoint (folder or in-memory model) loads through a family: its ``model_type`` has one, or it
+    wraps a text tower (:mod:`.towers`) whose ``model_type`` has one. Otherwise the traced path is its route."""
+    with CheckpointSource.open(model_or_folder) as source:
+        model_type = source.config.get("model_type")
+        if model_type in supported_model_types():
+            return True
+        try:
+            hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        except ConfigError:
+            return False
+    return towers.text_model_type(hf) in supported_model_types()
+
+
 def _family_of(model_type: str, hf: Any) -> tuple[Family, Any]:
     """``(family, the config it reads)``: the family of ``model_type`` with ``hf``; for a wrapper whose model_type no
     family claims, the family of its text tower with the text config (:mod:`.towers`).

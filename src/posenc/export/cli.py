@@ -66,15 +66,13 @@ _CHECKPOINT_FIXED = ("scheme", "hf_config", "hidden_size", "num_heads", "num_kv_
 
 
 def _via(args: argparse.Namespace) -> str:
-    """``family`` or ``trace``: as given, else the family where the checkpoint's model type has one."""
+    """``family`` or ``trace``: as given, else the family where the checkpoint's model type (or its text tower's)
+    has one."""
     if args.via is not None:
         return str(args.via)
-    from posenc.checkpoints import supported_model_types
-    from posenc.checkpoints.source import CheckpointSource
+    from posenc.checkpoints.load import loads_by_family
 
-    with CheckpointSource.open(args.hf_model) as source:
-        model_type = source.config.get("model_type")
-    return "family" if model_type in supported_model_types() else "trace"
+    return "family" if loads_by_family(args.hf_model) else "trace"
 
 
 def _export_traced(args: argparse.Namespace) -> Any:

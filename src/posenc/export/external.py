@@ -176,7 +176,8 @@ def write_linked(
             if key not in linked:
                 continue
         entries[key] = tensor.detach().cpu().contiguous().clone()
-    save_file(entries, str(weights_path), metadata={"format": "pt", "posenc": "onnx-external-data"})
+    # one metadata key: safetensors writes its metadata map in a random order, and the file's sha256 must not vary
+    save_file(entries, str(weights_path), metadata={"format": "pt"})
     offsets = safetensors_offsets(weights_path)
     for init in model.graph.initializer:
         if init.name not in linked:

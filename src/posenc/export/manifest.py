@@ -228,6 +228,12 @@ class Manifest(Document):
 
         return attention_config_from_dict(self.attention)
 
+    def rotary_config(self):
+        """The geometry the positional scheme rotates: :meth:`attention_config`, or for an MLA block the
+        ``AttentionConfig`` of its rope slice (:meth:`posenc.mla.MLAConfig.rope_config`)."""
+        config = self.attention_config()
+        return config.rope_config() if hasattr(config, "rope_config") else config
+
     # -- (de)serialization: posenc.records.Document (to_dict / from_dict) -------------------------
 
     def to_json(self) -> str:

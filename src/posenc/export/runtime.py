@@ -307,7 +307,7 @@ def build_eager(
         the unit module: its ``forward`` takes the graph's inputs in order (inputs the graph dropped are
         filled in by :func:`reference_inputs`).
     """
-    from posenc.mla import MLAConfig, build_block
+    from posenc.mla import build_block
     from posenc.schemes import build_scheme
 
     activation = torch_dtype(dtype)
@@ -323,7 +323,7 @@ def build_eager(
     if manifest.unit in ("block", BLOCK_INPLACE):
         inner = build_block(config, manifest.scheme, *rest)  # make_unit refuses an in-place MLA block
     else:
-        inner = build_scheme(manifest.scheme, config.rope_config() if isinstance(config, MLAConfig) else config, *rest)
+        inner = build_scheme(manifest.scheme, manifest.rotary_config(), *rest)
     return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
 
 

@@ -79,7 +79,7 @@ def scheme_boundaries(manifest: Manifest) -> list[int]:
     by_scheme = {RT.get(name).scheme: RT.get(name) for name in RT.names()}
     entry = by_scheme.get(manifest.scheme)
     if entry is not None and entry.boundaries is not None and entry.position_axes == 1:
-        params = rope_parameters(entry.name, manifest.params, manifest.attention_config())
+        params = rope_parameters(entry.name, manifest.params, manifest.rotary_config())
         points.update(entry.boundaries(params))
     return sorted(p for p in points if BOUNDARY_TOKENS <= p <= limit)
 
