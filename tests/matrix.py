@@ -145,7 +145,7 @@ def build_case(
     backend: str | None = None,
     profile: Sequence[str] | None = None,
     check: ParityCheck | None = None,
-):  # type: ignore[no-untyped-def]
+):
     """Export (+ optimize, with the parity ``check`` of :func:`graph_for`) and build ``case``; returns
     :class:`posenc.engine.EngineResult`."""
     from posenc.engine.build import build_engine

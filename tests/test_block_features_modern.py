@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the u
 BASE = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
 
 
-def _llama4(layer: int, **settings):  # type: ignore[no-untyped-def]
+def _llama4(layer: int, **settings):
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
     hf = transformers.Llama4TextConfig(

@@ -66,7 +66,7 @@ def export_layer(case: Case, folder: Path, table_mode: str) -> Path:
     return out
 
 
-def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:
     """Positions ``end - seq .. end - 1``, no cache (multi-axis ids: the vision-like layout shifted there)."""
     return make_feed(manifest, FeedShape(batch, seq, 0, start=end - seq), seed=seed)
 

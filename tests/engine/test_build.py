@@ -174,7 +174,7 @@ def test_a_stale_source_manifest_is_refused(export_cache, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.id)
-def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:
     """q/k norm + soft-cap + window + biases, scaled bf16-rounded ALiBi, BERT embeddings, odd sinusoids and shared
     DeBERTa projections each build (the soft-capped attention decomposed: TensorRT's Attention cannot soft-cap)."""
     source = optimized_feature(export_cache, case, "trt")

@@ -39,7 +39,7 @@ _SAME_GRAPH_AS_ROPE = {
 }  # fmt: skip
 
 
-def _param(case: MatrixCase):  # type: ignore[no-untyped-def]
+def _param(case: MatrixCase):
     slow = case.scheme in _SAME_GRAPH_AS_ROPE and case.case != "default"
     return pytest.param(case, id=case.id.removesuffix("-op-decomposed"), marks=[pytest.mark.slow] if slow else [])
 
@@ -170,7 +170,7 @@ def test_projection_layout_op_becomes_two_rotary_nodes_for_ort_cpu(export_cache,
 
 
 @pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
-def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_declines_it(export_cache, mode) -> None:  # type: ignore[no-untyped-def]
+def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_declines_it(export_cache, mode) -> None:
     """xPos scales q and k apart: each fused RotaryEmbedding carries its own cos/sin (valid ONNX, and TensorRT's
     rotary layer per tensor); the fused graph runs at other shapes; the plugin pass, which applies one cos/sin to
     q and k, leaves them with the reason."""

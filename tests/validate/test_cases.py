@@ -33,7 +33,7 @@ CASES = [
     ("scheme", "case", "unit", "mode", "dtype", "config"),
     [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}-{c[3]}-{c[4]}{'-encoder' if not c[5].causal else ''}") for c in CASES],
 )
-def test_case_matches_eager_reference(scheme, case, unit, mode, dtype, config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_case_matches_eager_reference(scheme, case, unit, mode, dtype, config, tmp_path) -> None:
     params = get_spec(scheme).cases[case]
     result = export_onnx(
         tmp_path / "m.onnx", scheme, unit=unit, params=params, config=config, table_mode=mode, dtype=dtype

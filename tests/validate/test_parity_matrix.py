@@ -20,7 +20,7 @@ from tests.conftest import SMALL
 from tests.matrix import MatrixCase, exported
 
 
-def _unit(spec, dtype: str) -> str:  # type: ignore[no-untyped-def]
+def _unit(spec, dtype: str) -> str:
     if "op" not in spec.exports:
         return "block"
     return "block" if dtype == "fp16" else "op"
@@ -35,7 +35,7 @@ MATRIX = [
 
 
 @pytest.mark.parametrize(("scheme", "mode", "dtype", "unit"), MATRIX)
-def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, export_cache) -> None:  # type: ignore[no-untyped-def]
+def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, export_cache) -> None:
     full_dtype = {"fp32": "float32", "fp16": "float16"}[dtype]
     path = exported(MatrixCase(scheme, mode, full_dtype, unit), export_cache, SMALL)
     report = validate_onnx(path)
