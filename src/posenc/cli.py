@@ -67,9 +67,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
-COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
-"""Modules that contribute subcommands, in the order of the pipeline."""
-
 
 def _list(args: argparse.Namespace) -> int:
     from posenc.schemes import specs
