@@ -21,7 +21,7 @@ SMALL = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positio
 CONFORMANCE = Path(__file__).parent / "data" / "onnx_rotary_embedding"
 
 
-def copy_export(result, folder: Path) -> Path:  # type: ignore[no-untyped-def]
+def copy_export(result, folder: Path) -> Path:
     """Copy an export (model, manifest, weights) into ``folder`` and return the new model path."""
     for source in (result.path, result.manifest_path, result.weights_path):
         (folder / source.name).write_bytes(source.read_bytes())

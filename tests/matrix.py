@@ -25,6 +25,41 @@ GRAPHS: tuple[str, ...] = ("decomposed", "fused")
 DTYPES: tuple[str, ...] = ("float16", "float32")
 
 
+ROPE_SCALINGS_WITHOUT_GRAPH = ("rope_linear", "rope_llama3", "rope_ntk", "rope_ntk_alpha", "rope_proportional",
+                               "rope_truncation")  # fmt: skip
+"""RoPE types whose scaling changes only the frequencies, which the export stores as constants, in both modes."""
+
+SAME_GRAPH: dict[tuple[str, str, str, str], str] = {
+    **{(name, mode, dtype, unit): "rope" for name in ROPE_SCALINGS_WITHOUT_GRAPH
+       for mode in ("precomputed", "dynamic") for dtype, unit in (("float32", "op"), ("float16", "block"))},
+    # YaRN's precomputed tables carry its attention factor; its dynamic graph multiplies by it (a graph of its own)
+    **{("rope_yarn", "precomputed", dtype, unit): "rope" for dtype, unit in (("float32", "op"), ("float16", "block"))},
+    # Leaky ReRoPE's precomputed graph is ReRoPE's (the leak is in the tables); its dynamic graph computes the leak
+    **{("leaky_rerope", "precomputed", dtype, unit): "rerope"
+       for dtype, unit in (("float32", "op"), ("float16", "block"))},
+    ("floater", "precomputed", "float32", "op"): "learned",  # both ops add a row of a position table
+}  # fmt: skip
+"""Matrix graphs (scheme, table mode, dtype, unit of the default case) that are another scheme's graph up to the
+values of floating-point constants: the same nodes, attributes, wiring and integer constants. An export, parity
+check, fusion or engine build of one is the same behaviour as of the other, so the matrices run them in
+``make test-slow`` only (:func:`slow_if_same_graph`); their numbers are checked eagerly (``tests/test_rope_types.py``
+against transformers, ``tests/schemes/``), and ``tests/export/test_same_graph.py`` (slow) exports both sides and
+holds each pair to this claim."""
+
+
+def same_graph_as(scheme: str, table_mode: str, dtype: str, unit: str) -> str | None:
+    """The scheme whose default-case graph this one repeats (:data:`SAME_GRAPH`), or None."""
+    return SAME_GRAPH.get((scheme, table_mode, dtype, unit))
+
+
+def slow_if_same_graph(case: MatrixCase, case_id: str | None = None) -> object:
+    """``pytest.param(case)``, marked ``slow`` when :data:`SAME_GRAPH` says another scheme's graph is the same."""
+    import pytest  # imported here: scripts/gpu_check.py uses this module without pytest
+
+    repeated = case.case == "default" and same_graph_as(case.scheme, case.table_mode, case.dtype, case.unit)
+    return pytest.param(case, id=case_id or case.id, marks=[pytest.mark.slow] if repeated else [])
+
+
 @dataclasses.dataclass(frozen=True)
 class MatrixCase:
     """One graph of the matrix: scheme, parameter case, table mode, dtype, export unit, decomposed/fused."""
@@ -145,7 +180,7 @@ def build_case(
     backend: str | None = None,
     profile: Sequence[str] | None = None,
     check: ParityCheck | None = None,
-):  # type: ignore[no-untyped-def]
+):
     """Export (+ optimize, with the parity ``check`` of :func:`graph_for`) and build ``case``; returns
     :class:`posenc.engine.EngineResult`."""
     from posenc.engine.build import build_engine

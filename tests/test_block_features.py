@@ -20,11 +20,11 @@ SELF_SCALED = ("deberta", "tupe", "transformer_xl")
 """Score schemes whose own position terms are multiplied by the score scale."""
 
 
-def _transformers():  # type: ignore[no-untyped-def]
+def _transformers():
     return pytest.importorskip("transformers", reason="transformers is the upstream reference")
 
 
-def _hf_additive_mask(mask_function, length: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _hf_additive_mask(mask_function, length: int) -> torch.Tensor:
     """transformers' mask function evaluated on the (query, key) grid as an additive ``[1, 1, S, S]`` mask."""
     q_idx, kv_idx = torch.arange(length).view(-1, 1), torch.arange(length).view(1, -1)
     allowed = mask_function(0, 0, q_idx, kv_idx)
@@ -38,7 +38,7 @@ def _cos_sin(positions: torch.Tensor, head_dim: int = 16, theta: float = 10000.0
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
 
-def _assert_equals_hf_attention(block: AttentionBlock, hf, length: int, window: int | None) -> None:  # type: ignore[no-untyped-def]
+def _assert_equals_hf_attention(block: AttentionBlock, hf, length: int, window: int | None) -> None:
     """``block`` and a transformers attention module (float64, eager) on one prefill with transformers' mask."""
     from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 
@@ -158,7 +158,7 @@ def test_sliding_window_mask_equals_transformers_overlays(causal: bool) -> None:
 SOFTMAX_SCHEMES = [name for name in scheme_names() if name != "rope_linear_attention"]
 
 
-def _pair(name: str, params: dict | None = None, **options) -> tuple[AttentionBlock, AttentionBlock]:  # type: ignore[no-untyped-def]
+def _pair(name: str, params: dict | None = None, **options) -> tuple[AttentionBlock, AttentionBlock]:
     """A float64 block without and one with ``options``, same weights (new weights: biases 0.1, norms random)."""
     config = dataclasses.replace(GQA, **options.pop("geometry", {}))
     params = get_spec(name).cases["default"] if params is None else params

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the u
 BASE = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
 
 
-def _llama4(layer: int, **settings):  # type: ignore[no-untyped-def]
+def _llama4(layer: int, **settings):
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 
     hf = transformers.Llama4TextConfig(
@@ -151,7 +151,7 @@ def test_bad_options_raise(field: str, value: object, message: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _module(path: str, config, layer: int = 0, **arguments):  # type: ignore[no-untyped-def]
+def _module(path: str, config, layer: int = 0, **arguments):
     """A transformers attention module (float64, eager) with N(0, 0.2) weights."""
     import importlib
 
@@ -187,7 +187,7 @@ def _block(config: AttentionConfig, state: dict, scheme: str = "rope", **params:
     return block.eval()
 
 
-def _changed(block: AttentionBlock, x: torch.Tensor, want: torch.Tensor, params=None, **change: object) -> float:  # type: ignore[no-untyped-def]
+def _changed(block: AttentionBlock, x: torch.Tensor, want: torch.Tensor, params=None, **change: object) -> float:
     """How far a block with one option changed (same weights where they exist) lands from ``want``."""
     other = AttentionBlock(dataclasses.replace(block.config, **change), "rope", params).double()
     other.load_state_dict(block.state_dict(), strict=False)

@@ -149,7 +149,7 @@ def test_table_mode_defaults_to_what_the_scheme_has() -> None:
     assert AttentionBlock(GQA, "rope_dynamic").scheme.table_mode.value == "dynamic"  # dynamic only
 
 
-def test_blocks_pickle_for_torch_save(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_pickle_for_torch_save(tmp_path) -> None:
     for name in ("rope", "rope_yarn", "alibi"):
         block = AttentionBlock(GQA, name, {"factor": 4.0} if name == "rope_yarn" else None)
         torch.save(block, tmp_path / f"{name}.pt")

@@ -87,10 +87,10 @@ def test_refused_paths_exit_2_and_internal_errors_exit_3(
 ) -> None:
     from posenc import cli
 
-    def refuse(args) -> int:  # type: ignore[no-untyped-def]
+    def refuse(args) -> int:
         raise FileExistsError(17, "File exists", str(tmp_path / "out"))
 
-    def crash(args) -> int:  # type: ignore[no-untyped-def]
+    def crash(args) -> int:
         raise RuntimeError("a bug")
 
     for func, status, message in ((refuse, 2, "check the paths you gave"), (crash, 3, "internal error (RuntimeError)")):

@@ -267,9 +267,9 @@ def test_per_layer_type_rope_parameters_need_a_choice() -> None:
 
 def test_flags_must_be_booleans() -> None:
     with pytest.raises(ConfigError, match="causal must be True or False, got 'no'"):
-        AttentionConfig(causal="no")  # type: ignore[arg-type]
+        AttentionConfig(causal="no")
     with pytest.raises(ConfigError, match="qkv_bias must be True or False"):
-        AttentionConfig(qkv_bias=1)  # type: ignore[arg-type]
+        AttentionConfig(qkv_bias=1)
 
 
 def test_attention_options_default_to_plain_attention_and_round_trip() -> None:

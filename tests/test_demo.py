@@ -1,8 +1,10 @@
 """`posenc demo --quick` end to end: the report names every scheme, every verdict the machine can give is PASS, the
 real checkpoints match their own transformers modules, and the report is self-contained.
 
-The demo runs once (about a minute on two idle cores); one test checks the whole report, so pytest-xdist
-never runs the demo twice.
+The demo runs once per test; one test checks the whole report, so pytest-xdist never runs the demo twice. ``make
+test`` runs it for one scheme of each placement and a dynamic-only one (:data:`DEFAULT_RUN`); every scheme's run is
+``slow``: the per-scheme stages it repeats are each tested for every scheme on their own (parity matrix,
+engine matrix, ``tests/graphs/test_every_block_optimizes.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from posenc.cli import main
 from posenc.demo_checkpoints import QUICK_SAMPLES
 from posenc.demo_records import DemoResult
 from posenc.engine import available_backends
 from posenc.schemes import get_spec, scheme_names
+
+DEFAULT_RUN = ("rope", "rope_dynamic", "alibi", "sinusoidal", "shaw", "nope")
+"""Embedding, rotary, score, attention and no placement, one scheme each, and a scheme with only dynamic tables."""
 
 
 def _section(markdown: str, title: str) -> str:
@@ -33,9 +40,9 @@ def _table_rows(section: str) -> dict[str, list[str]]:
     return rows
 
 
-def _check_parity(out: Path, markdown: str) -> None:
+def _check_parity(out: Path, markdown: str, schemes: set[str]) -> None:
     matrix = _table_rows(_section(markdown, "Parity matrix"))
-    assert set(matrix) == set(scheme_names())
+    assert set(matrix) == schemes
     for scheme, cells in matrix.items():
         supported = {m.value for m in get_spec(scheme).table_modes}
         verdicts = [c for c in cells[1:] if c not in ("n/a", "not run")]  # --quick runs one table mode
@@ -49,7 +56,7 @@ def _check_parity(out: Path, markdown: str) -> None:
             assert re.search(r"\d\.\de[-+]\d\d", cell), cell
     results = DemoResult.load(out / "demo.json")  # strict: every key of demo.json is a field of a record
     assert results.to_dict() == json.loads((out / "demo.json").read_text())
-    assert {r.scheme for r in results.pipeline} == set(scheme_names())
+    assert {r.scheme for r in results.pipeline} == schemes
     for record in results.pipeline:
         assert set(record.parity) == {"exported", "ort-cpu"}, record.scheme
         for graph, stage in record.parity.items():
@@ -83,14 +90,14 @@ def _check_checkpoints(out: Path, markdown: str) -> None:
     assert f"**{len(QUICK_SAMPLES)} of {len(QUICK_SAMPLES)}** model families' layers" in markdown
 
 
-def _check_latency(out: Path, markdown: str) -> None:
+def _check_latency(out: Path, markdown: str, schemes: set[str]) -> None:
     latency = _section(markdown, "Latency")
     assert re.search(r"\*\*\d+\.\d GB/s\*\*", latency), "copy bandwidth missing"
     bench = json.loads((out / "bench" / "bench.json").read_text())
     assert bench["status"] == "complete"
     timed = {r["scheme"] for r in bench["results"] if r["unit"] == "block" and r["status"] == "ok"}
-    assert timed == set(scheme_names())
-    for scheme in scheme_names():
+    assert timed == schemes
+    for scheme in schemes:
         rows = [line for line in latency.splitlines() if line.startswith(f"| {scheme} | block |")]
         assert rows, scheme
         for row in rows:  # torch, ort-cpu and ort-cpu-fused columns hold times
@@ -106,9 +113,9 @@ def _check_latency(out: Path, markdown: str) -> None:
         assert records[0]["reason"] in markdown
 
 
-def _check_engines_and_plots(out: Path, markdown: str) -> None:
+def _check_engines_and_plots(out: Path, markdown: str, schemes: set[str]) -> None:
     engines = _table_rows(_section(markdown, "TensorRT engine builds"))
-    assert set(engines) == set(scheme_names())
+    assert set(engines) == schemes
     expected = "PASS" if available_backends() else "SKIPPED"  # the dev install has tensorrt_rtx: every block builds
     for cells in engines.values():
         assert cells[2].split(" ")[0] == expected, cells
@@ -120,7 +127,7 @@ def _check_engines_and_plots(out: Path, markdown: str) -> None:
         assert citation in decay, citation
 
 
-def _check_html(out: Path) -> None:
+def _check_html(out: Path, schemes: set[str]) -> None:
     page = (out / "report.html").read_text()
     references = re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)["']""", page)
     assert len(references) == 4
@@ -128,20 +135,25 @@ def _check_html(out: Path) -> None:
     assert "<link" not in page
     assert "<script" not in page
     assert "url(" not in page
-    for scheme in scheme_names():
+    for scheme in schemes:
         assert f"<td>{scheme}</td>" in page
     assert '<span class="pass">PASS</span>' in page
 
 
-def test_quick_demo_writes_a_complete_self_contained_report(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "chosen",
+    [pytest.param(DEFAULT_RUN, id="one-per-placement"), pytest.param((), id="every-scheme", marks=pytest.mark.slow)],
+)
+def test_quick_demo_writes_a_complete_self_contained_report(tmp_path, chosen: tuple[str, ...]) -> None:
     out = tmp_path / "report"
-    assert main(["demo", "--quick", "--quiet", "-o", str(out)]) == 0
+    assert main(["demo", "--quick", "--quiet", "-o", str(out), *(["-s", ",".join(chosen)] if chosen else [])]) == 0
+    schemes = set(chosen or scheme_names())
     markdown = (out / "report.md").read_text()
-    _check_parity(out, markdown)
+    _check_parity(out, markdown, schemes)
     _check_checkpoints(out, markdown)
-    _check_latency(out, markdown)
-    _check_engines_and_plots(out, markdown)
-    _check_html(out)
+    _check_latency(out, markdown, schemes)
+    _check_engines_and_plots(out, markdown, schemes)
+    _check_html(out, schemes)
 
 
 def test_unknown_scheme_is_a_clear_error(tmp_path, capsys) -> None:

@@ -1,9 +1,9 @@
 """Layering: posenc's parts import one way, from the bottom up, and no modules import each other in a cycle.
 
-The layers, lowest first (DESIGN.md: schemes -> blocks -> export -> graphs -> engine -> validate -> bench/report ->
-demo -> cli, with the small shared modules below them). A part may import parts of lower layers only; parts that
-share a layer are independent of each other. Every module of the package must belong to a listed part, so a new
-top-level module needs an explicit place here.
+The layers, lowest first (docs/architecture.md, "Layers": schemes -> blocks -> export -> graphs -> engine ->
+validate -> report -> bench -> demo -> cli, with the small shared modules below them). A part may import parts of
+lower layers only; parts that share a layer are independent of each other. Every module of the package must belong
+to a listed part, so a new top-level module needs an explicit place here.
 
 The import graph is grimp's (the library import-linter is built on): every import, at module level, inside
 functions and under ``TYPE_CHECKING``. Cycles are checked on the imports that run (``TYPE_CHECKING`` ones left out,

@@ -57,7 +57,7 @@ def _transformers_pair(variant: str, rope: dict[str, Any] = YARN) -> tuple[Any, 
     return attention, rotary, block
 
 
-def _transformers_step(attention: Any, rotary: Any, x: torch.Tensor, positions: torch.Tensor, past=None):  # type: ignore[no-untyped-def]
+def _transformers_step(attention: Any, rotary: Any, x: torch.Tensor, positions: torch.Tensor, past=None):
     """The module as DeepseekV2/V3DecoderLayer calls it: (out, cached latent, cached rope key)."""
     cache = transformers.DynamicCache()
     if past is not None:

@@ -121,10 +121,10 @@ def test_unions_of_records_are_told_apart_by_their_kind() -> None:
     ]
     for source in sources:
         data = to_json(source)
-        assert from_json(WeightsSource, data) == source  # type: ignore[arg-type]
+        assert from_json(WeightsSource, data) == source
     assert to_json(ModuleWeights("my.Block")) == {"class": "my.Block", "kind": "module"}
     with pytest.raises(RecordError, match="matches none of its types"):
-        from_json(WeightsSource, {"kind": "trained", "seed": 1})  # type: ignore[arg-type]
+        from_json(WeightsSource, {"kind": "trained", "seed": 1})
 
 
 def test_a_record_s_own_checks_become_record_errors() -> None:

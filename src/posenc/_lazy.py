@@ -13,7 +13,7 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
 
     Args:
         package: the package's ``__name__``.
-        exports: public name -> module that defines it.
+        exports: public name -> module that defines it; a name whose module is ``package.name`` is that submodule.
 
     Example::
 
@@ -23,7 +23,8 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
 
     def get_attribute(name: str) -> Any:
         if name in exports:
-            value = getattr(importlib.import_module(exports[name]), name)
+            module = importlib.import_module(exports[name])
+            value = module if module.__name__ == f"{package}.{name}" else getattr(module, name)
             setattr(sys.modules[package], name, value)
             return value
         raise AttributeError(f"module {package!r} has no attribute {name!r}")

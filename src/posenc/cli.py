@@ -1,7 +1,9 @@
 """The ``posenc`` command line: one subcommand per pipeline arrow.
 
 Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<part>/cli.py``,
-and ``posenc/demo.py`` for the demo, each exposing ``register(subparsers)``); this module wires them up.
+and ``posenc/demo.py`` for the demo, each exposing ``register(subparsers)``); this module wires them up. It imports
+a subcommand's module (and builds its parser) only when that subcommand is chosen: ``posenc --help`` lists the
+others from :data:`COMMANDS` and loads no torch, onnx or ONNX Runtime (``tests/test_cli_startup.py``).
 Options that several subcommands take are spelled and read the same everywhere: :mod:`posenc.cli_args`.
 
 Exit statuses: 0 success; 1 a check failed (``validate`` mismatch, ``bench --fail-on-miss``); 2 bad input
@@ -20,7 +22,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from posenc import __version__
@@ -31,15 +33,42 @@ if TYPE_CHECKING:  # annotations only: `posenc --help` loads neither onnx nor ON
     from posenc.export.manifest import OutputDrift
     from posenc.graphs.manifests import ModelInfo
 
-# Modules that contribute subcommands, in the order of the pipeline.
-COMMAND_MODULES: tuple[str, ...] = (
-    "posenc.export.cli",
-    "posenc.graphs.cli",
-    "posenc.engine.cli",
-    "posenc.validate.cli",
-    "posenc.bench.cli",
-    "posenc.demo",
-)
+# Subcommands in the order of the pipeline: name -> (the module whose `register` adds it, the help line that
+# `posenc --help` shows without importing that module; a test holds it equal to the module's own).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "export": (
+        "posenc.export.cli",
+        "export a scheme's op or an attention block to ONNX (with manifest and weights)",
+    ),
+    "optimize": (
+        "posenc.graphs.cli",
+        "fold constants, fuse RoPE and attention for ONNX Runtime CPU or TensorRT",
+    ),
+    "inspect": (
+        "posenc.graphs.cli",
+        "op histogram, initializer bytes, fusions applied, whether TensorRT parses it",
+    ),
+    "build": (
+        "posenc.engine.cli",
+        "build a TensorRT engine (tensorrt or tensorrt_rtx) from an ONNX file",
+    ),
+    "validate": (
+        "posenc.validate.cli",
+        "compare an exported ONNX model with its float64 eager PyTorch reference (polygraphy)",
+    ),
+    "sweep": (
+        "posenc.validate.cli",
+        "error against position (to 131072) of exported positional ops, per position bucket",
+    ),
+    "bench": (
+        "posenc.bench.cli",
+        "latency of each scheme's op and block per backend, vs the copy-bandwidth roofline",
+    ),
+    "demo": (
+        "posenc.demo",
+        "run the whole pipeline for every scheme and write a report (no arguments needed)",
+    ),
+}
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -124,7 +153,19 @@ def inspect_tensorrt_check(path: object) -> object:
     return check_parse(path)  # type: ignore[arg-type]  # the caller passes a path-like object
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand that ``argv`` names: its first word that is not an option (the top level takes no values)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(load: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``posenc`` parser.
+
+    Args:
+        load: the subcommands to build in full (their modules imported, with every subcommand those modules add);
+            every other one is a stub that only lists its name and help. ``None``: all of them (what tests and
+            documentation tools walk).
+    """
     parser = PosencParser(
         prog="posenc",
         description="Positional encodings from an exact PyTorch reference to verified ONNX Runtime / TensorRT "
@@ -155,10 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scheme", help="scheme name (see `posenc list`)")
     add(p, "json", note="the scheme's description")
     p.set_defaults(func=_show)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    sub.choices["optimize"].set_defaults(parity_check=optimize_parity_check)
-    sub.choices["inspect"].set_defaults(tensorrt_check=inspect_tensorrt_check, profile_text=inspect_engine_profiles)
+    wanted = None if load is None else {COMMANDS[name][0] for name in load if name in COMMANDS}
+    loaded: set[str] = set()
+    for name, (module, help_line) in COMMANDS.items():
+        if wanted is None or module in wanted:
+            if module not in loaded:
+                importlib.import_module(module).register(sub)  # all of the module's subcommands, in its order
+                loaded.add(module)
+        elif name not in sub.choices:
+            sub.add_parser(name, help=help_line, add_help=False)
+    if "posenc.graphs.cli" in loaded:
+        sub.choices["optimize"].set_defaults(parity_check=optimize_parity_check)
+        sub.choices["inspect"].set_defaults(tensorrt_check=inspect_tensorrt_check, profile_text=inspect_engine_profiles)
     return parser
 
 
@@ -197,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = chosen_command(argv)
+    parser = build_parser(load=() if command is None else (command,))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help and --version (0), or a usage error already printed as one line (2)

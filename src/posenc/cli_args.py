@@ -26,7 +26,9 @@ Old spellings (``bench --heads``, ``validate --json FILE``, ``--shape b=4,s=128`
 release, hidden from ``--help``, each with a deprecation note on stderr.
 
 This module imports only :mod:`posenc.errors`, :mod:`posenc.config`, :mod:`posenc.paths` and
-:mod:`posenc.export.units` (the shape type), so the ``cli.py`` of every layer may use it.
+:mod:`posenc.export` (the unit names; the shape type), so the ``cli.py`` of every layer may use it. Those that need
+torch (:mod:`posenc.config`, :mod:`posenc.export.units`) are imported where they are used, so that building the
+parser (``posenc --help``) loads no torch.
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export.units import KV_CACHES, UNITS, FeedShape, parse_named_shape
+from posenc.export.kinds import KV_CACHES, UNITS
 from posenc.paths import input_file, output_path
+
+if TYPE_CHECKING:
+    from posenc.config import AttentionConfig
+    from posenc.export.units import FeedShape
 
 # --------------------------------------------------------------------------------------------------
 # Values
@@ -104,6 +109,8 @@ def parse_shape(text: str) -> tuple[str | None, FeedShape]:
     Raises:
         ConfigError: an unknown preset, a bad name, or numbers FeedShape refuses.
     """
+    from posenc.export.units import parse_named_shape  # imported on use: it loads torch
+
     if "=" in text:
         text = _old_key_value_shape(text)
     return parse_named_shape(text)
@@ -375,7 +382,7 @@ def config_from_args(args: argparse.Namespace, base: AttentionConfig) -> Attenti
     if (given["hidden_size"] is not None or given["num_heads"] is not None) and given["head_dim"] is None:
         fields["head_dim"] = None  # derive from the new sizes
     fields.update({name: value for name, value in given.items() if value is not None})
-    return AttentionConfig.from_dict(fields)
+    return type(base).from_dict(fields)
 
 
 def geometry_given(args: argparse.Namespace) -> list[str]:

@@ -85,7 +85,7 @@ def test_an_optimized_file_is_timed_as_it_is(llama3_block: Path, tmp_path: Path)
         artifact_plan([optimized], [Shape("prefill", 1, 8)], ["ort-cpu-fused"])
 
 
-def test_cli_times_a_file_and_refuses_scheme_options(llama3_block: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_times_a_file_and_refuses_scheme_options(llama3_block: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "res"
     argv = ["bench", str(llama3_block), "--shape", "1,8", "--backend", "ort-cpu", "--repeats", "2", "--warmup", "1"]
     code = main(
@@ -102,7 +102,7 @@ def test_cli_times_a_file_and_refuses_scheme_options(llama3_block: Path, tmp_pat
     assert not (tmp_path / "y").exists()
 
 
-def test_cli_exports_and_times_a_checkpoint_layer(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_cli_exports_and_times_a_checkpoint_layer(tmp_path: Path, capsys) -> None:
     from posenc.checkpoints.samples import get_sample
 
     checkpoint = get_sample("llama").build(tmp_path / "ckpt")

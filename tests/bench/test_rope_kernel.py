@@ -57,7 +57,7 @@ def test_harness_runs_on_tiny_shapes() -> None:
     )
     floor, kernel = contenders[0], contenders[1]
     assert doc.targets[0].name == "tiny: ≥ 90% of a copy of the same bytes"
-    assert doc.targets[0].measured == pytest.approx(floor.timing.median / kernel.timing.median)  # type: ignore[union-attr]
+    assert doc.targets[0].measured == pytest.approx(floor.timing.median / kernel.timing.median)
     assert doc.targets[1].name == "tiny: ≥ 90% of copy bandwidth"
     assert "tiny" in format_table(doc)
     assert to_json(doc)["results"][0]["case"]["shape"]["name"] == "tiny"

@@ -87,7 +87,7 @@ def _export(case: Case, out: Path, table_mode: str) -> None:
     assert main(args) == 0
 
 
-def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+def long_feed(manifest, batch: int, seq: int, end: int, seed: int = 5) -> dict[str, np.ndarray]:
     """Positions ``end - seq .. end - 1``, no cache (multi-axis ids: the vision-like layout shifted there)."""
     return make_feed(manifest, FeedShape(batch, seq, 0, start=end - seq), seed=seed)
 
@@ -130,7 +130,7 @@ def check_case(case: Case, folder: Path) -> dict[str, dict[str, float]]:
     return measured
 
 
-def block_errors(loaded, seed: int = 1) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def block_errors(loaded, seed: int = 1) -> dict[str, float]:
     """posenc's float32 block against the layer's transformers module, in eager PyTorch (no export).
 
     Largest |difference| over every output of: a 7-token prompt at positions 0..6 and at 100..106 and a decode step

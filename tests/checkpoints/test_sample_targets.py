@@ -32,7 +32,7 @@ pytest.importorskip("transformers")
 DEFAULT_TARGET = "ort-cpu"
 
 
-def _cases() -> list:  # type: ignore[type-arg]
+def _cases() -> list:
     cases = []
     for name in sorted(SAMPLES):
         for index, mode in enumerate(SAMPLES[name].table_modes):

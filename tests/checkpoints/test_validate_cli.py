@@ -129,7 +129,7 @@ def test_far_positions_get_one_verdict_however_they_are_asked_for(exported: Path
     # the same data: feed i is seeded seed + i, and the added feed comes second
     asked = validate_against_checkpoint(exported, checkpoint, shapes=[far], long_positions=False, seed=1)
 
-    def strip(report):  # type: ignore[no-untyped-def]
+    def strip(report):
         rows = [r for r in report.rows if r.shape == far]
         return [(r.reference, r.output, r.passed, r.informational, r.note, r.max_abs) for r in rows]
 
@@ -159,7 +159,7 @@ def test_a_bf16_export_is_compared_with_the_module_in_bf16(checkpoint: Path, tmp
     exact, half = loaded.reference("float64", torch.float64), loaded.reference("native", torch.bfloat16)
     names = ["out", "present_key", "present_value"]
 
-    def three_times_as_far(feed):  # type: ignore[no-untyped-def]
+    def three_times_as_far(feed):
         args = [torch.from_numpy(feed[k].copy()) for k in ("hidden", "position_ids", "past_key", "past_value")]
         args[0] = args[0].float()
         want = exact(*[a.double() if a.is_floating_point() else a for a in args])

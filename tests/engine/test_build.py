@@ -175,7 +175,7 @@ def test_a_stale_source_manifest_is_refused(export_cache, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.id)
-def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:
     """q/k norm + soft-cap + window + biases, scaled bf16-rounded ALiBi, BERT embeddings, odd sinusoids and shared
     DeBERTa projections each build (the soft-capped attention decomposed: TensorRT's Attention cannot soft-cap)."""
     source = optimized_feature(export_cache, case, "trt")
@@ -185,7 +185,7 @@ def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_pa
     assert result.manifest.engine_bytes > 0
 
 
-def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsys) -> None:
     """The engine of a dynamic-table block with 131072 positions gets a prefill and a decode profile reaching the
     context (not the old 2048 cap); build prints them and the engine manifest records them by name."""
     from posenc import AttentionConfig

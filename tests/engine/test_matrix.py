@@ -16,14 +16,15 @@ from posenc.errors import PosencError
 from posenc.schemes import Placement, get_spec
 from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
-from tests.matrix import MatrixCase, build_case, matrix_cases
+from tests.matrix import MatrixCase, build_case, matrix_cases, slow_if_same_graph
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
 
 UNSUPPORTED_FILE = Path(__file__).with_name("trt_unsupported.json")
 UNSUPPORTED = {entry["case"]: entry for entry in json.loads(UNSUPPORTED_FILE.read_text())["entries"]}
 # fp32 engines of every positional op and fp16 engines of every attention block (the unit people deploy),
-# each decomposed and fused: the same graphs the parity matrix validates (shared export cache).
+# each decomposed and fused: the same graphs the parity matrix validates (shared export cache). A graph that repeats
+# another scheme's up to constant values (tests.matrix.SAME_GRAPH) builds in make test-slow only.
 OP_CASES = matrix_cases(units=("op",), dtypes=("float32",))
 BLOCK_CASES = matrix_cases(units=("block",), dtypes=("float16",))
 
@@ -49,7 +50,7 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
                 assert (spec.name, mode.value, "float16", "block", graph) in covered
 
 
-@pytest.mark.parametrize("case", OP_CASES + BLOCK_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", [slow_if_same_graph(case) for case in OP_CASES + BLOCK_CASES])
 def test_engine_builds_ahead_of_time(export_cache, case: MatrixCase) -> None:
     try:
         result = build_case(case, export_cache, SMALL, targets=["sm89"], check=check_ort_parity)

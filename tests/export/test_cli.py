@@ -8,7 +8,7 @@ from posenc.cli import main
 from posenc.export import load_manifest
 
 
-def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> None:
     out = tmp_path / "alibi.onnx"
     argv = ["export", "--scheme", "alibi", "--unit", "op", "--table-mode", "dynamic", "--dtype", "fp16"]
     argv += ["--num-heads", "6", "--hidden-size", "96", "--param", "symmetric=true", "-o", str(out)]
@@ -28,7 +28,7 @@ def test_export_op_prints_summary_and_writes_three_files(tmp_path, capsys) -> No
     assert manifest.dtype == "float16"
 
 
-def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:
     config = {
         "model_type": "llama",
         "hidden_size": 64,
@@ -57,7 +57,7 @@ def test_export_from_hf_config_with_json_output(tmp_path, capsys) -> None:  # ty
     assert printed == load_manifest(out).to_dict()
 
 
-def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:
     out = str(tmp_path / "x.onnx")
     assert main(["export", "--scheme", "rope", "--opset", "19", "-o", out]) == 2
     assert "[17, 18, 23, 24]" in capsys.readouterr().err
@@ -70,7 +70,7 @@ def test_export_errors_exit_2_with_the_remedy(tmp_path, capsys) -> None:  # type
     assert list(tmp_path.iterdir()) == []
 
 
-def test_t5_direction_follows_causal_unless_given(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_t5_direction_follows_causal_unless_given(tmp_path, capsys) -> None:
     """A T5 config exported as a causal (decoder) block gets unidirectional buckets; --param still wins."""
     from posenc.cli import build_parser
     from posenc.export.cli import _geometry
@@ -96,7 +96,7 @@ def test_t5_direction_follows_causal_unless_given(tmp_path, capsys) -> None:  # 
     assert "bidirectional" not in params  # another scheme than the imported one takes no T5 parameters
 
 
-def test_export_kv_cache_inplace_writes_a_preallocated_cache_block(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_export_kv_cache_inplace_writes_a_preallocated_cache_block(tmp_path, capsys) -> None:
     out = tmp_path / "rope.onnx"
     argv = ["export", "--scheme", "rope", "--kv-cache", "inplace", "--hidden-size", "32", "--num-heads", "2"]
     argv += ["--max-position-embeddings", "40", "-o", str(out)]

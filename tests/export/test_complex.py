@@ -25,7 +25,7 @@ class FreqsCisRope(nn.Module):
         freqs = torch.outer(torch.arange(max_positions).float(), inv_freq)
         self.register_buffer("freqs_cis", torch.polar(torch.ones_like(freqs), freqs))
 
-    def forward(self, xq: torch.Tensor, xk: torch.Tensor, position_ids: torch.Tensor):  # type: ignore[no-untyped-def]
+    def forward(self, xq: torch.Tensor, xk: torch.Tensor, position_ids: torch.Tensor):
         freqs_cis = self.freqs_cis[position_ids].unsqueeze(1)  # [B, 1, S, D/2] complex
         xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
         xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
@@ -57,7 +57,7 @@ def _apply_rope_reference(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return PF.apply_rope(x64, cos.unsqueeze(1), sin.unsqueeze(1), "interleaved").numpy()
 
 
-def _no_complex(path) -> None:  # type: ignore[no-untyped-def]
+def _no_complex(path) -> None:
     model = onnx.load(str(path))
     complex_types = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
     values = [*model.graph.input, *model.graph.output, *model.graph.value_info]

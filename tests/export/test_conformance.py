@@ -30,7 +30,7 @@ class CachedRope(nn.Module):
         super().__init__()
         self.layout, self.rotary_dim, self.num_heads = layout, rotary_dim, num_heads
 
-    def forward(self, x, cos_cache, sin_cache, position_ids=None):  # type: ignore[no-untyped-def]
+    def forward(self, x, cos_cache, sin_cache, position_ids=None):
         if position_ids is not None:  # caches [max_position, r/2] gathered by position ids
             cos, sin = F.embedding(position_ids, cos_cache), F.embedding(position_ids, sin_cache)
         else:  # caches already [B, S, r/2]

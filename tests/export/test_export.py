@@ -30,13 +30,13 @@ from tests.conftest import SMALL
 
 
 @pytest.fixture(scope="module")
-def rope_block(tmp_path_factory):  # type: ignore[no-untyped-def]
+def rope_block(tmp_path_factory):
     """A precomputed fp32 RoPE block (table of 64 rows, grouped-query geometry)."""
     path = tmp_path_factory.mktemp("rope_block") / "model.onnx"
     return export_onnx(path, "rope", unit="block", config=SMALL, table_mode="precomputed")
 
 
-def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-untyped-def]
+def test_manifest_describes_the_graph(rope_block) -> None:
     m = rope_block.manifest
     assert rope_block.manifest_path.name == "model.manifest.json"
     assert rope_block.weights_path.name == "model.weights.safetensors"
@@ -79,7 +79,7 @@ def test_manifest_describes_the_graph(rope_block) -> None:  # type: ignore[no-un
     assert load_manifest(rope_block.manifest_path) == m
 
 
-def test_graph_inputs_match_manifest_and_run_with_and_without_past(rope_block) -> None:  # type: ignore[no-untyped-def]
+def test_graph_inputs_match_manifest_and_run_with_and_without_past(rope_block) -> None:
     model = onnx.load(str(rope_block.path))
     assert [v.name for v in model.graph.input] == rope_block.manifest.input_names
     assert model.opset_import[0].version == 23
@@ -95,7 +95,7 @@ def test_graph_inputs_match_manifest_and_run_with_and_without_past(rope_block) -
             np.testing.assert_allclose(got[name], expected.numpy(), atol=3e-5, rtol=1e-4)
 
 
-def test_weights_rebuild_the_exported_module(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_weights_rebuild_the_exported_module(tmp_path) -> None:
     block = AttentionBlock(SMALL, "learned", table_mode="precomputed")
     with torch.no_grad():
         block.scheme.weight.normal_()  # "trained" weights differ from a fresh build
@@ -106,7 +106,7 @@ def test_weights_rebuild_the_exported_module(tmp_path) -> None:  # type: ignore[
     assert validate_onnx(result.path).passed
 
 
-def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:
     result = export_onnx(tmp_path / "alibi.onnx", "alibi", unit="op", config=SMALL, table_mode="dynamic")
     model = onnx.load(str(result.path))
     assert [v.name for v in model.graph.input] == ["q_pos", "k_pos"] == result.manifest.input_names
@@ -115,7 +115,7 @@ def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:  # ty
     assert validate_onnx(result.path).passed
 
 
-def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:
     result = export_onnx(tmp_path / "rope16.onnx", "rope", unit="op", config=SMALL, dtype="fp16")
     model = onnx.load(str(result.path))
     assert {v.type.tensor_type.elem_type for v in model.graph.input if v.name != "position_ids"} == {
@@ -129,7 +129,7 @@ def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("opset", [17, 18])
-def test_older_opsets_export_and_match(opset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_older_opsets_export_and_match(opset: int, tmp_path) -> None:
     # dynamic NTK reduces max(position_ids) in the graph: opset 17 needs ReduceMax with attributes
     result = export_onnx(
         tmp_path / "ntk.onnx", "rope_dynamic", unit="op", config=SMALL, table_mode="dynamic", opset=opset
@@ -151,7 +151,7 @@ OPSET17_FAST = ("sinusoidal", "rope", "rope_mrope", "alibi", "t5", "deberta")
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=[] if n in OPSET17_FAST else [pytest.mark.slow]) for n in scheme_names()]
 )
-def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path) -> None:
     result = export_onnx(
         tmp_path / f"{name}.onnx", name, unit="block", config=SMALL, table_mode=_in_graph_mode(name), opset=17
     )
@@ -160,13 +160,13 @@ def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path)
 
 
 @pytest.mark.parametrize("opset", [13, 16, 19, 25])
-def test_unsupported_opset_lists_the_supported_ones(opset: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_unsupported_opset_lists_the_supported_ones(opset: int, tmp_path) -> None:
     with pytest.raises(ExportError, match=r"\[17, 18, 23, 24\]"):
         export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, opset=opset)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_in_place_cache_needs_opset_24_and_a_block(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_in_place_cache_needs_opset_24_and_a_block(tmp_path) -> None:
     with pytest.raises(ExportError, match="--opset 24"):
         export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, kv_cache="inplace", opset=23)
     with pytest.raises(ExportError, match="has no cache"):
@@ -176,7 +176,7 @@ def test_in_place_cache_needs_opset_24_and_a_block(tmp_path) -> None:  # type: i
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unsupported_dtype_raises(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_unsupported_dtype_raises(tmp_path, monkeypatch) -> None:
     with pytest.raises(ExportError, match="fp32, fp16, bf16"):
         export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, dtype="int8")
     with pytest.raises(ExportError, match="cannot be exported"):
@@ -187,7 +187,7 @@ def test_unsupported_dtype_raises(tmp_path, monkeypatch) -> None:  # type: ignor
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unit_and_table_mode_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_unit_and_table_mode_errors(tmp_path) -> None:
     with pytest.raises(ExportError, match="unit 'op'"):
         export_onnx(tmp_path / "x.onnx", "nope", unit="op", config=SMALL)
     with pytest.raises(ExportError, match="unknown export unit"):
@@ -197,8 +197,8 @@ def test_unit_and_table_mode_errors(tmp_path) -> None:  # type: ignore[no-untype
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    def broken_manifest(*args, **kwargs):  # type: ignore[no-untyped-def]
+def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) -> None:
+    def broken_manifest(*args, **kwargs):
         raise RuntimeError("disk full while writing the manifest")
 
     monkeypatch.setattr(exporter_module, "_manifest", broken_manifest)
@@ -213,8 +213,8 @@ def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) 
     assert {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()} == before
 
 
-def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
         raise RuntimeError("unsupported operator")
 
     monkeypatch.setattr(torch.onnx, "export", refuse)
@@ -223,7 +223,7 @@ def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:  # t
     assert list(tmp_path.iterdir()) == []
 
 
-def test_positions_past_the_table_are_refused_with_the_remedy(rope_block) -> None:  # type: ignore[no-untyped-def]
+def test_positions_past_the_table_are_refused_with_the_remedy(rope_block) -> None:
     manifest = load_manifest(rope_block.path)
     limit = manifest.max_positions
     feed = make_feed(manifest, FeedShape(1, 4, limit - 4))
@@ -240,7 +240,7 @@ def test_positions_past_the_table_are_refused_with_the_remedy(rope_block) -> Non
         check_feed(manifest, late)
 
 
-def test_feed_errors_name_the_input(rope_block) -> None:  # type: ignore[no-untyped-def]
+def test_feed_errors_name_the_input(rope_block) -> None:
     manifest = rope_block.manifest
     feed = make_feed(manifest, FeedShape(2, 3, 1))
     with pytest.raises(ConfigError, match="missing"):
@@ -253,7 +253,7 @@ def test_feed_errors_name_the_input(rope_block) -> None:  # type: ignore[no-unty
         check_feed(manifest, {**feed, "hidden": np.zeros((2, 3, 65), np.float32)})
 
 
-def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:
     result = export_onnx(tmp_path / "dyn.onnx", "rope", unit="op", config=SMALL, table_mode="dynamic")
     manifest = result.manifest
     assert manifest.max_positions is None
@@ -261,7 +261,7 @@ def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:  # type: ignore[n
     assert validate_onnx(result.path, shapes=[FeedShape(2, 3, 100_000)]).passed
 
 
-def test_load_manifest_errors(rope_block, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_load_manifest_errors(rope_block, tmp_path) -> None:
     with pytest.raises(ModelFileError, match="does not exist"):
         load_manifest(tmp_path / "absent.onnx")
     lonely = tmp_path / "lonely.onnx"
@@ -275,7 +275,7 @@ class Float64Constants(torch.nn.Module):
         return x / (2 * math.pi), x * 2.7, 0.3 - x, x + 0.1
 
 
-def test_python_scalars_keep_float64_precision_in_the_graph(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_python_scalars_keep_float64_precision_in_the_graph(tmp_path) -> None:
     # torch.onnx alone exports these constants rounded to float32 (2π -> 6.28318548)
     x = torch.randn(2, 3, dtype=torch.float64)
     path = export_module(
@@ -286,7 +286,7 @@ def test_python_scalars_keep_float64_precision_in_the_graph(tmp_path) -> None:  
         np.testing.assert_array_equal(value, expected.numpy())
 
 
-def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_path) -> None:
     """`posenc optimize` adds an `optimized` record; loading and saving the manifest must keep it, typed."""
     from posenc.export.manifest import Manifest
 
@@ -319,7 +319,7 @@ def test_records_of_later_stages_survive_a_manifest_round_trip(rope_block, tmp_p
         ("dynamic_dims", lambda d: d["dynamic_dims"]["seq"].update(max="64")),  # a value of the wrong type
     ],
 )
-def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rope_block, where, change) -> None:  # type: ignore[no-untyped-def]
+def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rope_block, where, change) -> None:
     """Manifests are read strictly: nothing defaults silently, the error names the place and says re-export."""
     from posenc.errors import ModelFileError
     from posenc.export.manifest import Manifest
@@ -333,7 +333,7 @@ def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rop
 
 
 @pytest.mark.parametrize("case", ["default", "interleaved_partial"])
-def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_path) -> None:
     """Unit op-3d: q [B, S, H*D], k [B, S, Hkv*D] in and out, equal to the op on [B, H, S, D] re-laid out."""
     params = get_spec("rope").cases[case]
     result = export_onnx(tmp_path / "r3.onnx", "rope", unit="op-3d", params=params, config=SMALL)
@@ -356,12 +356,12 @@ def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_pa
     np.testing.assert_allclose(k_rot, want_k.transpose(1, 2).reshape(b, s, hkv * d).numpy(), atol=1e-5)
 
 
-def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:
     with pytest.raises(ExportError, match="op-3d"):
         export_onnx(tmp_path / "a.onnx", "alibi", unit="op-3d", config=SMALL)
 
 
-def test_one_session_factory_serves_files_bytes_and_benchmarks(rope_block) -> None:  # type: ignore[no-untyped-def]
+def test_one_session_factory_serves_files_bytes_and_benchmarks(rope_block) -> None:
     """ort_session: a path or serialized bytes give the same outputs; benchmark options reach the session."""
     feed = make_feed(rope_block.manifest, FeedShape(2, 3, 1))
     timed = ort_session(rope_block.path, ["CPUExecutionProvider"], threads=1, spinning=False)

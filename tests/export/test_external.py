@@ -28,23 +28,23 @@ CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positi
 
 
 @pytest.fixture(scope="module", params=["float32", "float16"])
-def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp(f"ext-{request.param}")
     return export_onnx(folder / "m.onnx", "rope", config=CONFIG, dtype=request.param)
 
 
-def _outputs(path: Path, manifest) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+def _outputs(path: Path, manifest) -> list[np.ndarray]:
     feed = make_feed(manifest, _shape())
     return ort_session(path).run(None, feed)
 
 
-def _shape():  # type: ignore[no-untyped-def]
+def _shape():
     from posenc.export import FeedShape
 
     return FeedShape(2, 5, 3)
 
 
-def test_weights_and_tables_are_stored_once_and_the_graph_computes_the_same(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_weights_and_tables_are_stored_once_and_the_graph_computes_the_same(exported, tmp_path: Path) -> None:
     state = read_state(load_file(str(exported.weights_path)))
     model = onnx.load(str(exported.path))
     linked = write_linked(model, state, tmp_path / "m.weights.safetensors", "m.weights.safetensors")
@@ -71,7 +71,7 @@ def test_weights_and_tables_are_stored_once_and_the_graph_computes_the_same(expo
     assert all(torch.equal(back[key], state[key]) for key in state)
 
 
-def test_an_inline_graph_is_pointed_into_an_existing_file(exported, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_inline_graph_is_pointed_into_an_existing_file(exported, tmp_path: Path) -> None:
     state = read_state(load_file(str(exported.weights_path)))
     write_linked(onnx.load(str(exported.path)), state, tmp_path / "m.weights.safetensors", "m.weights.safetensors")
     inline = onnx.load(str(exported.path))
@@ -84,7 +84,7 @@ def test_an_inline_graph_is_pointed_into_an_existing_file(exported, tmp_path: Pa
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_rename_onto_a_name_in_use_is_refused(exported) -> None:  # type: ignore[no-untyped-def]
+def test_a_rename_onto_a_name_in_use_is_refused(exported) -> None:
     model = onnx.load(str(exported.path))
     first, second = [init.name for init in model.graph.initializer][:2]
     with pytest.raises(ModelFileError, match="names are taken"):

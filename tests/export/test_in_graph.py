@@ -26,7 +26,7 @@ def _functional_rotation(feed: dict[str, np.ndarray], hf_params: dict, length: i
     return [PF.apply_rope(torch.from_numpy(feed[name]).double(), cos, sin, "half").numpy() for name in ("q", "k")]
 
 
-def _check_lengths(path, hf_params: dict, shapes: list[FeedShape]) -> dict[int, list[np.ndarray]]:  # type: ignore[no-untyped-def]
+def _check_lengths(path, hf_params: dict, shapes: list[FeedShape]) -> dict[int, list[np.ndarray]]:
     eager, manifest = load_eager(path)
     produced = {}
     for shape in shapes:

@@ -33,7 +33,7 @@ def count_rotations(path: Path, feed: dict[str, np.ndarray]) -> tuple[int, list[
     calls = []
     original = PF.apply_rope
 
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 

@@ -51,7 +51,7 @@ def test_options_fuse_or_stay_decomposed_exactly(export_cache, case: FeatureCase
         assert_close(new, ref.numpy(), tol.atol, tol.rtol, f"{case.id} {target} {name}")
 
 
-def test_a_sink_attention_left_decomposed_is_named_and_kept_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_sink_attention_left_decomposed_is_named_and_kept_exactly(tmp_path) -> None:
     """TensorRT's parser rejects ``softcap``: a soft-capped sink block keeps its decomposed softmax (the sink column
     included), ``inspect`` says why, and the graph still matches the original on ONNX Runtime."""
     from posenc.config import AttentionConfig

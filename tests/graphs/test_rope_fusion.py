@@ -20,7 +20,7 @@ from posenc.validate import tolerance_for
 from tests.conftest import SMALL
 from tests.graphs.artifacts import count_rotations, export_case
 from tests.graphs.helpers import GUARD_OPS, assert_close, nodes, op_counts, ort_run, past_guard
-from tests.matrix import MatrixCase, exportable, exported
+from tests.matrix import MatrixCase, exportable, exported, slow_if_same_graph
 
 FEED = FeedShape(batch=2, seq=5, past=0)
 
@@ -31,17 +31,19 @@ ROPE_CASES = [
     for mode in sorted(spec.table_modes, key=lambda m: m.value)
     for case in spec.cases
 ]
-# Static scalings (linear, ntk, yarn, llama3, truncation, ntk_alpha, proportional) change table values, not the
-# graph: their default case runs in `make test`; their layout/partial variants repeat rope's graphs and run with
-# `make test-slow`.
-_SAME_GRAPH_AS_ROPE = {
-    "rope_linear", "rope_ntk", "rope_yarn", "rope_llama3", "rope_truncation", "rope_ntk_alpha", "rope_proportional",
-}  # fmt: skip
+# In `make test`: every rotation layout (half, interleaved, partial, interleaved partial) on rope's graphs, every
+# other scheme's default case (its own cos/sin source), and ReRoPE's interleaved case (an interleaved rotation inside
+# attention, which TensorRT-RTX refuses). A scheme's layout variants combine its cos/sin source with one of rope's
+# rotations, both covered apart, and run with `make test-slow`, as do the defaults whose graph is another scheme's
+# up to constant values (tests.matrix.SAME_GRAPH: static scalings are rope's graph, ...).
+_LAYOUT_VARIANTS_IN_MAKE_TEST = {"rope", "rerope"}
 
 
-def _param(case: MatrixCase):  # type: ignore[no-untyped-def]
-    slow = case.scheme in _SAME_GRAPH_AS_ROPE and case.case != "default"
-    return pytest.param(case, id=case.id.removesuffix("-op-decomposed"), marks=[pytest.mark.slow] if slow else [])
+def _param(case: MatrixCase):
+    param = slow_if_same_graph(case, case.id.removesuffix("-op-decomposed"))
+    if case.case != "default" and case.scheme not in _LAYOUT_VARIANTS_IN_MAKE_TEST:
+        return pytest.param(case, id=param.id, marks=[pytest.mark.slow])
+    return param
 
 
 def _partial(case: MatrixCase) -> bool:
@@ -170,7 +172,7 @@ def test_projection_layout_op_becomes_two_rotary_nodes_for_ort_cpu(export_cache,
 
 
 @pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
-def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_declines_it(export_cache, mode) -> None:  # type: ignore[no-untyped-def]
+def test_xpos_becomes_two_rotary_nodes_with_their_own_caches_and_the_plugin_declines_it(export_cache, mode) -> None:
     """xPos scales q and k apart: each fused RotaryEmbedding carries its own cos/sin (valid ONNX, and TensorRT's
     rotary layer per tensor); the fused graph runs at other shapes; the plugin pass, which applies one cos/sin to
     q and k, leaves them with the reason."""

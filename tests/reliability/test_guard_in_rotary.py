@@ -30,10 +30,10 @@ def _optimized(folder: Path, scheme: str, kv_cache: str, guard: bool, target: st
     name = f"{scheme}-{kv_cache}-{guard}"
     exported = export_onnx(folder / f"{name}.onnx", scheme, config=CONFIG, kv_cache=kv_cache, position_guard=guard)
     target_path = folder / f"{name}.{target}.onnx"
-    return target_path, optimize_file(exported.path, target_path, target), exported  # type: ignore[return-value]
+    return target_path, optimize_file(exported.path, target_path, target), exported
 
 
-def _run(path: Path, manifest, position: int) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+def _run(path: Path, manifest, position: int) -> list[np.ndarray]:
     feed = make_feed(manifest, FeedShape(batch=1, seq=2, past=3))
     feed["position_ids"] = np.array([[3, position]], dtype=np.int64)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -113,7 +113,7 @@ def test_a_writer_killed_at_every_rename_step_leaves_one_complete_artifact(templ
                     os.kill(os.getpid(), signal.SIGKILL)
                 real_unlink(self, missing_ok=missing_ok)
 
-            Path.unlink = unlink  # type: ignore[method-assign]
+            Path.unlink = unlink
             write_generation(model, template, 2)
         else:
             killed_at_replace(step, lambda: write_generation(model, template, 2))

@@ -26,7 +26,7 @@ def _positions(*rows: list[int]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _encoding(scheme, position_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _encoding(scheme, position_ids: torch.Tensor) -> torch.Tensor:
     """The additive position vectors: embed() of zero hidden states, ``[B, S, E]``."""
     hidden = torch.zeros(*position_ids.shape, scheme.config.hidden_size, dtype=torch.float64)
     return scheme.embed(hidden, position_ids)
@@ -49,7 +49,7 @@ def _naive_sinusoidal(num_positions: int, dim: int, layout: str, base: float) ->
     return table
 
 
-def _sinusoidal_rows(layout: str, base: float = 10000.0, mode: str = "precomputed", dtype=torch.float64):  # type: ignore[no-untyped-def]
+def _sinusoidal_rows(layout: str, base: float = 10000.0, mode: str = "precomputed", dtype=torch.float64):
     scheme = build_scheme("sinusoidal", SMALL, {"layout": layout, "base": base}, mode, table_dtype=dtype)
     return _encoding(scheme, torch.arange(P).unsqueeze(0))[0]
 
@@ -198,7 +198,7 @@ def test_learned_decode_step_uses_rows_past_onwards() -> None:
         seen.append(out - hidden)
         return out
 
-    block.scheme.embed = spy  # type: ignore[method-assign]
+    block.scheme.embed = spy
     x = torch.randn(2, 9, E, dtype=torch.float64)
     _, k, v = block(x[:, :6])
     block(x[:, 6:], past_key=k, past_value=v)
@@ -244,7 +244,7 @@ def test_multiplicative_multiplies_elementwise() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _transformers():  # type: ignore[no-untyped-def]
+def _transformers():
     return pytest.importorskip("transformers", reason="transformers' embeddings are the reference")
 
 

@@ -15,7 +15,7 @@ CONFIG = AttentionConfig(hidden_size=32, num_heads=2, max_position_embeddings=64
 BUCKET_SETTINGS = [(256, 512), (8, 16), (16, 100), (5, 40), (0, 4), (0, 700)]
 
 
-def _hf():  # type: ignore[no-untyped-def]
+def _hf():
     return pytest.importorskip("transformers").models.deberta_v2.modeling_deberta_v2
 
 
@@ -129,7 +129,7 @@ V3_SETTINGS = [  # share_att_key, pos_att_type, norm_rel_ebd layer_norm, positio
 ]
 
 
-def _v3_block(share: bool, terms: list[str], norm: bool, buckets: int, max_relative: int, mode: str = "dynamic"):  # type: ignore[no-untyped-def]
+def _v3_block(share: bool, terms: list[str], norm: bool, buckets: int, max_relative: int, mode: str = "dynamic"):
     params = {**_params(buckets, max_relative), "share_att_key": share, "pos_att_type": "|".join(terms),
               "rel_norm": norm, "rel_norm_eps": 1e-7}  # fmt: skip
     return AttentionBlock(ENCODER, "deberta", params, mode).double()
@@ -138,7 +138,7 @@ def _v3_block(share: bool, terms: list[str], norm: bool, buckets: int, max_relat
 @covers("deberta")
 @pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
 @pytest.mark.parametrize(("share", "terms", "norm", "buckets", "max_relative"), V3_SETTINGS)
-def test_block_equals_hugging_face_deberta_v3_attention(share, terms, norm, buckets, max_relative, mode) -> None:  # type: ignore[no-untyped-def]
+def test_block_equals_hugging_face_deberta_v3_attention(share, terms, norm, buckets, max_relative, mode) -> None:
     """DisentangledSelfAttention.forward with DebertaV2Encoder.get_rel_embedding, the same weights (float64)."""
     modeling = _hf()
     hf_config = pytest.importorskip("transformers").DebertaV2Config(
@@ -179,7 +179,7 @@ def test_block_equals_hugging_face_deberta_v3_attention(share, terms, norm, buck
 
 
 @covers("deberta")
-def test_shared_projections_are_the_blocks_own_and_saved_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_shared_projections_are_the_blocks_own_and_saved_once(tmp_path) -> None:
     safetensors = pytest.importorskip("safetensors.torch")
     block = _v3_block(True, ["c2p", "p2c"], True, 8, 16)
     assert block.scheme.projection("pos_key_proj") is block.k_proj

@@ -53,7 +53,7 @@ def test_magnitude_lookup_raises_when_the_function_never_saturates() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal: bool, scale=None, cap=None, window=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _naive_shaw(scheme, q, k, v, q_pos, k_pos, causal: bool, scale=None, cap=None, window=None) -> torch.Tensor:
     """Shaw et al. 2018 (arXiv:1803.02155), one (b, h, i) at a time, float64; optional scale, soft-cap and window."""
     r = scheme.params["max_relative_position"]
     a_k, a_v = scheme.key_table.detach().double(), scheme.value_table.detach().double()
@@ -134,7 +134,7 @@ def _sinusoid(distance: int, width: int) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def _naive_xl_bias(scheme, q, k, q_pos, k_pos) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _naive_xl_bias(scheme, q, k, q_pos, k_pos) -> torch.Tensor:
     """``[u·k_j + (q_i + v)·W_R R_{i-j}] / √D`` per (b, h, i, j), float64 (Dai et al. 2019,
     arXiv:1901.02860, §3.3, as XLNet uses it)."""
     h_, d = scheme.config.num_heads, scheme.config.head_dim

@@ -81,7 +81,7 @@ def test_scores_depend_only_on_relative_position_and_norms_scale_by_attention_fa
     assert ratio[0, 0, 0].item() == pytest.approx(expected_factor.get(name, 1.0), rel=1e-12)
 
 
-def _hf_rotary(rope_parameters: dict[str, Any], head_dim: int = 16, max_position_embeddings: int = 64):  # type: ignore[no-untyped-def]
+def _hf_rotary(rope_parameters: dict[str, Any], head_dim: int = 16, max_position_embeddings: int = 64):
     pytest.importorskip("transformers", reason="transformers is the upstream reference (pip install transformers)")
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -307,7 +307,7 @@ def seed_g(t: int, window: int, t_max: float | None = None, t_max_new: float | N
 
 def naive_rerope_scores(
     q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, g, layout: str, rotary_dim: int
-) -> torch.Tensor:  # type: ignore[no-untyped-def]
+) -> torch.Tensor:
     """score_ij = q_iᵀ R_{-g(i - j)} k_j / sqrt(D): ⟨R_m q, R_n k⟩ = qᵀ R_{n-m} k with n - m replaced by -g(m - n)."""
     b_size, heads, sq, dim = q.shape
     theta = _theta(rotary_dim)

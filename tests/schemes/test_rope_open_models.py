@@ -150,7 +150,7 @@ def test_proportional_rotation_in_low_precision_like_gemma4(dtype: torch.dtype) 
 @covers("rope_proportional")
 @pytest.mark.parametrize("mode", ["precomputed", "dynamic"])
 @pytest.mark.parametrize(("layout", "proportion", "factor"), [("half", 0.25, 1.0), ("interleaved", 0.5, 3.0)])
-def test_proportional_rotation_equals_explicit_matrices(mode: str, layout: str, proportion: float, factor: float):  # type: ignore[no-untyped-def]
+def test_proportional_rotation_equals_explicit_matrices(mode: str, layout: str, proportion: float, factor: float):
     """Pair i < int(p·D // 2) rotates by n·θ^(-2i/D)/factor, every other pair of the head dim stays (identity)."""
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
     params = {"layout": layout, "partial_rotary_factor": proportion, "factor": factor}
@@ -313,7 +313,7 @@ def test_xpos_scale_is_torchscales() -> None:
     ``scale ** (position / scale_base)`` (scale_base 512)."""
     head_dim = 64
     torchscale = (torch.arange(0, head_dim, 2, dtype=torch.float64) + 0.4 * head_dim) / (1.4 * head_dim)
-    rate = RT.get("xpos").scale_rate(head_dim, {})  # type: ignore[misc]
+    rate = RT.get("xpos").scale_rate(head_dim, {})
     torch.testing.assert_close(torch.exp(rate * 1000), torchscale ** (1000 / 512), rtol=1e-13, atol=0)
 
 

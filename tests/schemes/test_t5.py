@@ -15,7 +15,7 @@ CONFIG = AttentionConfig(hidden_size=32, num_heads=2, max_position_embeddings=64
 BUCKET_SETTINGS = [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 16, 32), (True, 64, 1000), (True, 5, 7)]
 
 
-def _with_bucket_ids_as_weights(scheme):  # type: ignore[no-untyped-def]
+def _with_bucket_ids_as_weights(scheme):
     """Make ``bias[b, h, i, j]`` read out the bucket id (head 0) and minus it (head 1)."""
     ids = torch.arange(scheme.relative_bias.weight.shape[0], dtype=torch.float64)
     with torch.no_grad():

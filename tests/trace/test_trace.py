@@ -54,7 +54,7 @@ def llama(root: Path) -> Exported:
     folder = build(SAMPLES["llama"], root)
     requests: list[RewriteRequest] = []
 
-    def spy(request: RewriteRequest):  # type: ignore[no-untyped-def]
+    def spy(request: RewriteRequest):
         requests.append(request)
         return replace_positions(request)
 
@@ -65,7 +65,7 @@ def llama(root: Path) -> Exported:
 
 
 def _run(model: str | Path | bytes, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort_session(model).run(None, feed)  # type: ignore[no-any-return]
+    return ort_session(model).run(None, feed)
 
 
 def _fused(path: Path) -> dict[str, int]:
@@ -75,7 +75,7 @@ def _fused(path: Path) -> dict[str, int]:
 
 
 def test_a_traced_llama_layer_computes_what_its_family_export_computes(llama: Exported) -> None:
-    manifest = llama.traced.manifest  # type: ignore[attr-defined]
+    manifest = llama.traced.manifest
     assert manifest.trace is not None
     assert manifest.weights.source.family == "trace"
     assert [(p.part, p.status) for p in manifest.trace.parts] == [
@@ -83,12 +83,12 @@ def test_a_traced_llama_layer_computes_what_its_family_export_computes(llama: Ex
         ("rotation", "replaced"),
         ("attention mask", "replaced"),
     ]
-    assert manifest.inputs == llama.family.manifest.inputs  # type: ignore[attr-defined]
-    assert manifest.outputs == llama.family.manifest.outputs  # type: ignore[attr-defined]
+    assert manifest.inputs == llama.family.manifest.inputs
+    assert manifest.outputs == llama.family.manifest.outputs
     for shape in (FeedShape(2, 5, 3), FeedShape(1, 1, 9), FeedShape(1, 4, 0, start=32764)):
         feed = make_feed(manifest, shape, seed=3)
-        traced = _run(llama.traced.path, feed)  # type: ignore[attr-defined]
-        family = _run(llama.family.path, feed)  # type: ignore[attr-defined]
+        traced = _run(llama.traced.path, feed)
+        family = _run(llama.family.path, feed)
         for a, b in zip(traced, family, strict=True):
             assert np.abs(a - b).max() <= 2e-6, shape
 
@@ -98,7 +98,7 @@ def test_the_traced_graph_optimizes_into_the_family_graph(llama: Exported, tmp_p
     Attention (the rest); the traced graph's node count is within a few nodes of the family's."""
     paths = {}
     for name, result in (("traced", llama.traced), ("family", llama.family)):
-        out = optimize_file(result.path, tmp_path / f"{name}.onnx", "ort-cpu", check=check_ort_parity)  # type: ignore[attr-defined]
+        out = optimize_file(result.path, tmp_path / f"{name}.onnx", "ort-cpu", check=check_ort_parity)
         paths[name] = out.path
     traced, family = (_fused(paths[n]) for n in ("traced", "family"))
     assert traced == family == {"RotaryEmbedding": 2, "Attention": 1, "GroupQueryAttention": 1, "If": 1}
@@ -110,12 +110,12 @@ def test_the_traced_graph_optimizes_into_the_family_graph(llama: Exported, tmp_p
 def test_the_graph_s_angles_are_posenc_s_where_the_traced_ones_drift(llama: Exported) -> None:
     """Near the context length the rewritten graph is within 1e-5 of the module fed float64 angles; the traced graph
     before the rewrite (transformers' float32 angles) is an order of magnitude further off there."""
-    manifest = llama.traced.manifest  # type: ignore[attr-defined]
+    manifest = llama.traced.manifest
     feed = make_feed(manifest, FeedShape(1, 4, 0, start=32764), seed=5)
     exact = load_traced(llama.folder).reference("float64", torch.float64)
     want = [t.numpy() for t in exact(*(torch.from_numpy(feed[k]) for k in ("hidden", "position_ids", "past_key",
                                                                             "past_value")))]  # fmt: skip
-    rewritten = _run(llama.traced.path, feed)  # type: ignore[attr-defined]
+    rewritten = _run(llama.traced.path, feed)
     traced = _run(llama.request.model.SerializeToString(), feed)
     rewritten_error = max(float(np.abs(a - b).max()) for a, b in zip(rewritten, want, strict=True))
     traced_error = max(float(np.abs(a - b).max()) for a, b in zip(traced, want, strict=True))
@@ -144,13 +144,13 @@ def test_a_trace_whose_angles_are_not_recognised_exports_as_traced(
 
     planned = trace_export.plan_trace
 
-    def unrecognised(captured):  # type: ignore[no-untyped-def]
+    def unrecognised(captured):
         plan = planned(captured)
         return dataclasses.replace(plan, angles=None, note="the rotary module's cos/sin are not posenc's (test)")
 
     monkeypatch.setattr(trace_export, "plan_trace", unrecognised)
     result = export_traced(root / "kept.onnx", llama.folder, rewrite=replace_positions)
-    parts = {p.part: p for p in result.manifest.trace.parts}  # type: ignore[union-attr]
+    parts = {p.part: p for p in result.manifest.trace.parts}
     assert parts["rotary angles"].status == "kept"
     assert "(test)" in parts["rotary angles"].detail
     assert result.manifest.table_mode == "dynamic"
@@ -204,7 +204,7 @@ def test_an_argument_posenc_cannot_rebuild_is_named(llama: Exported, monkeypatch
 
     forward = modeling_llama.LlamaDecoderLayer.forward
 
-    def with_extra(self, hidden_states, **kwargs):  # type: ignore[no-untyped-def]
+    def with_extra(self, hidden_states, **kwargs):
         return forward(self, hidden_states, token_scale=torch.ones(hidden_states.shape[1]), **kwargs)
 
     monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", with_extra)
@@ -217,7 +217,7 @@ def test_a_module_torch_export_cannot_trace_is_refused(llama: Exported, monkeypa
 
     forward = modeling_llama.LlamaAttention.forward
 
-    def branching(self, hidden_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def branching(self, hidden_states, *args, **kwargs):
         if float(hidden_states.sum()) > 1e9:  # data-dependent Python control flow
             hidden_states = hidden_states * 2
         return forward(self, hidden_states, *args, **kwargs)

@@ -33,12 +33,12 @@ def test_the_graph_s_angles_are_posenc_s_at_the_context_s_end(
     folder = build(sample, root)
     requests: list[RewriteRequest] = []
 
-    def spy(request: RewriteRequest):  # type: ignore[no-untyped-def]
+    def spy(request: RewriteRequest):
         requests.append(request)
         return replace_positions(request)
 
     result = export_traced(root / "far.onnx", folder, layer=sample.layer, table_mode=mode, rewrite=spy)
-    assert result.manifest.trace.replaced()  # type: ignore[union-attr]
+    assert result.manifest.trace.replaced()
     exact = load_traced(folder, sample.layer).reference("float64", torch.float64)
     for shape in (FeedShape(1, 4, 0, start=LONG - 4), FeedShape(2, 1, 5, start=LONG - 1)):
         feed = make_feed(result.manifest, shape, seed=7)

@@ -33,12 +33,12 @@ def test_a_traced_layer_matches_its_own_module(name: str, tmp_path_factory: pyte
     sample = SAMPLES[name]
     folder = build(sample, root)
     result = export_traced(root / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
-    parts = {part.part: part.status for part in result.manifest.trace.parts}  # type: ignore[union-attr]
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
     if name in ABSENT:
         assert parts["rotary angles"] == "absent"
         assert result.manifest.scheme == "nope"
     elif name in EMBEDDING:
-        assert result.manifest.trace.embedding is not None  # type: ignore[union-attr]
+        assert result.manifest.trace.embedding is not None
         assert result.manifest.scheme == "learned"
     else:
         assert parts["rotary angles"] == "replaced"

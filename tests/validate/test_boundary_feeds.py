@@ -25,7 +25,7 @@ LONGROPE = {
 
 
 def _export(folder: Path, scheme: str, params: Mapping[str, object], **kwargs: object) -> Path:
-    return export_onnx(folder / f"{scheme}.onnx", scheme, params=dict(params), config=CONFIG, **kwargs).path  # type: ignore[arg-type]
+    return export_onnx(folder / f"{scheme}.onnx", scheme, params=dict(params), config=CONFIG, **kwargs).path
 
 
 @pytest.mark.parametrize(

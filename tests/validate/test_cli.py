@@ -13,11 +13,11 @@ from tests.conftest import SMALL
 
 
 @pytest.fixture
-def t5_op(tmp_path):  # type: ignore[no-untyped-def]
+def t5_op(tmp_path):
     return export_onnx(tmp_path / "t5.onnx", "t5", unit="op", config=SMALL, table_mode="precomputed")
 
 
-def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:
     report, data, runs = tmp_path / "p.md", tmp_path / "p.json", tmp_path / "p.runs.json"
     argv = ["validate", str(t5_op.path), "--shape", "2,3,1", "--shape", "1,5,7"]
     argv += ["--report", str(report), "--json-out", str(data), "--runs", str(runs)]
@@ -30,7 +30,7 @@ def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:  #
     assert runs.exists()
 
 
-def test_validate_exits_1_on_mismatch(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_exits_1_on_mismatch(t5_op, capsys) -> None:
     data = json.loads(t5_op.manifest_path.read_text())
     data["params"]["max_distance"] = 16  # the graph buckets distances with max_distance 128
     t5_op.manifest_path.write_text(json.dumps(data))
@@ -38,13 +38,13 @@ def test_validate_exits_1_on_mismatch(t5_op, capsys) -> None:  # type: ignore[no
     assert "MISMATCH" in capsys.readouterr().out
 
 
-def test_validate_exits_2_on_a_truncated_model(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_exits_2_on_a_truncated_model(t5_op, capsys) -> None:
     t5_op.path.write_bytes(t5_op.path.read_bytes()[:100])
     assert main(["validate", str(t5_op.path)]) == 2
     assert "truncated or corrupt" in capsys.readouterr().err
 
 
-def test_sweep_command_writes_json_and_markdown(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_sweep_command_writes_json_and_markdown(tmp_path, capsys) -> None:
     prefix = tmp_path / "sweep"
     argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--no-fp16-tables"]
     argv += ["--last-position", "4096", "--per-bucket", "2", "-o", str(prefix)]
@@ -56,7 +56,7 @@ def test_sweep_command_writes_json_and_markdown(tmp_path, capsys) -> None:  # ty
     assert "wrote" in capsys.readouterr().out
 
 
-def test_validate_with_an_engine_needs_a_gpu_or_says_what_is_missing(t5_op, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_with_an_engine_needs_a_gpu_or_says_what_is_missing(t5_op, tmp_path, capsys) -> None:
     """The TrtRunner path: a missing engine file, or no GPU/tensorrt here, is a clear exit-2 error."""
     assert main(["validate", str(t5_op.path), "--engine", str(tmp_path / "absent.engine")]) == 2
     assert "posenc build" in capsys.readouterr().err
@@ -68,7 +68,7 @@ def test_validate_with_an_engine_needs_a_gpu_or_says_what_is_missing(t5_op, tmp_
 
 
 @pytest.mark.gpu
-def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:
     from posenc.engine import build_engine
     from posenc.engine.targets import current_gpu_target
 
@@ -79,7 +79,7 @@ def test_validate_runs_the_engine_with_trt_runner(t5_op, tmp_path) -> None:  # t
     assert main(["validate", str(t5_op.path), "--engine", str(engine), "--shape", "2,5,3"]) == 0
 
 
-def test_validate_bad_shapes_and_missing_cuda_are_clear_errors(t5_op, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_bad_shapes_and_missing_cuda_are_clear_errors(t5_op, capsys) -> None:
     assert main(["validate", str(t5_op.path), "--shape", "1,0"]) == 2
     assert "FeedShape.seq must be an int >= 1, got 0" in capsys.readouterr().err
     import onnxruntime as ort
@@ -89,7 +89,7 @@ def test_validate_bad_shapes_and_missing_cuda_are_clear_errors(t5_op, capsys) ->
         assert "has no CUDA provider" in capsys.readouterr().err
 
 
-def test_sweep_into_a_folder(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_sweep_into_a_folder(tmp_path, capsys) -> None:
     folder = tmp_path / "sweeps"
     folder.mkdir()
     argv = ["sweep", "--scheme", "alibi", "--dtype", "fp32", "--table-mode", "dynamic", "--per-bucket", "1"]
@@ -98,12 +98,12 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:  # type: ignore[no-untyp
 
 
 @pytest.fixture
-def rope_in_place(tmp_path):  # type: ignore[no-untyped-def]
+def rope_in_place(tmp_path):
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
     return export_onnx(tmp_path / "rope.onnx", "rope", kv_cache="inplace", config=config)
 
 
-def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:
     data = tmp_path / "decode.json"
     assert main(["validate", str(rope_in_place.path), "--decode", "--json-out", str(data)]) == 0
     assert "Decode parity (" in capsys.readouterr().out
@@ -115,7 +115,7 @@ def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsy
     assert report["schedule"][-1]["start"] == rope_in_place.manifest.max_positions - 1
 
 
-def test_validate_decode_exits_1_when_the_steps_drift(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_decode_exits_1_when_the_steps_drift(rope_in_place, capsys) -> None:
     data = json.loads(rope_in_place.manifest_path.read_text())
     data["params"]["rope_theta"] = 500.0  # the graph's tables hold theta 10000
     rope_in_place.manifest_path.write_text(json.dumps(data))
@@ -123,7 +123,7 @@ def test_validate_decode_exits_1_when_the_steps_drift(rope_in_place, capsys) -> 
     assert "MISMATCH" in capsys.readouterr().out
 
 
-def test_validate_decode_refuses_engines_and_random_weights_against_a_checkpoint(rope_in_place, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_validate_decode_refuses_engines_and_random_weights_against_a_checkpoint(rope_in_place, capsys) -> None:
     engine = rope_in_place.path.with_suffix(".engine")
     engine.write_bytes(b"plan")
     assert main(["validate", str(rope_in_place.path), "--decode", "--engine", str(engine)]) == 2

@@ -36,12 +36,12 @@ TOL = get_spec("rope").tolerance("float32")
 
 
 @pytest.fixture(scope="module")
-def rope_op(export_cache):  # type: ignore[no-untyped-def]
+def rope_op(export_cache):
     """The float32 RoPE op of the shared export cache (the parity matrix uses the same file)."""
     return exported(MatrixCase("rope", "precomputed", "float32", "op"), export_cache, SMALL)
 
 
-def _posenc_module_fn(path, shift: float = 0.0):  # type: ignore[no-untyped-def]
+def _posenc_module_fn(path, shift: float = 0.0):
     """The eager posenc module as a plain callable from feed dict to outputs (k_rot shifted by ``shift``)."""
     module, manifest = load_eager(path)
 
@@ -52,7 +52,7 @@ def _posenc_module_fn(path, shift: float = 0.0):  # type: ignore[no-untyped-def]
     return run
 
 
-def test_a_torch_callable_serves_as_the_reference(rope_op) -> None:  # type: ignore[no-untyped-def]
+def test_a_torch_callable_serves_as_the_reference(rope_op) -> None:
     runner = TorchModuleRunner(_posenc_module_fn(rope_op), "posenc-module", ["q_rot", "k_rot"])
     reference = Reference(runner, "the eager posenc module called through TorchModuleRunner")
     report = validate_onnx(rope_op, shapes=SHAPES, references=[reference])
@@ -64,7 +64,7 @@ def test_a_torch_callable_serves_as_the_reference(rope_op) -> None:  # type: ign
     assert all(r.max_abs <= TOL.atol for r in report.rows)
 
 
-def test_a_perturbed_reference_fails_only_the_output_it_moves(rope_op) -> None:  # type: ignore[no-untyped-def]
+def test_a_perturbed_reference_fails_only_the_output_it_moves(rope_op) -> None:
     runner = TorchModuleRunner(_posenc_module_fn(rope_op, shift=10 * TOL.atol), "shifted", ["q_rot", "k_rot"])
     report = validate_onnx(rope_op, shapes=SHAPES, references=[Reference(runner, "k_rot shifted by 10 atol")])
     assert not report.passed
@@ -72,7 +72,7 @@ def test_a_perturbed_reference_fails_only_the_output_it_moves(rope_op) -> None: 
     assert report.failures()[0].max_abs == pytest.approx(10 * TOL.atol, rel=1e-3)
 
 
-def test_every_reference_has_its_rows_and_its_own_tolerance(rope_op) -> None:  # type: ignore[no-untyped-def]
+def test_every_reference_has_its_rows_and_its_own_tolerance(rope_op) -> None:
     shift = 10 * TOL.atol
     loose = Tolerance(atol=1.0, rtol=0.0)
     shifted = Reference(
@@ -94,7 +94,7 @@ def test_every_reference_has_its_rows_and_its_own_tolerance(rope_op) -> None:  #
     assert [(r.reference, r.output) for r in report.failures()] == [("shifted", "k_rot")]
 
 
-def test_an_informational_reference_is_reported_but_not_judged(rope_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_an_informational_reference_is_reported_but_not_judged(rope_op, tmp_path) -> None:
     shifted = Reference(
         TorchModuleRunner(_posenc_module_fn(rope_op, 10 * TOL.atol), "shifted", ["q_rot", "k_rot"]),
         "k_rot shifted (informational)",
@@ -125,7 +125,7 @@ def test_an_informational_reference_is_reported_but_not_judged(rope_op, tmp_path
     }
 
 
-def test_reports_name_the_reference_of_every_row(rope_op) -> None:  # type: ignore[no-untyped-def]
+def test_reports_name_the_reference_of_every_row(rope_op) -> None:
     report = validate_onnx(rope_op, shapes=[FeedShape(1, 1, 0), FeedShape(3, 4, 2)])
     lines = report.to_markdown().splitlines()
     assert "| shape (B, S, P) | reference | runner | output |" in "\n".join(lines)
@@ -138,7 +138,7 @@ def test_reports_name_the_reference_of_every_row(rope_op) -> None:  # type: igno
     assert all(row["reference"] == REFERENCE_NAME for row in data["rows"])
 
 
-def _array_fn(offset: Mapping[str, float]):  # type: ignore[no-untyped-def]
+def _array_fn(offset: Mapping[str, float]):
     return lambda feed: {"y": feed["x"] * 2.0 + offset.get("y", 0.0), "z": feed["x"][:, :1] + offset.get("z", 0.0)}
 
 

@@ -18,17 +18,26 @@ from posenc.schemes import get_spec, specs
 from posenc.validate import DEFAULT_SHAPES, default_shapes, validate_onnx
 from posenc.validate.feeds import serving_limit
 from tests.conftest import SMALL
-from tests.matrix import MatrixCase, exported
+from tests.matrix import MatrixCase, exported, same_graph_as
 
 
-def _unit(spec, dtype: str) -> str:  # type: ignore[no-untyped-def]
+def _unit(spec, dtype: str) -> str:
     if "op" not in spec.exports:
         return "block"
     return "block" if dtype == "fp16" else "op"
 
 
+FULL = {"fp32": "float32", "fp16": "float16"}
 MATRIX = [
-    pytest.param(spec.name, mode.value, dtype, _unit(spec, dtype), id=f"{spec.name}-{mode.value}-{dtype}")
+    pytest.param(
+        spec.name,
+        mode.value,
+        dtype,
+        _unit(spec, dtype),
+        id=f"{spec.name}-{mode.value}-{dtype}",
+        # another scheme's graph up to constant values (tests.matrix.SAME_GRAPH): make test-slow only
+        marks=[pytest.mark.slow] if same_graph_as(spec.name, mode.value, FULL[dtype], _unit(spec, dtype)) else [],
+    )
     for spec in specs()
     for mode in sorted(spec.table_modes, key=lambda m: m.value)
     for dtype in ("fp32", "fp16")
@@ -36,9 +45,8 @@ MATRIX = [
 
 
 @pytest.mark.parametrize(("scheme", "mode", "dtype", "unit"), MATRIX)
-def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, export_cache) -> None:  # type: ignore[no-untyped-def]
-    full_dtype = {"fp32": "float32", "fp16": "float16"}[dtype]
-    path = exported(MatrixCase(scheme, mode, full_dtype, unit), export_cache, SMALL)
+def test_exported_graph_matches_eager_reference(scheme: str, mode: str, dtype: str, unit: str, export_cache) -> None:
+    path = exported(MatrixCase(scheme, mode, FULL[dtype], unit), export_cache, SMALL)
     report = validate_onnx(path)
     outputs = len({row.output for row in report.rows})
     shapes = [row.shape for row in report.rows[::outputs]]

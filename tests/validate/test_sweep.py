@@ -18,7 +18,7 @@ def test_sample_positions_cover_each_bucket_to_131072() -> None:
     assert chosen[-1][-1] == 131072
 
 
-def test_rope_sweep_series_claims_and_outputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_rope_sweep_series_claims_and_outputs(tmp_path) -> None:
     rope_sweep = position_sweep(["rope"], dtypes=("fp32", "fp16"), per_bucket=3)
     keys = [s.key for s in rope_sweep.series]
     assert sorted(keys) == sorted(

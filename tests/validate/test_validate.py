@@ -21,12 +21,12 @@ from tests.conftest import SMALL, copy_export
 
 
 @pytest.fixture(scope="module")
-def yarn_op(tmp_path_factory):  # type: ignore[no-untyped-def]
+def yarn_op(tmp_path_factory):
     folder = tmp_path_factory.mktemp("yarn")
     return export_onnx(folder / "yarn.onnx", "rope_yarn", unit="op", config=SMALL, table_mode="precomputed")
 
 
-def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:
     shapes = [FeedShape(1, 1, 0), FeedShape(3, 5, 2)]
     report = validate_onnx(yarn_op.path, shapes=shapes)
     assert report.passed
@@ -49,7 +49,7 @@ def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:  #
     assert bool(again)
 
 
-def test_eager_runner_is_a_float64_reference(yarn_op) -> None:  # type: ignore[no-untyped-def]
+def test_eager_runner_is_a_float64_reference(yarn_op) -> None:
     module, manifest = load_eager(yarn_op.path)
     shape = FeedShape(2, 3, 4)
     runner = EagerTorchRunner(module, manifest, shape)
@@ -66,7 +66,7 @@ def test_eager_runner_is_a_float64_reference(yarn_op) -> None:  # type: ignore[n
     assert all(v.dtype == np.float64 for v in outputs.values())
 
 
-def test_a_graph_that_disagrees_with_its_reference_fails(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_graph_that_disagrees_with_its_reference_fails(yarn_op, tmp_path) -> None:
     path = copy_export(yarn_op, tmp_path)
     manifest_path = tmp_path / yarn_op.manifest_path.name
     data = json.loads(manifest_path.read_text())
@@ -78,13 +78,13 @@ def test_a_graph_that_disagrees_with_its_reference_fails(yarn_op, tmp_path) -> N
     assert "**FAIL**" in report.to_markdown()
 
 
-def test_stricter_tolerance_override_fails(yarn_op) -> None:  # type: ignore[no-untyped-def]
+def test_stricter_tolerance_override_fails(yarn_op) -> None:
     strict = {"q_rot": Tolerance(atol=0.0, rtol=0.0)}
     report = validate_onnx(yarn_op.path, shapes=[FeedShape(2, 9, 30)], tolerances=strict)
     assert [r.output for r in report.failures()] == ["q_rot"]
 
 
-def test_corrupt_and_truncated_models_raise_model_file_error(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_and_truncated_models_raise_model_file_error(yarn_op, tmp_path) -> None:
     path = copy_export(yarn_op, tmp_path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -97,7 +97,7 @@ def test_corrupt_and_truncated_models_raise_model_file_error(yarn_op, tmp_path) 
         validate_onnx(tmp_path / "missing.onnx")
 
 
-def test_manifest_that_does_not_match_its_model(yarn_op, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_manifest_that_does_not_match_its_model(yarn_op, tmp_path) -> None:
     path = copy_export(yarn_op, tmp_path)
     model = onnx.load(str(path))
     model.doc_string = "edited after export"  # still valid ONNX, other bytes
@@ -118,12 +118,12 @@ def test_manifest_that_does_not_match_its_model(yarn_op, tmp_path) -> None:  # t
         validate_onnx(path)
 
 
-def test_shapes_past_the_table_are_refused(yarn_op) -> None:  # type: ignore[no-untyped-def]
+def test_shapes_past_the_table_are_refused(yarn_op) -> None:
     with pytest.raises(PositionError, match="dynamic"):
         validate_onnx(yarn_op.path, shapes=[FeedShape(1, 8, SMALL.max_position_embeddings)])
 
 
-def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None:
     result = export_onnx(tmp_path / "bf16.onnx", "rope", unit="block", config=SMALL, dtype="bf16")
     model = onnx.load(str(result.path))
     assert check_bf16_structure(model) == []
@@ -137,7 +137,7 @@ def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None: 
     assert report.rows[0].atol == get_spec("rope").tolerance("bfloat16").atol
 
 
-def test_tolerance_follows_the_output_dtype(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_tolerance_follows_the_output_dtype(tmp_path) -> None:
     result = export_onnx(tmp_path / "alibi16.onnx", "alibi", unit="op", config=SMALL, dtype="fp16")
     (bias,) = result.manifest.outputs
     assert bias.dtype == "float32"  # gathered from the float32 table
@@ -146,7 +146,7 @@ def test_tolerance_follows_the_output_dtype(tmp_path) -> None:  # type: ignore[n
     assert tolerance_for("rope", "fp16", "q_rot") == get_spec("rope").tolerance("float16")
 
 
-def test_default_shapes_shrink_to_a_short_table(yarn_op) -> None:  # type: ignore[no-untyped-def]
+def test_default_shapes_shrink_to_a_short_table(yarn_op) -> None:
     short = dataclasses.replace(yarn_op.manifest, max_positions=5)
     shapes = default_shapes(short)
     assert all(s.past + s.seq <= 5 for s in shapes)

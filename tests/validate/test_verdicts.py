@@ -36,7 +36,7 @@ def _runner(name: str, offset: Callable[[np.ndarray], np.ndarray] = np.zeros_lik
     atol=st.floats(0, 0.1),
     rtol=st.floats(0, 0.1),
 )
-def test_margin_at_most_one_exactly_when_no_element_fails(ref, err, atol, rtol) -> None:  # type: ignore[no-untyped-def]
+def test_margin_at_most_one_exactly_when_no_element_fails(ref, err, atol, rtol) -> None:
     expected = np.array(ref)
     got = expected + np.array(err[: len(ref)])
     tol = Tolerance(atol=atol, rtol=rtol)

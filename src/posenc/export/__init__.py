@@ -32,43 +32,52 @@ written to a temporary name and renamed, so a failed export leaves nothing behin
 validated by emulation on ONNX Runtime CPU (see :mod:`posenc.validate.bf16`).
 """
 
-from posenc.dtypes import dtype_name, torch_dtype
-from posenc.export.exporter import (
-    DEFAULT_OPSET,
-    EXPORT_DTYPES,
-    INPLACE_OPSET,
-    SUPPORTED_OPSETS,
-    ExportResult,
-    check_dtype,
-    check_opset,
-    export_module,
-    export_onnx,
-    library_versions,
-    to_onnx_model,
-)
-from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
-from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
-from posenc.export.runtime import (
-    build_eager,
-    check_feed,
-    check_model_file,
-    load_eager,
-    ort_providers,
-    ort_session,
-    reference_inputs,
-    run_onnx,
-)
-from posenc.export.units import (
-    ALL_UNITS,
-    BLOCK_INPLACE,
-    KV_CACHES,
-    SAMPLE_SHAPE,
-    UNITS,
-    FeedShape,
-    make_feed,
-    positions_for,
-    unit_for_cache,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from posenc._lazy import lazy_exports
+
+# Imported on first use, so that `posenc --help` (which reads the unit names of posenc.export.kinds) loads no torch.
+_EXPORTS: dict[str, str] = {
+    "ALL_UNITS": "posenc.export.kinds",
+    "BLOCK_INPLACE": "posenc.export.kinds",
+    "DEFAULT_OPSET": "posenc.export.exporter",
+    "DimRange": "posenc.export.manifest",
+    "EXPORT_DTYPES": "posenc.export.exporter",
+    "ExportResult": "posenc.export.exporter",
+    "FeedShape": "posenc.export.units",
+    "INPLACE_OPSET": "posenc.export.exporter",
+    "KV_CACHES": "posenc.export.kinds",
+    "Manifest": "posenc.export.manifest",
+    "SAMPLE_SHAPE": "posenc.export.units",
+    "SUPPORTED_OPSETS": "posenc.export.exporter",
+    "TensorSpec": "posenc.export.manifest",
+    "UNITS": "posenc.export.kinds",
+    "build_eager": "posenc.export.runtime",
+    "check_dtype": "posenc.export.exporter",
+    "check_feed": "posenc.export.runtime",
+    "check_model_file": "posenc.export.runtime",
+    "check_opset": "posenc.export.exporter",
+    "dtype_name": "posenc.dtypes",
+    "export_module": "posenc.export.exporter",
+    "export_onnx": "posenc.export.exporter",
+    "library_versions": "posenc.export.exporter",
+    "load_eager": "posenc.export.runtime",
+    "load_manifest": "posenc.export.manifest",
+    "make_feed": "posenc.export.units",
+    "manifest_path_for": "posenc.export.files",
+    "ort_providers": "posenc.export.runtime",
+    "ort_session": "posenc.export.runtime",
+    "positions_for": "posenc.export.units",
+    "reference_inputs": "posenc.export.runtime",
+    "run_onnx": "posenc.export.runtime",
+    "sha256_file": "posenc.export.files",
+    "to_onnx_model": "posenc.export.exporter",
+    "torch_dtype": "posenc.dtypes",
+    "unit_for_cache": "posenc.export.kinds",
+    "weights_path_for": "posenc.export.files",
+}
 
 __all__ = [
     "ALL_UNITS",
@@ -109,3 +118,40 @@ __all__ = [
     "unit_for_cache",
     "weights_path_for",
 ]
+
+if TYPE_CHECKING:  # what the names are, for type checkers
+    from posenc.dtypes import dtype_name, torch_dtype
+    from posenc.export.exporter import (
+        DEFAULT_OPSET,
+        EXPORT_DTYPES,
+        INPLACE_OPSET,
+        SUPPORTED_OPSETS,
+        ExportResult,
+        check_dtype,
+        check_opset,
+        export_module,
+        export_onnx,
+        library_versions,
+        to_onnx_model,
+    )
+    from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
+    from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, unit_for_cache
+    from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
+    from posenc.export.runtime import (
+        build_eager,
+        check_feed,
+        check_model_file,
+        load_eager,
+        ort_providers,
+        ort_session,
+        reference_inputs,
+        run_onnx,
+    )
+    from posenc.export.units import (
+        SAMPLE_SHAPE,
+        FeedShape,
+        make_feed,
+        positions_for,
+    )
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
