@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "posenc.validate.cli",
     "posenc.bench.cli",
     "posenc.demo",
+    "posenc.census.cli",
 )
 
 
