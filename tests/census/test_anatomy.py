@@ -9,13 +9,15 @@ pytest.importorskip("transformers")
 
 from posenc.census.anatomy import read_anatomy
 from posenc.census.tiny import tiny_config
-from posenc.census.types import model_class_for
+from posenc.census.types import model_type_info
 
 
 def _anatomy(model_type: str):  # type: ignore[no-untyped-def]
     built = tiny_config(model_type)
     config = built.config
-    cls = model_class_for(model_type, type(config), bool(getattr(config, "is_encoder_decoder", False)))
+    import transformers
+
+    cls = getattr(transformers, model_type_info(model_type).model_class)  # type: ignore[union-attr]
     return read_anatomy(cls(config), config)
 
 

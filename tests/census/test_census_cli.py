@@ -158,3 +158,16 @@ def test_bad_census_options_are_refused(tmp_path: Path, capsys) -> None:  # type
     assert "takes no token ids" in capsys.readouterr().err
     assert main(["models", "--types", "llama"]) == 2
     assert "add --census" in capsys.readouterr().err
+
+
+def test_posenc_help_does_not_load_the_census() -> None:
+    """`posenc models` registers with argparse only: the census parts and transformers load when it runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, posenc.cli; posenc.cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('posenc.census.', 'transformers'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['posenc.census.cli']"

@@ -46,18 +46,22 @@ SCHEMES = (
     "Transformer-XL relative",
     "learned absolute",
     "sinusoidal",
+    "other relative",
     "NoPE",
     "none (no attention)",
 )
 """The positional schemes of the census, in the order of its tables."""
-_ATTENTION = re.compile(r"Attention|Attn", re.IGNORECASE)
+_ATTENTION = re.compile(r"Attention|Attn|MLA$", re.IGNORECASE)
 _ROTARY = re.compile(r"Rotary|RoPE", re.IGNORECASE)
-_POSITION_TABLE = re.compile(r"(position_embeddings?|embed_positions|(^|\.)wpe|pos_emb\w*|position_embedder)$")
+_POSITION_TABLE = re.compile(
+    r"(position_embeddings?|embed_positions|positions_embed|(^|\.)wpe|pos_emb\w*|position_embedder)$"
+)
 _HEADS_FIELD = re.compile(r"heads$|^n_head$")
 _OTHER_MODALITY = re.compile(r"Vision|Visual|Image|Audio|Speech|Video|Pixel|Codec|Vq|Mel|Acoustic|Wav|Siglip|Clip|Vit")
 _TABLE_CLASS = re.compile(r"Positional|Sinusoid")
 """An ``inv_freq`` buffer in such a class builds an added table (BROS's box embedding), not a rotation."""
-_SINUSOID_BUFFER = re.compile(r"^(pos_encoding|positional_encoding|pe|sinusoids?)$")
+_SINUSOID_BUFFER = re.compile(r"^(pos_encoding|positional_encoding|pe|sinusoids?|position_embeddings?|pos_emb\w*)$")
+_RELATIVE_CLASS = re.compile(r"Relative|RelPos")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,14 +241,21 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
             if _SINUSOID_BUFFER.search(buffer):
                 found.add("sinusoidal")
                 evidence.append(f"{name}.{buffer}: a position table buffer")
+        for param, value in own.items():
+            if _POSITION_TABLE.search(param) and value.ndim >= 2:  # a table held as a bare parameter
+                found.add("learned absolute")
+                evidence.append(f"{name}.{param}: a position parameter")
+        if _RELATIVE_CLASS.search(cls):
+            found.add("other relative")
+            evidence.append(f"{name}: {cls}")
         if {"r_w_bias", "r_r_bias"} & set(own):
             found.add("Transformer-XL relative")
             evidence.append(f"{name}: r_w_bias / r_r_bias")
         if "Sinusoidal" in cls or "PositionalEncoding" in cls:
             found.add("sinusoidal")
             evidence.append(f"{name}: {cls}")
-        elif _POSITION_TABLE.search(name) and isinstance(module, nn.Embedding):
-            trainable = module.weight.requires_grad
+        elif _POSITION_TABLE.search(name) and getattr(getattr(module, "weight", None), "ndim", 0) == 2:
+            trainable = module.weight.requires_grad  # an nn.Embedding, or a table like I-BERT's QuantEmbedding
             found.add("learned absolute" if trainable else "sinusoidal")
             evidence.append(f"{name}: {cls}{'' if trainable else ' (frozen table)'}")
     for field in ("rotary_dim", "rotary_pct", "rotary_emb_base"):
@@ -252,6 +263,9 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
             found.add("RoPE")
             evidence.append(f"config.{field}")
     source = _modeling_source(model)
+    if "sinusoidal" in found and re.search(r"def apply_rotary|rotate_half", source):
+        found.add("RoPE")  # RoFormer rotates q and k with its sinusoidal table
+        evidence.append("modeling source rotates q/k with the sinusoidal table")
     if re.search(r"def (build_)?alibi|alibi_bias|build_alibi", source):
         alibi_on = getattr(text_config, "alibi", None)
         attn_config = getattr(text_config, "attn_config", None)
@@ -262,6 +276,11 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
         elif "RoPE" in found:
             found.add("RoPE / ALiBi")
             evidence.append("ALiBi when the config sets alibi=True")
+    declared = str(getattr(text_config, "position_embedding_type", "") or "").lower()
+    if declared in ("nope", "none") and found & {"RoPE", "learned absolute", "sinusoidal"}:
+        # Granite 4's rotary module is built but its attention reads the config and skips it.
+        found -= {"RoPE", "learned absolute", "sinusoidal"}
+        evidence.append(f"config.position_embedding_type = {declared!r}")
     if not attention or not _has_heads(text_config.to_dict()):
         scheme = "none (no attention)"
     elif "RoPE / ALiBi" in found:  # a config switch between the two (Falcon)

@@ -83,18 +83,18 @@ def _notes(entry: Mapping[str, Any]) -> str:
     path = type_path(entry)
     if path in ("not built", "timeout", "crashed") or (path == "no attention" and entry.get("reason")):
         notes.append(str(entry.get("reason", "")))
-    reasons = collections.OrderedDict[str, list[str]]()
+    reasons: dict[str, list[str]] = {}
     for kind in kinds:
         if kind.get("path") == REFUSED:
             reasons.setdefault(str(kind.get("reason", "")), []).append(_kind_name(kind))
         if kind.get("kept"):
             notes.append(f"{_kind_name(kind)} kept as traced: {'; '.join(kind['kept'])}")
     for reason, where in reasons.items():
-        prefix = f"{', '.join(where)}: " if len(kinds) > 1 else ""
-        notes.append(prefix + reason)
+        notes.append((f"{', '.join(where)}: " if len(reasons) > 1 else "") + reason)
     if len(kinds) > 1:
-        labels = [f"{_kind_name(k)} ({k.get('path')})" for k in kinds]
-        notes.append("kinds: " + ", ".join(labels))
+        paths = {str(k.get("path")) for k in kinds}
+        labels = [_kind_name(k) + (f" ({k.get('path')})" if len(paths) > 1 else "") for k in kinds]
+        notes.append(f"{len(kinds)} layer kinds: " + ", ".join(labels))
     build = entry.get("build") or {}
     if build and not build.get("kinds_kept", True):
         notes.append(f"the tiny config ({build.get('layers')} layers) lacks some of the default's layer kinds")

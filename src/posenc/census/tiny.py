@@ -236,7 +236,7 @@ class _Shrink:
             return
         original = _layer_count(data)
         heads = next((v for k, v in data.items() if _HEADS.search(k) and not _KV_HEADS.search(k) and _int_value(v)), 0)
-        hidden = data.get("hidden_size")
+        hidden = next((data[k] for k in ("hidden_size", "n_embd", "d_model") if _int_value(data.get(k))), None)
         head_dim = data.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
         if text:
             layers: int | None = self.layers
@@ -267,6 +267,11 @@ class _Shrink:
                 data[key] = kept if kept or text else [layers - 1]
             elif original and layers and _is_per_layer(key, value, original):
                 data[key] = self._per_layer(key, value[:layers])
+        for key in [k for k, v in data.items() if v is None and _KV_HEADS.search(k)] if text and heads else []:
+            data[key] = min(heads, self.t.heads)  # unset: "defaults to num_attention_heads" (Nemotron reads it)
+        if text and "head_dim" in data and data["head_dim"] is None and heads and _int_value(data.get("hidden_size")):
+            # A head width the default leaves unset is the one the geometry implies (HunYuan's module reads it).
+            data["head_dim"] = data["hidden_size"] // min(heads, self.t.heads)
         if (
             _int_value(data.get("qk_nope_head_dim"))
             and _int_value(data.get("qk_rope_head_dim"))
@@ -409,6 +414,27 @@ def _flat(data: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return items
 
 
+def _build(
+    config_class: Any,
+    data: Mapping[str, Any],
+    layers: int,
+    text_type: str,
+    targets: Targets,
+    path: Sequence[str],
+    overrides: Mapping[str, Any] | None,
+) -> Any:
+    """The config class built from ``data`` shrunk for ``layers`` and ``targets``, or the exception it raised."""
+    shrunk = copy.deepcopy(dict(data))
+    _Shrink(layers, text_type, targets).apply(shrunk, text=not path)  # the text dict: found by its model_type
+    vocab = min((v for k, v in _flat(shrunk) if k == "vocab_size" and _int_value(v)), default=VOCAB)
+    _remap_ids(shrunk, max(vocab, 2), {})
+    shrunk.update(overrides or {})
+    try:
+        return config_class.from_dict(shrunk)
+    except Exception as exc:  # returned: the caller records it and tries another size
+        return exc
+
+
 def tiny_configs(
     model_type: str, *, max_layers: int = 16, overrides: Mapping[str, Any] | None = None
 ) -> Iterator[TinyConfig]:
@@ -446,16 +472,10 @@ def tiny_configs(
     for targets in VARIANTS:
         best: tuple[int, TinyConfig] | None = None
         for layers in range(2, max(2, min(max_layers, original)) + 1):
-            shrunk = copy.deepcopy(data)
-            _Shrink(layers, text_type, targets).apply(shrunk, text=not path)  # the text dict: by its model_type
-            vocab = min((v for k, v in _flat(shrunk) if k == "vocab_size" and _int_value(v)), default=VOCAB)
-            _remap_ids(shrunk, max(vocab, 2), {})
-            shrunk.update(overrides or {})
-            try:
-                config = config_class.from_dict(shrunk)
-            except Exception as exc:  # a larger L or the next variant may satisfy the config's validation
-                last = exc
-                rejected.append(f"L={layers} {targets}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            config = _build(config_class, data, layers, text_type, targets, path, overrides)
+            if isinstance(config, Exception):  # a larger L or the next variant may satisfy the config's validation
+                last = config
+                rejected.append(f"L={layers} {targets}: {type(config).__name__}: {' '.join(str(config).split())[:200]}")
                 continue
             have = len(wanted & set(layer_kinds(config.get_text_config(decoder=True) if path else config)))
             if best is None or have > best[0]:
@@ -464,10 +484,18 @@ def tiny_configs(
                 break
         if best is None:
             continue
-        key = json.dumps(best[1].config.to_dict(), sort_keys=True, default=str)
-        if key not in seen:  # a variant that changed nothing here is not tried twice
-            seen.add(key)
-            yield dataclasses.replace(best[1], rejected=list(rejected))
+        candidates = [best[1]]
+        if targets == VARIANTS[0] and best[1].kinds_kept and 2 * best[1].layers <= max_layers:
+            # Twice the layers, same kinds: where a count of layers of one kind (Gemma 3n's kv-shared layers)
+            # must leave a whole pattern before it, the model may refuse the smallest L.
+            doubled = _build(config_class, data, 2 * best[1].layers, text_type, targets, path, overrides)
+            if not isinstance(doubled, Exception):
+                candidates.append(dataclasses.replace(best[1], config=doubled, layers=2 * best[1].layers))
+        for candidate in candidates:
+            key = json.dumps(candidate.config.to_dict(), sort_keys=True, default=str)
+            if key not in seen:  # a variant that changed nothing here is not tried twice
+                seen.add(key)
+                yield dataclasses.replace(candidate, rejected=list(rejected))
     if not seen:
         assert last is not None  # at least one attempt ran
         raise last

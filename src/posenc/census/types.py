@@ -109,24 +109,41 @@ def _module_classes(config_class: type) -> list[type]:
     return found
 
 
-def model_class_for(model_type: str, config_class: type | None = None, encoder_decoder: bool = False) -> type | None:
-    """The class a tiny checkpoint of ``model_type`` is saved from (see :data:`CHECKPOINT_HEADS`; an encoder-decoder
-    from its sequence-to-sequence head first: BART has a decoder-only ``BartForCausalLM`` too), or None."""
+def model_classes_for(
+    model_type: str, config_class: type | None = None, encoder_decoder: bool = False, composite: bool = False
+) -> list[type]:
+    """The classes a tiny checkpoint of ``model_type`` may be saved from, best first (see :data:`CHECKPOINT_HEADS`):
+    an encoder-decoder's sequence-to-sequence head first (BART has a decoder-only ``BartForCausalLM`` too), a
+    composite's multimodal head first; a head whose ``config_class`` is not the type's config is left out (it is a
+    head of the type's text part: ``llama4`` -> ``Llama4ForCausalLM`` takes ``Llama4TextConfig``); then the
+    modeling module's own classes of the config."""
     transformers = import_transformers()
-    heads = sorted(CHECKPOINT_HEADS, key=lambda h: encoder_decoder and "SEQ" not in h)
-    for head in (*heads, "MODEL"):
+
+    def preferred(head: str) -> bool:
+        if encoder_decoder:
+            return "SEQ" in head
+        return composite and head in ("IMAGE_TEXT_TO_TEXT", "MULTIMODAL_LM")
+
+    found: list[type] = []
+    for head in (*sorted(CHECKPOINT_HEADS, key=lambda head: not preferred(head)), "MODEL"):
         name = _mapping(head).get(model_type)
-        if name is not None and hasattr(transformers, _first_class_name(name)):
-            found: type = getattr(transformers, _first_class_name(name))
-            return found
-    if config_class is None:
-        return None
-    candidates = _module_classes(config_class)
-    for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
-        for cls in candidates:
-            if cls.__name__.endswith(suffix) and "PreTrained" not in cls.__name__:
-                return cls
-    return None
+        cls = getattr(transformers, _first_class_name(name), None) if name is not None else None
+        declared = getattr(cls, "config_class", None)
+        if cls is not None and (config_class is None or declared is None or issubclass(config_class, declared)):
+            found.append(cls)
+    if config_class is not None:
+        own = [c for c in _module_classes(config_class) if "PreTrained" not in c.__name__]
+        for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
+            found += [c for c in own if c.__name__.endswith(suffix)]
+    return list(dict.fromkeys(found))
+
+
+def model_class_for(
+    model_type: str, config_class: type | None = None, encoder_decoder: bool = False, composite: bool = False
+) -> type | None:
+    """The first of :func:`model_classes_for`, or None."""
+    found = model_classes_for(model_type, config_class, encoder_decoder, composite)
+    return found[0] if found else None
 
 
 def _missing_backend(cls: type) -> str:
@@ -163,7 +180,13 @@ def _classify(model_type: str, text_heads: set[str], towers: Callable[[], set[st
         return LeftOut(model_type, f"a generic composite of any {' and '.join(subs)} (each counted as its own type)")
     if base is None and model_type not in text_heads and model_type not in towers():
         return LeftOut(model_type, "no model class of its own (a generic composite, or a part of another model)")
-    cls = model_class_for(model_type, config_class, bool(getattr(config, "is_encoder_decoder", False)))
+    try:
+        text = config.get_text_config(decoder=True)
+    except Exception:  # composites whose text config cannot be chosen are judged by themselves
+        text = config
+    text_type = str(getattr(text, "model_type", "") or model_type)
+    composite = text is not config and text_type != model_type
+    cls = model_class_for(model_type, config_class, bool(getattr(config, "is_encoder_decoder", False)), composite)
     if cls is None:
         return LeftOut(model_type, "transformers has no model class for its config")
     probe = getattr(import_transformers(), _first_class_name(base), cls) if base is not None else cls
@@ -172,12 +195,7 @@ def _classify(model_type: str, text_heads: set[str], towers: Callable[[], set[st
         return LeftOut(model_type, f"{cls.__name__} needs a package this environment lacks ({missing})")
     if not (reads_tokens(probe) or reads_tokens(cls)):
         return LeftOut(model_type, f"{probe.__name__}.forward takes no token ids (not a text model)")
-    try:
-        text = config.get_text_config(decoder=True)
-    except Exception:  # composites whose text config cannot be chosen are judged by themselves
-        text = config
-    text_type = str(getattr(text, "model_type", "") or model_type)
-    if text is not config and text_type != model_type:
+    if composite:
         if model_type not in text_heads:
             return LeftOut(model_type, f"a dual encoder without a text head; its text tower {text_type} is counted")
         return ModelType(model_type, "multimodal", text_type, config_class.__name__, cls.__name__)
@@ -244,4 +262,12 @@ def model_type_info(name: str) -> ModelType | LeftOut:
     return left[0]
 
 
-__all__ = ["KINDS", "LeftOut", "ModelType", "model_class_for", "model_type_info", "text_model_types"]
+__all__ = [
+    "KINDS",
+    "LeftOut",
+    "ModelType",
+    "model_class_for",
+    "model_classes_for",
+    "model_type_info",
+    "text_model_types",
+]

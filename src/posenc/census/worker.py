@@ -23,6 +23,7 @@ import gc
 import io
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -144,7 +145,11 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
         del model
         gc.collect()
     except Exception as exc:
-        return _finish(result, save, "no-checkpoint", str(exc) if isinstance(exc, _NotBuiltError) else _error(exc))
+        reason = str(exc) if isinstance(exc, _NotBuiltError) else _error(exc)
+        default = _meta_anatomy(info)
+        if default is not None:  # the scheme is still known where the default config builds (on the meta device)
+            result.update(scheme=default.scheme, evidence=[*default.evidence, "read from the default config"])
+        return _finish(result, save, "no-checkpoint", reason)
     kinds = [dict(kind.__dict__) for kind in anatomy.kinds]
     result.update(scheme=anatomy.scheme, evidence=list(anatomy.evidence), layers=kinds)
     save(stage="export")
@@ -175,50 +180,117 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}"
 
 
-MAX_CANDIDATES = 7
-"""Tiny configs tried per type before the census gives up on building it."""
+_BASE_DEFAULTS = {"initializer_range": 0.02}
+_MISSING = re.compile(r"has no attribute '(\w*token_id|initializer_range)'")
+MAX_CANDIDATES = 9
+"""Tiny configs tried per type before the census gives up on building it (every size variant, and the first
+variant at twice its layers: :func:`posenc.census.tiny.tiny_configs`)."""
 
 
 def _build(info: ModelType, checkpoint: Path, seed: int, save: Any) -> tuple[Any, Any]:
-    """The first tiny config whose model builds, saved into ``checkpoint``: ``(model, tiny config)``.
+    """The first tiny config whose model builds, saved into ``checkpoint``: ``(model, tiny config)``. The type's
+    model class first, with every candidate config; then its other classes (``reformer``'s causal LM head needs
+    ``is_decoder``, its masked LM head does not) with the first one.
 
     Raises:
         _NotBuiltError: none builds; the message gives the first error and whether transformers' default config
             builds the model at all (on the meta device: no memory), which tells a shrinking problem from a
             default config that is not runnable as it stands.
     """
-    import shutil
-
-    from posenc.census.tiny import save_tiny_model, tiny_configs
+    from posenc.census.tiny import tiny_configs
 
     errors: list[str] = []
+    first = None
     for index, tiny in enumerate(tiny_configs(info.name)):
         if index == MAX_CANDIDATES:
             break
-        build = {"layers": tiny.layers, "kinds_kept": tiny.kinds_kept, "targets": str(tiny.targets)}
-        save(stage="model", build=build)
+        first = first or tiny
+        built = _try_build(info.model_class, tiny, checkpoint, seed, save, errors)
+        if built is not None:
+            return built, tiny
+    if first is not None:
+        for cls in _other_classes(info, first.config):
+            built = _try_build(cls, first, checkpoint, seed, save, errors)
+            if built is not None:
+                save(model_class=cls)
+                return built, first
+    others = f" (and {len(errors) - 1} more attempts)" if len(errors) > 1 else ""
+    raise _NotBuiltError(f"{errors[0]}{others}; {_default_builds(info)}" if errors else "no tiny config")
+
+
+def _other_classes(info: ModelType, config: Any) -> list[str]:
+    from posenc.census.types import model_classes_for
+
+    composite = info.kind == "multimodal"
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    classes = model_classes_for(info.name, type(config), encoder_decoder, composite)
+    return [c.__name__ for c in classes if c.__name__ != info.model_class][:3]
+
+
+def _try_build(model_class: str, tiny: Any, checkpoint: Path, seed: int, save: Any, errors: list[str]) -> Any:
+    """``save_tiny_model`` of one class and config, or None (the error appended to ``errors``)."""
+    import shutil
+
+    from posenc.census.tiny import save_tiny_model
+
+    save(stage="model", build={"layers": tiny.layers, "kinds_kept": tiny.kinds_kept, "targets": str(tiny.targets)})
+    for _ in range(3):
         try:
-            return save_tiny_model(tiny.config, info.model_class, checkpoint, seed=seed), tiny
+            return save_tiny_model(tiny.config, model_class, checkpoint, seed=seed)
+        except AttributeError as exc:
+            missing = _MISSING.search(str(exc))
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            if missing is None:
+                errors.append(_error(exc))
+                return None
+            # A field the config class no longer declares but its model reads (Llama4Config's pad_token_id,
+            # Pix2StructTextConfig's initializer_range): PretrainedConfig's own default for it.
+            name = missing.group(1)
+            for config in (tiny.config, tiny.config.get_text_config(decoder=True)):
+                setattr(config, name, None if name.endswith("token_id") else _BASE_DEFAULTS[name])
         except Exception as exc:  # the next candidate may build
             errors.append(_error(exc))
             shutil.rmtree(checkpoint, ignore_errors=True)
-    raise _NotBuiltError(f"{errors[0]}; {_default_builds(info)}" if errors else "no tiny config")
+            return None
+    return None
 
 
-def _default_builds(info: ModelType) -> str:
+def _default_model(info: ModelType) -> tuple[Any, Any]:
+    """``(model on the meta device or the exception, config)`` of transformers' default config: no memory."""
     import torch
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from posenc.census.types import model_class_for
+    from posenc.checkpoints.reference import import_transformers
 
     config = CONFIG_MAPPING[info.name]()
-    cls = model_class_for(info.name, type(config), bool(getattr(config, "is_encoder_decoder", False)))
+    cls = getattr(import_transformers(), info.model_class, None) or model_class_for(info.name, type(config))
     try:
         with torch.device("meta"):
-            cls(config)  # type: ignore[misc]  # a model class
-    except Exception as exc:
-        return f"transformers' default config does not build {info.model_class} either ({_error(exc)})"
-    return f"transformers' default config builds {info.model_class}: the shrunk sizes do not fit together"
+            return cls(config), config  # type: ignore[misc]  # a model class
+    except Exception as exc:  # the caller reports it
+        return exc, config
+
+
+def _default_builds(info: ModelType) -> str:
+    model, _ = _default_model(info)
+    if isinstance(model, Exception):
+        return f"transformers' default config does not build {info.model_class} either ({_error(model)})"
+    return (
+        f"transformers' default config builds {info.model_class} on the meta device (no weights initialised): "
+        "the shrunk sizes do not fit together, or the initialisation fails"
+    )
+
+
+def _meta_anatomy(info: ModelType) -> Any:
+    """The anatomy of the default config's model on the meta device, or None where it does not build."""
+    from posenc.census.anatomy import read_anatomy
+
+    try:
+        model, config = _default_model(info)
+        return None if isinstance(model, Exception) else read_anatomy(model, config)
+    except Exception:  # reading a model that only exists on the meta device may fail too: no scheme then
+        return None
 
 
 def _finish(result: dict[str, Any], save: Any, status: str, reason: str) -> dict[str, Any]:
