@@ -128,7 +128,10 @@ def model_classes_for(
     for head in (*sorted(CHECKPOINT_HEADS, key=lambda head: not preferred(head)), "MODEL"):
         name = _mapping(head).get(model_type)
         cls = getattr(transformers, _first_class_name(name), None) if name is not None else None
-        declared = getattr(cls, "config_class", None)
+        try:
+            declared = getattr(cls, "config_class", None)
+        except ImportError:  # a placeholder for a missing backend: kept, and reported as such by the caller
+            declared = None
         if cls is not None and (config_class is None or declared is None or issubclass(config_class, declared)):
             found.append(cls)
     if config_class is not None:
