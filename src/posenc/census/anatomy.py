@@ -128,7 +128,8 @@ def _own_modules(root: nn.Module, text_config: Any) -> Iterator[tuple[str, nn.Mo
 
 
 def _stacks(root: nn.Module, text_config: Any) -> list[tuple[str, list[nn.Module]]]:
-    """Top-most ``ModuleList`` s whose entries hold attention or are named ``*Layer`` / ``*Block``."""
+    """Top-most ``ModuleList`` s whose entries hold attention or are named ``*Layer`` / ``*Block`` (not norms),
+    those holding attention first."""
     found: list[tuple[str, list[nn.Module]]] = []
     for name, module in _own_modules(root, text_config):
         if not isinstance(module, nn.ModuleList) or not len(module):
@@ -138,11 +139,15 @@ def _stacks(root: nn.Module, text_config: Any) -> list[tuple[str, list[nn.Module
         layers: list[nn.Module] = []
         for entry in module:
             layers.extend(entry if isinstance(entry, nn.ModuleList) else [entry])
-        layer_like = all(re.search(r"Layer|Block", type(layer).__name__) for layer in layers)
-        holds_attention = any(_ATTENTION.search(type(m).__name__) for layer in layers for m in layer.modules())
-        if layer_like or holds_attention:
+        names = [type(layer).__name__ for layer in layers]
+        layer_like = all(re.search(r"Layer|Block", n) and not n.endswith("Norm") for n in names)
+        if layer_like or _holds_attention(layers):
             found.append((name, layers))
-    return found
+    return sorted(found, key=lambda stack: not _holds_attention(stack[1]))
+
+
+def _holds_attention(layers: list[nn.Module]) -> bool:
+    return any(_ATTENTION.search(type(m).__name__) for layer in layers for m in layer.modules())
 
 
 def _stack_label(path: str, encoder_decoder: bool) -> str | None:
@@ -157,7 +162,14 @@ def _stack_label(path: str, encoder_decoder: bool) -> str | None:
 
 
 def _attention_classes(layer: nn.Module) -> tuple[str, ...]:
-    names = [type(m).__name__ for name, m in layer.named_modules() if name and _ATTENTION.search(type(m).__name__)]
+    # The layer's own class counts only where the layer is the attention (XLM keeps its attentions in a list of
+    # their own); a decoder layer named "...AttentionDecoderLayer" is not.
+    own = [] if re.search(r"Layer|Block", type(layer).__name__) else [layer]
+    names = [
+        type(m).__name__
+        for name, m in layer.named_modules()
+        if (name or m in own) and _ATTENTION.search(type(m).__name__)
+    ]
     return tuple(dict.fromkeys(names))
 
 
@@ -172,8 +184,9 @@ def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
         for path, layers in stacks:
             by_label.setdefault(_stack_label(path, True), (path, layers))
         chosen = list(by_label.values())
-    else:
-        chosen = sorted(stacks, key=lambda s: -len(s[1]))[:1]
+    else:  # attention first, then the length the config gives its layers (Evolla's compressor has 6), then longest
+        counts = {v for k, v in text_config.to_dict().items() if isinstance(v, int) and re.search(r"layers?$", k)}
+        chosen = sorted(stacks, key=lambda s: (not _holds_attention(s[1]), len(s[1]) not in counts, -len(s[1])))[:1]
     per_layer = layer_kinds(text_config)
     kinds: list[LayerKind] = []
     for path, layers in chosen:

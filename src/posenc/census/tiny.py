@@ -171,6 +171,13 @@ def _is_config_dict(key: str, value: Any) -> bool:
     )
 
 
+def _is_width(key: str) -> bool:
+    """A width field (model, head, feed-forward, latent rank): the fields :class:`_Shrink` keeps equal."""
+    if key in MLA or _HEAD_DIM.search(key) or _INTERMEDIATE.search(key):
+        return True
+    return bool(_WIDTH.search(key)) and not _NOT_A_SIZE.search(key)
+
+
 def _is_index_list(key: str, value: Any, layers: int) -> bool:
     """A list of layer indices (``cross_attention_layers: [3, 8, 13]``, ``moe_layers: [0, 1, ..., 47]``)."""
     return (
@@ -247,6 +254,7 @@ class _Shrink:
                 else min(original, self.t.other_layers)
             )
             layers = original if layers is None else layers
+        before = {k: v for k, v in data.items() if _int_value(v) and _is_width(k)}
         for key, value in list(data.items()):
             if original and layers and key not in SKIP_DICTS and _is_index_dict(value, original):
                 data[key] = {k: v for k, v in value.items() if int(k) < layers}
@@ -267,6 +275,7 @@ class _Shrink:
                 data[key] = kept if kept or text else [layers - 1]
             elif original and layers and _is_per_layer(key, value, original):
                 data[key] = self._per_layer(key, value[:layers])
+        self._keep_equal(data, before)
         for key in [k for k, v in data.items() if v is None and _KV_HEADS.search(k)] if text and heads else []:
             data[key] = min(heads, self.t.heads)  # unset: "defaults to num_attention_heads" (Nemotron reads it)
         if text and "head_dim" in data and data["head_dim"] is None and heads and _int_value(data.get("hidden_size")):
@@ -281,6 +290,19 @@ class _Shrink:
         for key in ("dtype", "torch_dtype"):
             if isinstance(data.get(key), str):
                 data[key] = "float32"
+
+    @staticmethod
+    def _keep_equal(data: dict[str, Any], before: Mapping[str, int]) -> None:
+        """Width fields equal in the default stay equal (DeepSeek-V3's ``head_dim`` is its ``qk_rope_head_dim``,
+        the rotary module reads one and the attention the other): each group takes its smallest shrunk value."""
+        groups: dict[int, list[str]] = {}
+        for key, value in before.items():
+            groups.setdefault(value, []).append(key)
+        for keys in groups.values():
+            if len(keys) > 1 and all(_int_value(data.get(k)) for k in keys):
+                smallest = min(data[k] for k in keys)
+                for key in keys:
+                    data[key] = smallest
 
     def _per_layer(self, key: str, value: Any) -> Any:
         if key == "intermediate_size":

@@ -89,23 +89,28 @@ def _first_class_name(value: Any) -> str:
 
 
 def _module_classes(config_class: type) -> list[type]:
-    """``PreTrainedModel`` classes of the config's modeling module whose ``config_class`` is ``config_class``."""
+    """``PreTrainedModel`` classes of the config's model package (every ``modeling_*`` module: BLIP's text model
+    lives in ``modeling_blip_text``) whose ``config_class`` is ``config_class``."""
+    import pkgutil
+
     transformers = import_transformers()
-    package = config_class.__module__.rpartition(".")[0]
-    short = config_class.__module__.rpartition(".")[2].removeprefix("configuration_")
-    try:
-        module = importlib.import_module(f"{package}.modeling_{short}")
-    except ImportError:
-        return []
+    package = importlib.import_module(config_class.__module__.rpartition(".")[0])
     found = []
-    for value in vars(module).values():
-        if (
-            inspect.isclass(value)
-            and issubclass(value, transformers.PreTrainedModel)
-            and value.__module__ == module.__name__
-            and getattr(value, "config_class", None) is config_class
-        ):
-            found.append(value)
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        if not info.name.startswith("modeling_"):
+            continue
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        except ImportError:  # a backend this environment lacks (tf, flax, ...)
+            continue
+        for value in vars(module).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, transformers.PreTrainedModel)
+                and value.__module__ == module.__name__
+                and getattr(value, "config_class", None) is config_class
+            ):
+                found.append(value)
     return found
 
 
@@ -114,9 +119,8 @@ def model_classes_for(
 ) -> list[type]:
     """The classes a tiny checkpoint of ``model_type`` may be saved from, best first (see :data:`CHECKPOINT_HEADS`):
     an encoder-decoder's sequence-to-sequence head first (BART has a decoder-only ``BartForCausalLM`` too), a
-    composite's multimodal head first; a head whose ``config_class`` is not the type's config is left out (it is a
-    head of the type's text part: ``llama4`` -> ``Llama4ForCausalLM`` takes ``Llama4TextConfig``); then the
-    modeling module's own classes of the config."""
+    composite's multimodal head first, and none whose ``config_class`` is not the composite's config (a head of its
+    text part); then the modeling module's own classes of the config."""
     transformers = import_transformers()
 
     def preferred(head: str) -> bool:
@@ -132,11 +136,14 @@ def model_classes_for(
             declared = getattr(cls, "config_class", None)
         except ImportError:  # a placeholder for a missing backend: kept, and reported as such by the caller
             declared = None
-        if cls is not None and (config_class is None or declared is None or issubclass(config_class, declared)):
+        # A composite's head that takes another config is a head of its text part (llama4 -> Llama4ForCausalLM
+        # takes Llama4TextConfig); a plain type may map to another type's classes (internlm3).
+        foreign = composite and config_class is not None and declared is not None
+        if cls is not None and not (foreign and not issubclass(config_class, declared)):  # type: ignore[arg-type]
             found.append(cls)
     if config_class is not None:
         own = [c for c in _module_classes(config_class) if "PreTrained" not in c.__name__]
-        for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model"):
+        for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model", ""):  # "": T5Gemma2TextEncoder, ...
             found += [c for c in own if c.__name__.endswith(suffix)]
     return list(dict.fromkeys(found))
 
