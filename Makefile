@@ -11,7 +11,7 @@ TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX ?=
 JOBS ?= 2
 
-.PHONY: setup test test-slow lint typecheck demo bench clean
+.PHONY: setup test test-slow lint typecheck demo bench census clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ test: $(STAMP) lint typecheck
 
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -n $(JOBS) -q -m slow
+
+# `make census`: every text model type of the installed transformers through posenc export and validate
+# --against-hf, on tiny seeded checkpoints -> docs/models.md (about an hour on 2 cores; docs/models.json caches
+# each type, so a rerun does only what changed).
+census: $(STAMP)
+	$(VENV)/bin/posenc models --census -j $(JOBS)
 
 demo: $(STAMP)
 	$(VENV)/bin/posenc demo -o report

@@ -25,7 +25,7 @@ from posenc.export import load_manifest
 from posenc.export.units import SHAPE_PRESETS, UNITS, FeedShape, named_shape_text
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("list", "show", "export", "optimize", "inspect", "build", "validate", "sweep", "bench", "demo")
+COMMANDS = ("list", "show", "export", "optimize", "inspect", "build", "validate", "sweep", "bench", "demo", "models")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

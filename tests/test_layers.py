@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.demo",),
     ("posenc.export.cli", "posenc.graphs.cli", "posenc.engine.cli", "posenc.validate.cli", "posenc.bench.cli"),
     ("posenc.cli",),
+    ("posenc.census",),  # drives the command line (posenc.cli.main) per model type; `posenc models` loads it by name
 )
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

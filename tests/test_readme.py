@@ -106,6 +106,14 @@ def _swept(argv: list[str], out: str) -> None:
     assert data["series"]
 
 
+def _models(argv: list[str], out: str) -> None:
+    from posenc.checkpoints import supported_model_types
+
+    for name in supported_model_types():
+        assert name in out
+    assert f"{len(supported_model_types())} model types in" in out
+
+
 OUTCOMES: dict[str, Callable[[list[str], str], None]] = {
     "export": _exported,
     "validate": _validated,
@@ -115,6 +123,7 @@ OUTCOMES: dict[str, Callable[[list[str], str], None]] = {
     "list": _listed,
     "show": _shown,
     "sweep": _swept,
+    "models": _models,
 }
 
 

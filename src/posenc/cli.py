@@ -68,6 +68,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "posenc.demo",
         "run the whole pipeline for every scheme and write a report (no arguments needed)",
     ),
+    "models": (
+        "posenc.census.cli",
+        "model types posenc loads checkpoints of; --census: every transformers text type -> docs/models.md",
+    ),
 }
 
 

@@ -74,22 +74,29 @@ class Sample:
 
     def build(self, folder: str | Path, *, seed: int = 0, shard: str | None = "40KB") -> Path:
         """Save the seeded checkpoint into ``folder`` (sharded at ``shard``; None: one file); returns ``folder``."""
-        transformers = import_transformers()
-        folder = Path(folder)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = getattr(transformers, self.model_class)(self.config()).eval()
-        generator = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                if tensor.is_floating_point():
-                    tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
-        transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars on stderr
-        if shard is None:
-            model.save_pretrained(folder)
-        else:
-            model.save_pretrained(folder, max_shard_size=shard)
-        return folder
+        save_seeded(getattr(import_transformers(), self.model_class), self.config(), folder, seed=seed, shard=shard)
+        return Path(folder)
+
+
+def save_seeded(model_class: Any, config: Any, folder: str | Path, *, seed: int = 0, shard: str | None = None) -> Any:
+    """``save_pretrained`` of ``model_class(config)`` into ``folder``: the model's own initialisation under
+    ``seed`` plus a seeded perturbation (0.05 N(0, 1)) of every floating tensor; sharded at ``shard`` (None: one
+    file). Returns the model (eval mode)."""
+    transformers = import_transformers()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars on stderr
+    if shard is None:
+        model.save_pretrained(Path(folder))
+    else:
+        model.save_pretrained(Path(folder), max_shard_size=shard)
+    return model
 
 
 def _decoder(**settings: Any) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The census's reading of an export's path from its manifest: family / alias / tower from the checkpoint
+provenance, trace from a trace record or an explicit field, and "unknown" (never a crash) for anything else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from posenc.census import route
+from posenc.census.route import classify
+from posenc.checkpoints import family as family_module
+
+
+def _manifest(family: str, model_type: str, **extra: object) -> dict[str, object]:
+    source = {"kind": "checkpoint", "family": family, "model_type": model_type, "layer": 0, "tensors": {}}
+    return {"scheme": "rope", "weights": {"source": source}, **extra}
+
+
+def test_a_type_its_family_lists_is_family() -> None:
+    assert classify(_manifest("llama", "mistral"), "mistral") == route.Route("family", "llama")
+
+
+def test_a_wrapper_loaded_through_its_text_types_family_is_a_tower() -> None:
+    assert classify(_manifest("llama", "llava"), "llava", "llama").path == "tower"
+    # A family built for the wrapper itself (Qwen2-VL's text config has no family of its own) stays "family".
+    assert classify(_manifest("qwen_vl", "qwen2_vl"), "qwen2_vl", "qwen2_vl_text").path == "family"
+
+
+def test_a_type_a_family_lists_as_an_alias_is_an_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    llama = next(f for f in family_module.all_families() if f.name == "llama")
+
+    @dataclasses.dataclass(frozen=True)
+    class WithAliases(family_module.Family):
+        aliases: tuple[str, ...] = ()
+
+    fake = WithAliases(**{f.name: getattr(llama, f.name) for f in dataclasses.fields(llama)}, aliases=("starcoder2",))
+    monkeypatch.setattr(family_module, "all_families", lambda: [fake])
+    assert classify(_manifest("llama", "starcoder2"), "starcoder2").path == "alias"
+    assert classify(_manifest("llama", "llama"), "llama").path == "family"
+
+
+def test_a_trace_record_is_a_trace_with_what_it_kept_and_replaced() -> None:
+    manifest = _manifest(
+        "",
+        "gpt_oss",
+        trace={
+            "replaced": ["rotary cos/sin -> posenc tables (yarn)"],
+            "kept": [{"what": "attention sinks", "reason": "no posenc part"}, "learned bias"],
+        },
+    )
+    found = classify(manifest, "gpt_oss")
+    assert found.path == "trace"
+    assert found.kept == ("attention sinks: no posenc part", "learned bias")
+    assert found.replaced == ("rotary cos/sin -> posenc tables (yarn)",)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"via": "trace"}, "trace"),
+        ({"path": "Tower"}, "tower"),
+        ({"weights": {"source": {"kind": "traced", "model_type": "phi"}}}, "trace"),
+        ({"via": "somewhere else"}, "family"),  # not a path name: the provenance decides
+    ],
+)
+def test_an_explicit_path_field_wins(extra: dict[str, object], expected: str) -> None:
+    manifest = {**_manifest("llama", "llama"), **extra}
+    assert classify(manifest, "llama").path == expected
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {},
+        {"weights": {"source": {"kind": "random", "seed": 0}}},
+        {"weights": {"source": {"kind": "checkpoint", "family": "no-such-family"}}},
+        {"weights": "not an object", "trace": ["not", "an", "object"], "kept": 3},
+    ],
+)
+def test_anything_else_is_unknown_not_a_crash(manifest: dict[str, object]) -> None:
+    assert classify(manifest, "llama").path == route.UNKNOWN
