@@ -22,7 +22,10 @@ Writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` and keeps going after a f
 ran passed, 1 when one failed, 2 when no GPU is visible (``--device cpu`` runs sections 2-4 on the CPU under
 Triton's interpreter as a smoke test of this script; its numbers mean nothing). Usage::
 
-    python scripts/gpu_check.py -o gpu-report                  # on the GPU machine (about 2-4 minutes on an H100)
+    python scripts/gpu_check.py -o gpu-report                  # on the GPU machine (about 1-4 minutes on an H100)
+
+It imports posenc from ``src/`` and, where the GPU machine has no polygraphy, from ``.gpu-deps/`` (a copy of the
+venv's pure-Python ``polygraphy`` package, carried with the checkout).
     python scripts/gpu_check.py --device cpu --quick -o /tmp/g # this script's own smoke run, no GPU
 """
 
@@ -40,6 +43,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Runnable from a bare checkout: posenc from src/, and pure-Python packages the GPU machine lacks (polygraphy) from
+# .gpu-deps/ when one was carried there (`cp -r .venv/lib/python3.*/site-packages/polygraphy .gpu-deps/`).
+for _extra in (ROOT / "src", ROOT / ".gpu-deps"):
+    if _extra.is_dir() and str(_extra) not in sys.path:
+        sys.path.insert(0, str(_extra))
 
 
 def environment(device: str) -> dict[str, Any]:
