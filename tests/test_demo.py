@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-from posenc.demo_checkpoints import QUICK_SAMPLES
-from posenc.demo_records import DemoResult
+from posenc.demo.checkpoints import QUICK_SAMPLES
+from posenc.demo.records import DemoResult
 from posenc.engine import available_backends
 from posenc.schemes import get_spec, scheme_names
 

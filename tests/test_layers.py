@@ -37,10 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.validate",),
     ("posenc.report",),  # rendering toolkit (Markdown/HTML documents, figures); knows nothing of bench or demo
     ("posenc.bench",),
-    ("posenc.demo_records",),
-    ("posenc.demo_report", "posenc.demo_stages"),
-    ("posenc.demo_checkpoints",),
-    ("posenc.demo",),
+    ("posenc.demo",),  # a stage package: records -> stages, report -> checkpoints -> pipeline -> cli
     ("posenc.export.cli", "posenc.graphs.cli", "posenc.engine.cli", "posenc.validate.cli", "posenc.bench.cli"),
     ("posenc.cli",),
     ("posenc.census",),  # drives the command line (posenc.cli.main) per model type; `posenc models` loads it by name

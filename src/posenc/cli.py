@@ -1,7 +1,7 @@
 """The ``posenc`` command line: one subcommand per pipeline arrow.
 
-Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<part>/cli.py``,
-and ``posenc/demo.py`` for the demo, each exposing ``register(subparsers)``); this module wires them up. It imports
+Subcommands other than ``list`` and ``show`` live next to the code they drive (``posenc/<stage>/cli.py``, each
+exposing ``register(subparsers)``); this module wires them up. It imports
 a subcommand's module (and builds its parser) only when that subcommand is chosen: ``posenc --help`` lists the
 others from :data:`COMMANDS` and loads no torch, onnx or ONNX Runtime (``tests/test_cli_startup.py``).
 Options that several subcommands take are spelled and read the same everywhere: :mod:`posenc.cli_args`.
@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "latency of each scheme's op and block per backend, vs the copy-bandwidth roofline",
     ),
     "demo": (
-        "posenc.demo",
+        "posenc.demo.cli",
         "run the whole pipeline for every scheme and write a report (no arguments needed)",
     ),
     "models": (

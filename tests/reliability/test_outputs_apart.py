@@ -123,7 +123,7 @@ def test_a_long_output_name_that_fits_is_written(tmp_path: Path) -> None:
 
 
 def test_demo_never_deletes_files_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from posenc.demo import WRITTEN_NAME, clear_previous_results, record_results
+    from posenc.demo.pipeline import WRITTEN_NAME, clear_previous_results, record_results
 
     (tmp_path / "parity").mkdir()
     (tmp_path / "parity" / "rope.md").write_text("a previous run's table")

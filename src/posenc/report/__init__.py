@@ -1,7 +1,7 @@
 """Report rendering shared by ``posenc demo`` and ``posenc bench``: Markdown plus self-contained HTML.
 
 A toolkit below :mod:`posenc.bench` and the demo, which knows nothing of either (the demo's report is
-:mod:`posenc.demo_report`):
+:mod:`posenc.demo.report`):
 
 - :class:`Report`: headings, paragraphs, tables and PNG images, rendered as ``report.md`` (images as sibling
   files) and ``report.html`` (inline CSS, images embedded as base64; no external ``src``/``href``).

@@ -6,7 +6,7 @@ sharded): build it -> export its layer with its own weights (each table mode its
 first) -> validate the exported graph on ONNX Runtime against the transformers module (fp32 with its own angles,
 fp64 with fp64 angles) and posenc's float64 rebuild, with a feed ending at the context length -> optimize for
 ONNX Runtime CPU and validate that graph the same way -> optimize for TensorRT and build an engine ahead of time.
-Jobs run in the demo's worker processes; their records are :class:`posenc.demo_records.CheckpointRecord`.
+Jobs run in the demo's worker processes; their records are :class:`posenc.demo.records.CheckpointRecord`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from posenc.demo_records import CheckpointParity, CheckpointRecord, DemoOptions, OptimizeStage, StageOutcome
-from posenc.demo_stages import engine_stage, optimize_stage, run_stage
+from posenc.demo.records import CheckpointParity, CheckpointRecord, DemoOptions, OptimizeStage, StageOutcome
+from posenc.demo.stages import engine_stage, optimize_stage, run_stage
 from posenc.export.files import write_text_atomic
 
 QUICK_SAMPLES = ("llama", "t5-decoder", "bert")

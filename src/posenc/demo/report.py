@@ -1,7 +1,7 @@
 """The ``posenc demo`` report: parity matrix, error against position, latency and roofline, engine builds,
 RoPE's long-range decay; rendered to ``report.md`` and a self-contained ``report.html``.
 
-Reads the typed records of :mod:`posenc.demo_records` and the benchmark's :class:`~posenc.bench.BenchDocument`;
+Reads the typed records of :mod:`posenc.demo.records` and the benchmark's :class:`~posenc.bench.BenchDocument`;
 renders with :mod:`posenc.report` (which knows nothing of the demo).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from posenc.bench.plots import plot_latency, plot_roofline
 from posenc.bench.results import BenchDocument
 from posenc.bench.tables import backend_rows, decode_rows, latency_rows, skip_rows, target_rows
-from posenc.demo_records import CheckpointParity, DemoResult, ParityStage, PipelineRecord, SweepStage
+from posenc.demo.records import CheckpointParity, DemoResult, ParityStage, PipelineRecord, SweepStage
 from posenc.report.decay import plot_rope_decay
 from posenc.report.document import Report
 from posenc.report.positions import plot_error_vs_position, series_label

@@ -1,5 +1,5 @@
 """How the demo runs one stage and builds one engine: shared by the scheme pipeline (:mod:`posenc.demo`) and the
-real-checkpoint section (:mod:`posenc.demo_checkpoints`). Every outcome is recorded, none raised."""
+real-checkpoint section (:mod:`posenc.demo.checkpoints`). Every outcome is recorded, none raised."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from posenc.demo_records import EngineStage, OptimizeStage, StageOutcome
+from posenc.demo.records import EngineStage, OptimizeStage, StageOutcome
 from posenc.errors import PosencError
 
 S = TypeVar("S", bound=StageOutcome)

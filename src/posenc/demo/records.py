@@ -1,8 +1,8 @@
 """The records of ``posenc demo``: what each stage of each scheme's pipeline produced, and the run as a whole.
 
-Worker processes return these (they pickle), :mod:`posenc.demo_report` renders them, and ``demo.json`` is their
+Worker processes return these (they pickle), :mod:`posenc.demo.report` renders them, and ``demo.json`` is their
 JSON form (:func:`posenc.records.to_json`; :meth:`DemoResult.load` reads it back strictly). A new section of the
-demo is a new record type here, a field of :class:`DemoResult` and a section in :mod:`posenc.demo_report`.
+demo is a new record type here, a field of :class:`DemoResult` and a section in :mod:`posenc.demo.report`.
 
 Stage outcomes share :class:`StageOutcome` (``status`` ``ok``/``error``, ``seconds``, ``reason``,
 ``traceback``); what a stage produced is in its own fields, left at their defaults when it failed.
