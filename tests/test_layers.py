@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.functional", "posenc.config"),
     ("posenc.schemes",),
     ("posenc.blocks",),
-    ("posenc.mla",),  # multi-head latent attention: its own block class beside AttentionBlock
+    ("posenc.blocks",),  # multi-head latent attention: its own block class beside AttentionBlock
     ("posenc",),  # the package's public API: re-exports of the layers above
     ("posenc.checkpoints", "posenc.plugins"),
     ("posenc.trace",),  # the traced path's capture and unit: a checkpoint's own attention module, as its model calls it

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (posenc.mla.MLABlock): against transformers' DeepseekV2Attention /
+"""Multi-head latent attention (posenc.blocks.mla.MLABlock): against transformers' DeepseekV2Attention /
 DeepseekV3Attention, its cache layout, the YaRN mscale² softmax scale, export in both table modes at other shapes
 with polygraphy parity, the graph passes (RoPE fused on the rope slice; Attention fused for ONNX Runtime, declined
 for TensorRT with the reason in the manifest and ``posenc inspect``) and an engine built ahead of time."""
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from posenc import ConfigError, MLABlock, MLAConfig
+from posenc.blocks import attention_config_from_dict
+from posenc.blocks.mla import mla_score_scale
 from posenc.export import FeedShape, export_onnx
-from posenc.mla import attention_config_from_dict, mla_score_scale
 from tests.conftest import decode_in_steps
 
 transformers = pytest.importorskip("transformers")

@@ -21,8 +21,8 @@ _EXPORTS: dict[str, str] = {
     "BuildError": "posenc.errors",
     "ConfigError": "posenc.errors",
     "ExportError": "posenc.errors",
-    "MLABlock": "posenc.mla",
-    "MLAConfig": "posenc.mla",
+    "MLABlock": "posenc.blocks",
+    "MLAConfig": "posenc.blocks",
     "ModelFileError": "posenc.errors",
     "ParityError": "posenc.errors",
     "Placement": "posenc.schemes",
@@ -65,7 +65,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is imported on first use
     from posenc import functional
-    from posenc.blocks import AttentionBlock
+    from posenc.blocks import AttentionBlock, MLABlock, MLAConfig
     from posenc.config import AttentionConfig, from_hf_config
     from posenc.errors import (
         BackendUnavailable,
@@ -77,7 +77,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers; at run time each is 
         PosencError,
         PositionError,
     )
-    from posenc.mla import MLABlock, MLAConfig
     from posenc.schemes import Placement, SchemeSpec, TableMode, build_scheme, get_spec, scheme_names, specs
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

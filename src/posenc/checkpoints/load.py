@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 
-from posenc.blocks import AttentionBlock
+from posenc.blocks import AttentionBlock, MLABlock, build_block
 from posenc.checkpoints import towers
 from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, supported_model_types
 from posenc.checkpoints.reference import TransformersReference, hf_config
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.checkpoints.towers import Tower
 from posenc.errors import ConfigError
-from posenc.mla import MLABlock, build_block
 from posenc.provenance import CheckpointWeights
 from posenc.schemes.base import TableMode, table_keys
 
@@ -61,7 +60,7 @@ class LoadedLayer:
         max_positions: int | None = None,
         table_dtype: torch.dtype = torch.float32,
     ) -> AttentionBlock | MLABlock:
-        """The layer as an :class:`AttentionBlock` (an :class:`~posenc.mla.MLABlock` for MLA families) holding the
+        """The layer as an :class:`AttentionBlock` (an :class:`~posenc.blocks.MLABlock` for MLA families) holding the
         checkpoint's weights (float32 parameters).
 
         Raises:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from posenc.blocks import MLAConfig
 from posenc.config import AttentionConfig
-from posenc.mla import MLAConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,7 +15,7 @@ class LayerPlan:
 
     Attributes:
         config: attention geometry (and block features: biases, norms, scale, window, ...); an
-            :class:`~posenc.mla.MLAConfig` for multi-head latent attention.
+            :class:`~posenc.blocks.mla.MLAConfig` for multi-head latent attention.
         scheme: registered scheme name (``posenc list``).
         params: scheme parameters.
         layer: the layer index within its stack.

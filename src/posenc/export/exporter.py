@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc.blocks import AttentionBlock
+from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, build_block
 from posenc.config import AttentionConfig
 from posenc.dtypes import dtype_name, torch_dtype
 from posenc.errors import ConfigError, ExportError, PosencError
@@ -52,7 +52,6 @@ from posenc.export.units import (
     make_unit,
     unit_for_cache,
 )
-from posenc.mla import MLABlock, MLAConfig, build_block
 from posenc.paths import output_path
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
 from posenc.records import to_json
@@ -417,8 +416,8 @@ def export_onnx(
         kv_cache: the block's cache: ``concat`` (past in, past + new out) or ``inplace`` (a preallocated cache
             written in place, unit ``block-inplace``: opset 24).
         params: scheme parameter overrides.
-        config: attention geometry (default :class:`AttentionConfig()`; an :class:`~posenc.mla.MLAConfig` exports
-            an :class:`~posenc.mla.MLABlock`, or its rope slice as the op).
+        config: attention geometry (default :class:`AttentionConfig()`; an :class:`~posenc.blocks.mla.MLAConfig` exports
+            an :class:`~posenc.blocks.mla.MLABlock`, or its rope slice as the op).
         table_mode: ``precomputed`` (tables of ``max_positions`` rows as initializers) or ``dynamic``
             (tables computed in the graph from position ids); default: ``precomputed`` where the scheme has it.
         dtype: fp32 / fp16 / bf16: weights and activation inputs; position tables stay ``table_dtype``.

@@ -11,7 +11,7 @@ read it instead of asking the user again. Fields (JSON keys):
 ``dtype``, ``table_dtype`` activation/weight dtype of the graph; dtype of position tables (float32)
 ``opset``                  ONNX opset of the default domain
 ``attention``              :class:`posenc.config.AttentionConfig` as a dict (an MLA block's
-                           :class:`posenc.mla.MLAConfig`, with ``"block": "mla"``)
+                           :class:`posenc.blocks.mla.MLAConfig`, with ``"block": "mla"``)
 ``max_positions``          exclusive bound on position ids the graph serves (precomputed tables), or null
 ``build_max_positions``    ``max_positions`` argument the module was built with (rows of its tables)
 ``dynamic_dims``           name -> ``{"min", "max", "sample"}`` (``batch``, ``seq``, ``past``, ``kv_seq``)
@@ -223,14 +223,14 @@ class Manifest(Document):
 
     def attention_config(self):
         """The geometry the module was built with: a :class:`posenc.config.AttentionConfig`, or a
-        :class:`posenc.mla.MLAConfig` for an MLA block (its dict says ``"block": "mla"``)."""
-        from posenc.mla import attention_config_from_dict
+        :class:`posenc.blocks.mla.MLAConfig` for an MLA block (its dict says ``"block": "mla"``)."""
+        from posenc.blocks import attention_config_from_dict
 
         return attention_config_from_dict(self.attention)
 
     def rotary_config(self):
         """The geometry the positional scheme rotates: :meth:`attention_config`, or for an MLA block the
-        ``AttentionConfig`` of its rope slice (:meth:`posenc.mla.MLAConfig.rope_config`)."""
+        ``AttentionConfig`` of its rope slice (:meth:`posenc.blocks.mla.MLAConfig.rope_config`)."""
         config = self.attention_config()
         return config.rope_config() if hasattr(config, "rope_config") else config
 

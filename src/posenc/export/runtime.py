@@ -307,7 +307,7 @@ def build_eager(
         the unit module: its ``forward`` takes the graph's inputs in order (inputs the graph dropped are
         filled in by :func:`reference_inputs`).
     """
-    from posenc.mla import build_block
+    from posenc.blocks import build_block
     from posenc.schemes import build_scheme
 
     activation = torch_dtype(dtype)

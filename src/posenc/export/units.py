@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from posenc.blocks import AttentionBlock
+from posenc.blocks import AttentionBlock, MLABlock, MLAConfig
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
@@ -65,7 +65,6 @@ from posenc.export.kinds import KV_CACHES as KV_CACHES  # re-exported: the unit 
 from posenc.export.kinds import UNITS as UNITS
 from posenc.export.kinds import unit_for_cache as unit_for_cache
 from posenc.memory import attention_call_bytes, check_bytes
-from posenc.mla import MLABlock, MLAConfig
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 

@@ -1,7 +1,7 @@
 """DeepSeek-V2, DeepSeek-V3 and Mistral 4: multi-head latent attention (MLA) with a decoupled RoPE slice.
 
-One layer becomes a :class:`posenc.mla.MLABlock` (``config`` an :class:`~posenc.mla.MLAConfig`): the low-rank query
-(``q_lora_rank``; DeepSeek-V2-Lite has a plain ``q_proj``), the KV latent ``kv_a_proj_with_mqa`` ->
+One layer becomes a :class:`posenc.blocks.MLABlock` (``config`` an :class:`~posenc.blocks.MLAConfig`): the low-rank
+query (``q_lora_rank``; DeepSeek-V2-Lite has a plain ``q_proj``), the KV latent ``kv_a_proj_with_mqa`` ->
 ``kv_a_layernorm`` -> ``kv_b_proj`` and a rope slice of ``qk_rope_head_dim`` per head whose key part is one head
 shared by all heads. RoPE: DeepSeek-V2 rotates in complex form (``view_as_complex`` of pairs (2i, 2i+1): posenc's
 ``interleaved`` layout); DeepSeek-V3 reads interleaved pairs and writes them in rotate_half order when
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from posenc.blocks import MLAConfig
 from posenc.checkpoints import rotary
 from posenc.checkpoints.family import Family, LayerPlan, Rule, register, rename
 from posenc.checkpoints.reference import ModuleReference, hf_class, load_module
 from posenc.config import from_hf_config
 from posenc.errors import ConfigError
-from posenc.mla import MLAConfig
 
 MODULES: Mapping[str, tuple[str, str]] = {
     "deepseek_v2": ("deepseek_v2", "DeepseekV2"),

@@ -4,9 +4,9 @@ MLA is its own attention block (:class:`MLABlock`), exported with the unit conve
 :class:`~posenc.blocks.AttentionBlock` (``hidden``, ``position_ids``, past keys/values in, ``out`` and presents out)
 but with the cache MLA keeps: ``past_key`` is the normalised KV latent ``[B, 1, P, kv_lora_rank]`` and
 ``past_value`` the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]`` (what transformers' DeepSeek modules
-hand to their ``Cache``). :func:`build_block` and :func:`attention_config_from_dict` pick the block class of a
-geometry (:class:`~posenc.config.AttentionConfig` or :class:`MLAConfig`), so checkpoints, manifests and eager
-rebuilds carry either.
+hand to their ``Cache``). :mod:`posenc.blocks.build` picks the block class of a geometry
+(:class:`~posenc.config.AttentionConfig` or :class:`MLAConfig`), so checkpoints, manifests and eager rebuilds carry
+either.
 
 Reference: DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model" (2024),
 arXiv:2405.04434, section 2.1; transformers 5.23's ``DeepseekV2Attention`` / ``DeepseekV3Attention``.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from posenc import rope_types as RT
-from posenc.blocks import AttentionBlock, HeadRMSNorm, block_scheme, temperature_tuned
+from posenc.blocks.attention import AttentionBlock, HeadRMSNorm, block_scheme, temperature_tuned
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes.base import (
@@ -305,37 +305,9 @@ class MLABlock(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, h * cfg.v_head_dim))
 
 
-Geometry = AttentionConfig | MLAConfig
-"""The geometry of an attention block of either kind."""
-
-
-def build_block(
-    config: Geometry,
-    scheme: str | PositionalScheme = "rope",
-    params: Mapping[str, Any] | None = None,
-    table_mode: TableMode | str | None = None,
-    max_positions: int | None = None,
-    table_dtype: torch.dtype | None = None,
-) -> AttentionBlock | MLABlock:
-    """The block of a geometry: :class:`MLABlock` for an :class:`MLAConfig`, else :class:`AttentionBlock`."""
-    if isinstance(config, MLAConfig):
-        return MLABlock(config, scheme, params, table_mode, max_positions, table_dtype)
-    return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
-
-
-def attention_config_from_dict(data: Mapping[str, Any]) -> Geometry:
-    """An :class:`MLAConfig` (its dict says ``"block": "mla"``) or an :class:`AttentionConfig` from a dict."""
-    if data.get("block") == MLA_KIND:
-        return MLAConfig.from_dict(data)
-    return AttentionConfig.from_dict(data)
-
-
 __all__ = [
     "MLA_KIND",
-    "Geometry",
     "MLABlock",
     "MLAConfig",
-    "attention_config_from_dict",
-    "build_block",
     "mla_score_scale",
 ]
