@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
+    from posenc.artifacts.files import write_json_atomic
     from posenc.bench.rope_kernel import SMOKE_CASES, format_table, run_benchmark
-    from posenc.export.files import write_json_atomic
     from posenc.records import to_json
 
     if args.smoke:

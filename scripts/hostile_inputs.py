@@ -1108,7 +1108,7 @@ def _feed(manifest: Any) -> dict[str, np.ndarray]:
 
 KILL_CHILD = """
 import os, signal, sys
-from posenc.export import files
+from posenc.artifacts import files
 target = int(os.environ.get("KILL_AT_REPLACE", "0"))
 if target:
     real, calls = os.replace, [0]

@@ -20,7 +20,7 @@ grimp = pytest.importorskip("grimp", reason="grimp (a dev dependency: pip instal
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.errors", "posenc._lazy", "posenc.citations"),
-    ("posenc.paths", "posenc.memory"),  # the path and memory checks every layer runs before it works
+    ("posenc.artifacts",),  # safe paths, memory checks, atomic landing and locks: every layer's files
     ("posenc.records", "posenc.dtypes", "posenc.params"),
     ("posenc.provenance", "posenc.rope_types"),
     ("posenc.functional", "posenc.config"),
@@ -136,7 +136,7 @@ def test_the_checks_catch_an_upward_import_a_sideways_import_and_a_cycle() -> No
             ("posenc.graphs.inspect", "posenc.engine.parse_check"),  # up
             ("posenc.plugins.rope.spec", "posenc.checkpoints.load"),  # sideways, within one layer
             ("posenc.engine.build", "posenc.graphs.manifests"),  # down: fine
-            ("posenc.export.cli", "posenc.export.files"),  # within a part: fine
+            ("posenc.export.cli", "posenc.export.manifest"),  # within a part: fine
         ]
     )
     assert found == [

@@ -19,13 +19,13 @@ run         ``-s/--scheme``, ``--unit``, ``--kv-cache concat|inplace``, ``--seed
             ``--keep-models``, ``--quiet``, ``--engine-target``, ``--position-guard/--no-position-guard``
 
 Paths given on the command line are never empty (:func:`path_arg`); what they point at is checked by
-:mod:`posenc.paths` before a subcommand opens or writes anything (:func:`check_output`, :func:`check_input`).
+:mod:`posenc.artifacts.paths` before a subcommand opens or writes anything (:func:`check_output`, :func:`check_input`).
 ==========  ======================================================================================================
 
 Old spellings (``bench --heads``, ``validate --json FILE``, ``--shape b=4,s=128``, ...) still parse for one
 release, hidden from ``--help``, each with a deprecation note on stderr.
 
-This module imports only :mod:`posenc.errors`, :mod:`posenc.config`, :mod:`posenc.paths` and
+This module imports only :mod:`posenc.errors`, :mod:`posenc.config`, :mod:`posenc.artifacts.paths` and
 :mod:`posenc.export` (the unit names; the shape type), so the ``cli.py`` of every layer may use it. Those that need
 torch (:mod:`posenc.config`, :mod:`posenc.export.units`) are imported where they are used, so that building the
 parser (``posenc --help``) loads no torch.
@@ -40,9 +40,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from posenc.artifacts.paths import input_file, output_path
 from posenc.errors import ConfigError
 from posenc.export.kinds import KV_CACHES, UNITS
-from posenc.paths import input_file, output_path
 
 if TYPE_CHECKING:
     from posenc.config import AttentionConfig
@@ -86,7 +86,7 @@ table_mode_arg = _choice("table mode", TABLE_MODES)
 
 def path_arg(text: str) -> str:
     """A file or folder path: not empty and without NUL bytes. What it points at (a regular file, a folder, not a
-    device or FIFO) is checked by :mod:`posenc.paths` before the command opens or writes anything."""
+    device or FIFO) is checked by :mod:`posenc.artifacts.paths` before the command opens or writes anything."""
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty; give a file or folder path.")
     if "\x00" in text:
@@ -164,15 +164,16 @@ def print_result(data: Any, text: str, *, as_json: bool, written: Sequence[objec
 
 
 def check_output(path: str | None, what: str = "output", *, folder: bool = False) -> None:
-    """Refuse, before the command works, an output the command could not write (:func:`posenc.paths.output_path`:
-    a folder where a file goes, a device, a FIFO, a path under a file). ``None`` (not given) passes."""
+    """Refuse, before the command works, an output the command could not write
+    (:func:`posenc.artifacts.paths.output_path`: a folder where a file goes, a device, a FIFO, a path under a file).
+    ``None`` (not given) passes."""
     if path is not None:
         output_path(path, what, folder=folder)
 
 
 def check_input(path: str | None, what: str = "input file", missing: str = "check the path") -> None:
     """Refuse, before the command works, an input that is not a regular, non-empty file
-    (:func:`posenc.paths.input_file`; ``missing``: the remedy when it does not exist). ``None`` (not given)
+    (:func:`posenc.artifacts.paths.input_file`; ``missing``: the remedy when it does not exist). ``None`` (not given)
     passes."""
     if path is not None:
         input_file(path, what, missing=missing)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from posenc import rope_types
+from posenc.artifacts.paths import input_file
 from posenc.errors import ConfigError
-from posenc.paths import input_file
 
 QK_NORMS: tuple[str, ...] = ("none", "rms", "l2", "layer")
 """Values of :attr:`AttentionConfig.qk_norm`."""

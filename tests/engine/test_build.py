@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from posenc.artifacts.files import sha256_file
 from posenc.cli import main
 from posenc.engine import EngineManifest, build_engine, engine_manifest_path
 from posenc.engine import build as build_module
 from posenc.errors import BuildError, ConfigError
-from posenc.export.files import sha256_file
 from tests.features import ENGINE_CASES, optimized_feature
 from tests.graphs.artifacts import export_case, fused_case
 from tests.matrix import MatrixCase

@@ -14,9 +14,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from posenc.artifacts.files import manifest_path_for
 from posenc.errors import ModelFileError, PositionError
 from posenc.export import export_onnx
-from posenc.export.files import manifest_path_for
 from posenc.export.runtime import run_onnx
 from posenc.export.units import FeedShape, make_feed
 from posenc.validate import validate_onnx

@@ -1,4 +1,4 @@
-"""Artifacts land as a unit (posenc.export.files.atomic_outputs): a writer killed at any instant, or several
+"""Artifacts land as a unit (posenc.artifacts.files.atomic_outputs): a writer killed at any instant, or several
 writers at once, leave the old complete artifact or the new complete one, and nothing else a user sees.
 
 The writers are forked children (no interpreter start-up per kill) that re-land a real exported model as new

@@ -1,5 +1,5 @@
-"""One safe-path rule for every file a model or manifest names (posenc.paths.member): inside the model's folder, a
-regular file, no symlink out, its sha256 checked before it is read or copied; outputs follow the umask.
+"""One safe-path rule for every file a model or manifest names (posenc.artifacts.paths.member): inside the model's
+folder, a regular file, no symlink out, its sha256 checked before it is read or copied; outputs follow the umask.
 
 Each case read or copied a file outside the model's folder (or a tampered one) before the rule existed."""
 
@@ -16,13 +16,13 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from posenc.artifacts.files import manifest_path_for
+from posenc.artifacts.paths import member, umask
 from posenc.errors import ModelFileError
 from posenc.export import export_onnx
-from posenc.export.files import manifest_path_for
 from posenc.export.manifest import load_manifest
 from posenc.export.runtime import check_model_file
 from posenc.graphs import optimize_file
-from posenc.paths import member, umask
 from tests.conftest import SMALL, copy_export
 
 SECRET = b"secret bytes outside the model's folder"

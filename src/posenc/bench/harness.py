@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from posenc.artifacts.files import write_text_atomic
 from posenc.bench.artifact import artifact_workload
 from posenc.bench.backends import Backend, Runner, get_backends
 from posenc.bench.bandwidth import CopyBandwidth, CopyRunner, measure_copy_bandwidth
@@ -30,7 +31,6 @@ from posenc.bench.tables import format_seconds
 from posenc.bench.timing import RunSettings, Timing, measure, measure_interleaved
 from posenc.bench.workloads import BLOCK_UNITS, Workload, build_workload
 from posenc.errors import PosencError
-from posenc.export.files import write_text_atomic
 
 JSON_NAME = "bench.json"
 COPY_RUNNER = "copy"

@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from posenc.artifacts.files import new_scratch
 from posenc.bench.workloads import Workload
 from posenc.errors import PosencError
-from posenc.export.files import new_scratch
 from posenc.export.manifest import OptimizedRecord
 
 SESSION_CACHE_SIZE = 4
@@ -26,7 +26,7 @@ class ModelStore:
 
     Args:
         folder: where files go; ``None`` makes a scratch folder removed by :meth:`close` (and by the next run
-            when this one is killed, :func:`posenc.export.files.new_scratch`).
+            when this one is killed, :func:`posenc.artifacts.files.new_scratch`).
         position_guard: export graphs with the position guard (the default of ``posenc export``).
     """
 

@@ -13,12 +13,12 @@ import platform
 from pathlib import Path
 from typing import ClassVar
 
+from posenc.artifacts.files import write_text_atomic
 from posenc.bench.bandwidth import CopyBandwidth
 from posenc.bench.shapes import Shape
 from posenc.bench.timing import RunSettings, Timing
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export.files import write_text_atomic
 from posenc.export.manifest import OptimizedRecord
 from posenc.records import Document, field
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from posenc.artifacts.memory import check_bytes
 from posenc.errors import ConfigError
-from posenc.memory import check_bytes
 from posenc.records import field
 
 

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.functional import is_tracing, write_cache
-from posenc.memory import check_bytes
 from posenc.schemes import build_scheme
 from posenc.schemes.base import (
     Placement,

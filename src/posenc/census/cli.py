@@ -48,9 +48,9 @@ def _families(args: argparse.Namespace) -> int:
 
 
 def _census(args: argparse.Namespace) -> int:
+    from posenc.artifacts.files import write_json_atomic, write_text_atomic
     from posenc.census.report import counts, render
     from posenc.census.run import Limits, load_cache, run_census, select
-    from posenc.export.files import write_json_atomic, write_text_atomic
 
     cache_path, output = Path(args.cache), Path(args.output)
     check_output(args.output, "census page")

@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from posenc.artifacts.files import write_json_atomic
 from posenc.census.types import LeftOut, ModelType, text_model_types
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.files import write_json_atomic
 
 CACHE_FORMAT = "posenc.census/1"
 DEFAULT_TIMEOUT_S = 300.0

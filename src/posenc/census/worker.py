@@ -126,8 +126,8 @@ def export_kind(checkpoint: Path, folder: Path, info: ModelType, kind: Mapping[s
 
 def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> dict[str, Any]:
     """The census of one model type (see the module docstring); also written to ``out`` after every step."""
+    from posenc.artifacts.files import write_json_atomic
     from posenc.census.anatomy import read_anatomy
-    from posenc.export.files import write_json_atomic
 
     started = time.monotonic()
     result: dict[str, Any] = {**info.__dict__, "status": "running", "stage": "config", "layers": []}

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from posenc.artifacts.paths import member
 from posenc.errors import ConfigError, ModelFileError
-from posenc.paths import member
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -205,8 +205,9 @@ def _looks_like_hub_id(text: str) -> bool:
 
 
 def _safe(folder: Path, name: str, what: str) -> Path:
-    """``folder / name`` by the safe-path rule (:func:`posenc.paths.member`): inside the checkpoint folder, a regular
-    file, no symlink out, except the links of a Hugging Face cache snapshot into its repository's ``blobs``."""
+    """``folder / name`` by the safe-path rule (:func:`posenc.artifacts.paths.member`): inside the checkpoint folder,
+    a regular file, no symlink out, except the links of a Hugging Face cache snapshot into its repository's
+    ``blobs``."""
     return member(folder, name, what, allowed_roots=_hub_cache_blobs(folder))
 
 

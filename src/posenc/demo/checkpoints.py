@@ -16,9 +16,9 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from posenc.artifacts.files import write_text_atomic
 from posenc.demo.records import CheckpointParity, CheckpointRecord, DemoOptions, OptimizeStage, StageOutcome
 from posenc.demo.stages import engine_stage, optimize_stage, run_stage
-from posenc.export.files import write_text_atomic
 
 QUICK_SAMPLES = ("llama", "t5-decoder", "bert")
 """``--quick``: one rotary decoder, one relative-bias stack, one absolute-table encoder."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from posenc.artifacts.files import new_scratch, write_text_atomic
 from posenc.bench.plan import ROPE_TARGET_CONFIG, ROPE_TARGET_SHAPE, BenchCase, resolve_schemes
 from posenc.bench.progress import Progress
 from posenc.bench.shapes import Shape
@@ -51,7 +52,6 @@ from posenc.demo.records import (
 )
 from posenc.demo.stages import engine_stage, optimize_stage, run_stage
 from posenc.errors import ConfigError
-from posenc.export.files import new_scratch, write_text_atomic
 
 __all__ = ["DEMO_CONFIG", "QUICK_CONFIG", "RESULT_NAME", "DemoOptions", "run_demo"]
 

@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 
 import onnx
 
+from posenc.artifacts.files import atomic_outputs, json_text, reading
+from posenc.artifacts.paths import input_file, output_path, sha256_file
 from posenc.dtypes import dtype_name
 from posenc.engine.backend import ERRORS, Backend, configure_polygraphy, load_backend
 from posenc.engine.network import (
@@ -36,11 +38,9 @@ from posenc.engine.network import (
 from posenc.engine.profiles import DimProfile, input_shapes, resolve_profiles
 from posenc.engine.targets import capability_tuple, resolve_targets
 from posenc.errors import BuildError, ConfigError, ModelFileError
-from posenc.export.files import atomic_outputs, json_text, reading
 from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json
 from posenc.export.units import BLOCK_INPLACE
 from posenc.graphs.manifests import ModelInfo, read_model_info
-from posenc.paths import input_file, output_path, sha256_file
 from posenc.records import Document, field
 
 ENGINE_FORMAT = "posenc.engine/1"

@@ -25,9 +25,9 @@ exit status: 0 built; 2 missing backend, bad target/profile, unparsable graph, i
 
 
 def _build(args: argparse.Namespace) -> int:
+    from posenc.artifacts.files import check_apart
     from posenc.engine.build import build_engine
     from posenc.engine.profiles import format_profiles
-    from posenc.export.files import check_apart
 
     check_apart([(args.output, "engine"), (args.timing_cache, "file")], [(args.model, "model")])
 

@@ -66,17 +66,17 @@ _EXPORTS: dict[str, str] = {
     "load_eager": "posenc.export.runtime",
     "load_manifest": "posenc.export.manifest",
     "make_feed": "posenc.export.units",
-    "manifest_path_for": "posenc.export.files",
+    "manifest_path_for": "posenc.artifacts.files",
     "ort_providers": "posenc.export.runtime",
     "ort_session": "posenc.export.runtime",
     "positions_for": "posenc.export.units",
     "reference_inputs": "posenc.export.runtime",
     "run_onnx": "posenc.export.runtime",
-    "sha256_file": "posenc.export.files",
+    "sha256_file": "posenc.artifacts.files",
     "to_onnx_model": "posenc.export.exporter",
     "torch_dtype": "posenc.dtypes",
     "unit_for_cache": "posenc.export.kinds",
-    "weights_path_for": "posenc.export.files",
+    "weights_path_for": "posenc.artifacts.files",
 }
 
 __all__ = [
@@ -120,6 +120,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what the names are, for type checkers
+    from posenc.artifacts.files import manifest_path_for, sha256_file, weights_path_for
     from posenc.dtypes import dtype_name, torch_dtype
     from posenc.export.exporter import (
         DEFAULT_OPSET,
@@ -134,7 +135,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         library_versions,
         to_onnx_model,
     )
-    from posenc.export.files import manifest_path_for, sha256_file, weights_path_for
     from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, unit_for_cache
     from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
     from posenc.export.runtime import (

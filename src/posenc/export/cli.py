@@ -129,8 +129,8 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from posenc.artifacts.files import check_apart
     from posenc.export import export_onnx
-    from posenc.export.files import check_apart
 
     check_output(args.output, "ONNX model")
     check_input(args.hf_config, "--hf-config file")

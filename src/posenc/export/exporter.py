@@ -30,19 +30,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, build_block
-from posenc.config import AttentionConfig
-from posenc.dtypes import dtype_name, torch_dtype
-from posenc.errors import ConfigError, ExportError, PosencError
-from posenc.export.complex import realify_complex
-from posenc.export.external import write_linked
-from posenc.export.files import (
-    LINKED_WEIGHTS_FORMAT,
+from posenc.artifacts.files import (
     atomic_outputs,
     manifest_path_for,
     sha256_file,
     weights_path_for,
 )
+from posenc.artifacts.paths import output_path
+from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, build_block
+from posenc.config import AttentionConfig
+from posenc.dtypes import dtype_name, torch_dtype
+from posenc.errors import ConfigError, ExportError, PosencError
+from posenc.export.complex import realify_complex
+from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
 from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
 from posenc.export.units import (
     ALL_UNITS,
@@ -52,7 +52,6 @@ from posenc.export.units import (
     make_unit,
     unit_for_cache,
 )
-from posenc.paths import output_path
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
 from posenc.records import to_json
 from posenc.schemes import build_scheme, get_spec
@@ -515,7 +514,7 @@ def _check_exportable(inner: nn.Module, activation: torch.dtype) -> None:
         ConfigError: a table or weight is not finite in its dtype, or a table's values exceed what the activation
             dtype holds (e.g. rope_longrope with attention_factor 500000 in fp16).
     """
-    from posenc.memory import human_bytes
+    from posenc.artifacts.memory import human_bytes
 
     tensors = [*inner.named_buffers(), *inner.named_parameters()]
     total = sum(t.numel() * t.element_size() for _, t in tensors)

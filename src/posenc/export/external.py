@@ -34,6 +34,14 @@ LINK_MIN_BYTES = 1024
 """Initializers smaller than this stay inside the graph (shapes, scalars, small constants)."""
 
 
+WEIGHTS_FORMAT = "safetensors"
+LINKED_WEIGHTS_FORMAT = "safetensors+onnx-external-data"
+"""The weights file is also the graph's external data (:mod:`posenc.export.external`): each tensor stored once, as
+the graph holds it (``key.T`` for a transposed weight)."""
+LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
+"""Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
+
+
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
@@ -241,11 +249,34 @@ def linked_bytes(model: Any) -> int:
     return total
 
 
+def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict[str, Any]:
+    """The ``state_dict`` in a weights file: safetensors (plain, or linked by :func:`write_linked`), or a legacy
+    ``torch.save`` one (weights only).
+
+    Raises:
+        ModelFileError: unreadable, corrupt, or an unknown format.
+    """
+    try:
+        if weights_format in (WEIGHTS_FORMAT, LINKED_WEIGHTS_FORMAT):
+            from safetensors.torch import load_file
+
+            return read_state(load_file(str(path), device="cpu"))
+        if weights_format == LEGACY_WEIGHTS_FORMAT:
+            return dict(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as exc:
+        raise ModelFileError(f"cannot read weights {path} ({type(exc).__name__}); re-export the model.") from None
+    raise ModelFileError(f"weights {path} have unknown format {weights_format!r}; re-export the model.")
+
+
 __all__ = [
+    "LEGACY_WEIGHTS_FORMAT",
+    "LINKED_WEIGHTS_FORMAT",
     "LINK_MIN_BYTES",
     "TRANSPOSED",
+    "WEIGHTS_FORMAT",
     "link_existing",
     "linked_bytes",
+    "load_weights_file",
     "match_initializers",
     "read_state",
     "rename_values",

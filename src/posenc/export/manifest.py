@@ -53,9 +53,9 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from posenc.artifacts.files import manifest_path_for, reading, write_text_atomic
+from posenc.artifacts.paths import input_file, member, sha256_file
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.files import manifest_path_for, reading, write_text_atomic
-from posenc.paths import input_file, member, sha256_file
 from posenc.provenance import WeightsSource
 from posenc.records import Document, field
 from posenc.trace.record import TraceRecord
@@ -257,7 +257,7 @@ def load_manifest(path: str | os.PathLike[str], *, verify: bool = True) -> Manif
     """Read the manifest of an exported model.
 
     An interrupted write in the model's folder is finished first, and the files are read under the folder's shared
-    lock (:func:`posenc.export.files.reading`).
+    lock (:func:`posenc.artifacts.files.reading`).
 
     Args:
         path: the ONNX file (its ``.manifest.json`` beside it is read) or the manifest itself.
@@ -315,7 +315,7 @@ def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path
 
 
 def weights_file(manifest: Manifest, manifest_path: str | os.PathLike[str], *, verify: bool = True) -> Path:
-    """The weights file a manifest names, by the safe-path rule (:func:`posenc.paths.member`): inside the
+    """The weights file a manifest names, by the safe-path rule (:func:`posenc.artifacts.paths.member`): inside the
     manifest's folder, a regular file reached without a symlink out, and (``verify``) hashing to the recorded
     sha256, checked before anyone reads or copies it.
 

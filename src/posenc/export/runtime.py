@@ -15,12 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from posenc.artifacts.files import manifest_path_for
+from posenc.artifacts.paths import input_file, member
 from posenc.dtypes import NUMPY_DTYPES, torch_dtype
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
-from posenc.export.files import load_weights_file, manifest_path_for
+from posenc.export.external import load_weights_file
 from posenc.export.manifest import Manifest, load_manifest, weights_file
 from posenc.export.units import BLOCK_INPLACE, make_unit
-from posenc.paths import input_file, member
 from posenc.schemes.base import table_keys
 
 # --------------------------------------------------------------------------------------------------
@@ -214,7 +215,8 @@ def check_model_file(path: str | os.PathLike[str]) -> Any:
     """Check that ``path`` is a readable, structurally valid ONNX model whose external data is safe to read.
 
     The file must be a regular, non-empty file; every tensor stored outside it (external data) must be named by
-    the safe-path rule (:func:`posenc.paths.member`: inside the model's folder, no symlink out, a regular file).
+    the safe-path rule (:func:`posenc.artifacts.paths.member`: inside the model's folder, no symlink out, a regular
+    file).
     Nothing outside the model's folder is opened.
 
     Returns:

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from posenc.artifacts.files import atomic_outputs, manifest_path_for, weights_path_for
+from posenc.artifacts.paths import output_path, sha256_file
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError
 from posenc.export.exporter import (
@@ -39,11 +41,9 @@ from posenc.export.exporter import (
     library_versions,
     to_onnx_model,
 )
-from posenc.export.external import write_linked
-from posenc.export.files import LINKED_WEIGHTS_FORMAT, atomic_outputs, manifest_path_for, weights_path_for
+from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.units import SAMPLE_SHAPE, ExportUnit, _slots
-from posenc.paths import output_path, sha256_file
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys

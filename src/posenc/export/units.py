@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from posenc.artifacts.memory import attention_call_bytes, check_bytes
 from posenc.blocks import AttentionBlock, MLABlock, MLAConfig
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
@@ -64,7 +65,6 @@ from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE
 from posenc.export.kinds import KV_CACHES as KV_CACHES  # re-exported: the unit names' old home
 from posenc.export.kinds import UNITS as UNITS
 from posenc.export.kinds import unit_for_cache as unit_for_cache
-from posenc.memory import attention_call_bytes, check_bytes
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 
@@ -639,7 +639,7 @@ def check_call_size(config: AttentionConfig | MLAConfig, shape: FeedShape) -> No
     nope + rope), an upper bound of what its call holds.
 
     Raises:
-        ConfigError: names the bytes (:func:`posenc.memory.check_bytes`).
+        ConfigError: names the bytes (:func:`posenc.artifacts.memory.check_bytes`).
     """
     if isinstance(config, MLAConfig):
         kv_heads, head_dim = config.num_heads, config.qk_nope_head_dim + config.qk_rope_head_dim

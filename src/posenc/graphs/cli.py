@@ -31,7 +31,7 @@ exit status: 0 inspected (also when TensorRT cannot parse the graph; see the rep
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from posenc.export.files import check_apart
+    from posenc.artifacts.files import check_apart
     from posenc.graphs.optimize import optimize_file
 
     output = Path(args.output) if args.output else _default_output(Path(args.model), args.target)

@@ -17,10 +17,10 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
+from posenc.artifacts.files import manifest_path_for, reading, weights_path_for
+from posenc.artifacts.paths import input_file, sha256_file
 from posenc.errors import ModelFileError
-from posenc.export.files import manifest_path_for, reading, weights_path_for
 from posenc.export.manifest import Manifest, OptimizedRecord, read_manifest_json, weights_file
-from posenc.paths import input_file, sha256_file
 from posenc.records import Document
 
 GRAPHS_FORMAT = "posenc.graphs/1"
@@ -112,7 +112,7 @@ def read_manifest(onnx_path: str | Path) -> AnyManifest | None:
 def read_model_info(onnx_path: str | Path) -> ModelInfo:
     """The file and its manifest; a manifest that no longer matches the file is an error.
 
-    An interrupted write in the folder is finished first (:func:`posenc.export.files.reading`).
+    An interrupted write in the folder is finished first (:func:`posenc.artifacts.files.reading`).
 
     Raises:
         ModelFileError: the model is not a regular, non-empty file, or its manifest is unreadable or describes

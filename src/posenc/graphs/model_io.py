@@ -1,4 +1,4 @@
-"""Reading and writing ONNX files with clear errors for bad files (writes go through export.files)."""
+"""Reading and writing ONNX files with clear errors for bad files (writes go through artifacts.files)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import onnx
 import onnx_ir as ir
 
+from posenc.artifacts.files import write_bytes_atomic
 from posenc.errors import ModelFileError
-from posenc.export.files import write_bytes_atomic
 from posenc.export.runtime import check_model_file
 
 _PROTOBUF_LIMIT = 2**31 - 1

@@ -44,10 +44,11 @@ from typing import Any
 
 import onnx_ir as ir
 
+from posenc.artifacts.files import atomic_outputs, json_text
+from posenc.artifacts.paths import output_path
 from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.external import link_existing
-from posenc.export.files import atomic_outputs, json_text
 from posenc.export.manifest import Manifest, OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
 from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
@@ -55,7 +56,6 @@ from posenc.graphs import match_utils as mu
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import GraphManifest, ModelInfo, optimized_manifest, read_model_info
-from posenc.paths import output_path
 from posenc.records import to_json
 
 MIN_FUSION_OPSET = 23

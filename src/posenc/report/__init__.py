@@ -10,7 +10,7 @@ A toolkit below :mod:`posenc.bench` and the demo, which knows nothing of either 
   2021, arXiv:2104.09864; Su Jianlin, https://kexue.fm/archives/8265, section 远程衰减).
 - :func:`plot_error_vs_position`: the error-against-position plot of a position sweep.
 
-Files are written through :mod:`posenc.export.files` (temporary file, then rename).
+Files are written through :mod:`posenc.artifacts.files` (temporary file, then rename).
 """
 
 from posenc.report.decay import plot_rope_decay, rope_long_range_decay

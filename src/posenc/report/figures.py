@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from posenc.export.files import write_bytes_atomic
+from posenc.artifacts.files import write_bytes_atomic
 
 
 def new_figure(width: float, height: float) -> Any:

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, parameter_domain
-from posenc.memory import check_bytes
 from posenc.schemes.base import Placement, PositionalScheme, SchemeSpec, TableMode
 
 SchemeFactory = Callable[..., PositionalScheme]

@@ -60,8 +60,8 @@ exit status: 0 all series pass; 1 a series exceeds its tolerance (or fp16 roundi
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from posenc.artifacts.files import check_apart
     from posenc.errors import BackendUnavailable
-    from posenc.export.files import check_apart
     from posenc.export.runtime import ort_providers
     from posenc.export.units import FeedShape
     from posenc.validate.parity import validate_onnx
@@ -158,7 +158,7 @@ _SCHEME_SWEEP_OPTIONS = ("scheme", "dtype", "table_mode", "no_fp16_tables")
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from posenc.export.files import check_apart
+    from posenc.artifacts.files import check_apart
     from posenc.validate.sweep import position_sweep, sweep_artifact
 
     if args.model is not None:

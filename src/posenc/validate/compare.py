@@ -56,8 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError, ParityError
-from posenc.export.files import write_text_atomic
 from posenc.export.manifest import OutputDrift
 from posenc.export.units import BLOCK_INPLACE, FeedShape
 from posenc.records import field, to_json

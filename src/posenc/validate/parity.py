@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError
-from posenc.export.files import write_text_atomic
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
 from posenc.export.units import BLOCK_INPLACE, FeedShape

@@ -36,14 +36,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from posenc.artifacts.files import scratch_folder, write_text_atomic
+from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
-from posenc.export.files import scratch_folder, write_text_atomic
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed, load_eager, ort_providers
 from posenc.export.units import slots_from_manifest
-from posenc.memory import check_bytes
 from posenc.records import to_json
 from posenc.schemes import get_spec, specs
 from posenc.schemes.base import Placement, TableMode

@@ -14,7 +14,7 @@ A process killed at any instant leaves the old complete artifact (killed before 
 journal from which the new complete artifact is finished (:func:`settle`, run by the next writer of the folder
 and by every posenc reader before it reads). Staging and journals of dead writers are removed by the next run
 (:func:`settle`): while a writer holds a folder's lock nobody else stages there, so what it finds is stale.
-Files get ``0666 & ~umask`` (:func:`posenc.paths.file_mode`), like files the shell creates. This protects against
+Files get ``0666 & ~umask`` (:func:`posenc.artifacts.paths.file_mode`), like files the shell creates. This protects against
 killed processes and concurrent posenc writers, not against power loss (nothing is fsynced). A journal is signed
 (HMAC with this user's key, :func:`_journal_key`) over its moves and each staged file's identity: one that
 posenc did not write, or for other files, is never replayed.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import ConfigError, ModelFileError
-from posenc.paths import file_mode, output_path, sha256_file
+from posenc.artifacts.paths import file_mode, output_path, sha256_file
 
 try:  # POSIX advisory locks; elsewhere writers are not serialized
     import fcntl
@@ -47,31 +47,21 @@ except ImportError:  # pragma: no cover - Windows
 
 MANIFEST_SUFFIX = ".manifest.json"
 WEIGHTS_SUFFIX = ".weights.safetensors"
-WEIGHTS_FORMAT = "safetensors"
-LINKED_WEIGHTS_FORMAT = "safetensors+onnx-external-data"
-"""The weights file is also the graph's external data (:mod:`posenc.export.external`): each tensor stored once, as
-the graph holds it (``key.T`` for a transposed weight)."""
-LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
-"""Weights of manifests written before safetensors: read with ``torch.load(weights_only=True)``."""
 STAGING_MARK = ".posenc~"
 """In the name of every staged file (``.NAME.posenc~TOKEN.tmp``) and journal (``.posenc~commit-TOKEN.json``)."""
 SCRATCH_PREFIX = "posenc-scratch-"
 """Scratch folders in the system temp folder: ``posenc-scratch-KIND-PID-TOKEN`` (see :func:`scratch_folder`)."""
 
 __all__ = [
-    "LINKED_WEIGHTS_FORMAT",
     "MANIFEST_SUFFIX",
-    "WEIGHTS_FORMAT",
     "WEIGHTS_SUFFIX",
     "artifact_files",
     "atomic_outputs",
     "check_apart",
     "json_text",
-    "load_weights_file",
     "manifest_path_for",
     "new_scratch",
     "reading",
-    "save_weights",
     "scratch_folder",
     "settle",
     "sha256_file",
@@ -156,36 +146,6 @@ def check_apart(
                 f"output {path} would share its manifest and weights with {stem.name}.onnx beside it; name the "
                 f"output {stem.name}.onnx to replace that model, or choose another name."
             )
-
-
-def save_weights(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write a ``state_dict`` as safetensors (tied tensors are stored once per key; no pickle)."""
-    from safetensors.torch import save_file
-
-    tensors = {key: value.detach().cpu().contiguous().clone() for key, value in state.items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def load_weights_file(path: str | os.PathLike[str], weights_format: str) -> dict[str, Any]:
-    """Read a weights file written by :func:`save_weights` (or a legacy ``torch.save`` one, weights only).
-
-    Raises:
-        ModelFileError: unreadable, corrupt, or an unknown format.
-    """
-    try:
-        if weights_format in (WEIGHTS_FORMAT, LINKED_WEIGHTS_FORMAT):
-            from safetensors.torch import load_file
-
-            from posenc.export.external import read_state
-
-            return read_state(load_file(str(path), device="cpu"))
-        if weights_format == LEGACY_WEIGHTS_FORMAT:
-            import torch
-
-            return dict(torch.load(path, map_location="cpu", weights_only=True))
-    except Exception as exc:
-        raise ModelFileError(f"cannot read weights {path} ({type(exc).__name__}); re-export the model.") from None
-    raise ModelFileError(f"weights {path} have unknown format {weights_format!r}; re-export the model.")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from posenc.artifacts import files
+from posenc.artifacts.paths import umask
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export import files
-from posenc.paths import umask
 
 
 def _write_all(*targets: Path, fail: bool = False) -> None:
