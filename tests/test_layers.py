@@ -31,12 +31,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.checkpoints", "posenc.plugins"),
     ("posenc.trace",),  # the traced path's capture and unit: a checkpoint's own attention module, as its model calls it
     ("posenc.export",),
-    ("posenc.cli_args",),  # the CLI vocabulary (argument groups, the one shape parser's CLI side)
     ("posenc.graphs",),
     ("posenc.engine",),
     ("posenc.validate",),
     ("posenc.report",),  # rendering toolkit (Markdown/HTML documents, figures); knows nothing of bench or demo
     ("posenc.bench",),
+    ("posenc.cli_args",),  # the CLI vocabulary (argument groups, the one shape parser's CLI side): only CLIs use it
     ("posenc.demo",),  # a stage package: records -> stages, report -> checkpoints -> pipeline -> cli
     ("posenc.export.cli", "posenc.graphs.cli", "posenc.engine.cli", "posenc.validate.cli", "posenc.bench.cli"),
     ("posenc.cli",),

@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from posenc.artifacts.paths import input_file, output_path
 from posenc.errors import ConfigError
 from posenc.export.kinds import KV_CACHES, UNITS
+from posenc.export.shapes import FeedShape, parse_named_shape
 
 if TYPE_CHECKING:
     from posenc.config import AttentionConfig
-    from posenc.export.units import FeedShape
 
 # --------------------------------------------------------------------------------------------------
 # Values
@@ -99,7 +99,7 @@ kv_cache_arg = _choice("kv cache layout", KV_CACHES)
 
 
 def parse_shape(text: str) -> tuple[str | None, FeedShape]:
-    """Read a shape given on the command line: :func:`posenc.export.units.parse_named_shape`.
+    """Read a shape given on the command line: :func:`posenc.export.shapes.parse_named_shape`.
 
     The old benchmark form ``[NAME:]b=B,s=S[,past=P]`` is still read, with a deprecation note.
 
@@ -109,8 +109,6 @@ def parse_shape(text: str) -> tuple[str | None, FeedShape]:
     Raises:
         ConfigError: an unknown preset, a bad name, or numbers FeedShape refuses.
     """
-    from posenc.export.units import parse_named_shape  # imported on use: it loads torch
-
     if "=" in text:
         text = _old_key_value_shape(text)
     return parse_named_shape(text)

@@ -6,7 +6,7 @@ import pytest
 
 from posenc.bench.shapes import MAX_TOKENS, PRESETS, Shape, parse_shape
 from posenc.errors import ConfigError
-from posenc.export.units import FeedShape
+from posenc.export.shapes import FeedShape
 from posenc.records import from_json, to_json
 
 

@@ -1,7 +1,7 @@
 """Benchmark shapes: a named :class:`posenc.export.FeedShape` (batch, new tokens, past length, first position).
 
 Text form (``posenc bench --shape``), the one shape syntax of the command line
-(:func:`posenc.export.units.parse_named_shape`): ``B,S[,P][@START]``, optionally ``NAME:`` before it
+(:func:`posenc.export.shapes.parse_named_shape`): ``B,S[,P][@START]``, optionally ``NAME:`` before it
 (``long:1,2048``), or the presets ``prefill`` (``1,512``) and ``decode`` (``1,1,511``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from posenc.errors import ConfigError
-from posenc.export.units import SHAPE_NAME, SHAPE_PRESETS, FeedShape, parse_named_shape
+from posenc.export.shapes import SHAPE_NAME, SHAPE_PRESETS, FeedShape, parse_named_shape
 from posenc.records import field
 
 MAX_TOKENS = 1 << 20

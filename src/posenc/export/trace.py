@@ -43,7 +43,8 @@ from posenc.export.exporter import (
 )
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
-from posenc.export.units import SAMPLE_SHAPE, ExportUnit, _slots
+from posenc.export.shapes import SAMPLE_SHAPE
+from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys

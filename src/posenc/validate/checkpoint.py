@@ -32,7 +32,8 @@ import torch
 from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.units import BLOCK_INPLACE, FeedShape
+from posenc.export.shapes import FeedShape
+from posenc.export.units import BLOCK_INPLACE
 from posenc.provenance import CheckpointWeights, RandomWeights
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ErrorBound, Reference

@@ -63,7 +63,7 @@ def _validate(args: argparse.Namespace) -> int:
     from posenc.artifacts.files import check_apart
     from posenc.errors import BackendUnavailable
     from posenc.export.runtime import ort_providers
-    from posenc.export.units import FeedShape
+    from posenc.export.shapes import FeedShape
     from posenc.validate.parity import validate_onnx
 
     for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):

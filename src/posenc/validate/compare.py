@@ -59,7 +59,8 @@ import numpy as np
 from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError, ParityError
 from posenc.export.manifest import OutputDrift
-from posenc.export.units import BLOCK_INPLACE, FeedShape
+from posenc.export.shapes import FeedShape
+from posenc.export.units import BLOCK_INPLACE
 from posenc.records import field, to_json
 from posenc.schemes.base import Tolerance
 from posenc.validate.runners import REFERENCE_DESCRIPTION, EagerTorchRunner, TorchModuleRunner, feed_metadata

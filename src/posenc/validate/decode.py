@@ -33,7 +33,8 @@ from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_model_file, load_eager, ort_session
-from posenc.export.units import BLOCK_INPLACE, FeedShape, InPlaceBlock
+from posenc.export.shapes import FeedShape
+from posenc.export.units import BLOCK_INPLACE, InPlaceBlock
 from posenc.records import to_json
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare

@@ -20,7 +20,8 @@ import numpy as np
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
-from posenc.export.units import BLOCK_INPLACE, FeedShape, make_feed
+from posenc.export.shapes import FeedShape
+from posenc.export.units import BLOCK_INPLACE, make_feed
 
 DEFAULT_SHAPES: tuple[FeedShape, ...] = (
     FeedShape(batch=1, seq=1, past=0),

@@ -19,7 +19,8 @@ from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
-from posenc.export.units import BLOCK_INPLACE, FeedShape
+from posenc.export.shapes import FeedShape
+from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds

@@ -29,7 +29,8 @@ from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import ort_session, reference_inputs
-from posenc.export.units import FeedShape, _size
+from posenc.export.shapes import FeedShape
+from posenc.export.units import _size
 
 REFERENCE_NAME = "eager-fp64"
 REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
