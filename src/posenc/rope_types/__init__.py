@@ -37,6 +37,7 @@ Adding a ``rope_type``:
 
 from __future__ import annotations
 
+from posenc.citations import Citation
 from posenc.rope_types.common import (
     at_least,
     default_inv_freq,
@@ -51,7 +52,6 @@ from posenc.rope_types.registry import (
     COMMON_KEYS,
     PARTIAL_ROTARY_MODES,
     TABLE_MODES,
-    Citation,
     InvFreq,
     RopeType,
     ScaleRate,

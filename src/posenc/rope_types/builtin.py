@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from posenc.citations import Citation
 from posenc.errors import ConfigError
 from posenc.params import Param
 from posenc.rope_types.common import (
@@ -26,7 +27,7 @@ from posenc.rope_types.common import (
     require,
     switch_at,
 )
-from posenc.rope_types.registry import Citation, InvFreq, RopeType, register
+from posenc.rope_types.registry import InvFreq, RopeType, register
 
 __all__ = ["AXIAL_COLUMNS", "ROFORMER", "axial_slot_axes", "dynamic_ntk_base", "mrope_slot_axes", "yarn_get_mscale"]
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from posenc.citations import Citation
 from posenc.errors import ConfigError
 from posenc.params import Param
 
@@ -81,22 +82,6 @@ class SlotAxes(Protocol):
     ``params`` as for :class:`InvFreq`; bad values raise :class:`ConfigError`."""
 
     def __call__(self, rotary_dim: int, params: Mapping[str, Any]) -> torch.Tensor: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Citation:
-    """Where a rule comes from: authors, title, year and a link."""
-
-    authors: str
-    title: str
-    year: int
-    link: str
-
-    def __str__(self) -> str:
-        """``Authors, Title (year), link``; arXiv links in their short form ``arXiv:ID``."""
-        arxiv = "https://arxiv.org/abs/"
-        link = f"arXiv:{self.link.removeprefix(arxiv)}" if self.link.startswith(arxiv) else self.link
-        return f"{self.authors}, {self.title} ({self.year}), {link}"
 
 
 @dataclasses.dataclass(frozen=True)
