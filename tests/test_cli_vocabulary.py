@@ -91,6 +91,14 @@ def test_unit_choices_follow_the_export_units() -> None:
         assert OPTIONS["unit"].type(unit) == unit
 
 
+def test_table_mode_choices_follow_the_table_modes() -> None:
+    """The command line spells the table modes without importing torch; they are :class:`TableMode`'s values."""
+    from posenc.cli_args import TABLE_MODES
+    from posenc.schemes.base import TableMode
+
+    assert tuple(mode.value for mode in TableMode) == TABLE_MODES
+
+
 def test_geometry_derives_head_dim_the_same_way_in_export_and_bench(tmp_path: Path) -> None:
     """`--hidden-size 64 --num-heads 8` is head_dim 8 and 8 key/value heads in both (bench's default has 128/2)."""
     geometry = ["--hidden-size", "64", "--num-heads", "8", "--max-position-embeddings", "32"]

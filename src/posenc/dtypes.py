@@ -84,3 +84,10 @@ def short_name(dtype: str | torch.dtype) -> str:
     """``fp32``/``fp16``/``bf16``/``fp64`` (other dtypes keep their canonical name)."""
     name = dtype_name(dtype)
     return SHORT_NAMES.get(name, name)
+
+
+def compute_dtype(x: torch.Tensor | torch.dtype) -> torch.dtype:
+    """The dtype posenc computes in for activations of ``x``'s dtype: float64 for float64, float32 otherwise (half
+    precision is widened)."""
+    dtype = x if isinstance(x, torch.dtype) else x.dtype
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from posenc import rope_types as RT
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError, PositionError, parameter_domain
 
 __all__ = [
@@ -366,7 +367,7 @@ def apply_rope(
                 f"cos {list(cos.shape)} and sin {list(sin.shape)} do not broadcast to x[..., :{r // 2}] of x "
                 f"{list(x.shape)}; give one cos/sin row per position of x (e.g. [B, 1, S, r/2] for x [B, H, S, D])."
             ) from None
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x)
     xr = x[..., :r].to(compute)
     c, s = cos.to(compute), sin.to(compute)
     if layout == "half":

@@ -76,7 +76,7 @@ def table_modes_for(scheme: str, choice: str) -> list[tuple[str, str]]:
     if choice not in TABLE_MODE_CHOICES:
         raise ConfigError(f"unknown table mode choice {choice!r}; use one of {list(TABLE_MODE_CHOICES)}.")
     modes = get_spec(scheme).table_modes
-    supported = [m.value for m in (TableMode.PRECOMPUTED, TableMode.DYNAMIC) if m in modes]
+    supported = [m.value for m in TableMode if m in modes]  # precomputed first
     if choice == "auto":
         return [(supported[0], "")]
     if choice == "all":

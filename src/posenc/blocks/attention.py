@@ -15,6 +15,7 @@ from torch import nn
 
 from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError
 from posenc.functional import is_tracing, write_cache
 from posenc.schemes import build_scheme
@@ -47,7 +48,7 @@ class HeadRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(x)
         weight = None if self.weight is None else self.weight.to(compute)
         normed = F.rms_norm(x.to(compute), (self.dim,), weight, self.eps)
         return normed.to(x.dtype)  # ONNX opset 23: one RMSNormalization in float32 between two casts
@@ -72,7 +73,7 @@ class HeadLayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(x)
         weight, bias = self.weight.to(compute), self.bias.to(compute)
         return F.layer_norm(x.to(compute), (self.dim,), weight, bias, self.eps).to(x.dtype)
 
@@ -101,7 +102,7 @@ def temperature_tuned(
     https://arxiv.org/abs/2501.19399): ``q [B, H, S, D]`` at positions ``q_pos [B, S]`` times
     ``1 + scale · ln(1 + floor((p + offset) / floor_scale))`` (Llama 4: offset 1; Ministral 3's ``llama_4_scaling``:
     offset 0), computed in float32 (float64 for float64 q) with an exact integer floor, cast back to q's dtype."""
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(q)
     steps = torch.div(q_pos + offset, floor_scale, rounding_mode="floor").to(compute)
     factor = torch.log(steps + 1.0) * scale + 1.0
     return (q.to(compute) * factor[:, None, :, None]).to(q.dtype)
@@ -111,7 +112,7 @@ def gated(out: torch.Tensor, gate: torch.Tensor, activation: str, heads: int) ->
     """The attention output ``out [B, S, H·D]`` times ``activation(gate)``: ``gate [B, S, H·D]``, or ``[B, S, H]``
     (one value per head). ``sigmoid`` or ``softplus``, computed in float32 (float64 for float64 input) and cast to
     ``out``'s dtype before the product."""
-    compute = torch.float64 if gate.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(gate)
     g = gate.to(compute)
     g = (torch.sigmoid(g) if activation == "sigmoid" else F.softplus(g)).to(out.dtype)
     if g.shape[-1] == out.shape[-1]:
@@ -365,7 +366,7 @@ class AttentionBlock(nn.Module):
             out = self.scheme.attend(q, k, v, q_pos, k_pos, cfg.causal)
         else:
             scores = (q @ k.transpose(-1, -2)) * self.scheme.score_scale()
-            compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
+            compute = compute_dtype(scores)
             if placement is Placement.SCORE:
                 scores = scores.to(compute) + self.scheme.bias(q, k, q_pos, k_pos).to(compute)
             if cfg.logit_softcap is not None:

@@ -24,6 +24,7 @@ import torch
 
 from posenc.checkpoints.reference import import_transformers
 from posenc.errors import ConfigError
+from posenc.schemes.base import TableMode
 
 TINY: Mapping[str, Any] = {
     "hidden_size": 64,
@@ -61,7 +62,7 @@ class Sample:
     settings: Mapping[str, Any]
     layer: int | None = 0
     layer_type: str | None = None
-    table_modes: tuple[str, ...] = ("precomputed", "dynamic")
+    table_modes: tuple[str, ...] = tuple(mode.value for mode in TableMode)
     long: bool = True
 
     def with_settings(self, **overrides: Any) -> Sample:

@@ -18,10 +18,11 @@ from posenc.demo.records import CheckpointParity, DemoResult, ParityStage, Pipel
 from posenc.report.decay import plot_rope_decay
 from posenc.report.document import Report
 from posenc.report.positions import plot_error_vs_position, series_label
+from posenc.schemes.base import TableMode
 
 GRAPHS = ("exported", "ort-cpu")
 GRAPH_TITLES = {"exported": "exported", "ort-cpu": "optimized (ort-cpu)"}
-MODES = ("precomputed", "dynamic")
+MODES = tuple(mode.value for mode in TableMode)
 
 
 def _fmt(value: float | None) -> str:

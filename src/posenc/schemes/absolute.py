@@ -21,8 +21,9 @@ from torch import nn
 
 from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError
-from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
+from posenc.schemes.base import BOTH_TABLE_MODES, Param, Placement, PositionalScheme, SchemeSpec, TableMode, is_tracing
 from posenc.schemes.registry import register
 
 __all__ = [
@@ -54,7 +55,7 @@ class _Absolute(PositionalScheme):
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """``hidden [B, S, E]`` combined with the position vectors of ``position_ids [B, S]``."""
         self.check_positions(position_ids)
-        compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(hidden)
         x, p = hidden.to(compute), self.rows(position_ids).to(compute)
         return (x * p if self.multiply else x + p).to(hidden.dtype)
 
@@ -105,7 +106,7 @@ class LearnedAbsolute(_Absolute):
         if self.token_type_embedding is None and self.embedding_norm is None:
             return super().embed(hidden, position_ids)
         self.check_positions(position_ids)
-        compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(hidden)
         x = hidden.to(compute)
         if self.token_type_embedding is not None:
             x = x + self.token_type_embedding.to(compute)
@@ -406,7 +407,7 @@ SinusoidalAbsolute.spec = SchemeSpec(
         ),
         Param("base", "float", 10000.0, "frequencies base^(-2i/hidden)", minimum=0, exclusive_minimum=True),
     ),
-    table_modes=frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC}),
+    table_modes=BOTH_TABLE_MODES,
     citation=_VASWANI,
     summary="The fixed sin/cos table added to the hidden states; PE(t+k) is a rotation of PE(t).",
     cases={"default": {}, "concat": {"layout": "concat"}},

@@ -7,7 +7,15 @@ import torch
 from posenc import functional as PF
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
+from posenc.schemes.base import (
+    BOTH_TABLE_MODES,
+    Param,
+    Placement,
+    PositionalScheme,
+    SchemeSpec,
+    TableMode,
+    relative_distance,
+)
 from posenc.schemes.registry import register
 
 
@@ -129,7 +137,7 @@ Alibi.spec = SchemeSpec(
             exclusive_minimum=True,
         ),
     ),
-    table_modes=frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC}),
+    table_modes=BOTH_TABLE_MODES,
     validate=_validate,
     citation="Press et al., Train Short, Test Long: Attention with Linear Biases, ICLR 2022 (arXiv:2108.12409)",
     summary="Per-head linear distance penalty; slopes 2^(-8i/n), BLOOM's (= MPT's) order for other head counts.",

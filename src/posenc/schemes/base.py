@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from posenc.dtypes import dtype_name
+from posenc.dtypes import compute_dtype, dtype_name
 from posenc.errors import ConfigError, PositionError
 from posenc.functional import is_tracing, position_guard
 from posenc.params import Param
@@ -46,6 +46,10 @@ class TableMode(str, enum.Enum):
             return cls(value)
         except ValueError:
             raise ConfigError(f"unknown table mode {value!r}; use one of {[m.value for m in cls]}.") from None
+
+
+BOTH_TABLE_MODES: frozenset[TableMode] = frozenset(TableMode)
+"""Both table modes: what a scheme whose tables can be stored or computed in the graph declares."""
 
 
 class Placement(str, enum.Enum):
@@ -418,7 +422,7 @@ def softmax_attention(
             after the softmax (``Concat``, ``Softmax``, ``Slice`` once exported), so the weights of the keys sum to
             less than one; ``None``: none.
     """
-    compute = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(scores)
     s = scores.to(compute)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))

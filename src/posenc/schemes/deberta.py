@@ -11,12 +11,19 @@ from torch import nn
 from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError
-from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode, relative_distance
+from posenc.schemes.base import (
+    BOTH_TABLE_MODES,
+    Param,
+    Placement,
+    PositionalScheme,
+    SchemeSpec,
+    TableMode,
+    relative_distance,
+)
 from posenc.schemes.registry import register
 from posenc.schemes.relative import (
-    BOTH_MODES,
-    compute_dtype,
     distance_range,
     index_by_distance,
     linear_in,
@@ -217,7 +224,7 @@ Deberta.spec = SchemeSpec(
             exclusive_minimum=True,
         ),
     ),
-    table_modes=BOTH_MODES,
+    table_modes=BOTH_TABLE_MODES,
     citation="He et al., DeBERTa: Decoding-enhanced BERT with Disentangled Attention, ICLR 2021 "
     f"(arXiv:2006.03654); {SU_2021_POSITION_ENCODINGS}, section DeBERTa式",
     summary="Content-to-position and/or position-to-content terms over log-bucketed q - k, scaled 1/sqrt(D(1+terms)).",

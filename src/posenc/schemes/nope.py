@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from posenc.schemes.base import Placement, PositionalScheme, SchemeSpec, TableMode
+from posenc.schemes.base import BOTH_TABLE_MODES, Placement, PositionalScheme, SchemeSpec
 from posenc.schemes.registry import register
 
 
@@ -16,7 +16,7 @@ NoPE.spec = SchemeSpec(
     family="nope",
     placement=Placement.NONE,
     params=(),
-    table_modes=frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC}),
+    table_modes=BOTH_TABLE_MODES,
     citation="Kazemnejad et al., The Impact of Positional Encoding on Length Generalization in Transformers, "
     "NeurIPS 2023",
     summary="Baseline without positional encoding; attention is permutation-equivariant except for the mask.",

@@ -26,8 +26,10 @@ from torch import nn
 from posenc import functional as PF
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError, PositionError
 from posenc.schemes.base import (
+    BOTH_TABLE_MODES,
     Param,
     Placement,
     PositionalScheme,
@@ -39,7 +41,6 @@ from posenc.schemes.base import (
 )
 from posenc.schemes.registry import register
 
-BOTH_MODES = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 _MAX_LOOKUP = 1 << 24
 
 # --------------------------------------------------------------------------------------------------
@@ -97,11 +98,6 @@ def linear_in(x: torch.Tensor, layer: nn.Linear, dtype: torch.dtype) -> torch.Te
     """``layer(x)`` computed in ``dtype`` (float32 math for half-precision weights and activations)."""
     bias = None if layer.bias is None else layer.bias.to(dtype)
     return F.linear(x.to(dtype), layer.weight.to(dtype), bias)
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """float64 for float64 activations, float32 otherwise (half precision is widened)."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,7 +184,7 @@ ShawRelative.spec = SchemeSpec(
             minimum=1,
         ),
     ),
-    table_modes=BOTH_MODES,
+    table_modes=BOTH_TABLE_MODES,
     citation="Shaw, Uszkoreit, Vaswani, Self-Attention with Relative Position Representations, NAACL 2018 "
     f"(arXiv:1803.02155); {SU_2021_POSITION_ENCODINGS}, section 经典式 (classic)",
     summary="Learned a^K, a^V over clip(j - i, -R, R) added to keys (scores) and values (outputs), shared by heads.",
@@ -351,7 +347,7 @@ TransformerXL.spec = SchemeSpec(
             "True: XLNet's reshape rel-shift (contiguous positions); False: gather by i - j (repeats allowed, no gaps)",
         ),
     ),
-    table_modes=BOTH_MODES,
+    table_modes=BOTH_TABLE_MODES,
     citation="Dai et al., Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context, ACL 2019 "
     f"(arXiv:1901.02860); Yang et al., XLNet, NeurIPS 2019; {SU_2021_POSITION_ENCODINGS}, section XLNET式",
     summary="(q + u)·k + (q + v)·W_R R_{i-j}, R sinusoidal [sin, cos] over the distance, XLNet's rel-shift.",

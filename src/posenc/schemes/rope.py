@@ -20,8 +20,10 @@ from posenc import functional as PF
 from posenc import rope_types as RT
 from posenc.citations import SU_2021_ROPE, SU_2023_REROPE, ZHAO_2023_LLM_SURVEY
 from posenc.config import AttentionConfig
+from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError, PositionError
 from posenc.schemes.base import (
+    BOTH_TABLE_MODES,
     Param,
     Placement,
     PositionalScheme,
@@ -35,7 +37,6 @@ from posenc.schemes.base import (
 )
 from posenc.schemes.registry import get_spec, register, unregister
 
-_BOTH = frozenset({TableMode.PRECOMPUTED, TableMode.DYNAMIC})
 ROFORMER = str(RT.ROFORMER)
 
 
@@ -95,9 +96,7 @@ class RotaryAngles(TableHolder):
             self.register_table("turns", PF.split_turns(inv_freq))
             self.register_table("phase", torch.remainder(phase, 2 * math.pi).to(torch.float32))
         if log_scale is not None:
-            self.register_table(
-                "log_scale", log_scale.to(torch.float64 if table_dtype == torch.float64 else torch.float32)
-            )
+            self.register_table("log_scale", log_scale.to(compute_dtype(table_dtype)))
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [...]`` int64 -> ``(cos, sin)`` each ``[..., r/2]`` in ``table_dtype``."""
@@ -496,7 +495,7 @@ class ReRope(PositionalScheme):
         """Scaled scores ``[B, H, Sq, Sk]`` (before masking), computed in float32 (float64 for float64)."""
         self.check_positions(q_pos)
         self.check_positions(k_pos)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(q)
         q, k = q.to(compute), k.to(compute)
         near = self._rot(q, self.near, q_pos) @ self._rot(k, self.near, k_pos).transpose(-1, -2)
         k_far = self._rot(k, self.far_k, k_pos).transpose(-1, -2)
@@ -544,7 +543,7 @@ ReRope.spec = SchemeSpec(
     family="rope",
     placement=Placement.ATTENTION,
     params=(*_COMMON, _WINDOW),
-    table_modes=_BOTH,
+    table_modes=BOTH_TABLE_MODES,
     citation=_REROPE_CITE,
     summary="RoPE whose relative position is clipped to the window w beyond it; two score matrices.",
     tolerances=_rope_tolerances(),
@@ -569,7 +568,7 @@ LeakyReRope.spec = SchemeSpec(
             exclusive_minimum=True,
         ),
     ),
-    table_modes=_BOTH,
+    table_modes=BOTH_TABLE_MODES,
     citation=_REROPE_CITE,
     summary="ReRoPE that keeps growing beyond the window with slope 1/k (linear interpolation of far positions).",
     tolerances=_rope_tolerances(),
@@ -623,7 +622,7 @@ class RopeLinearAttention(PositionalScheme):
     ) -> torch.Tensor:
         self.check_positions(q_pos)
         self.check_positions(k_pos)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(q)
         qf, kf, vc = self.feature_map(q.to(compute)), self.feature_map(k.to(compute)), v.to(compute)
         numerator = self._rot(qf, q_pos) @ self._rot(kf, k_pos).transpose(-1, -2)
         denominator = qf @ kf.transpose(-1, -2)
@@ -637,7 +636,7 @@ class RopeLinearAttention(PositionalScheme):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor
     ) -> torch.Tensor:
         """Causal O(S) form: running sums of ``R_j φ(k_j) v_jᵀ`` and ``φ(k_j)`` (q, k, v share positions)."""
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(q)
         qf, kf, vc = self.feature_map(q.to(compute)), self.feature_map(k.to(compute)), v.to(compute)
         qr, kr = self._rot(qf, position_ids), self._rot(kf, position_ids)
         state = torch.cumsum(kr.unsqueeze(-1) * vc.unsqueeze(-2), dim=2)  # [B, H, S, D, Dv]
@@ -667,7 +666,7 @@ RopeLinearAttention.spec = SchemeSpec(
     family="rope",
     placement=Placement.ATTENTION,
     params=_COMMON,
-    table_modes=_BOTH,
+    table_modes=BOTH_TABLE_MODES,
     citation=f"{ROFORMER} (RoPE with linear attention); {SU_2021_ROPE}, section 线性场景 (linear attention); "
     "Katharopoulos et al., Transformers are RNNs, ICML 2020 (φ = elu + 1)",
     summary="Linear attention with RoPE only in the numerator; the only relative scheme linear attention admits.",

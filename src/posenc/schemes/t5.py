@@ -11,6 +11,7 @@ from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes.base import (
+    BOTH_TABLE_MODES,
     Param,
     Placement,
     PositionalScheme,
@@ -21,7 +22,6 @@ from posenc.schemes.base import (
 )
 from posenc.schemes.registry import register
 from posenc.schemes.relative import (
-    BOTH_MODES,
     distance_range,
     index_by_distance,
     lookup_magnitude,
@@ -160,7 +160,7 @@ T5Bias.spec = SchemeSpec(
     family="relative",
     placement=Placement.SCORE,
     params=T5_PARAMS,
-    table_modes=BOTH_MODES,
+    table_modes=BOTH_TABLE_MODES,
     citation="Raffel et al., Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer, "
     f"JMLR 2020 (arXiv:1910.10683); {SU_2021_POSITION_ENCODINGS}, section T5式 and its bucket table",
     summary="Learned per-head scalar per bucket of key - query: exact near, log-spaced far; unscaled q·k.",

@@ -10,9 +10,10 @@ from torch import nn
 
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
+from posenc.dtypes import compute_dtype
 from posenc.schemes.base import Param, Placement, PositionalScheme, SchemeSpec, TableMode
 from posenc.schemes.registry import register
-from posenc.schemes.relative import compute_dtype, linear_in
+from posenc.schemes.relative import linear_in
 from posenc.schemes.t5 import T5_PARAMS, T5BucketBias, validate_t5_buckets
 
 
