@@ -130,8 +130,7 @@ KERNEL_POSITIONS = 131072
 def kernel_parity(device: str, quick: bool) -> list[dict[str, Any]]:
     import torch
 
-    from posenc import AttentionConfig, build_scheme
-    from posenc import functional as PF
+    from posenc import AttentionConfig, build_scheme, functional
     from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
     from posenc.schemes.rope import rope_parameters
     from posenc.validate.tolerance import tolerance_for
@@ -168,9 +167,9 @@ def kernel_parity(device: str, quick: bool) -> list[dict[str, Any]]:
                 slot_axes = scheme.axis_select.reshape(axes, -1).argmax(0)
                 spec_args["mrope_section"] = tuple(int((slot_axes == a).sum()) for a in range(axes))
             if source == "table":
-                inv_freq, _ = PF.rope_inv_freq(r, rope)
+                inv_freq, _ = functional.rope_inv_freq(r, rope)
                 rows_needed = int(positions.max()) + 1
-                inputs["cos"], inputs["sin"] = PF.rope_cos_sin(torch.arange(rows_needed), inv_freq)
+                inputs["cos"], inputs["sin"] = functional.rope_cos_sin(torch.arange(rows_needed), inv_freq)
             elif source == "freq":
                 turns, extra = freq_inputs(r, rope)
                 inputs["turns"] = turns

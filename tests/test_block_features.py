@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from posenc import AttentionBlock, AttentionConfig, ConfigError, get_spec, scheme_names
-from posenc import functional as PF
+from posenc import AttentionBlock, AttentionConfig, ConfigError, functional, get_spec, scheme_names
 from posenc.schemes import Placement, TableMode
 from posenc.schemes.base import attention_mask
 from tests.conftest import decode_in_steps
@@ -33,8 +32,8 @@ def _hf_additive_mask(mask_function, length: int) -> torch.Tensor:
 
 def _cos_sin(positions: torch.Tensor, head_dim: int = 16, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``cos, sin [B, S, D]`` in transformers' rotate_half layout (RoPE itself is checked in test_rope)."""
-    inv_freq, _ = PF.rope_inv_freq(head_dim, {"rope_theta": theta})
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(head_dim, {"rope_theta": theta})
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
 
 

@@ -9,8 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from posenc import AttentionBlock, AttentionConfig, ConfigError
-from posenc import functional as PF
+from posenc import AttentionBlock, AttentionConfig, ConfigError, functional
 from posenc.schemes.base import attention_mask
 from tests.conftest import decode_in_steps
 
@@ -65,8 +64,8 @@ def test_llama4_rope_layer_equals_the_module() -> None:
     block.load_state_dict(attention.state_dict(), strict=False)
     x = torch.randn(2, 9, 64, dtype=torch.float64)
     positions = torch.arange(9)
-    inv_freq, _ = PF.rope_inv_freq(16)
-    cos, sin = PF.rope_cos_sin(positions.expand(2, 9), inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(16)
+    cos, sin = functional.rope_cos_sin(positions.expand(2, 9), inv_freq, dtype=torch.float64)
     with torch.no_grad():
         want = attention(x, torch.complex(cos, sin), _mask(positions, positions, 4))[0]
     got, _, _ = block(x)
@@ -121,8 +120,8 @@ def test_hunyuan_norms_after_the_rotation_equal_the_module_and_the_order_matters
     block.load_state_dict(state, strict=False)
     x = torch.randn(2, 8, 64, dtype=torch.float64)
     positions = torch.arange(8)
-    inv_freq, _ = PF.rope_inv_freq(16)
-    cos, sin = PF.rope_cos_sin(positions.expand(2, 8), inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(16)
+    cos, sin = functional.rope_cos_sin(positions.expand(2, 8), inv_freq, dtype=torch.float64)
     embeddings = (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
     with torch.no_grad():
         want = attention(x, embeddings, _mask(positions, positions, None))[0]
@@ -174,8 +173,8 @@ _TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, 
 
 
 def _embeddings(positions: torch.Tensor, rotary: int = 16, half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq, _ = PF.rope_inv_freq(rotary)
-    cos, sin = PF.rope_cos_sin(positions.expand(2, -1), inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(rotary)
+    cos, sin = functional.rope_cos_sin(positions.expand(2, -1), inv_freq, dtype=torch.float64)
     return (cos, sin) if half else (torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from tests.conftest import CONFORMANCE
 
 onnx = pytest.importorskip("onnx", reason="onnx reads the conformance protobufs (pip install onnx)")
@@ -61,7 +61,7 @@ def rotary_embedding(inputs: dict[str, np.ndarray], attributes: dict[str, int]) 
         x = x.reshape(b, s, heads, hidden // heads).transpose(1, 2)  # [B, N, S, H]
     layout = "interleaved" if attributes.get("interleaved", 0) else "half"
     rotary_dim = attributes.get("rotary_embedding_dim", 0) or x.shape[-1]
-    out = PF.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), layout, rotary_dim)
+    out = functional.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), layout, rotary_dim)
     if three_d:
         out = out.transpose(1, 2).reshape(b, s, hidden)
     return out

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.errors import ConfigError, PositionError
 from tests.conftest import covers
 
@@ -154,7 +154,7 @@ def test_rope_inv_freq_matches_hugging_face(
     expected, expected_factor = hf_inv_freq(rope_type, head_dim, max_pos, params, seq_len)
     rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
     ours = {"rope_type": rope_type, "max_position_embeddings": max_pos, **params}
-    got, factor = PF.rope_inv_freq(rotary_dim, ours, seq_len=seq_len)
+    got, factor = functional.rope_inv_freq(rotary_dim, ours, seq_len=seq_len)
     assert got.dtype == torch.float64
     assert got.shape == expected.shape == (rotary_dim // 2,)
     torch.testing.assert_close(got, expected.double(), rtol=1e-6, atol=0)  # HF computes in float32
@@ -171,12 +171,12 @@ def test_yarn_with_deepseek_mscales_and_no_truncation_matches_hugging_face() -> 
     params = {"rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
               "mscale_all_dim": 1.0, "truncate": False, "beta_fast": 24.0, "beta_slow": 2.0}  # fmt: skip
     expected, expected_factor = hf_inv_freq("yarn", 64, 163840, params)
-    got, factor = PF.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params})
-    extrapolated, _ = PF.rope_inv_freq(64, {"rope_theta": 10000.0})
+    got, factor = functional.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params})
+    extrapolated, _ = functional.rope_inv_freq(64, {"rope_theta": 10000.0})
     assert ((got - expected.double()).abs() <= 1e-6 * extrapolated).all()
     assert factor == pytest.approx(expected_factor, rel=1e-12)
     assert factor == pytest.approx((0.1 * 0.707 * math.log(40.0) + 1) / (0.1 * math.log(40.0) + 1), rel=1e-12)
-    truncated, _ = PF.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params,
+    truncated, _ = functional.rope_inv_freq(64, {"rope_type": "yarn", "max_position_embeddings": 163840, **params,
                                          "truncate": True})  # fmt: skip
     assert not torch.allclose(got, truncated, rtol=1e-6, atol=0)
 
@@ -196,18 +196,18 @@ def test_length_dependent_types_take_a_tensor_length_inside_an_exported_program(
 
     class Frequencies(torch.nn.Module):
         def forward(self, positions: torch.Tensor) -> torch.Tensor:
-            return PF.rope_inv_freq(16, params, seq_len=positions.max() + 1)[0]
+            return functional.rope_inv_freq(16, params, seq_len=positions.max() + 1)[0]
 
     sample = torch.arange(5).unsqueeze(0)
     program = torch.export.export(Frequencies(), (sample,), dynamic_shapes=({1: torch.export.Dim("seq")},))
     for length in (5, 16, 17, 100, 4000):
         got = program.module()(torch.arange(length).unsqueeze(0))
-        expected, _ = PF.rope_inv_freq(16, params, seq_len=length)
+        expected, _ = functional.rope_inv_freq(16, params, seq_len=length)
         torch.testing.assert_close(got, expected, rtol=1e-14, atol=0)
-        eager, _ = PF.rope_inv_freq(16, params, seq_len=torch.tensor(length))
+        eager, _ = functional.rope_inv_freq(16, params, seq_len=torch.tensor(length))
         torch.testing.assert_close(eager, expected, rtol=1e-14, atol=0)
     with pytest.raises(ConfigError, match="tensor seq_len must hold one integer"):
-        PF.rope_inv_freq(16, params, seq_len=torch.tensor(5.0))
+        functional.rope_inv_freq(16, params, seq_len=torch.tensor(5.0))
 
 
 @covers("rope_llama3")
@@ -216,13 +216,13 @@ def test_llama3_bands_meet_at_their_edges() -> None:
     1/wavelength between), with both band edges placed exactly on wavelengths of the spectrum: the blend equals
     the neighbouring band there (continuity), and every other frequency follows its band."""
     r, theta, factor = 64, 10000.0, 8.0
-    default, _ = PF.rope_inv_freq(r, {"rope_theta": theta})
+    default, _ = functional.rope_inv_freq(r, {"rope_theta": theta})
     wavelength = [2 * math.pi / f for f in default.tolist()]
     original = wavelength[20]  # low_freq_factor 1: the low edge L / low is wavelength 20 exactly
     high = original / wavelength[10]  # the high edge L / high is wavelength 10 (to the last bit or so)
     params = {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0,
               "high_freq_factor": high, "original_max_position_embeddings": original}  # fmt: skip
-    got, scale = PF.rope_inv_freq(r, params)
+    got, scale = functional.rope_inv_freq(r, params)
     assert scale == 1.0
     assert got[20].item() == pytest.approx(default[20].item() / factor, rel=1e-12)
     assert got[10].item() == pytest.approx(default[10].item(), rel=1e-12)
@@ -267,14 +267,14 @@ def test_llama3_bands_meet_at_their_edges() -> None:
 def test_degenerate_parameters_raise_config_errors(params: dict[str, Any], message: str) -> None:
     """Values whose formulas divide by zero or take log of <= 0 upstream (ZeroDivisionError, math domain error)."""
     with pytest.raises(ConfigError, match=message):
-        PF.rope_inv_freq(8, params)
+        functional.rope_inv_freq(8, params)
 
 
 def test_dynamic_changes_frequencies_only_above_max_position_embeddings() -> None:
     params = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 1024}
-    base, _ = PF.rope_inv_freq(64)
-    below, _ = PF.rope_inv_freq(64, params, seq_len=1000)
-    above, _ = PF.rope_inv_freq(64, params, seq_len=1025)
+    base, _ = functional.rope_inv_freq(64)
+    below, _ = functional.rope_inv_freq(64, params, seq_len=1000)
+    above, _ = functional.rope_inv_freq(64, params, seq_len=1025)
     torch.testing.assert_close(below, base, rtol=1e-15, atol=0)
     assert (above[1:] < base[1:]).all()
 
@@ -284,8 +284,8 @@ def test_dynamic_changes_frequencies_only_above_max_position_embeddings() -> Non
 def test_static_ntk_lowest_frequency_equals_interpolation(rotary_dim: int, factor: float, theta: float) -> None:
     """NTK-aware scaling (bloc97, r/LocalLLaMA, 2023; Su Jianlin, https://kexue.fm/archives/9675): α = k^(d/(d-2))
     makes n / (αβ)^(d/2-1) equal (n/k) / β^(d/2-1); the highest frequency stays."""
-    default, _ = PF.rope_inv_freq(rotary_dim, {"rope_theta": theta})
-    ntk, scale = PF.rope_inv_freq(rotary_dim, {"rope_type": "ntk", "rope_theta": theta, "factor": factor})
+    default, _ = functional.rope_inv_freq(rotary_dim, {"rope_theta": theta})
+    ntk, scale = functional.rope_inv_freq(rotary_dim, {"rope_type": "ntk", "rope_theta": theta, "factor": factor})
     assert scale == 1.0
     assert ntk[-1].item() == pytest.approx(default[-1].item() / factor, rel=1e-12)
     assert ntk[0].item() == default[0].item() == 1.0
@@ -302,7 +302,7 @@ def test_static_ntk_lowest_frequency_equals_interpolation(rotary_dim: int, facto
 def test_static_ntk_equals_hugging_face_dynamic_at_k_times_the_context() -> None:
     """HF dynamic NTK with factor 1 at length k * M uses base * k**(d/(d-2)): static NTK with factor k."""
     expected, _ = hf_inv_freq("dynamic", 64, 512, {"rope_theta": 10000.0, "factor": 1.0}, seq_len=4 * 512)
-    got, _ = PF.rope_inv_freq(64, {"rope_type": "ntk", "factor": 4.0})
+    got, _ = functional.rope_inv_freq(64, {"rope_type": "ntk", "factor": 4.0})
     torch.testing.assert_close(got, expected.double(), rtol=1e-6, atol=0)
 
 
@@ -313,7 +313,7 @@ def test_base_truncation_follows_the_a_c_beta_rule() -> None:
     r, theta, a, c, beta = 64, 10000.0, 2e-3, 0.05, 0.02  # no θ_i falls exactly on a or c
     params = {"rope_type": "truncation", "rope_theta": theta, "truncation_a": a, "truncation_c": c,
               "truncation_beta": beta}  # fmt: skip
-    got, scale = PF.rope_inv_freq(r, params)
+    got, scale = functional.rope_inv_freq(r, params)
     expected = []
     for i in range(r // 2):
         t = theta ** (-2 * i / r)
@@ -352,19 +352,19 @@ LONG_POSITIONS = torch.tensor(
 
 @pytest.mark.parametrize(("rotary_dim", "theta"), [(128, 10000.0), (128, 5e5), (96, 1e6)])
 def test_tables_and_exact_angles_are_accurate_at_long_positions(rotary_dim: int, theta: float) -> None:
-    inv_freq, _ = PF.rope_inv_freq(rotary_dim, {"rope_theta": theta})
+    inv_freq, _ = functional.rope_inv_freq(rotary_dim, {"rope_theta": theta})
     ref_cos, ref_sin = mp_cos_sin(LONG_POSITIONS, inv_freq)
 
-    cos, sin = PF.rope_cos_sin(LONG_POSITIONS, inv_freq)
+    cos, sin = functional.rope_cos_sin(LONG_POSITIONS, inv_freq)
     assert cos.dtype == torch.float32
     assert cos.shape == (len(LONG_POSITIONS), rotary_dim // 2)
     assert (cos.double() - ref_cos).abs().max() < 2e-6
     assert (sin.double() - ref_sin).abs().max() < 2e-6
-    cos64, sin64 = PF.rope_cos_sin(LONG_POSITIONS, inv_freq, dtype=torch.float64)
+    cos64, sin64 = functional.rope_cos_sin(LONG_POSITIONS, inv_freq, dtype=torch.float64)
     assert (cos64 - ref_cos).abs().max() < 1e-8
     assert (sin64 - ref_sin).abs().max() < 1e-8
 
-    angles = PF.exact_angles(LONG_POSITIONS, PF.split_turns(inv_freq))
+    angles = functional.exact_angles(LONG_POSITIONS, functional.split_turns(inv_freq))
     assert angles.dtype == torch.float32
     assert (angles.cos().double() - ref_cos).abs().max() < 2e-6
     assert (angles.sin().double() - ref_sin).abs().max() < 2e-6
@@ -377,22 +377,22 @@ def test_tables_and_exact_angles_are_accurate_at_long_positions(rotary_dim: int,
 
 def test_exact_angles_worst_case_over_many_positions() -> None:
     """Float64 reference with an exact 26-bit split (p * hi is exact for p < 2**27); 40k positions."""
-    inv_freq, _ = PF.rope_inv_freq(128, {"rope_theta": 10000.0})
+    inv_freq, _ = functional.rope_inv_freq(128, {"rope_theta": 10000.0})
     positions = torch.randint(0, 2**24, (40_000,), generator=torch.Generator().manual_seed(3))
     turns = inv_freq / (2 * math.pi)
     hi = torch.round(turns * 2**26) / 2**26
     p = positions.double().unsqueeze(-1)
     reference = 2 * math.pi * torch.frac(torch.frac(p * hi) + p * (turns - hi))
-    angles = PF.exact_angles(positions, PF.split_turns(inv_freq))
+    angles = functional.exact_angles(positions, functional.split_turns(inv_freq))
     # Measured 8.3e-7; sums of fractions in [0, 2) instead of [-0.5, 0.5] reach 1.9e-6 here.
     assert (angles.cos().double() - reference.cos()).abs().max() < 1.5e-6
     assert (angles.sin().double() - reference.sin()).abs().max() < 1.5e-6
 
 
 def test_rope_cos_sin_shape_and_attention_factor() -> None:
-    inv_freq, _ = PF.rope_inv_freq(16)
+    inv_freq, _ = functional.rope_inv_freq(16)
     positions = torch.arange(12).view(2, 6)
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, attention_factor=1.25, dtype=torch.float64)
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, attention_factor=1.25, dtype=torch.float64)
     assert cos.shape == sin.shape == (2, 6, 8)
     angles = positions.double().unsqueeze(-1) * inv_freq
     torch.testing.assert_close(cos, 1.25 * angles.cos())
@@ -418,9 +418,9 @@ def test_apply_rope_equals_explicit_rotation_matrices(layout: str, dim: int, rot
     """RoFormer's block-diagonal 2x2 rotations (arXiv:2104.09864) for each position, features past r untouched."""
     x = torch.randn(3, 5, dim, dtype=torch.float64)
     positions = torch.tensor([0, 1, 7, 100, 4099])
-    inv_freq, _ = PF.rope_inv_freq(rotary_dim)
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
-    got = PF.apply_rope(x, cos, sin, layout, rotary_dim)
+    inv_freq, _ = functional.rope_inv_freq(rotary_dim)
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+    got = functional.apply_rope(x, cos, sin, layout, rotary_dim)
     for s, p in enumerate(positions.tolist()):
         matrix = rotation_matrix(p * inv_freq, dim, layout)
         torch.testing.assert_close(got[:, s], x[:, s] @ matrix.T, atol=1e-12, rtol=1e-12)
@@ -433,12 +433,12 @@ def test_interleaved_equals_elementwise_form_of_eq_23() -> None:
     sin θ0, ...]."""
     q = torch.randn(2, 7, 16, dtype=torch.float64)
     positions = torch.arange(7) * 13
-    inv_freq, _ = PF.rope_inv_freq(16)
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(16)
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
     cos_pos = torch.stack([cos, cos], dim=-1).reshape(7, 16)
     sin_pos = torch.stack([sin, sin], dim=-1).reshape(7, 16)
     rotated_pairs = torch.stack([-q[..., 1::2], q[..., ::2]], dim=-1).reshape_as(q)
-    torch.testing.assert_close(PF.apply_rope(q, cos, sin, "interleaved"), q * cos_pos + rotated_pairs * sin_pos)
+    torch.testing.assert_close(functional.apply_rope(q, cos, sin, "interleaved"), q * cos_pos + rotated_pairs * sin_pos)
 
 
 @covers("rope")
@@ -452,11 +452,11 @@ def test_half_equals_llama_rotate_half() -> None:
 
     q = torch.randn(2, 3, 9, 32, dtype=torch.float64)
     positions = torch.arange(9) * 7
-    inv_freq, _ = PF.rope_inv_freq(32)
+    inv_freq, _ = functional.rope_inv_freq(32)
     freqs = torch.outer(positions.double(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
-    torch.testing.assert_close(PF.apply_rope(q, cos, sin, "half"), q * emb.cos() + rotate_half(q) * emb.sin())
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+    torch.testing.assert_close(functional.apply_rope(q, cos, sin, "half"), q * emb.cos() + rotate_half(q) * emb.sin())
 
 
 @covers("rope")
@@ -475,11 +475,11 @@ def test_apply_rope_equals_complex_multiplication(layout: str) -> None:
         z = torch.complex(x[:, : dim // 2], x[:, dim // 2 :])
         w = z * rotor
         expected = torch.cat((w.real, w.imag), dim=-1)
-    got = PF.apply_rope(x, all_theta.cos(), all_theta.sin(), layout)
+    got = functional.apply_rope(x, all_theta.cos(), all_theta.sin(), layout)
     torch.testing.assert_close(got, expected)
     # The seed's printed example row 1 (token_embeddings[1] rotated by 1, 0.0464, 0.0022 rad).
     seed_x = torch.tensor([[2.0363, -0.1143, -1.5050, -0.9562, -0.1079, 0.4749]], dtype=torch.float64)
-    seed_out = PF.apply_rope(seed_x, all_theta[1:2].cos(), all_theta[1:2].sin(), "interleaved")
+    seed_out = functional.apply_rope(seed_x, all_theta[1:2].cos(), all_theta[1:2].sin(), "interleaved")
     seed_expected = torch.tensor([[1.1964, 1.6518, -1.4590, -1.0250, -0.1089, 0.4746]], dtype=torch.float64)
     torch.testing.assert_close(seed_out, seed_expected, atol=1e-4, rtol=0)
 
@@ -502,12 +502,12 @@ def test_apply_rope_equals_complex_multiplication(layout: str) -> None:
 def test_inner_product_depends_only_on_relative_position(layout: str, rotary_dim: int, params: dict) -> None:
     """⟨R_m q, R_n k⟩ = qᵀ R_{n-m} k (RoFormer, arXiv:2104.09864) and norms are preserved."""
     dim = 32
-    inv_freq, scale = PF.rope_inv_freq(rotary_dim, params)
+    inv_freq, scale = functional.rope_inv_freq(rotary_dim, params)
     q, k = torch.randn(2, dim, dtype=torch.float64)
 
     def rot(x: torch.Tensor, p: int) -> torch.Tensor:
-        cos, sin = PF.rope_cos_sin(torch.tensor(p), inv_freq, 1.0, dtype=torch.float64)
-        return PF.apply_rope(x, cos, sin, layout, rotary_dim)
+        cos, sin = functional.rope_cos_sin(torch.tensor(p), inv_freq, 1.0, dtype=torch.float64)
+        return functional.apply_rope(x, cos, sin, layout, rotary_dim)
 
     for m, n in [(0, 0), (5, 2), (2, 5), (1000, 37), (70000, 70123)]:
         score = rot(q, m) @ rot(k, n)
@@ -519,11 +519,11 @@ def test_inner_product_depends_only_on_relative_position(layout: str, rotary_dim
 
 
 def test_apply_rope_keeps_dtype_and_shape() -> None:
-    inv_freq, _ = PF.rope_inv_freq(8)
-    cos, sin = PF.rope_cos_sin(torch.arange(4), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(8)
+    cos, sin = functional.rope_cos_sin(torch.arange(4), inv_freq)
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         x = torch.randn(2, 3, 4, 12).to(dtype)
-        out = PF.apply_rope(x, cos, sin, "half", 8)
+        out = functional.apply_rope(x, cos, sin, "half", 8)
         assert out.dtype == dtype
         assert out.shape == x.shape
         assert torch.equal(out[..., 8:], x[..., 8:])
@@ -543,14 +543,14 @@ def test_sinusoidal_interleaved_equals_seed_numpy_code() -> None:
     expected = np.zeros((max_position, hidden))
     expected[:, 0::2] = np.sin(position_enc[:, 0::2])
     expected[:, 1::2] = np.cos(position_enc[:, 1::2])
-    got = PF.sinusoidal_table(max_position, hidden, "interleaved", dtype=torch.float64)
+    got = functional.sinusoidal_table(max_position, hidden, "interleaved", dtype=torch.float64)
     torch.testing.assert_close(got, torch.from_numpy(expected), atol=1e-12, rtol=1e-12)
 
 
 def test_sinusoidal_concat_equals_naive_loops() -> None:
     """tensor2tensor / Transformer-XL order: [sin(t ω_0), ..., sin(t ω_{d/2-1}), cos(t ω_0), ...]."""
     positions, dim, base = 33, 10, 500.0
-    got = PF.sinusoidal_table(positions, dim, "concat", base=base, dtype=torch.float64)
+    got = functional.sinusoidal_table(positions, dim, "concat", base=base, dtype=torch.float64)
     for t in range(positions):
         for i in range(dim // 2):
             w = 1.0 / base ** (2 * i / dim)
@@ -561,7 +561,7 @@ def test_sinusoidal_concat_equals_naive_loops() -> None:
 def test_sinusoidal_position_t_plus_k_is_linear_in_position_t() -> None:
     """Vaswani et al. 2017 §3.5 (PE(t+k) is linear in PE(t)): PE(t+k, 2i) = PE(t, 2i) PE(k, 2i+1) + PE(t, 2i+1)
     PE(k, 2i), and the cos identity."""
-    pe = PF.sinusoidal_table(80, 12, "interleaved", dtype=torch.float64)
+    pe = functional.sinusoidal_table(80, 12, "interleaved", dtype=torch.float64)
     t, k = torch.arange(0, 40).unsqueeze(-1), torch.tensor([3, 11, 39]).view(1, -1)
     sin_t, cos_t = pe[t, 0::2], pe[t, 1::2]  # [40, 1, 6]
     sin_k, cos_k = pe[k, 0::2], pe[k, 1::2]  # [1, 3, 6]
@@ -578,9 +578,9 @@ def test_sinusoidal_position_t_plus_k_is_linear_in_position_t() -> None:
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 32, 64])
 def test_alibi_slopes_for_powers_of_two(n: int) -> None:
     expected = torch.tensor([2.0 ** (-8 * i / n) for i in range(1, n + 1)], dtype=torch.float64)
-    torch.testing.assert_close(PF.alibi_slopes(n, dtype=torch.float64), expected, rtol=1e-14, atol=0)
+    torch.testing.assert_close(functional.alibi_slopes(n, dtype=torch.float64), expected, rtol=1e-14, atol=0)
     if n == 8:
-        assert PF.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
+        assert functional.alibi_slopes(8).tolist() == [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256]
 
 
 @covers("alibi")
@@ -589,7 +589,7 @@ def test_alibi_slopes_match_bloom_for_every_head_count() -> None:
     for n in range(1, 70):
         alibi = bloom.build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), n, torch.float32)  # [n, 1, 2]
         slopes = alibi[:, 0, 1]  # the bias at position 1 is the slope itself
-        torch.testing.assert_close(PF.alibi_slopes(n), slopes, rtol=1e-6, atol=0)
+        torch.testing.assert_close(functional.alibi_slopes(n), slopes, rtol=1e-6, atol=0)
 
 
 def test_t5_buckets_reproduce_the_published_table() -> None:
@@ -597,7 +597,7 @@ def test_t5_buckets_reproduce_the_published_table() -> None:
     then 8,8,8,8, 9,9,9,9, 10 (x7), 11 (x8); relative_position = j - i."""
     table = list(range(8)) + [8] * 4 + [9] * 4 + [10] * 7 + [11] * 8
     distance = torch.arange(len(table))
-    assert PF.t5_relative_bucket(-distance).tolist() == table
+    assert functional.t5_relative_bucket(-distance).tolist() == table
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])
@@ -606,7 +606,7 @@ def test_t5_buckets_match_hugging_face(bidirectional: bool, num_buckets: int, ma
     t5 = pytest.importorskip("transformers.models.t5.modeling_t5", reason="T5 is the reference")
     relative = torch.arange(-600, 601).view(1, -1)
     expected = t5.T5Attention._relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
-    got = PF.t5_relative_bucket(relative, bidirectional, num_buckets, max_distance)
+    got = functional.t5_relative_bucket(relative, bidirectional, num_buckets, max_distance)
     assert torch.equal(got, expected)
 
 
@@ -615,7 +615,7 @@ def test_deberta_log_buckets_match_hugging_face(bucket_size: int, max_position: 
     deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2", reason="DeBERTa reference")
     relative = torch.arange(-2000, 2001)
     expected = deberta.make_log_bucket_position(relative, bucket_size, max_position)
-    got = PF.deberta_log_bucket(relative, bucket_size, max_position)
+    got = functional.deberta_log_bucket(relative, bucket_size, max_position)
     assert torch.equal(got, expected.to(torch.int64))
 
 
@@ -627,18 +627,18 @@ def test_deberta_log_buckets_match_hugging_face(bucket_size: int, max_position: 
 @pytest.mark.parametrize("rotary_dim", [7, 0, 1, -4, 8.0, True])
 def test_rotary_dim_must_be_a_positive_even_int(rotary_dim: Any) -> None:
     with pytest.raises(ConfigError, match="rotary_dim must be"):
-        PF.rope_inv_freq(rotary_dim)
+        functional.rope_inv_freq(rotary_dim)
 
 
 def test_apply_rope_rejects_too_large_or_mismatched_rotary_dim_and_bad_layout() -> None:
-    inv_freq, _ = PF.rope_inv_freq(16)
-    cos, sin = PF.rope_cos_sin(torch.arange(3), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(16)
+    cos, sin = functional.rope_cos_sin(torch.arange(3), inv_freq)
     with pytest.raises(ConfigError, match="exceeds the head dim"):
-        PF.apply_rope(torch.randn(3, 8), cos, sin)
+        functional.apply_rope(torch.randn(3, 8), cos, sin)
     with pytest.raises(ConfigError, match="does not match"):
-        PF.apply_rope(torch.randn(3, 32), cos, sin, rotary_dim=15)
+        functional.apply_rope(torch.randn(3, 32), cos, sin, rotary_dim=15)
     with pytest.raises(ConfigError, match=r"half.*interleaved"):
-        PF.apply_rope(torch.randn(3, 32), cos, sin, layout="neox")
+        functional.apply_rope(torch.randn(3, 32), cos, sin, layout="neox")
 
 
 @pytest.mark.parametrize("rope_type", ["linear", "ntk", "dynamic", "yarn", "llama3"])
@@ -647,95 +647,95 @@ def test_factor_must_be_positive(rope_type: str, factor: Any) -> None:
     params = {"rope_type": rope_type, "factor": factor, "max_position_embeddings": 64,
               "original_max_position_embeddings": 32, "low_freq_factor": 1.0, "high_freq_factor": 4.0}  # fmt: skip
     with pytest.raises(ConfigError, match="factor must be"):
-        PF.rope_inv_freq(16, params)
+        functional.rope_inv_freq(16, params)
 
 
 def test_unknown_rope_type_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match="valid rope_type values") as info:
-        PF.rope_inv_freq(16, {"rope_type": "su"})
+        functional.rope_inv_freq(16, {"rope_type": "su"})
     for name in ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "truncation"):
         assert name in str(info.value)
 
 
 def test_unknown_rope_parameter_key_names_the_valid_keys() -> None:
     with pytest.raises(ConfigError, match=r"unknown RoPE parameter.*'scaling_factor'.*valid keys") as info:
-        PF.rope_inv_freq(16, {"rope_type": "linear", "scaling_factor": 2.0})
+        functional.rope_inv_freq(16, {"rope_type": "linear", "scaling_factor": 2.0})
     assert "factor" in str(info.value)
 
 
 def test_missing_required_parameters_say_which_to_add() -> None:
     with pytest.raises(ConfigError, match="needs 'factor'"):
-        PF.rope_inv_freq(16, {"rope_type": "linear"})
+        functional.rope_inv_freq(16, {"rope_type": "linear"})
     with pytest.raises(ConfigError, match="needs 'max_position_embeddings'"):
-        PF.rope_inv_freq(16, {"rope_type": "yarn", "factor": 2.0})
+        functional.rope_inv_freq(16, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ConfigError, match="needs 'short_factor'"):
-        PF.rope_inv_freq(16, {"rope_type": "longrope", "original_max_position_embeddings": 8})
+        functional.rope_inv_freq(16, {"rope_type": "longrope", "original_max_position_embeddings": 8})
 
 
 def test_longrope_factor_lists_must_have_rotary_dim_half_entries() -> None:
     params = {"rope_type": "longrope", "original_max_position_embeddings": 64, "factor": 4.0,
               "short_factor": [1.0] * 8, "long_factor": [2.0] * 7}  # fmt: skip
     with pytest.raises(ConfigError, match="long_factor must have rotary_dim // 2 = 8 entries, got 7"):
-        PF.rope_inv_freq(16, params)
+        functional.rope_inv_freq(16, params)
     with pytest.raises(ConfigError, match="short_factor must have rotary_dim // 2 = 4 entries"):
-        PF.rope_inv_freq(8, params)
+        functional.rope_inv_freq(8, params)
 
 
 def test_llama3_needs_high_freq_factor_above_low_freq_factor() -> None:
     params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 64}  # fmt: skip
     with pytest.raises(ConfigError, match="high_freq_factor > low_freq_factor"):
-        PF.rope_inv_freq(16, params)
+        functional.rope_inv_freq(16, params)
 
 
 def test_truncation_thresholds_must_be_ordered() -> None:
     with pytest.raises(ConfigError, match="truncation_a < truncation_c"):
-        PF.rope_inv_freq(16, {"rope_type": "truncation", "truncation_a": 0.2, "truncation_c": 0.1,
+        functional.rope_inv_freq(16, {"rope_type": "truncation", "truncation_a": 0.2, "truncation_c": 0.1,
                               "truncation_beta": 0.15})  # fmt: skip
 
 
 def test_bucket_and_slope_arguments_are_validated() -> None:
     relative = torch.arange(-3, 4)
     with pytest.raises(ConfigError, match="num_buckets must be an int >= 2"):
-        PF.t5_relative_bucket(relative, num_buckets=1)
+        functional.t5_relative_bucket(relative, num_buckets=1)
     with pytest.raises(ConfigError, match="max_distance must be"):
-        PF.t5_relative_bucket(relative, max_distance=0)
+        functional.t5_relative_bucket(relative, max_distance=0)
     with pytest.raises(ConfigError, match="Use num_buckets >= 4"):  # one bucket per direction: log(0) upstream
-        PF.t5_relative_bucket(relative, bidirectional=True, num_buckets=3)
+        functional.t5_relative_bucket(relative, bidirectional=True, num_buckets=3)
     with pytest.raises(ConfigError, match="use max_distance > 8"):  # upstream divides by log(1) = 0
-        PF.t5_relative_bucket(relative, bidirectional=True, num_buckets=32, max_distance=8)
-    assert PF.t5_relative_bucket(relative, bidirectional=False, num_buckets=2, max_distance=2).tolist() == [
+        functional.t5_relative_bucket(relative, bidirectional=True, num_buckets=32, max_distance=8)
+    assert functional.t5_relative_bucket(relative, bidirectional=False, num_buckets=2, max_distance=2).tolist() == [
         1, 1, 1, 0, 0, 0, 0
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="bucket_size"):
-        PF.deberta_log_bucket(relative, bucket_size=2)
+        functional.deberta_log_bucket(relative, bucket_size=2)
     with pytest.raises(ConfigError, match="num_heads must be a positive int"):
-        PF.alibi_slopes(0)
+        functional.alibi_slopes(0)
     with pytest.raises(ConfigError, match="positive int"):
-        PF.sinusoidal_table(10, 0)
+        functional.sinusoidal_table(10, 0)
     with pytest.raises(ConfigError, match="'interleaved' or 'concat'"):
-        PF.sinusoidal_table(10, 8, layout="half")
+        functional.sinusoidal_table(10, 8, layout="half")
 
 
 def test_exact_angles_rejects_float_position_ids() -> None:
-    turns = PF.split_turns(PF.rope_inv_freq(8)[0])
+    turns = functional.split_turns(functional.rope_inv_freq(8)[0])
     with pytest.raises(ConfigError, match="integer tensor"):
-        PF.exact_angles(torch.tensor([0.0, 1.5]), turns)
+        functional.exact_angles(torch.tensor([0.0, 1.5]), turns)
 
 
 def test_exact_angles_refuse_positions_past_the_exact_range() -> None:
     """Past 2**24 the split is no longer exact (errors reach 0.8 rad), so eager calls raise instead."""
-    turns = PF.split_turns(PF.rope_inv_freq(8)[0])
-    PF.exact_angles(torch.tensor([2**24 - 1, -(2**24) + 1]), turns)
+    turns = functional.split_turns(functional.rope_inv_freq(8)[0])
+    functional.exact_angles(torch.tensor([2**24 - 1, -(2**24) + 1]), turns)
     for far in (2**24, -(2**24), 2**26 + 5):
         with pytest.raises(PositionError, match=r"past 2\*\*24 = 16777216.*table_dtype=torch.float64"):
-            PF.exact_angles(torch.tensor([0, far]), turns)
+            functional.exact_angles(torch.tensor([0, far]), turns)
 
 
 def test_rope_parameters_reject_zero_theta_and_nan_factors() -> None:
     with pytest.raises(ConfigError, match="rope_theta must be a finite number > 0, got 0"):
-        PF.rope_inv_freq(8, {"rope_theta": 0})
+        functional.rope_inv_freq(8, {"rope_theta": 0})
     params = {"rope_type": "longrope", "original_max_position_embeddings": 16, "max_position_embeddings": 64,
               "short_factor": [1.0, float("nan")], "long_factor": [1.0, 2.0]}  # fmt: skip
     with pytest.raises(ConfigError, match="short_factor entries must be finite numbers > 0"):
-        PF.rope_inv_freq(4, params)
+        functional.rope_inv_freq(4, params)

@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from posenc import ConfigError, build_scheme, from_hf_config, get_spec, scheme_names
-from posenc import functional as PF
-from posenc import rope_types as RT
+from posenc import ConfigError, build_scheme, from_hf_config, functional, get_spec, rope_types, scheme_names
 from posenc.params import Param
 from posenc.schemes import TableMode
 from posenc.schemes.rope import rope_parameters
@@ -27,26 +25,26 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "ma
 
 def _toy(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: Any) -> tuple[torch.Tensor, float]:
     """The default frequencies divided by ``stretch``, and cos/sin multiplied by 1.5."""
-    stretch = RT.positive(RT.require(params, "stretch", "toy"), "stretch")
-    return RT.default_inv_freq(rotary_dim, base) / stretch, 1.5
+    stretch = rope_types.positive(rope_types.require(params, "stretch", "toy"), "stretch")
+    return rope_types.default_inv_freq(rotary_dim, base) / stretch, 1.5
 
 
-TOY = RT.RopeType(
+TOY = rope_types.RopeType(
     name="toy",
     inv_freq=_toy,
     scheme="rope_toy",
     title="RoPE + toy stretch",
     summary="Frequencies divided by a stretch; cos/sin times 1.5.",
-    citation=RT.Citation("Nobody", "A toy for the registry test", 2026, "https://example.org/toy"),
+    citation=rope_types.Citation("Nobody", "A toy for the registry test", 2026, "https://example.org/toy"),
     params=(Param("stretch", "float", 3.0, "divisor of every frequency", minimum=0, exclusive_minimum=True),),
     aliases=("toy_legacy",),
     cases={"stretched": {"stretch": 7.0}},
 )
 
 
-def toy_entry(name: str, inv_freq: RT.InvFreq, **fields: Any) -> RT.RopeType:
+def toy_entry(name: str, inv_freq: rope_types.InvFreq, **fields: Any) -> rope_types.RopeType:
     """A RopeType for tests: scheme ``rope_<name>``, placeholder texts, not a transformers type."""
-    return RT.RopeType(
+    return rope_types.RopeType(
         name=name,
         inv_freq=inv_freq,
         scheme=f"rope_{name}",
@@ -61,24 +59,24 @@ def _expected_toy(rotary_dim: int, stretch: float, theta: float = 10000.0) -> to
     return torch.tensor([theta ** (-2 * i / rotary_dim) / stretch for i in range(rotary_dim // 2)], dtype=torch.float64)
 
 
-def _assert_gone(entry: RT.RopeType) -> None:
-    assert entry.name not in RT.names()
+def _assert_gone(entry: rope_types.RopeType) -> None:
+    assert entry.name not in rope_types.names()
     assert entry.scheme not in scheme_names()
-    assert "stretch" not in PF.ROPE_PARAMETER_KEYS
+    assert "stretch" not in functional.ROPE_PARAMETER_KEYS
     with pytest.raises(ConfigError, match="valid rope_type values"):
-        PF.rope_inv_freq(8, {"rope_type": entry.name})
+        functional.rope_inv_freq(8, {"rope_type": entry.name})
 
 
 def test_a_registered_type_reaches_functional_schemes_and_config_import_and_leaves_nothing() -> None:
-    with RT.registered(TOY):
+    with rope_types.registered(TOY):
         # functional: the contract dispatches to it, through its alias too
-        assert "toy" in PF.ROPE_TYPES
+        assert "toy" in functional.ROPE_TYPES
         for name in ("toy", "toy_legacy"):
-            inv_freq, factor = PF.rope_inv_freq(16, {"rope_type": name, "stretch": 2.0})
+            inv_freq, factor = functional.rope_inv_freq(16, {"rope_type": name, "stretch": 2.0})
             torch.testing.assert_close(inv_freq, _expected_toy(16, 2.0), rtol=1e-15, atol=0)
             assert factor == 1.5
         with pytest.raises(ConfigError, match="needs 'stretch'"):
-            PF.rope_inv_freq(16, {"rope_type": "toy"})
+            functional.rope_inv_freq(16, {"rope_type": "toy"})
         # schemes: the spec is derived from the entry, the module computes its cos/sin
         spec = get_spec("rope_toy")
         assert spec.param_names() == ["rope_theta", "layout", "partial_rotary_factor", "stretch"]
@@ -107,14 +105,14 @@ def test_a_registered_type_reaches_functional_schemes_and_config_import_and_leav
 def _proportional(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: Any) -> tuple[torch.Tensor, float]:
     """Frequencies over the whole head dim D (= rotary_dim here); the pairs past int(D * p) / 2 get 0."""
     rotated = int(rotary_dim * params.get("partial_rotary_factor", 1.0)) // 2
-    inv_freq = RT.default_inv_freq(rotary_dim, base)
+    inv_freq = rope_types.default_inv_freq(rotary_dim, base)
     inv_freq[rotated:] = 0.0
     return inv_freq, 1.0
 
 
 def test_a_proportional_type_spans_the_head_dim_and_leaves_the_unrotated_pairs_alone() -> None:
     entry = toy_entry("toy_proportional", _proportional, partial_rotary="proportional")
-    with RT.registered(entry):
+    with rope_types.registered(entry):
         scheme = build_scheme(entry.scheme, SMALL, {"partial_rotary_factor": 0.5}, table_dtype=torch.float64)
         assert scheme.rotary_dim == 16  # the head dim, not int(16 * 0.5)
         q, k = torch.randn(1, 4, 5, 16, dtype=torch.float64), torch.randn(1, 2, 5, 16, dtype=torch.float64)
@@ -137,15 +135,15 @@ def test_a_continuous_length_dependent_type_is_evaluated_in_the_graph() -> None:
     def grow(rotary_dim: int, base: float, params: Mapping[str, Any], seq_len: Any) -> tuple[torch.Tensor, float]:
         length = 64 if seq_len is None else seq_len
         length = length.to(torch.float64) if isinstance(length, torch.Tensor) else float(length)
-        return RT.default_inv_freq(rotary_dim, base * RT.at_least(length, 64) / 64), 1.0
+        return rope_types.default_inv_freq(rotary_dim, base * rope_types.at_least(length, 64) / 64), 1.0
 
     entry = toy_entry("toy_grow", grow, length_dependent=True, table_modes=frozenset({"dynamic"}))
-    with RT.registered(entry):
+    with rope_types.registered(entry):
         assert get_spec(entry.scheme).length_dependent
         with pytest.raises(ConfigError, match="does not support table mode 'precomputed'"):
             build_scheme(entry.scheme, SMALL, table_mode="precomputed")
         with pytest.raises(ConfigError, match="depends continuously on the current length"):
-            PF.rope_frequency_sets(16, {"rope_type": "toy_grow"})
+            functional.rope_frequency_sets(16, {"rope_type": "toy_grow"})
         scheme = build_scheme(entry.scheme, SMALL, table_mode="dynamic", table_dtype=torch.float64)
         for length in (10, 64, 200):
             positions = torch.arange(length).unsqueeze(0)
@@ -158,24 +156,26 @@ def test_a_continuous_length_dependent_type_is_evaluated_in_the_graph() -> None:
 def test_registry_refuses_contradictory_or_clashing_entries() -> None:
     base: dict[str, Any] = {"inv_freq": _toy, "title": "t", "summary": "s", "citation": TOY.citation}
     with pytest.raises(ConfigError, match="already registered"):
-        RT.register(RT.RopeType(name="yarn", scheme="rope_other", **base))
+        rope_types.register(rope_types.RopeType(name="yarn", scheme="rope_other", **base))
     with pytest.raises(ConfigError, match="already registered"):
-        RT.register(RT.RopeType(name="other", scheme="rope_other", aliases=("linear",), **base))
+        rope_types.register(rope_types.RopeType(name="other", scheme="rope_other", aliases=("linear",), **base))
     with pytest.raises(ConfigError, match="already belongs"):
-        RT.register(RT.RopeType(name="other", scheme="rope_yarn", **base))
+        rope_types.register(rope_types.RopeType(name="other", scheme="rope_yarn", **base))
     with pytest.raises(ConfigError, match="cannot have precomputed tables"):
-        RT.register(RT.RopeType(name="other", scheme="rope_other", length_dependent=True, **base))
+        rope_types.register(rope_types.RopeType(name="other", scheme="rope_other", length_dependent=True, **base))
     with pytest.raises(ConfigError, match="which every rope_type has"):
-        RT.register(
-            RT.RopeType(name="other", scheme="rope_other", params=(Param("rope_theta", "float", 1.0, "x"),), **base)
+        rope_types.register(
+            rope_types.RopeType(
+                name="other", scheme="rope_other", params=(Param("rope_theta", "float", 1.0, "x"),), **base
+            )
         )
     with pytest.raises(ConfigError, match="partial_rotary"):
-        RT.register(RT.RopeType(name="other", scheme="rope_other", partial_rotary="tail", **base))
+        rope_types.register(rope_types.RopeType(name="other", scheme="rope_other", partial_rotary="tail", **base))
     with pytest.raises(ConfigError, match="the label must be another type's name"):
-        RT.register(RT.RopeType(name="other", scheme="rope_other", claims={"dynamic": "alpha"}, **base))
+        rope_types.register(rope_types.RopeType(name="other", scheme="rope_other", claims={"dynamic": "alpha"}, **base))
     with pytest.raises(ConfigError, match="needs static frequencies"):
-        RT.register(
-            RT.RopeType(
+        rope_types.register(
+            rope_types.RopeType(
                 name="other",
                 scheme="rope_other",
                 length_dependent=True,
@@ -186,10 +186,10 @@ def test_registry_refuses_contradictory_or_clashing_entries() -> None:
         )
     # The scheme registry refuses a name another (non-RoPE) scheme holds: nothing stays registered.
     with pytest.raises(ConfigError, match="already registered"):
-        RT.register(RT.RopeType(name="other", scheme="rerope", **base))
-    assert "other" not in RT.names()
+        rope_types.register(rope_types.RopeType(name="other", scheme="rerope", **base))
+    assert "other" not in rope_types.names()
     with pytest.raises(ConfigError, match="valid rope_type values are"):
-        RT.get("other")
+        rope_types.get("other")
 
 
 def test_entries_agree_with_transformers_and_their_schemes() -> None:
@@ -202,8 +202,8 @@ def test_entries_agree_with_transformers_and_their_schemes() -> None:
     per_model = {"ntk_alpha"} if hasattr(HunYuanDenseV1RotaryEmbedding, "compute_ntk_alpha_rope_parameters") else set()
     per_model |= {"mrope"} if hasattr(Qwen2VLRotaryEmbedding, "recomposition_frequencies") else set()
     hf_types = set(transformers.ROPE_INIT_FUNCTIONS) | {"default"} | per_model
-    for name in RT.names():
-        entry = RT.get(name)
+    for name in rope_types.names():
+        entry = rope_types.get(name)
         assert entry.in_transformers == (name in hf_types), name
         spec = get_spec(entry.scheme)
         assert spec.param_names()[3:] == list(entry.param_names)
@@ -212,7 +212,7 @@ def test_entries_agree_with_transformers_and_their_schemes() -> None:
         assert str(entry.citation) in spec.citation
         assert entry.citation.link.startswith("https://")
         assert 2017 <= entry.citation.year <= 2026
-    assert RT.transformers_schemes() == {
+    assert rope_types.transformers_schemes() == {
         "default": "rope", "linear": "rope_linear", "dynamic": "rope_dynamic", "yarn": "rope_yarn",
         "longrope": "rope_longrope", "llama3": "rope_llama3", "proportional": "rope_proportional",
         "ntk_alpha": "rope_ntk_alpha", "mrope": "rope_mrope",
@@ -223,12 +223,12 @@ def test_entries_agree_with_transformers_and_their_schemes() -> None:
 def test_longrope_frequency_sets_switch_after_the_original_context(length: int) -> None:
     params = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
               "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 3.0, 5.0, 8.0]}  # fmt: skip
-    points, sets = PF.rope_frequency_sets(8, params)
+    points, sets = functional.rope_frequency_sets(8, params)
     assert points == (16,)
     index = int(length > 16)
-    expected, factor = PF.rope_inv_freq(8, params, seq_len=length)
+    expected, factor = functional.rope_inv_freq(8, params, seq_len=length)
     torch.testing.assert_close(sets[index][0], expected, rtol=0, atol=0)
     assert sets[index][1] == factor == pytest.approx(math.sqrt(1 + math.log(4.0) / math.log(16)))
-    static_points, static_sets = PF.rope_frequency_sets(8, {"rope_type": "linear", "factor": 2.0})
+    static_points, static_sets = functional.rope_frequency_sets(8, {"rope_type": "linear", "factor": 2.0})
     assert static_points == ()
     assert len(static_sets) == 1

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from posenc import rope_types as RT
+from posenc import rope_types
 from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError, PositionError, parameter_domain
 
@@ -47,9 +47,9 @@ def __getattr__(name: str) -> Any:
     """``ROPE_TYPES`` (valid ``rope_type`` values) and ``ROPE_PARAMETER_KEYS`` (valid ``rope_parameters`` keys)
     follow the :mod:`posenc.rope_types` registry, so they include types registered after import."""
     if name == "ROPE_TYPES":
-        return tuple(RT.names())
+        return tuple(rope_types.names())
     if name == "ROPE_PARAMETER_KEYS":
-        return RT.parameter_keys()
+        return rope_types.parameter_keys()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -117,13 +117,13 @@ def rope_inv_freq(
     """
     rotary_dim = _check_rotary_dim(rotary_dim)
     params = dict(params or {})
-    keys = RT.parameter_keys()
+    keys = rope_types.parameter_keys()
     unknown = sorted(set(params) - keys)
     if unknown:
         raise ConfigError(f"unknown RoPE parameter(s) {unknown}; valid keys are {sorted(keys)}.")
-    entry = RT.get(RT.rope_type_name(params))
+    entry = rope_types.get(rope_types.rope_type_name(params))
     theta = params.get("rope_theta")
-    base = RT.positive(10000.0 if theta is None else theta, "rope_theta")
+    base = rope_types.positive(10000.0 if theta is None else theta, "rope_theta")
     _check_seq_len(seq_len)
     with parameter_domain(
         f"rope_type {entry.name!r} cannot compute frequencies from {params}",
@@ -155,7 +155,7 @@ def rope_frequency_sets(
         ConfigError: bad parameters, or a type that depends on L continuously (dynamic NTK): evaluate
             :func:`rope_inv_freq` with ``seq_len`` instead.
     """
-    entry = RT.get(RT.rope_type_name(params))
+    entry = rope_types.get(rope_types.rope_type_name(params))
     first = rope_inv_freq(rotary_dim, params)  # validates the parameters
     if not entry.length_dependent:
         return (), [first]
@@ -177,7 +177,7 @@ def sinusoidal_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ConfigError(f"sinusoidal dim must be a positive int, got {dim!r}.")
-    return RT.default_inv_freq(dim, RT.positive(base, "base"))
+    return rope_types.default_inv_freq(dim, rope_types.positive(base, "base"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -444,7 +444,7 @@ def alibi_slopes(num_heads: int, dtype: torch.dtype = torch.float32, *, bias_max
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
         raise ConfigError(f"num_heads must be a positive int, got {num_heads!r}.")
-    bias_max = RT.positive(bias_max, "bias_max")
+    bias_max = rope_types.positive(bias_max, "bias_max")
 
     def powers(count: int, exponents: torch.Tensor) -> torch.Tensor:
         return 2.0 ** (-(bias_max / count) * exponents.to(torch.float64))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.bench.plan import make_plan, table_modes_for, targets_plan
 from posenc.bench.shapes import Shape
 from posenc.bench.workloads import build_workload, check_unit
@@ -24,9 +24,9 @@ def test_rope_op_bytes_and_output_follow_the_formula() -> None:
     expected = 2 * 4 * (b * h * s * d + b * hkv * s * d) + 8 * b * s  # q, k read and written; int64 positions
     assert w.bytes_moved == expected
     # the op rotates at positions past .. past + seq - 1 (independent check through the functional contract)
-    inv_freq, _ = PF.rope_inv_freq(d)
-    cos, sin = PF.rope_cos_sin(torch.arange(3, 8).expand(b, s), inv_freq)
-    q_expected = PF.apply_rope(w.inputs["q"], cos.unsqueeze(1), sin.unsqueeze(1))
+    inv_freq, _ = functional.rope_inv_freq(d)
+    cos, sin = functional.rope_cos_sin(torch.arange(3, 8).expand(b, s), inv_freq)
+    q_expected = functional.apply_rope(w.inputs["q"], cos.unsqueeze(1), sin.unsqueeze(1))
     torch.testing.assert_close(w.outputs[0], q_expected)
 
 
@@ -50,10 +50,10 @@ def test_projection_layout_op_rotates_like_the_functional_contract() -> None:
     q, k = w.inputs["q"], w.inputs["k"]
     assert q.shape == (2, 3, 4 * TINY.head_dim)
     assert k.shape == (2, 3, 2 * TINY.head_dim)
-    inv_freq, _ = PF.rope_inv_freq(TINY.head_dim)
-    cos, sin = PF.rope_cos_sin(torch.arange(5, 8).expand(2, 3), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(TINY.head_dim)
+    cos, sin = functional.rope_cos_sin(torch.arange(5, 8).expand(2, 3), inv_freq)
     heads = q.reshape(2, 3, 4, TINY.head_dim)  # [B, S, H, D]: cos/sin broadcast over heads
-    expected = PF.apply_rope(heads, cos.unsqueeze(2), sin.unsqueeze(2)).reshape(2, 3, -1)
+    expected = functional.apply_rope(heads, cos.unsqueeze(2), sin.unsqueeze(2)).reshape(2, 3, -1)
     torch.testing.assert_close(w.outputs[0], expected, atol=2e-6, rtol=1e-5)
     assert w.bytes_moved == 2 * 4 * (q.numel() + k.numel()) + 8 * 2 * 3
 

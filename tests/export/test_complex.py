@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from posenc import ExportError
-from posenc import functional as PF
+from posenc import ExportError, functional
 from posenc.export import export_module, ort_session
 
 DIM, HEADS = 16, 4
@@ -51,10 +50,10 @@ class PolarRope(nn.Module):
 
 
 def _apply_rope_reference(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    inv_freq, _ = PF.rope_inv_freq(DIM)
-    cos, sin = PF.rope_cos_sin(torch.from_numpy(positions), inv_freq, dtype=torch.float64)
+    inv_freq, _ = functional.rope_inv_freq(DIM)
+    cos, sin = functional.rope_cos_sin(torch.from_numpy(positions), inv_freq, dtype=torch.float64)
     x64 = torch.from_numpy(x).double()
-    return PF.apply_rope(x64, cos.unsqueeze(1), sin.unsqueeze(1), "interleaved").numpy()
+    return functional.apply_rope(x64, cos.unsqueeze(1), sin.unsqueeze(1), "interleaved").numpy()
 
 
 def _no_complex(path) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.export import export_module, ort_session
 from tests.conftest import CONFORMANCE
 
@@ -39,7 +39,7 @@ class CachedRope(nn.Module):
         if three_d:
             batch, seq, _ = x.shape
             x = x.reshape(batch, seq, self.num_heads, -1).transpose(1, 2)
-        out = PF.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
+        out = functional.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
         return out.transpose(1, 2).reshape(batch, seq, -1) if three_d else out
 
 

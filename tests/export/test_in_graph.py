@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.export import FeedShape, export_onnx, load_eager, make_feed, reference_inputs, run_onnx
 from tests.conftest import SMALL
 
@@ -19,11 +19,13 @@ ROTARY = SMALL.head_dim  # 16
 
 
 def _functional_rotation(feed: dict[str, np.ndarray], hf_params: dict, length: int) -> list[np.ndarray]:
-    inv_freq, attention_factor = PF.rope_inv_freq(ROTARY, hf_params, seq_len=length)
+    inv_freq, attention_factor = functional.rope_inv_freq(ROTARY, hf_params, seq_len=length)
     positions = torch.from_numpy(feed["position_ids"])
-    cos, sin = PF.rope_cos_sin(positions, inv_freq, attention_factor, dtype=torch.float64)
+    cos, sin = functional.rope_cos_sin(positions, inv_freq, attention_factor, dtype=torch.float64)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return [PF.apply_rope(torch.from_numpy(feed[name]).double(), cos, sin, "half").numpy() for name in ("q", "k")]
+    return [
+        functional.apply_rope(torch.from_numpy(feed[name]).double(), cos, sin, "half").numpy() for name in ("q", "k")
+    ]
 
 
 def _check_lengths(path, hf_params: dict, shapes: list[FeedShape]) -> dict[int, list[np.ndarray]]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.graphs import (
     convert_contrib_rope,
     fold_causal_into_mask,
@@ -34,8 +34,8 @@ def _model(graph_nodes, inputs, outputs, initializers=(), opset=23, extra_opsets
 
 
 def _tables(rows: int, half: int) -> tuple[np.ndarray, np.ndarray]:
-    inv_freq, _ = PF.rope_inv_freq(2 * half)
-    cos, sin = PF.rope_cos_sin(torch.arange(rows), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(2 * half)
+    cos, sin = functional.rope_cos_sin(torch.arange(rows), inv_freq)
     return cos.numpy(), sin.numpy()
 
 

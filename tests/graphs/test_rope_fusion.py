@@ -11,7 +11,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
-from posenc import rope_types as RT
+from posenc import rope_types
 from posenc.errors import PositionError
 from posenc.export import FeedShape, check_feed, load_manifest, make_feed
 from posenc.graphs import load_model, optimize_model
@@ -53,7 +53,7 @@ def _partial(case: MatrixCase) -> bool:
 
     params = get_spec(case.scheme).resolve(case.params)
     factor = params.get("partial_rotary_factor", 1.0)
-    rope_type = next((name for name in RT.names() if RT.get(name).scheme == case.scheme), "default")
+    rope_type = next((name for name in rope_types.names() if rope_types.get(name).scheme == case.scheme), "default")
     return rotary_width(rope_type, SMALL.head_dim, factor) < SMALL.head_dim
 
 

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc import AttentionBlock, AttentionConfig, PositionError, build_scheme
-from posenc import functional as PF
+from posenc import AttentionBlock, AttentionConfig, PositionError, build_scheme, functional
 from tests.conftest import covers
 
 
@@ -35,7 +34,7 @@ def _config(heads: int, causal: bool = True) -> AttentionConfig:
 @pytest.mark.parametrize("heads", [1, 3, 5, 6, 8, 12, 16, 20, 24, 40, 64, 96])
 def test_slopes_match_the_paper_code(heads: int) -> None:
     expected = torch.tensor(paper_slopes(heads), dtype=torch.float64)
-    torch.testing.assert_close(PF.alibi_slopes(heads, dtype=torch.float64), expected, rtol=1e-14, atol=0)
+    torch.testing.assert_close(functional.alibi_slopes(heads, dtype=torch.float64), expected, rtol=1e-14, atol=0)
 
 
 @covers("alibi")
@@ -119,7 +118,7 @@ def test_slopes_equal_build_mpt_alibi_tensor_for_every_head_count(bias_max: floa
     mpt = pytest.importorskip("transformers.models.mpt.modeling_mpt", reason="MPT is the reference")
     for n in HEADS_1_TO_17:
         alibi = mpt.build_mpt_alibi_tensor(n, 2, alibi_bias_max=bias_max)  # [n, 1, 2]: slope * (j - 1)
-        torch.testing.assert_close(PF.alibi_slopes(n, bias_max=bias_max), -alibi[:, 0, 0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(functional.alibi_slopes(n, bias_max=bias_max), -alibi[:, 0, 0], rtol=1e-6, atol=0)
 
 
 @covers("alibi")
@@ -128,7 +127,7 @@ def test_falcon_slopes_are_bloom_slopes_rounded_to_bfloat16() -> None:
     falcon = pytest.importorskip("transformers.models.falcon.modeling_falcon", reason="Falcon is the reference")
     for n in HEADS_1_TO_17:
         alibi = falcon.build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), n, torch.float32)  # [n, 1, 2]
-        assert torch.equal(alibi[:, 0, 1], PF.alibi_slopes(n).to(torch.bfloat16).float()), n
+        assert torch.equal(alibi[:, 0, 1], functional.alibi_slopes(n).to(torch.bfloat16).float()), n
 
 
 def _fused_rows(weight: torch.Tensor, heads: int, which: int) -> torch.Tensor:
@@ -170,7 +169,7 @@ def test_scaled_alibi_equals_falcon_attention(mode: str, rounded: bool) -> None:
     if rounded:
         alibi = build_alibi_tensor(torch.ones(1, length, dtype=torch.long), heads, torch.float64)
     else:
-        alibi = (PF.alibi_slopes(heads, dtype=torch.float64).view(heads, 1, 1) * torch.arange(length)).double()
+        alibi = (functional.alibi_slopes(heads, dtype=torch.float64).view(heads, 1, 1) * torch.arange(length)).double()
     mask = torch.full((length, length), float("-inf"), dtype=torch.float64).triu(1).view(1, 1, length, length)
     with torch.no_grad():
         expected, _ = hf(x, alibi=alibi, attention_mask=mask)
@@ -217,6 +216,6 @@ def test_bad_slope_parameters_raise() -> None:
     with pytest.raises(ConfigError, match="'alibi_bias_max' must be > 0"):
         build_scheme("alibi", _config(4), {"alibi_bias_max": 0})
     with pytest.raises(ConfigError, match="bias_max must be a finite number > 0"):
-        PF.alibi_slopes(4, bias_max=-8.0)
+        functional.alibi_slopes(4, bias_max=-8.0)
     with pytest.raises(ConfigError, match=r"bf16_rounding reproduces Falcon's bias .* causal"):
         build_scheme("alibi", _config(4, causal=False), {"bf16_rounding": True})

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from posenc import AttentionBlock, AttentionConfig, ConfigError, build_scheme, from_hf_config
-from posenc import functional as PF
+from posenc import AttentionBlock, AttentionConfig, ConfigError, build_scheme, from_hf_config, functional
 from tests.conftest import covers
 
 transformers = pytest.importorskip("transformers")
@@ -256,4 +255,4 @@ def test_axial_bad_input_raises() -> None:
     scheme = build_scheme("rope_axial", CONFIG)
     with pytest.raises(ConfigError, match=r"takes position ids \[2, B, S\]"):
         scheme.cos_sin(torch.zeros(3, 1, 4, dtype=torch.int64))
-    assert PF.rope_inv_freq(16, {"rope_type": "axial"})[0].shape == (8,)
+    assert functional.rope_inv_freq(16, {"rope_type": "axial"})[0].shape == (8,)

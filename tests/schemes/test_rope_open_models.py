@@ -15,9 +15,16 @@ from typing import Any
 import pytest
 import torch
 
-from posenc import AttentionConfig, ConfigError, PositionError, build_scheme, from_hf_config, get_spec
-from posenc import functional as PF
-from posenc import rope_types as RT
+from posenc import (
+    AttentionConfig,
+    ConfigError,
+    PositionError,
+    build_scheme,
+    from_hf_config,
+    functional,
+    get_spec,
+    rope_types,
+)
 from tests.conftest import covers
 from tests.test_functional import hf_inv_freq, rotation_matrix
 
@@ -73,7 +80,7 @@ def _check_against_module(
 )
 def test_proportional_inv_freq_matches_transformers(head_dim: int, params: dict[str, Any]) -> None:
     expected, expected_factor = hf_inv_freq("proportional", head_dim, 4096, params)
-    got, factor = PF.rope_inv_freq(head_dim, {"rope_type": "proportional", **params})
+    got, factor = functional.rope_inv_freq(head_dim, {"rope_type": "proportional", **params})
     assert got.shape == expected.shape == (head_dim // 2,)
     torch.testing.assert_close(got, expected.double(), rtol=1e-6, atol=0)
     assert torch.equal(got == 0, expected == 0)  # the same pairs are left unrotated
@@ -175,7 +182,7 @@ def test_proportional_bad_values_raise() -> None:
     with pytest.raises(ConfigError, match=r"factor.*must be >"):
         build_scheme("rope_proportional", config, {"factor": 0.0})
     with pytest.raises(ConfigError, match="partial_rotary_factor <= 1"):
-        PF.rope_inv_freq(16, {"rope_type": "proportional", "partial_rotary_factor": 1.5})
+        functional.rope_inv_freq(16, {"rope_type": "proportional", "partial_rotary_factor": 1.5})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -205,13 +212,13 @@ def test_ntk_alpha_inv_freq_matches_hunyuan(head_dim: int, theta: float, alpha: 
     _, module = _hunyuan(head_dim, theta, alpha)
     assert module.rope_type == "ntk_alpha"
     for labelled in ({"rope_type": "ntk_alpha"}, {"rope_type": "dynamic", "factor": 1.0}, {"type": "dynamic"}):
-        got, factor = PF.rope_inv_freq(head_dim, {**labelled, "alpha": alpha, "rope_theta": theta})
+        got, factor = functional.rope_inv_freq(head_dim, {**labelled, "alpha": alpha, "rope_theta": theta})
         torch.testing.assert_close(got, module.inv_freq.double(), rtol=2e-6, atol=0)  # HF's float32 pow
         assert factor == module.attention_scaling == 1.0
     stretched = theta * alpha ** (head_dim / (head_dim - 2))  # the base θ·α^(d/(d-2)), d = head_dim = rotary dim
     expected = torch.tensor([stretched ** (-2 * i / head_dim) for i in range(head_dim // 2)], dtype=torch.float64)
     torch.testing.assert_close(got, expected, rtol=1e-13, atol=0)
-    assert RT.rope_type_name({"rope_type": "dynamic", "alpha": 0.0, "factor": 2.0}) == "dynamic"  # no alpha
+    assert rope_types.rope_type_name({"rope_type": "dynamic", "alpha": 0.0, "factor": 2.0}) == "dynamic"  # no alpha
 
 
 @covers("rope_ntk_alpha")
@@ -254,9 +261,9 @@ def test_ntk_alpha_bad_values_raise() -> None:
     with pytest.raises(ConfigError, match=r"alpha.*must be >"):
         build_scheme("rope_ntk_alpha", AttentionConfig(hidden_size=64, num_heads=4), {"alpha": -2.0})
     with pytest.raises(ConfigError, match="needs 'alpha'"):
-        PF.rope_inv_freq(16, {"rope_type": "ntk_alpha"})
+        functional.rope_inv_freq(16, {"rope_type": "ntk_alpha"})
     with pytest.raises(ConfigError, match="rotary_dim > 2"):
-        PF.rope_inv_freq(2, {"rope_type": "ntk_alpha", "alpha": 4.0})
+        functional.rope_inv_freq(2, {"rope_type": "ntk_alpha", "alpha": 4.0})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,7 +320,7 @@ def test_xpos_scale_is_torchscales() -> None:
     ``scale ** (position / scale_base)`` (scale_base 512)."""
     head_dim = 64
     torchscale = (torch.arange(0, head_dim, 2, dtype=torch.float64) + 0.4 * head_dim) / (1.4 * head_dim)
-    rate = RT.get("xpos").scale_rate(head_dim, {})
+    rate = rope_types.get("xpos").scale_rate(head_dim, {})
     torch.testing.assert_close(torch.exp(rate * 1000), torchscale ** (1000 / 512), rtol=1e-13, atol=0)
 
 
@@ -373,12 +380,12 @@ def test_xpos_bad_values_raise() -> None:
     with pytest.raises(ConfigError, match=r"scale_gamma.*must be >"):
         build_scheme("rope_xpos", XPOS_CONFIG, {"scale_gamma": -0.5})
     with pytest.raises(ConfigError, match="scale_gamma must be a finite number > 0"):
-        PF.rope_inv_freq(16, {"rope_type": "xpos", "scale_gamma": 0.0})
+        functional.rope_inv_freq(16, {"rope_type": "xpos", "scale_gamma": 0.0})
 
 
 def test_xpos_is_not_a_transformers_type_and_the_kernel_declines_it() -> None:
     from posenc.plugins.rope import freq_inputs
 
-    assert "xpos" not in RT.transformers_schemes()
+    assert "xpos" not in rope_types.transformers_schemes()
     with pytest.raises(ConfigError, match="different cos/sin"):
         freq_inputs(16, {"rope_type": "xpos"})

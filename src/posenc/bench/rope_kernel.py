@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.bench.bandwidth import CopyBandwidth
 from posenc.bench.results import TargetCheck
 from posenc.bench.shapes import Shape
@@ -159,8 +159,8 @@ def _inputs(case: KernelCase, device: str) -> dict[str, torch.Tensor]:
     dtype = torch_dtype(case.dtype)
     c, batch, seq = case.config, case.shape.batch, case.shape.seq
     positions = c.max_position_embeddings
-    inv_freq, _ = PF.rope_inv_freq(c.head_dim, {"rope_theta": 500000.0})
-    cos, sin = PF.rope_cos_sin(torch.arange(positions), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(c.head_dim, {"rope_theta": 500000.0})
+    cos, sin = functional.rope_cos_sin(torch.arange(positions), inv_freq)
     offsets = torch.randint(0, max(1, min(64, positions - seq)), (batch, 1))
     pos = torch.arange(seq).expand(batch, seq) + offsets
     tensors = {

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc import rope_types as RT
+from posenc import rope_types
 from posenc.blocks.attention import AttentionBlock, HeadRMSNorm, block_scheme, temperature_tuned
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
@@ -168,7 +168,7 @@ def mla_score_scale(config: MLAConfig, scheme: PositionalScheme) -> float:
     rope_type = getattr(scheme, "rope_type", "default")
     mscale_all_dim = scheme.params.get("mscale_all_dim")
     if rope_type != "default" and mscale_all_dim:
-        mscale = RT.yarn_get_mscale(float(scheme.params["factor"]), float(mscale_all_dim))
+        mscale = rope_types.yarn_get_mscale(float(scheme.params["factor"]), float(mscale_all_dim))
         scale *= mscale * mscale
     return scale
 

@@ -172,8 +172,8 @@ def ort_session(
         threads: intra-op threads, with one inter-op thread and sequential execution (benchmarks, so that
             every backend gets the same threads); ``None``: ONNX Runtime's defaults.
         spinning: ``False`` stops intra-op threads from spin-waiting after each run. Benchmarks alternate
-            sessions on a few cores; a session that just ran keeps spinning while the next one works and
-            slowed it by up to 2x (fused RoPE op 7.7 ms instead of 3.9 ms), so no benchmark session spins.
+            sessions on a few cores, where a session that just ran keeps spinning while the next one works
+            (docs/performance.md, "Benchmark sessions"), so no benchmark session spins.
         check: run :func:`check_model_file` on a path first (truncated or invalid files get a clear error).
 
     Raises:

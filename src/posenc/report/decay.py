@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.errors import ConfigError
 from posenc.report.figures import new_figure, save_figure
 
@@ -42,7 +42,7 @@ def rope_long_range_decay(
     """
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or max_distance < 0:
         raise ConfigError(f"max_distance must be an int >= 0, got {max_distance!r}.")
-    theta, _ = PF.rope_inv_freq(head_dim, {"rope_theta": base})  # [d/2] float64
+    theta, _ = functional.rope_inv_freq(head_dim, {"rope_theta": base})  # [d/2] float64
     distances = torch.arange(max_distance + 1)
     angles = distances.to(torch.float64).unsqueeze(-1) * theta  # [M, d/2]
     partial_sums = torch.polar(torch.ones_like(angles), angles).cumsum(dim=-1)  # S_j, [M, d/2]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.dtypes import compute_dtype
 from posenc.errors import ConfigError
@@ -170,12 +170,12 @@ class SinusoidalAbsolute(_Absolute):
         dim, base = self.config.hidden_size, self.params["base"]
         if self.table_mode is TableMode.PRECOMPUTED:
             self.register_table(
-                "table", PF.sinusoidal_table(self.max_positions, dim, self.layout, base, self.table_dtype)
+                "table", functional.sinusoidal_table(self.max_positions, dim, self.layout, base, self.table_dtype)
             )
         elif self.table_dtype == torch.float64:
-            self.register_table("inv_freq", PF.sinusoidal_inv_freq(dim, base))
+            self.register_table("inv_freq", functional.sinusoidal_inv_freq(dim, base))
         else:
-            self.register_table("turns", PF.split_turns(PF.sinusoidal_inv_freq(dim, base)))
+            self.register_table("turns", functional.split_turns(functional.sinusoidal_inv_freq(dim, base)))
 
     def rows(self, position_ids: torch.Tensor) -> torch.Tensor:
         if self.table_mode is TableMode.PRECOMPUTED:
@@ -183,8 +183,8 @@ class SinusoidalAbsolute(_Absolute):
         if self.table_dtype == torch.float64:
             angles = position_ids.to(torch.float64).unsqueeze(-1) * self.inv_freq
         else:
-            angles = PF.exact_angles(position_ids, self.turns)
-        return PF.sinusoidal_from_angles(angles, self.layout, self.config.hidden_size).to(self.table_dtype)
+            angles = functional.exact_angles(position_ids, self.turns)
+        return functional.sinusoidal_from_angles(angles, self.layout, self.config.hidden_size).to(self.table_dtype)
 
 
 # --------------------------------------------------------------------------------------------------

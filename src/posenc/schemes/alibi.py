@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes.base import (
@@ -50,7 +50,9 @@ class Alibi(PositionalScheme):
         symmetric = self.params["symmetric"]
         self.symmetric = (not self.config.causal) if symmetric is None else bool(symmetric)
         self.rounded = bool(self.params["bf16_rounding"])
-        slopes = PF.alibi_slopes(self.config.num_heads, dtype=torch.float64, bias_max=self.params["alibi_bias_max"])
+        slopes = functional.alibi_slopes(
+            self.config.num_heads, dtype=torch.float64, bias_max=self.params["alibi_bias_max"]
+        )
         scale = self.score_scale() if self.params["scaled"] else 1.0
         if self.rounded:
             self.bias_scale = scale

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.dtypes import compute_dtype
@@ -110,7 +110,7 @@ class Deberta(PositionalScheme):
         """Eager signed bucket of ``delta = query_pos - key_pos`` (the functional reference)."""
         if self.position_buckets <= 0:
             return delta.to(torch.int64)
-        return PF.deberta_log_bucket(delta, self.position_buckets, self.max_relative_positions)
+        return functional.deberta_log_bucket(delta, self.position_buckets, self.max_relative_positions)
 
     def reference_index(self, delta: torch.Tensor) -> torch.Tensor:
         """Embedding row ``clamp(bucket(delta) + span, 0, 2·span - 1)`` of each ``delta = q_pos - k_pos``."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.dtypes import compute_dtype
@@ -240,14 +240,14 @@ class TransformerXL(PositionalScheme):
         self.content_bias = nn.Parameter(torch.randn(h, d) * 0.02)  # u (XLNet r_w_bias)
         self.position_bias = nn.Parameter(torch.randn(h, d) * 0.02)  # v (XLNet r_r_bias)
         self.r_proj = nn.Linear(hidden, h * d, bias=False)  # W_R
-        inv_freq = PF.sinusoidal_inv_freq(hidden)
+        inv_freq = functional.sinusoidal_inv_freq(hidden)
         if self.table_mode is TableMode.PRECOMPUTED:
             angles = distance_range(self.max_positions).to(torch.float64).unsqueeze(-1) * inv_freq
-            self.register_table("r_table", PF.sinusoidal_from_angles(angles, "concat").to(self.table_dtype))
+            self.register_table("r_table", functional.sinusoidal_from_angles(angles, "concat").to(self.table_dtype))
         elif self.table_dtype == torch.float64:
             self.register_table("inv_freq", inv_freq)
         else:
-            self.register_table("turns", PF.split_turns(inv_freq))
+            self.register_table("turns", functional.split_turns(inv_freq))
 
     def encode_distances(self, distance: torch.Tensor) -> torch.Tensor:
         """Sinusoidal ``R`` of int64 distances ``i - j`` ``[...]``: ``[..., hidden]`` in ``table_dtype``.
@@ -261,8 +261,8 @@ class TransformerXL(PositionalScheme):
         if self.table_dtype == torch.float64:
             angles = distance.to(torch.float64).unsqueeze(-1) * self.inv_freq
         else:
-            angles = PF.exact_angles(distance, self.turns)
-        return PF.sinusoidal_from_angles(angles, "concat").to(self.table_dtype)
+            angles = functional.exact_angles(distance, self.turns)
+        return functional.sinusoidal_from_angles(angles, "concat").to(self.table_dtype)
 
     def _position_scores(self, query: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         """``(q_i + v)·W_R R_d`` for each distance of ``distance [B, L]``: ``[B, H, Sq, L]``."""

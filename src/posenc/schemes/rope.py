@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import functional as PF
-from posenc import rope_types as RT
+from posenc import functional, rope_types
 from posenc.citations import SU_2021_ROPE, SU_2023_REROPE, ZHAO_2023_LLM_SURVEY
 from posenc.config import AttentionConfig
 from posenc.dtypes import compute_dtype
@@ -37,7 +36,7 @@ from posenc.schemes.base import (
 )
 from posenc.schemes.registry import get_spec, register, unregister
 
-ROFORMER = str(RT.ROFORMER)
+ROFORMER = str(rope_types.ROFORMER)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,7 +92,7 @@ class RotaryAngles(TableHolder):
             self.register_table("inv_freq", inv_freq)
             self.register_table("phase", phase)
         else:
-            self.register_table("turns", PF.split_turns(inv_freq))
+            self.register_table("turns", functional.split_turns(inv_freq))
             self.register_table("phase", torch.remainder(phase, 2 * math.pi).to(torch.float32))
         if log_scale is not None:
             self.register_table("log_scale", log_scale.to(compute_dtype(table_dtype)))
@@ -105,7 +104,7 @@ class RotaryAngles(TableHolder):
         if self.table_dtype == torch.float64:
             angles = position_ids.to(torch.float64).unsqueeze(-1) * self.inv_freq + self.phase
         else:
-            angles = PF.exact_angles(position_ids, self.turns)
+            angles = functional.exact_angles(position_ids, self.turns)
             if self.has_phase:
                 angles = angles + self.phase
         cos, sin = torch.cos(angles), torch.sin(angles)
@@ -140,7 +139,10 @@ class SwitchedAngles(TableHolder):
         cos, sin = self.sets[0](position_ids)
         for point, source in zip(self.switch_points, list(self.sets)[1:], strict=True):
             cos_above, sin_above = source(position_ids)
-            cos, sin = RT.switch_at(length, point, cos, cos_above), RT.switch_at(length, point, sin, sin_above)
+            cos, sin = (
+                rope_types.switch_at(length, point, cos, cos_above),
+                rope_types.switch_at(length, point, sin, sin_above),
+            )
         return cos, sin
 
 
@@ -160,11 +162,13 @@ class LengthAngles(TableHolder):
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``position_ids [...]`` int64 -> ``(cos, sin)`` each ``[..., r/2]`` in ``table_dtype``."""
-        inv_freq, factor = PF.rope_inv_freq(self.rotary_dim, self.rope_parameters, seq_len=position_ids.max() + 1)
+        inv_freq, factor = functional.rope_inv_freq(
+            self.rotary_dim, self.rope_parameters, seq_len=position_ids.max() + 1
+        )
         if self.table_dtype == torch.float64:
             angles = position_ids.to(torch.float64).unsqueeze(-1) * inv_freq
         else:
-            angles = PF.exact_angles(position_ids, PF.split_turns(inv_freq))
+            angles = functional.exact_angles(position_ids, functional.split_turns(inv_freq))
         cos, sin = torch.cos(angles), torch.sin(angles)
         if factor != 1.0:
             cos, sin = cos * factor, sin * factor
@@ -189,7 +193,7 @@ _COMMON = (
         "str",
         "half",
         "pairing: half = GPT-NeoX/Llama rotate_half, interleaved = GPT-J/RoFormer",
-        choices=PF.ROPE_LAYOUTS,
+        choices=functional.ROPE_LAYOUTS,
     ),
     Param(
         "partial_rotary_factor",
@@ -217,14 +221,14 @@ def rotary_dim_of(head_dim: int, partial_rotary_factor: float) -> int:
 def rotary_width(rope_type: str, head_dim: int, partial_rotary_factor: float) -> int:
     """Width the type's frequencies span: the rotated slice int(D * p) (``slice`` types, see
     :attr:`posenc.rope_types.RopeType.partial_rotary`) or the whole head dim (``proportional`` types)."""
-    proportional = RT.get(rope_type).partial_rotary == "proportional"
+    proportional = rope_types.get(rope_type).partial_rotary == "proportional"
     return rotary_dim_of(head_dim, 1.0 if proportional else partial_rotary_factor)
 
 
 def rope_parameters(rope_type: str, params: Mapping[str, Any], config: AttentionConfig) -> dict[str, Any]:
     """Hugging Face ``rope_parameters`` for :func:`posenc.functional.rope_inv_freq` from a RoPE scheme's resolved
     parameters; what the scheme left as ``None`` comes from the geometry (:attr:`RopeType.geometry_defaults`)."""
-    entry = RT.get(rope_type)
+    entry = rope_types.get(rope_type)
     out: dict[str, Any] = {
         "rope_type": entry.name,
         "rope_theta": params["rope_theta"],
@@ -243,7 +247,9 @@ def rope_parameters(rope_type: str, params: Mapping[str, Any], config: Attention
 def _validate_rope(rope_type: str) -> Callable[[dict[str, Any], AttentionConfig], None]:
     def check(params: dict[str, Any], config: AttentionConfig) -> None:
         width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
-        PF.rope_inv_freq(width, rope_parameters(rope_type, params, config), seq_len=config.max_position_embeddings)
+        functional.rope_inv_freq(
+            width, rope_parameters(rope_type, params, config), seq_len=config.max_position_embeddings
+        )
 
     return check
 
@@ -251,7 +257,7 @@ def _validate_rope(rope_type: str) -> Callable[[dict[str, Any], AttentionConfig]
 def scale_rate(rope_type: str, params: Mapping[str, Any], config: AttentionConfig) -> torch.Tensor | None:
     """The type's per-position q scale rate λ (float64 ``[r/2]``, :attr:`posenc.rope_types.RopeType.scale_rate`;
     k's is -λ), or ``None`` for a pure rotation."""
-    entry = RT.get(rope_type)
+    entry = rope_types.get(rope_type)
     if entry.scale_rate is None:
         return None
     width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
@@ -262,7 +268,7 @@ def scaled_position_limit(rate: torch.Tensor, table_dtype: torch.dtype) -> int:
     """Exclusive bound on positions n whose scales exp(±λ n) stay normal numbers of ``table_dtype``."""
     steepest = float(rate.abs().max())
     if steepest == 0.0:
-        return PF.RANGE_REDUCTION_MAX_POSITION
+        return functional.RANGE_REDUCTION_MAX_POSITION
     return int(-math.log(torch.finfo(table_dtype).tiny) / steepest) + 1
 
 
@@ -281,7 +287,7 @@ def build_rope_angles(
     ``key``: the source of k's cos/sin, which differs from q's for types with a per-position scale (xPos: exp(-λ p)
     where q has exp(λ p)); for the other types both are the same.
     """
-    entry = RT.get(rope_type)
+    entry = rope_types.get(rope_type)
     width = rotary_width(rope_type, config.head_dim, params["partial_rotary_factor"])
     hf = rope_parameters(rope_type, params, config)
     if entry.continuous:
@@ -290,7 +296,7 @@ def build_rope_angles(
                 f"rope_type {rope_type!r} depends on the current length; it exists only in table mode 'dynamic'."
             )
         return LengthAngles(width, hf, table_dtype)
-    points, sets = PF.rope_frequency_sets(width, hf)
+    points, sets = functional.rope_frequency_sets(width, hf)
     rate = scale_rate(rope_type, params, config)
     if rate is not None and key:
         rate = -rate
@@ -321,10 +327,10 @@ class Rotary(PositionalScheme):
 
     @property
     def spec(self) -> SchemeSpec:  # type: ignore[override]  # a property over the base's class attribute
-        return get_spec(RT.get(self.rope_type).scheme)
+        return get_spec(rope_types.get(self.rope_type).scheme)
 
     def build(self) -> None:
-        entry = RT.get(self.rope_type)
+        entry = rope_types.get(self.rope_type)
         self.position_axes = entry.position_axes
         self.layout = self.params["layout"]
         self.rotary_dim = rotary_width(self.rope_type, self.config.head_dim, self.params["partial_rotary_factor"])
@@ -362,7 +368,7 @@ class Rotary(PositionalScheme):
 
     def check_positions(self, position_ids: torch.Tensor) -> None:
         """:meth:`PositionalScheme.check_positions`, and for scaled types the range their scales stay finite in."""
-        if self.scale_limit is not None and not PF.is_tracing() and position_ids.numel():
+        if self.scale_limit is not None and not functional.is_tracing() and position_ids.numel():
             high = int(position_ids.max())
             if high >= self.scale_limit:
                 raise PositionError(
@@ -384,7 +390,7 @@ class Rotary(PositionalScheme):
         return (cos * self.axis_select).sum(0), (sin * self.axis_select).sum(0)
 
     def _check_axes(self, position_ids: torch.Tensor) -> None:
-        if not PF.is_tracing() and (position_ids.dim() != 3 or position_ids.shape[0] != self.position_axes):
+        if not functional.is_tracing() and (position_ids.dim() != 3 or position_ids.shape[0] != self.position_axes):
             raise ConfigError(
                 f"{self.spec.name} takes position ids [{self.position_axes}, B, S] (one row per axis), got shape "
                 f"{list(position_ids.shape)}."
@@ -401,8 +407,8 @@ class Rotary(PositionalScheme):
         cos, sin = self.cos_sin(position_ids)
         key_cos, key_sin = (cos, sin) if self.key_angles is None else self.key_angles(position_ids)
         return (
-            PF.apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim),
-            PF.apply_rope(k, key_cos.unsqueeze(1), key_sin.unsqueeze(1), self.layout, self.rotary_dim),
+            functional.apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim),
+            functional.apply_rope(k, key_cos.unsqueeze(1), key_sin.unsqueeze(1), self.layout, self.rotary_dim),
         )
 
 
@@ -421,7 +427,7 @@ _FAMILY_CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def rope_scheme_spec(entry: RT.RopeType) -> SchemeSpec:
+def rope_scheme_spec(entry: rope_types.RopeType) -> SchemeSpec:
     """The scheme of a ``rope_type``: the RoPE family's parameters and cases plus the type's own."""
     own = str(entry.citation)
     return SchemeSpec(
@@ -442,15 +448,15 @@ def rope_scheme_spec(entry: RT.RopeType) -> SchemeSpec:
     )
 
 
-def _add_scheme(entry: RT.RopeType) -> None:
+def _add_scheme(entry: rope_types.RopeType) -> None:
     register(rope_scheme_spec(entry), functools.partial(Rotary, rope_type=entry.name))
 
 
-def _remove_scheme(entry: RT.RopeType) -> None:
+def _remove_scheme(entry: rope_types.RopeType) -> None:
     unregister(entry.scheme)
 
 
-RT.watch(_add_scheme, _remove_scheme)  # every rope_type, now and registered later, is a scheme
+rope_types.watch(_add_scheme, _remove_scheme)  # every rope_type, now and registered later, is a scheme
 
 
 # --------------------------------------------------------------------------------------------------
@@ -473,7 +479,7 @@ class ReRope(PositionalScheme):
         self.layout = self.params["layout"]
         self.window = int(self.params["window"])
         self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
-        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
+        inv_freq, _ = functional.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
         inverse_k = 1.0 / self.params["factor"] if self.leaky else 0.0
         shift = inv_freq * (self.window * (1.0 - inverse_k))
 
@@ -487,7 +493,7 @@ class ReRope(PositionalScheme):
 
     def _rot(self, x: torch.Tensor, source: RotaryAngles, pos: torch.Tensor) -> torch.Tensor:
         cos, sin = source(pos)
-        return PF.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
+        return functional.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
 
     def scores(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
@@ -599,7 +605,7 @@ class RopeLinearAttention(PositionalScheme):
     def build(self) -> None:
         self.layout = self.params["layout"]
         self.rotary_dim = rotary_dim_of(self.config.head_dim, self.params["partial_rotary_factor"])
-        inv_freq, _ = PF.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
+        inv_freq, _ = functional.rope_inv_freq(self.rotary_dim, {"rope_theta": self.params["rope_theta"]})
         self.angles = RotaryAngles(inv_freq, 1.0, self.table_mode, self.max_positions, self.table_dtype)
 
     @staticmethod
@@ -609,7 +615,7 @@ class RopeLinearAttention(PositionalScheme):
 
     def _rot(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cos, sin = self.angles(pos)
-        return PF.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
+        return functional.apply_rope(x, cos.unsqueeze(1), sin.unsqueeze(1), self.layout, self.rotary_dim)
 
     def attend(
         self,

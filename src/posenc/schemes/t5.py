@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.citations import SU_2021_POSITION_ENCODINGS
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
@@ -116,7 +116,7 @@ class T5BucketBias(TableHolder):
 
     def reference_bucket(self, distance: torch.Tensor) -> torch.Tensor:
         """Eager bucket ids of ``distance = key_pos - query_pos`` (the functional reference)."""
-        return PF.t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
+        return functional.t5_relative_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
 
     def graph_bucket(self, distance: torch.Tensor) -> torch.Tensor:
         """Bucket ids of int64 ``distance [...]`` with integer ops and one lookup (what ``dynamic`` exports)."""

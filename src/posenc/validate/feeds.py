@@ -72,12 +72,12 @@ def scheme_boundaries(manifest: Manifest) -> list[int]:
     """Positions where the model's behaviour changes (``p``: between positions ``p - 1`` and ``p``), within what
     it serves: its rope type's own (:attr:`posenc.rope_types.RopeType.boundaries`: the pretraining context it
     extends, a switch length, llama3's band edges) and the last position it serves (the table's end)."""
-    from posenc import rope_types as RT
+    from posenc import rope_types
     from posenc.schemes.rope import rope_parameters
 
     limit = serving_limit(manifest)
     points = {limit}
-    by_scheme = {RT.get(name).scheme: RT.get(name) for name in RT.names()}
+    by_scheme = {rope_types.get(name).scheme: rope_types.get(name) for name in rope_types.names()}
     entry = by_scheme.get(manifest.scheme)
     if entry is not None and entry.boundaries is not None and entry.position_axes == 1:
         params = rope_parameters(entry.name, manifest.params, manifest.rotary_config())

@@ -23,7 +23,7 @@ MAX_POS = 256
 def _kernel_case() -> dict:
     import torch
 
-    from posenc import functional as PF
+    from posenc import functional
     from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
     from tests.plugins.rope.reference import positions_of, rotate_reference, row_inv_freq
 
@@ -32,8 +32,8 @@ def _kernel_case() -> dict:
         for layout, rotary_dim in (("half", D), ("interleaved", 64)):
             q = torch.randn(B, S, HQ, D, device="cuda", dtype=dtype).transpose(1, 2)  # BSHD storage
             k = torch.randn(B, HKV, S, D, device="cuda", dtype=dtype)
-            inv_freq, _ = PF.rope_inv_freq(rotary_dim)
-            cos, sin = (t.cuda() for t in PF.rope_cos_sin(torch.arange(MAX_POS), inv_freq))
+            inv_freq, _ = functional.rope_inv_freq(rotary_dim)
+            cos, sin = (t.cuda() for t in functional.rope_cos_sin(torch.arange(MAX_POS), inv_freq))
             pos = torch.randint(0, MAX_POS, (B, S), device="cuda")
             spec = RopeKernelSpec("table", rotary_dim, D, layout)
             q_out, _ = rope_qk(q, k, spec, cos=cos, sin=sin, positions=pos)
@@ -45,7 +45,7 @@ def _kernel_case() -> dict:
     turns, kwargs = freq_inputs(D, {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192})
     spec = RopeKernelSpec("freq", D, D, positions="offset", **kwargs)
     q_out, _ = rope_qk(q, k, spec, turns=turns.cuda(), positions=offsets)
-    inv_freq, factor = PF.rope_inv_freq(
+    inv_freq, factor = functional.rope_inv_freq(
         D, {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192}
     )
     pos = positions_of(offsets.cpu(), "offset", B, S)
@@ -68,7 +68,7 @@ def _plugin_model(source: str, dtype_name: str, with_functions: bool):
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
-    from posenc import functional as PF
+    from posenc import functional
     from posenc.graphs.rope_plugin import replace_rope_with_plugin
     from posenc.plugins.rope import RopeKernelSpec, freq_inputs
     from posenc.plugins.rope.ort_twin import make_plugin_node, rope_functions_for
@@ -83,8 +83,8 @@ def _plugin_model(source: str, dtype_name: str, with_functions: bool):
     ]
     opsets = [helper.make_opsetid("", 23)]
     if source == "table":  # through the graph pass: RotaryEmbedding(fp32) between casts -> plugin
-        inv_freq, _ = PF.rope_inv_freq(64)
-        cos, sin = PF.rope_cos_sin(torch.arange(MAX_POS), inv_freq)
+        inv_freq, _ = functional.rope_inv_freq(64)
+        cos, sin = functional.rope_cos_sin(torch.arange(MAX_POS), inv_freq)
         nodes = [helper.make_node("Cast", [n], [f"{n}32"], to=TensorProto.FLOAT) for n in ("q", "k")]
         nodes += [
             helper.make_node(
@@ -125,11 +125,11 @@ def _plugin_model(source: str, dtype_name: str, with_functions: bool):
 
 
 def _reference(source: str, q, k, pos):
-    from posenc import functional as PF
+    from posenc import functional
     from tests.plugins.rope.reference import rotate_reference, row_inv_freq
 
     if source == "table":
-        inv_freq, _ = PF.rope_inv_freq(64)
+        inv_freq, _ = functional.rope_inv_freq(64)
         return [rotate_reference(x, pos, inv_freq, 1.0, "interleaved", 64) for x in (q, k)]
     if source == "freq":
         params = {
@@ -139,7 +139,7 @@ def _reference(source: str, q, k, pos):
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192,
         }
-        inv_freq, factor = PF.rope_inv_freq(D, params)
+        inv_freq, factor = functional.rope_inv_freq(D, params)
         return [rotate_reference(x, pos, inv_freq, factor, "half", D) for x in (q, k)]
     inv_rows, _ = row_inv_freq(D, {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}, pos)
     return [rotate_reference(x, pos, inv_rows, 1.0, "interleaved", D) for x in (q, k)]

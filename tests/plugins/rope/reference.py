@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from posenc import functional as PF
+from posenc import functional
 
 
 def positions_of(positions: torch.Tensor, mode: str, batch: int, seq: int) -> torch.Tensor:
@@ -30,16 +30,20 @@ def rotate_reference(
     inv = inv_freq.to(torch.float64)
     if inv.dim() == 1:
         inv = inv.expand(pos.shape[0], -1)
-    cos = torch.stack([PF.rope_cos_sin(pos[b], inv[b], attention_factor, torch.float64)[0] for b in range(len(pos))])
-    sin = torch.stack([PF.rope_cos_sin(pos[b], inv[b], attention_factor, torch.float64)[1] for b in range(len(pos))])
-    return PF.apply_rope(x.to(torch.float64), cos[:, None], sin[:, None], layout, rotary_dim)
+    cos = torch.stack(
+        [functional.rope_cos_sin(pos[b], inv[b], attention_factor, torch.float64)[0] for b in range(len(pos))]
+    )
+    sin = torch.stack(
+        [functional.rope_cos_sin(pos[b], inv[b], attention_factor, torch.float64)[1] for b in range(len(pos))]
+    )
+    return functional.apply_rope(x.to(torch.float64), cos[:, None], sin[:, None], layout, rotary_dim)
 
 
 def row_inv_freq(rotary_dim: int, params: Mapping[str, Any], pos: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Per-row frequencies of a length-dependent type: each row's length L = max position + 1."""
     rows, factor = [], 1.0
     for b in range(pos.shape[0]):
-        inv, factor = PF.rope_inv_freq(rotary_dim, params, seq_len=int(pos[b].max()) + 1)
+        inv, factor = functional.rope_inv_freq(rotary_dim, params, seq_len=int(pos[b].max()) + 1)
         rows.append(inv)
     return torch.stack(rows), factor
 

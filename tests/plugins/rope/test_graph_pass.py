@@ -18,7 +18,7 @@ from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 from polygraphy.common import TensorMetadata
 from polygraphy.comparator import Comparator, DataLoader, SimpleCompareFunc
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.config import AttentionConfig
 from posenc.graphs.rope_plugin import plugin_nodes, replace_rope_with_plugin
 from posenc.schemes import build_scheme
@@ -28,8 +28,8 @@ MAX_POS = 64
 
 
 def _tables(rotary_dim: int, dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
-    inv_freq, _ = PF.rope_inv_freq(rotary_dim)
-    cos, sin = PF.rope_cos_sin(torch.arange(MAX_POS), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(rotary_dim)
+    cos, sin = functional.rope_cos_sin(torch.arange(MAX_POS), inv_freq)
     return cos.numpy().astype(dtype), sin.numpy().astype(dtype)
 
 
@@ -76,9 +76,9 @@ def rotary_model(
         if with_positions:
             tables = _tables(rotary_dim, table_dtype)
         else:
-            inv_freq, _ = PF.rope_inv_freq(rotary_dim)
+            inv_freq, _ = functional.rope_inv_freq(rotary_dim)
             pos = torch.arange(S).expand(B, S)
-            tables = tuple(t.numpy().astype(table_dtype) for t in PF.rope_cos_sin(pos, inv_freq))
+            tables = tuple(t.numpy().astype(table_dtype) for t in functional.rope_cos_sin(pos, inv_freq))
     inits = [numpy_helper.from_array(tables[0], "cos"), numpy_helper.from_array(tables[1], "sin")]
     if chain:
         inits += [

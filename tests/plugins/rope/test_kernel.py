@@ -10,9 +10,7 @@ import math
 import pytest
 import torch
 
-from posenc import AttentionConfig, get_spec
-from posenc import functional as PF
-from posenc import rope_types as RT
+from posenc import AttentionConfig, functional, get_spec, rope_types
 from posenc.errors import ConfigError, PositionError
 from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
 from posenc.schemes.base import DEFAULT_TOLERANCES
@@ -53,8 +51,8 @@ def _check(out: torch.Tensor, ref: torch.Tensor, dtype_name: str) -> None:
 def test_table_matches_functional(dtype_name: str, layout: str, rotary_dim: int, fmt: str) -> None:
     dtype = DTYPES[dtype_name]
     q, k = _qk(dtype, fmt)
-    inv_freq, _ = PF.rope_inv_freq(rotary_dim)
-    cos, sin = PF.rope_cos_sin(torch.arange(32), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(rotary_dim)
+    cos, sin = functional.rope_cos_sin(torch.arange(32), inv_freq)
     pos = torch.randint(0, 32, (B, S))
     spec = RopeKernelSpec("table", rotary_dim, D, layout)
     q_view, k_view = _as_format(q, fmt), _as_format(k, fmt)
@@ -71,8 +69,8 @@ def test_table_matches_functional(dtype_name: str, layout: str, rotary_dim: int,
 def test_against_a_naive_loop(layout: str) -> None:
     """Independent of posenc.functional: Python floats, pair by pair."""
     q, k = _qk()
-    inv_freq, _ = PF.rope_inv_freq(D, {"rope_theta": 500000.0})
-    cos, sin = PF.rope_cos_sin(torch.arange(16), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D, {"rope_theta": 500000.0})
+    cos, sin = functional.rope_cos_sin(torch.arange(16), inv_freq)
     pos = torch.randint(0, 16, (B, S))
     q_out, _ = rope_qk(q, k, RopeKernelSpec("table", D, D, layout), cos=cos, sin=sin, positions=pos)
     freqs = inv_freq.tolist()
@@ -84,21 +82,21 @@ def test_against_a_naive_loop(layout: str) -> None:
 def test_table_of_half_precision_and_broadcast_inputs() -> None:
     """fp16 tables, one position row shared by the batch, table in the activation dtype."""
     q, k = _qk(torch.bfloat16)
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(8), inv_freq, dtype=torch.float16)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(8), inv_freq, dtype=torch.float16)
     pos = torch.tensor([[5, 6, 7]])
     q_out, k_out = rope_qk(q, k, RopeKernelSpec("table", D, D), cos=cos, sin=sin, positions=pos)
     full = pos.expand(B, S)
-    ref_q = PF.apply_rope(q.double(), cos[full][:, None].double(), sin[full][:, None].double())
+    ref_q = functional.apply_rope(q.double(), cos[full][:, None].double(), sin[full][:, None].double())
     _check(q_out, ref_q, "bfloat16")
     assert k_out.shape == k.shape
 
 
 def test_cache_mode_and_inplace() -> None:
     q, k = _qk()
-    inv_freq, _ = PF.rope_inv_freq(8)
+    inv_freq, _ = functional.rope_inv_freq(8)
     pos = torch.randint(0, 100, (B, S))
-    cos, sin = PF.rope_cos_sin(pos, inv_freq)  # per token [B, S, r/2]
+    cos, sin = functional.rope_cos_sin(pos, inv_freq)  # per token [B, S, r/2]
     spec = RopeKernelSpec("cache", 8, D, "interleaved")
     want_q = rotate_reference(q, pos, inv_freq, 1.0, "interleaved", 8)
     q_ip, k_ip = q.clone(), k.clone()
@@ -114,8 +112,8 @@ def test_strided_rows() -> None:
     """q and k are column slices of wider buffers (row stride != D)."""
     wide_q, wide_k = torch.randn(B, HQ, S, D + 8), torch.randn(B, HKV, S, D + 8)
     q, k = wide_q[..., 4 : 4 + D], wide_k[..., 4 : 4 + D]
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(16), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(16), inv_freq)
     pos = torch.randint(0, 16, (B, S))
     q_out, k_out = rope_qk(q, k, RopeKernelSpec("table", D, D), cos=cos, sin=sin, positions=pos)
     _check(q_out, rotate_reference(q, pos, inv_freq, 1.0, "half", D), "float32")
@@ -158,7 +156,7 @@ def test_static_scaling_types_in_kernel(name: str) -> None:
     turns, kwargs = freq_inputs(D, params)
     spec = RopeKernelSpec("freq", D, D, layout, **kwargs)
     q_out, k_out = rope_qk(q, k, spec, turns=turns, positions=pos)
-    inv_freq, factor = PF.rope_inv_freq(D, params)
+    inv_freq, factor = functional.rope_inv_freq(D, params)
     if name.startswith("yarn"):
         assert factor != 1.0  # the attention factor is exercised
     _check(q_out, rotate_reference(q, pos, inv_freq, factor, layout, D), "float32")
@@ -166,14 +164,19 @@ def test_static_scaling_types_in_kernel(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "rope_type", [name for name in RT.names() if not RT.get(name).continuous and RT.get(name).scale_rate is None]
+    "rope_type",
+    [
+        name
+        for name in rope_types.names()
+        if not rope_types.get(name).continuous and rope_types.get(name).scale_rate is None
+    ],
 )
 def test_every_registered_type_with_finite_frequency_sets_runs_in_kernel(rope_type: str) -> None:
     """From the registry: a type's scheme defaults (its default case) -> freq_inputs -> the kernel, against
     rope_inv_freq per row (rows on both sides of a switch, if the type has one). New types are covered without
     editing this test; types that scale q and k apart (xPos) are refused by freq_inputs (tests/schemes)."""
     config = AttentionConfig(hidden_size=64, num_heads=HQ, num_kv_heads=HKV, head_dim=D, max_position_embeddings=64)
-    spec = get_spec(RT.get(rope_type).scheme)
+    spec = get_spec(rope_types.get(rope_type).scheme)
     spec_params = spec.resolve(spec.cases["default"], config)
     params = rope_parameters(rope_type, spec_params, config)
     q, k = _qk()
@@ -227,12 +230,12 @@ def test_long_positions_stay_accurate(source: str) -> None:
         turns, kwargs = freq_inputs(D, {"rope_theta": 10000.0})
         spec = RopeKernelSpec("freq", D, D, positions="offset", **kwargs)
         q_out, _ = rope_qk(q, k, spec, turns=turns, positions=offsets)
-        inv_freq, _ = PF.rope_inv_freq(D)
+        inv_freq, _ = functional.rope_inv_freq(D)
     else:
         params = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 4096}
         spec = RopeKernelSpec("ntk", D, D, positions="offset", factor=4.0, max_position_embeddings=4096)
         q_out, _ = rope_qk(q, k, spec, positions=offsets)
-        inv_freq, _ = PF.rope_inv_freq(D, params, seq_len=131072 + 1)
+        inv_freq, _ = functional.rope_inv_freq(D, params, seq_len=131072 + 1)
     ref = rotate_reference(q, pos, inv_freq, 1.0, "half", D)
     error = (q_out.double() - ref).abs().max().item()
     assert error < 5e-6
@@ -245,7 +248,7 @@ def test_positions_to_2_pow_20_in_kernel() -> None:
     pos = torch.tensor([[2**20 - 1, 999_983]])
     turns, kwargs = freq_inputs(8, {"rope_theta": 10000.0})
     q_out, _ = rope_qk(q, k, RopeKernelSpec("freq", 8, 8, **kwargs), turns=turns, positions=pos)
-    inv_freq, _ = PF.rope_inv_freq(8)
+    inv_freq, _ = functional.rope_inv_freq(8)
     _check(q_out, rotate_reference(q, pos, inv_freq, 1.0, "half", 8), "float32")
 
 
@@ -256,8 +259,8 @@ def test_positions_to_2_pow_20_in_kernel() -> None:
 
 def test_positions_past_the_table_are_rejected_before_launch() -> None:
     q, k = _qk()
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(16), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(16), inv_freq)
     spec = RopeKernelSpec("table", D, D)
     with pytest.raises(PositionError, match="past the cos/sin table"):
         rope_qk(q, k, spec, cos=cos, sin=sin, positions=torch.tensor([[0, 1, 16], [0, 1, 2]]))
@@ -290,8 +293,8 @@ def test_positions_past_exact_range_are_rejected() -> None:
 )
 def test_bad_arguments_are_rejected(change: dict, message: str) -> None:
     q, k = _qk()
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(16), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(16), inv_freq)
     args = {"q": q, "k": k, "cos": cos, "sin": sin, "positions": torch.zeros(B, S, dtype=torch.int64)}
     args.update(change)
     with pytest.raises(ConfigError, match=message):
@@ -307,12 +310,14 @@ def test_frequency_sets_the_kernel_cannot_take_are_refused() -> None:
     """Two switch points, or sets with different attention factors: the kernel has one switch and one factor."""
 
     def two_switches(rotary_dim: int, base: float, params: dict, seq_len: object) -> tuple[torch.Tensor, float]:
-        inv_freq = RT.default_inv_freq(rotary_dim, base)
-        return RT.switch_at(seq_len, 8, RT.switch_at(seq_len, 4, inv_freq, inv_freq / 2), inv_freq / 3), 1.0
+        inv_freq = rope_types.default_inv_freq(rotary_dim, base)
+        return rope_types.switch_at(
+            seq_len, 8, rope_types.switch_at(seq_len, 4, inv_freq, inv_freq / 2), inv_freq / 3
+        ), 1.0
 
     entry = toy_entry("toy_two_switches", two_switches, length_dependent=True, switch_points=lambda params: (4, 8))
-    with RT.registered(entry):
-        points, sets = PF.rope_frequency_sets(D, {"rope_type": entry.name})
+    with rope_types.registered(entry):
+        points, sets = functional.rope_frequency_sets(D, {"rope_type": entry.name})
         assert points == (4, 8)
         torch.testing.assert_close(sets[1][0] * 2, sets[0][0])
         with pytest.raises(ConfigError, match="at most one switch"):
@@ -321,8 +326,8 @@ def test_frequency_sets_the_kernel_cannot_take_are_refused() -> None:
 
 def test_empty_sequence_is_a_no_op() -> None:
     q, k = torch.randn(B, HQ, 0, D), torch.randn(B, HKV, 0, D)
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(4), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(4), inv_freq)
     q_out, k_out = rope_qk(
         q, k, RopeKernelSpec("table", D, D), cos=cos, sin=sin, positions=torch.zeros(B, 0, dtype=torch.int64)
     )

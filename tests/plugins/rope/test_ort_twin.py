@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from posenc import functional as PF
+from posenc import functional
 from posenc.errors import ExportError
 from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
 from posenc.plugins.rope.ort_twin import make_plugin_node, rope_function, rope_functions_for
@@ -52,8 +52,8 @@ def _close(out: np.ndarray, ref: torch.Tensor, atol: float = 2e-6) -> None:
 @pytest.mark.parametrize("rotary_dim", [16, 6])
 def test_table_twin(layout: str, rotary_dim: int) -> None:
     q, k = _qk()
-    inv_freq, _ = PF.rope_inv_freq(rotary_dim)
-    cos, sin = PF.rope_cos_sin(torch.arange(64), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(rotary_dim)
+    cos, sin = functional.rope_cos_sin(torch.arange(64), inv_freq)
     pos = torch.randint(0, 64, (B, S))
     spec = RopeKernelSpec("table", rotary_dim, D, layout)
     feeds = {
@@ -71,9 +71,9 @@ def test_table_twin(layout: str, rotary_dim: int) -> None:
 def test_cache_twin_bshd_fp16() -> None:
     q, k = _qk()
     q_s, k_s = q.transpose(1, 2).contiguous().half(), k.transpose(1, 2).contiguous().half()
-    inv_freq, _ = PF.rope_inv_freq(8)
+    inv_freq, _ = functional.rope_inv_freq(8)
     pos = torch.randint(0, 100, (B, S))
-    cos, sin = PF.rope_cos_sin(pos, inv_freq)
+    cos, sin = functional.rope_cos_sin(pos, inv_freq)
     spec = RopeKernelSpec("cache", 8, D, "interleaved")
     feeds = {"q": q_s.numpy(), "k": k_s.numpy(), "cos": cos.numpy(), "sin": sin.numpy()}
     q_out, _ = run_twin(spec, feeds, fmt="bshd")
@@ -110,7 +110,7 @@ def test_freq_twin_with_zero_frequencies() -> None:
     assert int((turns.abs().sum(0) == 0).sum()) == 6  # 2 of 8 pairs rotate
     feeds = {"q": q.numpy(), "k": k.numpy(), "turns": turns.numpy(), "positions": pos.numpy()}
     q_out, k_out = run_twin(RopeKernelSpec("freq", D, D, **kwargs), feeds)
-    inv_freq, _ = PF.rope_inv_freq(D, params)
+    inv_freq, _ = functional.rope_inv_freq(D, params)
     _close(q_out, rotate_reference(q, pos, inv_freq, 1.0, "half", D), atol=5e-6)
     _close(k_out, rotate_reference(k, pos, inv_freq, 1.0, "half", D), atol=5e-6)
     np.testing.assert_array_equal(q_out[..., 2:8], q.numpy()[..., 2:8])  # unrotated pairs pass exactly
@@ -134,8 +134,8 @@ def test_kernel_matches_twin(source: str) -> None:
     """Two independent implementations of the plugin contract on the same node and inputs."""
     q, k = _qk()
     offsets = torch.tensor([7, 50])
-    inv_freq, _ = PF.rope_inv_freq(D)
-    cos, sin = PF.rope_cos_sin(torch.arange(64), inv_freq)
+    inv_freq, _ = functional.rope_inv_freq(D)
+    cos, sin = functional.rope_cos_sin(torch.arange(64), inv_freq)
     turns, kwargs = freq_inputs(D, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
     spec = {
         "table": RopeKernelSpec("table", D, D, "interleaved", positions="offset"),

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc import AttentionConfig, build_scheme
-from posenc import functional as PF
+from posenc import AttentionConfig, build_scheme, functional
 from posenc.errors import ConfigError, ExportError
 from posenc.plugins.rope import RopeKernelSpec, freq_inputs, rope_qk
 from posenc.plugins.rope.aot import contiguous_scalar_args, expected_param_count
@@ -39,12 +38,12 @@ def _multi_case(name: str, batch_rows: int = 2) -> tuple:
     slot_axes = scheme.axis_select.reshape(axes, -1).argmax(0)
     sections = tuple(int((slot_axes == a).sum()) for a in range(axes))
     spec_args = {"mrope_section": sections, "mrope_interleaved": bool(params.get("mrope_interleaved", False))}
-    inv_freq, _ = PF.rope_inv_freq(16, rope_parameters(rope_type, scheme.params, CONFIG))
+    inv_freq, _ = functional.rope_inv_freq(16, rope_parameters(rope_type, scheme.params, CONFIG))
     return scheme, positions, q, k, inv_freq, spec_args
 
 
 def _table(inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return PF.rope_cos_sin(torch.arange(64), inv_freq)
+    return functional.rope_cos_sin(torch.arange(64), inv_freq)
 
 
 @pytest.mark.parametrize("name", sorted(MULTI))
@@ -88,11 +87,11 @@ def test_mla_rope_slice_in_kernel_and_twin(layout: str, dtype: torch.dtype) -> N
     rope head ``[B, 1, S, R]``: the DeepSeek layout read in place, no slice or concat around the kernel."""
     q, k = torch.randn(2, 4, 5, 24), torch.randn(2, 1, 5, 8)
     positions = torch.randint(0, 64, (2, 5))
-    inv_freq, _ = PF.rope_inv_freq(8)
+    inv_freq, _ = functional.rope_inv_freq(8)
     cos, sin = _table(inv_freq)
-    c, s = PF.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
-    want_rope = PF.apply_rope(q[..., 16:].double(), c.unsqueeze(1), s.unsqueeze(1), layout)
-    want_k = PF.apply_rope(k.double(), c.unsqueeze(1), s.unsqueeze(1), layout)
+    c, s = functional.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+    want_rope = functional.apply_rope(q[..., 16:].double(), c.unsqueeze(1), s.unsqueeze(1), layout)
+    want_k = functional.apply_rope(k.double(), c.unsqueeze(1), s.unsqueeze(1), layout)
     spec = RopeKernelSpec("table", 8, 24, layout, rotary_offset=16, key_head_dim=8)
     got_q, got_k = rope_qk(q.to(dtype), k.to(dtype), spec, cos=cos, sin=sin, positions=positions)
     tolerance = 2e-6 if dtype == torch.float32 else 3e-2
@@ -156,7 +155,7 @@ def test_bad_slice_and_section_specs_say_what_to_do(kwargs: dict, message: str) 
 
 def test_multi_axis_positions_are_checked_before_launch() -> None:
     spec = RopeKernelSpec("table", 16, 16, mrope_section=(2, 3, 3))
-    cos, sin = _table(PF.rope_inv_freq(16)[0])
+    cos, sin = _table(functional.rope_inv_freq(16)[0])
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
     with pytest.raises(ConfigError, match=r"multi-axis position ids must be \[3, B or 1, S\]"):
         rope_qk(q, k, spec, cos=cos, sin=sin, positions=torch.zeros(2, 5, dtype=torch.int64))

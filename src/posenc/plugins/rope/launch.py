@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from posenc import functional as PF
-from posenc import rope_types as RT
+from posenc import functional, rope_types
 from posenc.errors import BackendUnavailable, ConfigError, PositionError
 from posenc.plugins.rope.aot import launch_grid, load_kernel
 from posenc.plugins.rope.spec import (
@@ -58,7 +57,7 @@ def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tup
         ConfigError: bad parameters, a continuously length-dependent type, a type that scales q and k apart
             (xPos), more than one switch, or sets with different attention factors (the kernel takes one).
     """
-    entry = RT.get(RT.rope_type_name(params))
+    entry = rope_types.get(rope_types.rope_type_name(params))
     if entry.continuous:
         remedy = (
             "use AngleSource.NTK (rope_theta, factor, max_position_embeddings) instead of precomputed frequencies"
@@ -72,14 +71,18 @@ def freq_inputs(rotary_dim: int, params: Mapping[str, Any] | None = None) -> tup
             f"cos/sin; the kernel applies one to both. Rotate them with two RotaryEmbedding ops instead "
             f"(`posenc optimize --rope fused`)."
         )
-    points, sets = PF.rope_frequency_sets(rotary_dim, params)
+    points, sets = functional.rope_frequency_sets(rotary_dim, params)
     factors = {factor for _, factor in sets}
     if len(points) > 1 or len(factors) > 1:
         raise ConfigError(
             f"rope_type {entry.name!r} switches at {list(points)} with attention factors {sorted(factors)}; the "
             f"kernel takes at most one switch and one attention factor. Pass cos/sin per call (AngleSource.CACHE)."
         )
-    turns = torch.stack([PF.split_turns(inv_freq) for inv_freq, _ in sets]) if points else PF.split_turns(sets[0][0])
+    turns = (
+        torch.stack([functional.split_turns(inv_freq) for inv_freq, _ in sets])
+        if points
+        else functional.split_turns(sets[0][0])
+    )
     return turns, {"attention_factor": sets[0][1], "longrope_original": points[0] if points else 0}
 
 

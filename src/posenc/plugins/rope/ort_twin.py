@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 import onnx.parser
 
-from posenc import rope_types as RT
+from posenc import rope_types
 from posenc.errors import ExportError
 from posenc.plugins.rope.spec import PLUGIN_NAMESPACE, AngleSource, QKFormat, RopeKernelSpec
 
@@ -214,7 +214,7 @@ def _ntk_base_lines() -> str:
     theta, factor, length, trained, rot = (
         _Symbol(lines, name) for name in ("theta_d", "factor_d", "length_d", "trained_d", "rot_d")
     )
-    base = RT.dynamic_ntk_base(theta, factor, length, trained, rot)
+    base = rope_types.dynamic_ntk_base(theta, factor, length, trained, rot)
     return "\n".join(lines) + f"\n    base = Identity ({base.name})\n"
 
 

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from posenc import rope_types as RT
+from posenc import rope_types
 from posenc.errors import ConfigError
 from posenc.functional import RANGE_REDUCTION_MAX_POSITION, ROPE_LAYOUTS, rope_inv_freq
 
@@ -308,7 +308,7 @@ class RopeKernelSpec:
         if not _is_int(block_h) or block_h < 1 or block_h & (block_h - 1):
             raise ConfigError(f"block_h must be a power of two >= 1, got {block_h!r}.")
         log2_theta = math.log2(self.rope_theta) if self.angles is AngleSource.NTK else 0.0
-        power = RT.ntk_exponent(self.rotary_dim) if self.rotary_dim > 2 else 0.0
+        power = rope_types.ntk_exponent(self.rotary_dim) if self.rotary_dim > 2 else 0.0
         key_tail = int(self.key_head_dim or self.head_dim) - self.rotary_dim
         sections = (*self.mrope_section, 0, 0, 0)[:3]
         consts: dict[str, Any] = {
