@@ -32,7 +32,9 @@ read it instead of asking the user again. Fields (JSON keys):
 ``position_guard``         whether the graph guards its positions (:func:`posenc.functional.position_guard`: an
                            invalid position raises in ONNX Runtime and gives NaN in TensorRT); absent: false
 ``optimized``              only in graphs written by ``posenc optimize``: ``{"target", "rope", "passes",
-                           "parity", "source_onnx", "source_sha256"[, "previous"]}`` (:class:`OptimizedRecord`)
+                           "parity", "source_onnx", "source_sha256"[, "previous"][, "shape_rules"]}``
+                           (:class:`OptimizedRecord`; ``shape_rules``: what the graph's fused kernels accept beyond
+                           ``dynamic_dims``, :mod:`posenc.export.shape_rules`)
 ``trace``                  only in traced exports (``posenc export --via trace``): the traced layer (model type,
                            config, modules, how the model calls them) and which positional parts posenc replaced
                            with its tables, which it kept and why (:class:`posenc.trace.record.TraceRecord`)
@@ -153,6 +155,8 @@ class OptimizedRecord:
         source_onnx: file name of the graph it was optimized from.
         source_sha256: hex sha256 of that file.
         previous: the source's own record when an optimized graph was optimized again.
+        shape_rules: names of the rules a fused kernel of this run imposes on a call's sizes beyond the dynamic
+            dims (:mod:`posenc.export.shape_rules`, e.g. ``chunk-over-cache-one-row``); empty: any shape within them.
     """
 
     target: str
@@ -162,6 +166,7 @@ class OptimizedRecord:
     source_onnx: str
     source_sha256: str | None
     previous: OptimizedRecord | None = field(optional=True, default=None)
+    shape_rules: tuple[str, ...] = field(optional=True, default=())
 
     @property
     def counts(self) -> dict[str, int]:
