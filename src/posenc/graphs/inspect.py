@@ -203,7 +203,7 @@ def inspect_model(
 def _stored_bytes(model: ir.Model, manifest: Any) -> tuple[int, int]:
     """``(position table bytes, other tensor bytes)`` of the graph's initializers: each external region (file,
     offset) counted once, whichever initializers read it; a table is an initializer named after a key of the
-    manifest's ``weights.tables`` (the export's name, a shared tables file's ``kind.key``, a pass's ``key`` + suffix)."""
+    manifest's ``weights.tables`` (the export's name, a shared tables file's ``kind.key``, a pass's key + suffix)."""
     keys = tuple(getattr(getattr(manifest, "weights", None), "tables", ()) or ())
     seen: set[Any] = set()
     tables = weights = 0
