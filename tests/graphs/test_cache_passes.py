@@ -48,6 +48,24 @@ def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_p
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
+def test_validate_feeds_an_in_place_group_query_attention_only_the_shapes_it_serves(tmp_path: Path) -> None:
+    """ONNX Runtime's GroupQueryAttention over the shared cache refuses a chunk over a filled cache with more than
+    one row; the optimized manifest says so, the default feeds take one row there, a requested shape is refused."""
+    from posenc.cli import main
+    from posenc.export import load_manifest
+    from posenc.export.shape_rules import CHUNK_OVER_CACHE_ONE_ROW
+    from posenc.validate import validate_onnx
+
+    target = tmp_path / "rope.ort-cuda.onnx"
+    optimize_file(_in_place(tmp_path, "rope"), target, "ort-cuda")
+    assert load_manifest(target).optimized.shape_rules == (CHUNK_OVER_CACHE_ONE_ROW,)
+    report = validate_onnx(target)  # before: ONNX Runtime raised "batch_size must be 1 ..." on (2, 13, 5)
+    assert report.passed
+    assert FeedShape(1, 13, 5) in {row.shape for row in report.rows}
+    assert main(["validate", str(target), "--shape", "2,13,5"]) == 2  # refused up front, not an internal error
+    assert main(["validate", str(target), "--shape", "2,1,9"]) == 0  # single tokens take any batch
+
+
 def test_score_bias_goes_into_group_query_attention(tmp_path: Path) -> None:
     source = _in_place(tmp_path, "alibi")
     target = tmp_path / "alibi.ort-cuda.onnx"

@@ -173,3 +173,31 @@ def test_the_manifest_says_the_dtype_the_optimized_graph_stores_its_tables_in(ex
     assert set(tables.values()) == {manifest.table_dtype}, (tables, manifest.table_dtype)
     assert manifest.table_dtype == ("bfloat16" if target == "trt" else "float32")
     assert any("bfloat16" in note and "RotaryEmbedding" in note for note in manifest.notes) is (target == "trt")
+
+
+def test_inspect_totals_tables_and_weights_apart_and_warns_when_tables_outweigh(tmp_path, capsys) -> None:
+    """Totals against the weights file itself (safetensors entries: the manifest's table keys vs the rest)."""
+    from safetensors import safe_open
+
+    from posenc.config import AttentionConfig
+    from posenc.export import export_onnx
+
+    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=4096)
+    for mode, warned in (("precomputed", True), ("dynamic", False)):
+        result = export_onnx(tmp_path / f"{mode}.onnx", "rope", config=config, table_mode=mode)
+        tables = weights = 0
+        with safe_open(str(result.weights_path), "pt") as entries:
+            for name in entries.keys():  # noqa: SIM118  # safe_open is not a mapping
+                size = entries.get_tensor(name).numel() * 4
+                if name in result.manifest.weights.tables:
+                    tables += size
+                else:
+                    weights += size
+        assert main(["inspect", str(result.path), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["table_bytes"] == (tables if warned else 0)  # dynamic: inv_freq folds into the graph's math
+        assert weights <= report["weight_bytes"] <= weights + 256  # and the graph's few small constants
+        assert (tables > weights) is warned  # 4096 rows of cos/sin outweigh 64-wide projections
+        assert bool(report["warnings"]) is warned
+        if warned:
+            assert "--table-mode dynamic" in report["warnings"][0]

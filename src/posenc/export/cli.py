@@ -14,6 +14,8 @@ from posenc.provenance import describe_weights
 EPILOG = """\
 examples:
   posenc export --hf-model ckpt/ --layer 3 -o out/layer3.onnx       # a checkpoint's layer with its weights
+  posenc export --hf-model ckpt/ --layers all -o out/layers/        # every layer; one tables file they share
+  posenc export --hf-model ckpt/ --layers 0-3,7 -o out/some/         # a range and a list
   posenc export --hf-model ckpt/ --layer 5 --layer-type decoder --table-mode dynamic --dtype fp16 -o out/dec5.onnx
   posenc export --hf-model phi-ckpt/ --via trace -o out/phi0.onnx   # any model type: its own module, posenc's tables
   posenc export --scheme rope -o out/rope.onnx
@@ -65,6 +67,17 @@ def _geometry(args: argparse.Namespace) -> tuple[Any, str | None, dict[str, Any]
 _CHECKPOINT_FIXED = ("scheme", "hf_config", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "causal")
 
 
+def _refuse_geometry(args: argparse.Namespace) -> None:
+    """Refuse geometry, scheme and parameter options beside ``--hf-model`` (the checkpoint fixes them)."""
+    given = [name for name in _CHECKPOINT_FIXED if getattr(args, name) not in (None, False)]
+    if given or args.param or args.max_position_embeddings is not None:
+        flags = [f"--{name.replace('_', '-')}" for name in given] + (["--param"] if args.param else [])
+        flags = flags or ["--max-position-embeddings"]
+        raise ConfigError(
+            f"--hf-model takes geometry, scheme and parameters from the checkpoint; drop {', '.join(flags)}."
+        )
+
+
 def _via(args: argparse.Namespace) -> str:
     """``family`` or ``trace``: as given, else the family where the checkpoint's model type (or its text tower's)
     has one."""
@@ -102,13 +115,7 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
     from posenc.checkpoints import load_layer
     from posenc.export import export_onnx
 
-    given = [name for name in _CHECKPOINT_FIXED if getattr(args, name) not in (None, False)]
-    if given or args.param or args.max_position_embeddings is not None:
-        flags = [f"--{name.replace('_', '-')}" for name in given] + (["--param"] if args.param else [])
-        flags = flags or ["--max-position-embeddings"]
-        raise ConfigError(
-            f"--hf-model takes geometry, scheme and parameters from the checkpoint; drop {', '.join(flags)}."
-        )
+    _refuse_geometry(args)
     if _via(args) == "trace":
         return _export_traced(args)
     loaded = load_layer(args.hf_model, args.layer, args.layer_type)
@@ -128,10 +135,60 @@ def _export_checkpoint(args: argparse.Namespace) -> Any:
     )
 
 
+def _export_layers(args: argparse.Namespace) -> int:
+    """``--layers``: every selected layer of ``--hf-model`` into the folder ``-o`` (:mod:`posenc.export.layers`)."""
+    from posenc.artifacts.files import json_text
+    from posenc.export.layers import export_layers
+
+    if args.hf_model is None:
+        raise ConfigError("--layers selects layers of --hf-model; give --hf-model DIR too.")
+    if args.layer is not None:
+        raise ConfigError("give --layer N (one layer, -o FILE.onnx) or --layers SPEC (several, -o FOLDER), not both.")
+    if args.via == "trace" or _via(args) == "trace":
+        raise ConfigError(
+            "--layers exports through a model family; this checkpoint's layers go by --via trace one at a time: "
+            "posenc export --hf-model DIR --via trace --layer N -o OUT/layerN.onnx."
+        )
+    if args.unit != "block":
+        raise ConfigError(f"--layers exports attention blocks; drop --unit {args.unit}.")
+    _refuse_geometry(args)
+    result = export_layers(
+        args.output,
+        args.hf_model,
+        args.layers,
+        layer_type=args.layer_type,
+        table_mode=args.table_mode,
+        max_positions=args.max_positions,
+        dtype=args.dtype,
+        kv_cache=args.kv_cache,
+        opset=args.opset,
+        optimize=not args.no_optimize,
+        position_guard=args.position_guard,
+        cache_capacity=args.cache_capacity,
+    )
+    index = result.index
+    if args.json:
+        print(json_text(index.to_dict()), end="")
+        return 0
+    total = sum(p.stat().st_size for p in result.folder.iterdir() if p.is_file())
+    print(f"wrote {len(index.layers)} layers of {index.checkpoint} into {result.folder} ({total / 2**20:.1f} MiB)")
+    for layer, manifest in zip(index.layers, result.manifests, strict=True):
+        kind = f" ({layer.layer_type})" if layer.layer_type else ""
+        print(f"  {layer.onnx}{kind}: {manifest.scheme}, weights {manifest.weights.path}")
+    print(f"  tables: {index.tables.path}, shared by every layer (each distinct table once)")
+    for skipped in index.skipped:
+        print(f"  skipped layer {skipped.layer}: {skipped.reason}")
+    print(f"next: posenc validate {result.folder} --against-hf {args.hf_model}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from posenc.artifacts.files import check_apart
     from posenc.export import export_onnx
 
+    if args.layers is not None:
+        check_output(args.output, "--layers output folder", folder=True)
+        return _export_layers(args)
     check_output(args.output, "ONNX model")
     check_input(args.hf_config, "--hf-config file")
     check_apart([(args.output, "model")], [(args.hf_config, "file")])
@@ -221,6 +278,13 @@ def register(subparsers: Any) -> None:
     add(checkpoint, "hf_model")
     add(checkpoint, "layer", note="default: 0, or the first layer of --layer-type where layers differ")
     add(checkpoint, "layer_type", note="with --hf-config: which per-layer-type rope_parameters")
+    checkpoint.add_argument(
+        "--layers",
+        metavar="SPEC",
+        help="several layers in one command: all, a range 0-3, a list 0,2,5 (per stack in encoder-decoder models; "
+        "with --layer-type, that stack or kind only); -o is then a folder: OUT/layerN.onnx + manifest + weights per "
+        "layer, one tables file they share, OUT/layers.json",
+    )
     checkpoint.add_argument(
         "--via",
         choices=("family", "trace"),

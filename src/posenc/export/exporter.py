@@ -449,6 +449,61 @@ def export_onnx(
         result = export_onnx("rope.onnx", "rope_yarn", params={"factor": 8.0}, table_mode="dynamic", dtype="fp16")
         print(result.manifest.inputs)
     """
+    path = output_path(path, "ONNX model")  # before any work: a folder, device or FIFO is refused here
+    prepared = prepare_export(
+        scheme,
+        unit=unit,
+        kv_cache=kv_cache,
+        params=params,
+        config=config,
+        table_mode=table_mode,
+        dtype=dtype,
+        opset=opset,
+        max_positions=max_positions,
+        table_dtype=table_dtype,
+        module=module,
+        optimize=optimize,
+        seed=seed,
+        provenance=provenance,
+        position_guard=position_guard,
+        cache_capacity=cache_capacity,
+    )
+    return _write_artifacts(Path(path), prepared)
+
+
+@dataclasses.dataclass
+class PreparedExport:
+    """An exported graph before it is written: the ``onnx.ModelProto`` (tensors inside), the unit it came from, the
+    exporter's notes, the opset and where the weights came from (see :func:`prepare_export`)."""
+
+    model: Any
+    unit: ExportUnit
+    notes: list[str]
+    opset: int
+    source: WeightsSource
+
+
+def prepare_export(
+    scheme: str | None = None,
+    *,
+    unit: str = "block",
+    kv_cache: str = "concat",
+    params: Mapping[str, Any] | None = None,
+    config: AttentionConfig | MLAConfig | None = None,
+    table_mode: TableMode | str | None = None,
+    dtype: str | torch.dtype = "float32",
+    opset: int | None = None,
+    max_positions: int | None = None,
+    table_dtype: torch.dtype = torch.float32,
+    module: nn.Module | None = None,
+    optimize: bool = True,
+    seed: int = 0,
+    provenance: WeightsSource | None = None,
+    position_guard: bool = True,
+    cache_capacity: int | None = None,
+) -> PreparedExport:
+    """The graph :func:`export_onnx` writes, not yet written (arguments as there): for writers that store several
+    graphs' tensors together (:mod:`posenc.export.layers`)."""
     unit = unit_for_cache(unit, kv_cache)
     opset = check_opset(default_opset(unit) if opset is None else opset)
     _check_unit_opset(unit, opset)
@@ -456,7 +511,6 @@ def export_onnx(
         raise ConfigError(f"seed must be an int >= 0, got {seed!r}.")
     if not isinstance(position_guard, bool):
         raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
-    path = output_path(path, "ONNX model")  # before any work: a folder, device or FIFO is refused here
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
@@ -486,7 +540,7 @@ def export_onnx(
         opset=opset,
         optimize=optimize,
     )
-    return _write_artifacts(Path(path), model, export_unit, notes, opset, source)
+    return PreparedExport(model, export_unit, notes, opset, source)
 
 
 def _cache_capacity(capacity: int | None, unit: str) -> int | None:
@@ -548,17 +602,16 @@ def _weights_source(module: nn.Module | None, seed: int, provenance: WeightsSour
     return ModuleWeights(f"{type(module).__module__}.{type(module).__qualname__}")
 
 
-def _write_artifacts(
-    path: Path, model: Any, unit: ExportUnit, notes: list[str], opset: int, source: WeightsSource
-) -> ExportResult:
+def _write_artifacts(path: Path, prepared: PreparedExport) -> ExportResult:
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
+    model = prepared.model
     with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
         # every tensor once: in the weights file, which the graph reads as its external data
-        write_linked(model, unit.inner.state_dict(), tmp_weights, weights_path.name)
+        write_linked(model, prepared.unit.inner.state_dict(), tmp_weights, weights_path.name)
         data = model.SerializeToString()
         tmp_model.write_bytes(data)
         digest = hashlib.sha256(data).hexdigest()
-        manifest = _manifest(model, unit, notes, opset, digest, weights_path, tmp_weights, source)
+        manifest = export_manifest(prepared, digest, weights_path, tmp_weights)
         manifest.save(tmp_manifest)
     return ExportResult(path, manifest, manifest_path, weights_path)
 
@@ -593,16 +646,10 @@ def _dim_ranges(unit: ExportUnit, limit: int | None) -> dict[str, DimRange]:
     return {name: r for name, r in ranges.items() if name in used}
 
 
-def _manifest(
-    model: Any,
-    unit: ExportUnit,
-    notes: list[str],
-    opset: int,
-    onnx_sha: str,
-    weights_path: Path,
-    tmp_weights: Path,
-    source: WeightsSource,
-) -> Manifest:
+def export_manifest(prepared: PreparedExport, onnx_sha: str, weights_path: Path, tmp_weights: Path) -> Manifest:
+    """The manifest of a prepared graph whose bytes hash to ``onnx_sha``, its weights file written at
+    ``tmp_weights`` (hashed) under the final name ``weights_path``."""
+    model, unit, notes, opset, source = prepared.model, prepared.unit, prepared.notes, prepared.opset, prepared.source
     scheme = unit.scheme
     spec = scheme.spec
     layouts = unit.input_layouts()

@@ -18,12 +18,13 @@ read it instead of asking the user again. Fields (JSON keys):
 ``inputs``, ``outputs``    list of ``{"name", "dtype", "shape", "layout", "role"}`` in graph order;
                            shapes use the dim names above (outputs may hold expressions like ``past + seq``)
 ``onnx_sha256``            sha256 of the ONNX file's bytes
-``weights``                ``{"path", "sha256", "format", "tables", "source"}``: the module's ``state_dict``
-                           (safetensors) beside the model, from which ``posenc validate`` rebuilds the eager
-                           reference; ``tables`` lists the position-table keys (recomputed, not copied);
+``weights``                ``{"path", "sha256", "format", "tables", "source"[, "tables_file"]}``: the module's
+                           ``state_dict`` (safetensors) beside the model, from which ``posenc validate`` rebuilds
+                           the eager reference; ``tables`` lists the position-table keys (recomputed, not copied);
                            ``source`` says where the weights came from: ``{"kind": "checkpoint", "checkpoint",
                            "model_type", "family", "layer", "layer_type", "tensors": {name: sha256}}``,
-                           ``{"kind": "random", "seed"}`` or ``{"kind": "module", "class"}``
+                           ``{"kind": "random", "seed"}`` or ``{"kind": "module", "class"}``; ``tables_file``
+                           ``{"path", "sha256"}``: the tables file the layers of one ``--layers`` export share
 ``source``                 ``{"module", "posenc_sha256", "files"}``: the exported class and a hash of the
                            posenc sources it runs
 ``versions``               torch, onnx, onnxruntime, onnxscript, polygraphy, posenc, python
@@ -32,7 +33,9 @@ read it instead of asking the user again. Fields (JSON keys):
 ``position_guard``         whether the graph guards its positions (:func:`posenc.functional.position_guard`: an
                            invalid position raises in ONNX Runtime and gives NaN in TensorRT); absent: false
 ``optimized``              only in graphs written by ``posenc optimize``: ``{"target", "rope", "passes",
-                           "parity", "source_onnx", "source_sha256"[, "previous"]}`` (:class:`OptimizedRecord`)
+                           "parity", "source_onnx", "source_sha256"[, "previous"][, "shape_rules"]}``
+                           (:class:`OptimizedRecord`; ``shape_rules``: what the graph's fused kernels accept beyond
+                           ``dynamic_dims``, :mod:`posenc.export.shape_rules`)
 ``trace``                  only in traced exports (``posenc export --via trace``): the traced layer (model type,
                            config, modules, how the model calls them) and which positional parts posenc replaced
                            with its tables, which it kept and why (:class:`posenc.trace.record.TraceRecord`)
@@ -94,6 +97,14 @@ class DimRange:
 
 
 @dataclasses.dataclass(frozen=True)
+class FileRecord:
+    """A file beside the manifest that its graph reads: name (relative to the manifest's folder) and sha256."""
+
+    path: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
 class WeightsRecord:
     """The weights file beside the model (the module's ``state_dict``) and where the weights came from.
 
@@ -103,6 +114,8 @@ class WeightsRecord:
         format: ``safetensors`` (or the legacy ``torch.save(state_dict)``).
         tables: state-dict keys that are position tables (recomputed by a rebuild, not copied).
         source: checkpoint provenance, random seed or the caller's module (:mod:`posenc.provenance`).
+        tables_file: where the graph's position tables are, when not in ``path``: the one tables file that every
+            layer of a ``posenc export --layers`` folder shares (:mod:`posenc.export.layers`); else None.
     """
 
     path: str
@@ -110,6 +123,7 @@ class WeightsRecord:
     format: str
     tables: tuple[str, ...]
     source: WeightsSource
+    tables_file: FileRecord | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +167,8 @@ class OptimizedRecord:
         source_onnx: file name of the graph it was optimized from.
         source_sha256: hex sha256 of that file.
         previous: the source's own record when an optimized graph was optimized again.
+        shape_rules: names of the rules a fused kernel of this run imposes on a call's sizes beyond the dynamic
+            dims (:mod:`posenc.export.shape_rules`, e.g. ``chunk-over-cache-one-row``); empty: any shape within them.
     """
 
     target: str
@@ -162,6 +178,7 @@ class OptimizedRecord:
     source_onnx: str
     source_sha256: str | None
     previous: OptimizedRecord | None = field(optional=True, default=None)
+    shape_rules: tuple[str, ...] = field(optional=True, default=())
 
     @property
     def counts(self) -> dict[str, int]:
@@ -312,6 +329,9 @@ def verify_files(manifest: Manifest, onnx_path: Path | None, manifest_path: Path
                 f"(`posenc export ...`), or restore the file the manifest describes."
             )
     weights_file(manifest, manifest_path)
+    shared = manifest.weights.tables_file
+    if shared is not None:
+        member(manifest_path.parent, shared.path, f"tables file named by {manifest_path.name}", sha256=shared.sha256)
 
 
 def weights_file(manifest: Manifest, manifest_path: str | os.PathLike[str], *, verify: bool = True) -> Path:

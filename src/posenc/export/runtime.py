@@ -422,8 +422,14 @@ def load_weights(
     target = module.state_dict()
     # a unit module wrapping the saved one (an op around its scheme, the in-place unit around its block)
     wrappers = ("block.", "scheme.")
+    # (every key of the wrapper is under it; a layer of a --layers folder saves no table keys, so "scheme." is not one)
     prefix = next(
-        (p for p in wrappers if any(k.startswith(p) for k in target) and not any(k.startswith(p) for k in state)), ""
+        (
+            p
+            for p in wrappers
+            if target and all(k.startswith(p) for k in target) and not any(k.startswith(p) for k in state)
+        ),
+        "",
     )
     tables = table_keys(module)
     kept_tables = set(saved_tables or ())

@@ -52,6 +52,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from posenc.export.shape_rules import CHUNK_OVER_CACHE_ONE_ROW
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
@@ -507,4 +508,17 @@ __all__ = [
     "decode_over_cache",
     "gqa_over_cache",
     "gqa_refusal",
+    "shape_rules",
 ]
+
+
+def shape_rules(model: ir.Model) -> tuple[str, ...]:
+    """The rules (:mod:`posenc.export.shape_rules`) the graph's cache kernels impose on a call's sizes: a
+    ``GroupQueryAttention`` whose past buffer is a graph input (the in-place cache it shares with its output) serves
+    several new tokens over a filled cache one batch row at a time."""
+    inputs = list(model.graph.inputs)
+    for node in model.graph:
+        gqa = node.op_type == "GroupQueryAttention" and node.domain == mu.MS_DOMAIN and len(node.inputs) > 3
+        if gqa and node.inputs[3] is not None and any(node.inputs[3] is value for value in inputs):
+            return (CHUNK_OVER_CACHE_ONE_ROW,)
+    return ()

@@ -80,6 +80,12 @@ class InspectReport:
     """For a traced export (``posenc export --via trace``): the layer it traced, else None."""
     positional_parts: tuple[str, ...] = ()
     """For a traced export: each positional part, replaced by posenc's tables, kept as traced (and why) or absent."""
+    table_bytes: int = 0
+    """Bytes of position tables the graph stores (its manifest's ``weights.tables``; external data counted once)."""
+    weight_bytes: int = 0
+    """Bytes of every other stored tensor (external data counted once)."""
+    warnings: tuple[str, ...] = ()
+    """What to change (tables outweighing the weights)."""
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)
@@ -90,6 +96,11 @@ class InspectReport:
         lines.append(f"initializers: {_human(self.initializer_bytes)}")
         for item in self.largest_initializers:
             lines.append(f"  {item.name} {item.dtype}{list(item.shape)}: {_human(item.bytes)}")
+        lines.append(
+            f"stored: position tables {_human(self.table_bytes)}, weights {_human(self.weight_bytes)} (each external "
+            f"tensor counted once)"
+        )
+        lines.extend(f"warning: {warning}" for warning in self.warnings)
         lines.append("fused ops: " + (", ".join(f"{op} {n}" for op, n in self.fused_ops.items()) or "none"))
         if self.traced is not None:
             lines.append(f"traced: {self.traced}")
@@ -161,6 +172,7 @@ def inspect_model(
         tables.append(Initializer(value.name or "", tensor.dtype.name.lower(), shape, int(tensor.nbytes)))
     tables.sort(key=lambda item: -item.bytes)
     manifest = read_manifest(path)
+    table_bytes, weight_bytes = _stored_bytes(model, manifest)
     record = None if manifest is None else manifest.optimized
     fusions = record.counts if record else None
     fused = {op: n for op, n in ops.items() if op.split("::")[-1] in FUSED_OPS or ("::" in op and "posenc" in op)}
@@ -182,4 +194,41 @@ def inspect_model(
         engine_profiles=profile_text(manifest) if profile_text is not None else None,
         traced=None if trace is None else f"{trace.model_type} layer {trace.layer} ({trace.attention.cls})",
         positional_parts=() if trace is None else tuple(trace.summary()),
+        table_bytes=table_bytes,
+        weight_bytes=weight_bytes,
+        warnings=_table_warning(manifest, table_bytes, weight_bytes),
+    )
+
+
+def _stored_bytes(model: ir.Model, manifest: Any) -> tuple[int, int]:
+    """``(position table bytes, other tensor bytes)`` of the graph's initializers: each external region (file,
+    offset) counted once, whichever initializers read it; a table is an initializer named after a key of the
+    manifest's ``weights.tables`` (the export's name, a shared tables file's ``kind.key``, a pass's key + suffix)."""
+    keys = tuple(getattr(getattr(manifest, "weights", None), "tables", ()) or ())
+    seen: set[Any] = set()
+    tables = weights = 0
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is None:
+            continue
+        location = getattr(tensor, "location", None)
+        region = (location, getattr(tensor, "offset", None)) if location is not None else id(tensor)
+        if region in seen:
+            continue
+        seen.add(region)
+        name = value.name or ""
+        if any(key in name for key in keys):
+            tables += int(tensor.nbytes)
+        else:
+            weights += int(tensor.nbytes)
+    return tables, weights
+
+
+def _table_warning(manifest: Any, tables: int, weights: int) -> tuple[str, ...]:
+    if tables <= weights or getattr(manifest, "table_mode", None) != "precomputed":
+        return ()
+    return (
+        f"the position tables ({_human(tables)}) outweigh the weights ({_human(weights)}); export with "
+        f"--table-mode dynamic to compute them in the graph from the position ids instead (the same float64-exact "
+        f"angles, the same accuracy: posenc validate holds both modes to one tolerance), or fewer --max-positions",
     )

@@ -145,7 +145,12 @@ def optimized_manifest(
         notes = (*info.graph.notes, note) if info.graph is not None else (note,)
         return GraphManifest(onnx_sha256=onnx_sha256, optimized=record, notes=notes)
     manifest = info.manifest
-    weights_record = manifest.weights if weights is None else dataclasses.replace(manifest.weights, path=weights.name)
+    # in another folder the graph holds its tables itself (a shared tables file stays with the export's folder)
+    weights_record = (
+        manifest.weights
+        if weights is None
+        else dataclasses.replace(manifest.weights, path=weights.name, tables_file=None)
+    )
     return dataclasses.replace(
         manifest, onnx_sha256=onnx_sha256, weights=weights_record, optimized=record, notes=(*manifest.notes, note)
     )

@@ -109,7 +109,8 @@ class OptimizeResult:
         """The run as a manifest record (with its source file once :func:`optimize_file` wrote it)."""
         if self.written is not None:
             return self.written
-        return OptimizedRecord(self.target, self.rope, tuple(self.passes), self.parity, "", None)
+        rules = cache.shape_rules(self.model)
+        return OptimizedRecord(self.target, self.rope, tuple(self.passes), self.parity, "", None, shape_rules=rules)
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self.record())

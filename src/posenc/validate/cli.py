@@ -68,6 +68,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):
         check_output(path, what)
+    if Path(args.model).is_dir():
+        return _validate_folder(args)
     reports = [(args.report, "file"), (args.json_out, "file"), (args.runs, "file")]
     check_apart(reports, [(args.model, "model"), *((engine, "engine") for engine in args.engine)])
     for engine in args.engine:
@@ -111,6 +113,33 @@ def _validate(args: argparse.Namespace) -> int:
     if not report.passed:
         failures = report.failures()
         print(f"\nMISMATCH: {len(failures)} output(s) beyond tolerance (see the table above).", file=notes)
+        return 1
+    return 0
+
+
+def _validate_folder(args: argparse.Namespace) -> int:
+    """``posenc validate FOLDER``: every layer of a ``posenc export --layers`` folder, one table
+    (:func:`posenc.validate.layers.validate_layers`)."""
+    from posenc.export.shapes import FeedShape
+    from posenc.validate.layers import validate_layers
+
+    given = {"--decode": args.decode, "--engine": args.engine, "--runs": args.runs, "--layer": args.layer is not None,
+             "--layer-type": args.layer_type is not None, "--provider cuda": args.provider == "cuda"}  # fmt: skip
+    refused = [flag for flag, value in given.items() if value]
+    if refused:
+        raise ConfigError(
+            f"{', '.join(refused)} apply to one model; validate a layer's file (FOLDER/layerN.onnx) for them, or "
+            f"drop them to check every layer of {args.model}."
+        )
+    shapes = [feed for _, feed in args.shape or []]
+    if args.batch is not None or args.seq is not None or args.past is not None:
+        shapes.append(FeedShape(args.batch or 1, args.seq or 1, args.past or 0))
+    report = validate_layers(args.model, args.against_hf, shapes=shapes or None, seed=args.seed, quiet=not args.verbose)
+    written = report.save(markdown=args.report, json_path=args.json_out)
+    notes = print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)
+    if not report.passed:
+        failed = ", ".join(str(layer.layer) for layer in report.failures())
+        print(f"\nMISMATCH: layer(s) {failed} failed (see the table above).", file=notes)
         return 1
     return 0
 

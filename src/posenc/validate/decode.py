@@ -33,6 +33,7 @@ from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_model_file, load_eager, ort_session
+from posenc.export.shape_rules import check_shapes, fit_shapes
 from posenc.export.shapes import FeedShape
 from posenc.export.units import BLOCK_INPLACE, InPlaceBlock
 from posenc.records import to_json
@@ -339,8 +340,14 @@ def validate_decode(
                 f"block (its concat and in-place exports, optimized or not)."
             )
     if schedule is None:
-        schedule = decode_schedule(min(serving_limit(m) for m in manifests), jump=jump)
+        # a graph that serves chunks over a filled cache one row at a time (shape rules) steps one row
+        limit = min(serving_limit(m) for m in manifests)
+        schedule = decode_schedule(limit, jump=jump)
+        if any(fit_shapes(m, schedule) != schedule for m in manifests):
+            schedule = decode_schedule(limit, jump=jump, batch=1)
     schedule = list(schedule)
+    for path, manifest in zip(paths, manifests, strict=True):
+        check_shapes(manifest, schedule, str(path))
     feeds = step_feeds(first, schedule, seed)
     reference = eager_decode_reference(paths[0], first)
     candidates = []

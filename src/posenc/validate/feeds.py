@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from posenc.errors import ConfigError, ModelFileError
+from posenc.export import shape_rules
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
 from posenc.export.shapes import FeedShape
@@ -109,11 +110,13 @@ def boundary_shapes(manifest: Manifest) -> list[FeedShape]:
 
 def default_shapes(manifest: Manifest | None) -> list[FeedShape]:
     """:data:`DEFAULT_SHAPES`, shrunk to fit the manifest's precomputed table, then the feeds that cross the
-    model's boundaries (:func:`boundary_shapes`)."""
+    model's boundaries (:func:`boundary_shapes`); each moved to the nearest shape the graph's fused kernels serve
+    (:func:`posenc.export.shape_rules.fit_shapes`, e.g. one row for a chunk over an in-place GroupQueryAttention
+    cache)."""
     if manifest is None:
         return list(DEFAULT_SHAPES)
     shapes = fit_shapes(DEFAULT_SHAPES, manifest.max_positions)
-    return shapes + [s for s in boundary_shapes(manifest) if s not in shapes]
+    return shape_rules.fit_shapes(manifest, shapes + [s for s in boundary_shapes(manifest) if s not in shapes])
 
 
 def model_feeds(

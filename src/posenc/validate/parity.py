@@ -19,6 +19,7 @@ from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
+from posenc.export.shape_rules import check_shapes
 from posenc.export.shapes import FeedShape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
@@ -185,6 +186,7 @@ def validate_onnx(
     manifest = manifest or load_manifest(path)
     check_graph_tables(manifest, path)  # table sizes from the graph, not from the manifest alone
     shapes = list(shapes) if shapes is not None else default_shapes(manifest)
+    check_shapes(manifest, shapes, str(path))  # what the graph's fused kernels refuse, said before running
     if not shapes:
         raise ConfigError("validate_onnx needs at least one FeedShape.")
     if not references:
