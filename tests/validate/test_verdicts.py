@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from posenc.errors import ConfigError
 from posenc.schemes.base import Tolerance
 from posenc.validate import Reference, TorchModuleRunner, compare
-from posenc.validate.compare import ErrorBound
+from posenc.validate.compare import ErrorBound, Float32Floor
 from posenc.validate.tolerance import RULE, margin_of, outside_tolerance
 
 TOL = Tolerance(atol=1e-3, rtol=1e-2)
@@ -111,3 +111,27 @@ def test_a_judge_or_bound_must_be_another_reference_of_the_comparison() -> None:
     itself = Reference(_runner("half"), "half", bound=ErrorBound("half"))
     with pytest.raises(ConfigError, match="not another reference"):
         compare([itself], [_runner("graph")], feed, {"y": TOL})
+
+
+def test_a_float32_candidate_is_allowed_what_float32_arithmetic_alone_gets_wrong() -> None:
+    """A wide layer: the module in float32 with exact angles (the floor) is itself 2e-5 from the exact rendering on
+    one feed, beyond the fp32 tolerance of 1e-5. There every row allows 3x that (6e-5, with a note saying why) and
+    still fails a candidate beyond it; on the feed where float32 is exact, the tolerance is unchanged."""
+    fp32 = {"y": Tolerance(atol=1e-5, rtol=1e-5)}
+    floor = Float32Floor("hf-fp32, fp64 angles", "hf-fp64")
+    exact = Reference(_runner("hf-fp64"), "exact", floor=floor)
+    rendering = Reference(_runner("hf-fp32, fp64 angles", lambda x: 2e-5 * np.sign(x)), "floor", informational=True)
+    feeds = [{"x": np.array([0.0, 0.0])}, {"x": np.array([-0.5, 0.5])}]
+    good = _runner("good", lambda x: 5e-5 * np.sign(x) + 8e-6)
+    bad = _runner("bad", lambda x: 7e-5 * np.sign(x))
+    rows = compare([exact, rendering], [good, bad], feeds, fp32).rows
+    on = {(r.feed, r.runner, r.reference): r for r in rows}
+    assert on[(0, "good", "hf-fp64")].atol == 1e-5  # float32 is exact here
+    assert on[(0, "good", "hf-fp64")].passed
+    widened = on[(1, "good", "hf-fp64")]
+    assert widened.passed
+    assert not widened.informational
+    assert widened.atol == pytest.approx(6e-5)
+    assert "3 × the 2.00e-05 that float32 arithmetic alone makes here" in widened.note
+    assert not on[(1, "bad", "hf-fp64")].passed  # beyond 3x float32's own error: still a failure
+    assert all(r.informational for r in rows if r.reference == "hf-fp32, fp64 angles")

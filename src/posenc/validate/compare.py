@@ -82,6 +82,20 @@ class ErrorBound:
 
 
 @dataclasses.dataclass(frozen=True)
+class Float32Floor:
+    """What float32 arithmetic alone gets wrong: ``reference`` (the module in float32 fed exact angles) against
+    ``exact`` (the module in float64), per feed and output. No float32 rendering of a wide layer gets closer than its
+    own rounding, so rows of float32 candidates allow at least ``factor`` times that error: against the exact
+    reference, ``factor`` times what the module in float32 gets wrong; against another float32 rendering (the
+    model's own ``hf-fp32``, which rounds too), the two roundings together.
+    """
+
+    reference: str
+    exact: str
+    factor: float = 3.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Reference:
     """A runner whose outputs candidates are held to.
 
@@ -95,6 +109,9 @@ class Reference:
             from the start), rows against this reference are informational, with a note: decided on the data,
             whichever shape it came from.
         bound: rows of an :class:`ErrorBound` derived from this reference (a model run in half precision).
+        floor: the float32 floor of float32 candidates (:class:`Float32Floor`): on each feed and output, rows
+            against this reference allow at least ``factor`` times the error float32 arithmetic alone makes there,
+            with a note where that widens the tolerance.
     """
 
     runner: Any
@@ -103,6 +120,7 @@ class Reference:
     informational: bool = False
     judged_by: str | None = None
     bound: ErrorBound | None = None
+    floor: Float32Floor | None = None
 
     @property
     def name(self) -> str:
@@ -116,6 +134,7 @@ class Reference:
             "tolerances": {k: {"atol": t.atol, "rtol": t.rtol} for k, t in self.tolerances.items()},
             "judged_by": self.judged_by,
             "bound": None if self.bound is None else dataclasses.asdict(self.bound),
+            "floor": None if self.floor is None else dataclasses.asdict(self.floor),
         }
 
 
@@ -250,7 +269,13 @@ def compare(
         raise ConfigError(f"{len(shapes)} shapes for {len(feeds)} feeds; give one shape per feed.")
     known = {ref.name for ref in references}
     for ref in references:
-        for other in (ref.judged_by, None if ref.bound is None else ref.bound.reference):
+        if ref.floor is not None and ref.floor.exact not in known:
+            raise ConfigError(
+                f"reference {ref.name!r} measures float32's error against {ref.floor.exact!r}, which is "
+                f"not a reference of this comparison ({sorted(known)}); pass it."
+            )
+        floor = None if ref.floor is None else ref.floor.reference
+        for other in (ref.judged_by, None if ref.bound is None else ref.bound.reference, floor):
             if other is not None and (other not in known or other == ref.name):
                 raise ConfigError(
                     f"reference {ref.name!r} names {other!r} as its more exact reference, which is not another "
@@ -273,13 +298,15 @@ def compare(
             for candidate in candidates:
                 got = collected[candidate.name][index]
                 for output in expected:
-                    tol = _tolerance(ref, output, tolerances)
-                    note = _drift_note(ref, output, expected, collected, index, tol)
+                    tol, widened = _floor_tolerance(ref, output, collected, index, _tolerance(ref, output, tolerances))
+                    note = _drift_note(ref, output, expected, collected, index, tol) or widened
                     rows.append(
                         _row(shape, index, ref.name, candidate.name, output, got.get(output), expected[output], tol)
                     )
-                    if ref.informational or note:
+                    if ref.informational or (note and note != widened):
                         rows[-1] = dataclasses.replace(rows[-1], informational=True, note=note)
+                    elif note:
+                        rows[-1] = dataclasses.replace(rows[-1], note=note)
                     if ref.bound is not None:
                         exact = collected[ref.bound.reference][index]
                         allowed = max(ref.bound.factor * _max_abs(expected[output], exact[output]), ref.bound.floor)
@@ -309,6 +336,32 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a64 - b64)[finite].max(initial=0.0))
 
 
+def _floor_tolerance(
+    ref: Reference,
+    output: str,
+    collected: Mapping[str, list[dict[str, np.ndarray]]],
+    index: int,
+    tol: Tolerance,
+) -> tuple[Tolerance, str]:
+    """``tol`` with its atol raised to :attr:`Float32Floor.factor` times float32's own error on this feed and output
+    (:attr:`Reference.floor`), and a note where that raises it; ``(tol, "")`` otherwise."""
+    if ref.floor is None:
+        return tol, ""
+    floor = collected[ref.floor.reference][index].get(output)
+    exact = collected[ref.floor.exact][index].get(output)
+    if floor is None or exact is None or np.shape(floor) != np.shape(exact):
+        return tol, ""
+    error = _max_abs(floor, exact)
+    allowed = ref.floor.factor * error
+    if allowed <= tol.atol:
+        return tol, ""
+    note = (
+        f"atol {allowed:.2e}: {ref.floor.factor:g} × the {error:.2e} that float32 arithmetic alone makes here "
+        f"({ref.floor.reference} against {ref.floor.exact})"
+    )
+    return Tolerance(atol=allowed, rtol=tol.rtol), note
+
+
 def _drift_note(
     ref: Reference,
     output: str,
@@ -328,8 +381,8 @@ def _drift_note(
         return ""
     drift = _max_abs(expected[output], exact)
     return (
-        f"{ref.name} itself is {drift:.2e} from {ref.judged_by} here (beyond its tolerance: its own float32 "
-        f"angles drift); {ref.judged_by} decides"
+        f"{ref.name} itself is {drift:.2e} from {ref.judged_by} here (beyond its tolerance: its float32 angles "
+        f"or arithmetic); {ref.judged_by} decides"
     )
 
 
