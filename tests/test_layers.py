@@ -21,7 +21,7 @@ grimp = pytest.importorskip("grimp", reason="grimp (a dev dependency: pip instal
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.errors", "posenc._lazy", "posenc.citations"),
     ("posenc.paths", "posenc.memory"),  # the path and memory checks every layer runs before it works
-    ("posenc.records", "posenc.dtypes", "posenc.params"),
+    ("posenc.records", "posenc.dtypes", "posenc.params", "posenc.config_json"),  # config_json: config.json checks
     ("posenc.provenance", "posenc.rope_types"),
     ("posenc.functional", "posenc.config"),
     ("posenc.schemes",),
