@@ -1263,6 +1263,175 @@ def kill_tries(fx: Fixtures) -> list[Try]:
     return tries
 
 
+def config_tries(fx: Fixtures) -> list[Try]:
+    """Hostile config values, ambiguous weights, symlink loops, a symlinked hub blob store, damaged weights and a
+    checkpoint changed since export (issue 25): each refused by name, or read as transformers reads it."""
+
+    def ckpt(ws: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+        if fx.checkpoint is None:
+            raise RuntimeError("no transformers: no checkpoint fixture")
+        folder = Path(shutil.copytree(fx.checkpoint, ws / "ckpt"))
+        if edit is not None:
+            data = json.loads((folder / "config.json").read_text())
+            edit(data)
+            (folder / "config.json").write_text(json.dumps(data))
+        return folder
+
+    def setting(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(data: dict[str, Any]) -> None:
+            *parents, leaf = path.split(".")
+            target = data
+            for key in parents:
+                target = target[key]
+            target[leaf] = value
+
+        return edit
+
+    values: list[tuple[str, Any, tuple[str, ...]]] = [
+        ("rope_parameters.rope_theta", "big", ("rope_theta",)),
+        ("hidden_size", "64", ("hidden_size",)),
+        ("hidden_size", True, ("hidden_size",)),
+        ("num_hidden_layers", "two", ("num_hidden_layers",)),
+        ("num_attention_heads", 0, ("num_attention_heads",)),
+        ("num_attention_heads", 4.7, ("num_attention_heads",)),
+        ("max_position_embeddings", 256.7, ("max_position_embeddings",)),
+        ("max_position_embeddings", float("nan"), ("max_position_embeddings",)),
+        ("max_position_embeddings", float("inf"), ("max_position_embeddings",)),
+        ("rope_parameters", [1, 2], ("rope_parameters",)),
+        ("rope_parameters", "default", ("rope_parameters",)),
+        ("rope_scaling", [2.0], ("rope_scaling",)),
+        ("rope_parameters.partial_rotary_factor", 0.3, ("partial_rotary_factor",)),
+        ("layer_types", ["full_attention"], ("layer_types",)),
+        ("layer_types", ["weird", "full_attention", "full_attention"], ("layer_types",)),
+        ("attn_logit_softcapping", 0, ("attn_logit_softcapping",)),
+    ]
+    tries = []
+    for field, value, words in values:
+        label = f"{field}={json.dumps(value)}"
+
+        def hf_model(ws: Path, field: str = field, value: Any = value, words: tuple[str, ...] = words) -> Any:
+            folder = ckpt(ws, setting(field, value))
+            return refuse(["export", "--hf-model", folder, "-o", ws / "out" / "m.onnx"], words, folder=ws)
+
+        def hf_config(ws: Path, field: str = field, value: Any = value, words: tuple[str, ...] = words) -> Any:
+            folder = ckpt(ws, setting(field, value))
+            if field == "rope_parameters.partial_rotary_factor":
+                return None  # --hf-config exports posenc's own scheme: a partial rotation is a valid one
+            return refuse(["export", "--hf-config", folder / "config.json", "-o", ws / "m.onnx"], words, folder=ws)
+
+        tries += [
+            Try(f"export --hf-model <{label}>", "hostile configs", hf_model),
+            Try(f"export --hf-config <{label}>", "hostile configs", hf_config),
+        ]
+
+    def deep(ws: Path) -> Any:
+        folder = ckpt(ws)
+        (folder / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        return refuse(["export", "--hf-model", folder, "-o", ws / "out" / "m.onnx"], ("deep",), folder=ws)
+
+    def loop(name: str) -> Callable[[Path], Any]:
+        def run(ws: Path) -> Any:
+            folder = ckpt(ws)
+            target = folder / name
+            if not target.exists():
+                target = next(folder.glob("*.safetensors"))
+            target.unlink()
+            target.symlink_to(folder / "loop")
+            (folder / "loop").symlink_to(target)
+            return refuse(["export", "--hf-model", folder, "-o", ws / "out" / "m.onnx"], ("symlink loop",), folder=ws)
+
+        return run
+
+    def blobs_elsewhere(ws: Path) -> Any:
+        repo = ws / "cache" / "models--org--m"
+        snapshot = repo / "snapshots" / "rev"
+        snapshot.mkdir(parents=True)
+        elsewhere = ws / "elsewhere"
+        elsewhere.mkdir()
+        for index, path in enumerate(sorted(ckpt(ws).iterdir())):
+            shutil.copy(path, elsewhere / f"hash{index}")
+            (snapshot / path.name).symlink_to(Path("../../blobs") / f"hash{index}")
+        (repo / "blobs").symlink_to(elsewhere)
+        return refuse(["export", "--hf-model", snapshot, "-o", ws / "out" / "m.onnx"], ("blob store",), folder=ws)
+
+    def ambiguous(ws: Path) -> Any:
+        """A single model.safetensors beside a sharded index holding other weights: transformers reads the single
+        file, and so must posenc (and say so)."""
+        from safetensors.torch import load_file, save_file
+
+        folder = ckpt(ws)
+        index = folder / "model.safetensors.index.json"
+        if index.exists():  # sharded: add a single file of other weights
+            shards = sorted(folder.glob("model-*.safetensors"))
+            single = {k: v + 1.0 for shard in shards for k, v in load_file(shard).items()}
+            save_file(single, folder / "model.safetensors", metadata={"format": "pt"})
+        else:  # one file: add a shard index of other weights
+            single = load_file(folder / "model.safetensors")
+            other = {k: v + 1.0 for k, v in single.items()}
+            save_file(other, folder / "model-00001-of-00001.safetensors", metadata={"format": "pt"})
+            weight_map = dict.fromkeys(other, "model-00001-of-00001.safetensors")
+            index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        out = ws / "out" / "m.onnx"
+        result = cli(["export", "--hf-model", folder, "--no-optimize", "-o", out])
+        if result.code != 0:
+            return judge_refusal(result) or ("message", f"exit {result.code}")
+        from posenc.checkpoints.source import tensor_sha256
+
+        source = json.loads(out.with_suffix(".manifest.json").read_text())["weights"]["source"]
+        name = "model.layers.0.self_attn.q_proj.weight"
+        if source.get("weights_file") != "model.safetensors" or source["tensors"][name] != tensor_sha256(single[name]):
+            return "wrong numbers", f"read {source.get('weights_file')!r}, not model.safetensors as transformers does"
+        return None
+
+    def damaged(tensor: str, value: float, words: tuple[str, ...], *extra: str) -> Callable[[Path], Any]:
+        def run(ws: Path) -> Any:
+            from safetensors.torch import load_file, save_file
+
+            folder = ckpt(ws)
+            for shard in folder.glob("*.safetensors"):
+                weights = load_file(shard)
+                if tensor in weights:
+                    weights[tensor][0, 0] = value
+                    save_file(weights, shard, metadata={"format": "pt"})
+            argv = ["export", "--hf-model", folder, *extra, "-o", ws / "out" / "m.onnx"]
+            return refuse(argv, words, folder=ws)
+
+        return run
+
+    def changed(ws: Path) -> Any:
+        """Dynamic NTK exported at factor 2, the checkpoint's factor then set to 8."""
+        folder = ckpt(ws, setting("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}))
+        out = ws / "out" / "m.onnx"
+        result = cli(["export", "--hf-model", folder, "--no-optimize", "-o", out])
+        if result.code != 0:
+            return judge_refusal(result) or ("message", f"exit {result.code}")
+        data = json.loads((folder / "config.json").read_text())
+        data["rope_parameters"]["factor"] = 8.0
+        (folder / "config.json").write_text(json.dumps(data))
+        return refuse(["validate", out, "--against-hf", folder], ("changed since export",), folder=ws)
+
+    v_proj, o_proj = "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight"
+    tries += [
+        Try("export --hf-model <config.json nested 100000 deep>", "hostile configs", deep),
+        Try("export --hf-model <config.json a symlink loop>", "ambiguous weights", loop("config.json")),
+        Try("export --hf-model <a shard a symlink loop>", "ambiguous weights", loop("model.safetensors")),
+        Try("export --hf-model <hub cache, blobs a symlink elsewhere>", "ambiguous weights", blobs_elsewhere),
+        Try("export --hf-model <model.safetensors beside a shard index>", "ambiguous weights", ambiguous),
+        Try(
+            "export --hf-model <NaN in v_proj.weight>",
+            "changed checkpoints",
+            damaged(v_proj, float("nan"), (v_proj,), "--layer", "1"),
+        ),
+        Try(
+            "export --hf-model --dtype fp16 <o_proj 1e6>",
+            "changed checkpoints",
+            damaged(o_proj, 1e6, (o_proj,), "--layer", "1", "--dtype", "fp16"),
+        ),
+        Try("validate --against-hf <factor changed 2 -> 8>", "changed checkpoints", changed),
+    ]
+    return tries
+
+
 # --------------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------------
@@ -1277,6 +1446,7 @@ GROUPS = {
     "positions": lambda fx: position_tries(),
     "api": api_tries,
     "kills": kill_tries,
+    "configs": config_tries,
 }
 
 

@@ -13,7 +13,8 @@ They sit below :mod:`posenc.checkpoints` and :mod:`posenc.export`, which both us
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from posenc.records import field
 
@@ -29,6 +30,10 @@ class CheckpointWeights:
         layer: the layer index (within its stack for encoder-decoder models).
         layer_type: the stack or layer type where the model has several (else ``None``).
         tensors: full checkpoint tensor name -> sha256 of its stored bytes.
+        weights_file: the weights file read, relative to the checkpoint (``model.safetensors``, a shard index, ...;
+            transformers' precedence where several are present); absent for in-memory models and older manifests.
+        config: the checkpoint config's positional fields at export (:func:`positional_fields`), so a later
+            ``validate --against-hf`` can say which changed; absent in older manifests.
     """
 
     checkpoint: str
@@ -38,10 +43,16 @@ class CheckpointWeights:
     layer_type: str | None
     tensors: dict[str, str]
     kind: Literal["checkpoint"] = "checkpoint"
+    weights_file: str | None = field(optional=True, default=None)
+    config: dict[str, Any] | None = field(optional=True, default=None)
 
     def describe(self) -> str:
         where = f"layer {self.layer}" + (f" ({self.layer_type})" if self.layer_type else "")
-        return f"checkpoint {self.checkpoint} {where}, {len(self.tensors)} tensors (names and sha256 in the manifest)"
+        read = f" read from {self.weights_file}" if self.weights_file else ""
+        return (
+            f"checkpoint {self.checkpoint} {where}, {len(self.tensors)} tensors{read} (names and sha256 in the "
+            f"manifest)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +75,22 @@ class ModuleWeights:
 
     def describe(self) -> str:
         return f"from a module built by the caller ({self.module_class})"
+
+
+POSITIONAL_FIELDS = (
+    "rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base", "partial_rotary_factor", "rotary_pct",
+    "rotary_dim", "max_position_embeddings", "original_max_position_embeddings", "n_positions", "max_seq_len",
+    "sliding_window", "attention_chunk_size", "position_embedding_type", "alibi", "layer_types",
+    "relative_attention_num_buckets", "relative_attention_max_distance", "position_buckets",
+    "max_relative_positions",
+)  # fmt: skip
+"""The config fields that decide a layer's positions (scheme, its parameters, context, windows)."""
+
+
+def positional_fields(config: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """The :data:`POSITIONAL_FIELDS` a config (a dict, or a transformers config object: its ``to_dict()``) sets."""
+    data = config if isinstance(config, Mapping) else config.to_dict()
+    return {key: data[key] for key in POSITIONAL_FIELDS if data.get(key) is not None}
 
 
 WeightsSource = CheckpointWeights | RandomWeights | ModuleWeights

@@ -24,7 +24,17 @@ from pathlib import Path
 
 from posenc.errors import ConfigError, ModelFileError
 
-__all__ = ["file_kind", "file_mode", "input_file", "input_folder", "member", "output_path", "sha256_file", "umask"]
+__all__ = [
+    "file_kind",
+    "file_mode",
+    "input_file",
+    "input_folder",
+    "member",
+    "output_path",
+    "resolve",
+    "sha256_file",
+    "umask",
+]
 
 
 def file_kind(mode: int) -> str:
@@ -176,10 +186,10 @@ def member(
             f"{what} is the absolute path {name!r}; a model may only name files inside its own folder "
             f"{folder}. Refusing to read it; re-create the model."
         )
-    root = Path(folder).resolve()
+    root = resolve(folder, f"the folder of {what}")
     candidate = Path(folder) / name
-    resolved = candidate.resolve()
-    roots = (root, *(Path(r).resolve() for r in allowed_roots))
+    resolved = resolve(candidate, f"{what} {name!r}")
+    roots = (root, *(resolve(r, f"the folder {r} that {what} may lead into") for r in allowed_roots))
     if not any(resolved == r or r in resolved.parents for r in roots):
         how = "through a symlink" if candidate.is_symlink() or resolved != candidate.absolute() else "with '..'"
         raise ModelFileError(
@@ -195,6 +205,21 @@ def member(
                 f"it was modified or replaced. Re-create the model, or restore the file."
             )
     return checked
+
+
+def resolve(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` with every symlink followed (missing parts kept as named), refusing a symlink loop.
+
+    Raises:
+        ModelFileError: a symlink loop (or a chain too long to follow) on the way.
+    """
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError("Symlink loop ..."), 3.13 OSError
+        raise ModelFileError(
+            f"{what} ({path}) is a symlink loop or leads through one ({exc}); replace the link with the file it "
+            f"should name."
+        ) from None
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:

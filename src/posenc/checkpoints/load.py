@@ -22,8 +22,9 @@ from posenc.checkpoints.family import Family, LayerPlan, Rule, family_for, suppo
 from posenc.checkpoints.reference import TransformersReference, hf_config
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.checkpoints.towers import Tower
+from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.provenance import CheckpointWeights
+from posenc.provenance import CheckpointWeights, positional_fields
 from posenc.schemes.base import TableMode, table_keys
 
 
@@ -53,6 +54,8 @@ class LoadedLayer:
     hf: Any
     model_type: str
     tower: Tower | None = None
+    weights_file: str | None = None
+    """The checkpoint's weights file read (transformers' precedence; :mod:`.source`), None for in-memory models."""
 
     def block(
         self,
@@ -96,6 +99,8 @@ class LoadedLayer:
             layer=self.plan.layer,
             layer_type=self.plan.layer_type,
             tensors={self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
+            weights_file=self.weights_file,
+            config=positional_fields(self.hf),
         )
 
 
@@ -147,7 +152,7 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
             inputs = []
             for relative in rule.sources:
                 full = full_name(relative)
-                tensors[relative] = source.tensor(full)
+                tensors[relative] = _finite(source.tensor(full), full, source)
                 names[relative] = full
                 inputs.append(tensors[relative])
             outputs = list(rule.transform(inputs, plan))
@@ -156,7 +161,57 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
             for target, value in zip(rule.targets, outputs, strict=True):
                 state[target] = value
         hf_family = tower.config if tower else hf
-        return LoadedLayer(family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower)
+        loaded = LoadedLayer(family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower)
+        loaded.weights_file = source.weights_file
+        _check_partial_rotary(loaded)
+        return loaded
+
+
+def _finite(tensor: torch.Tensor, name: str, source: CheckpointSource) -> torch.Tensor:
+    """``tensor`` when every value is finite.
+
+    Raises:
+        ConfigError: names the checkpoint tensor, its file and how many values are NaN or infinite.
+    """
+    if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+        nan = int(torch.isnan(tensor).sum())
+        inf = int(torch.isinf(tensor).sum())
+        raise ConfigError(
+            f"checkpoint tensor {name!r} in {source.location}/{source.file_of(name)} holds {nan} NaN and {inf} "
+            f"infinite values (of {tensor.numel()}): the checkpoint's weights are damaged, not posenc's parameters. "
+            f"Re-download or re-save the checkpoint."
+        )
+    return tensor
+
+
+def _check_partial_rotary(loaded: LoadedLayer) -> None:
+    """Refuse a partial rotation the checkpoint's own transformers module cannot run (Llama's ``LlamaAttention``
+    rotates the whole head, and its rotary module ignores the factor: posenc's block would rotate a part of each head,
+    the model all of it). Proven on the module: one token through it with posenc's cos/sin of the partial width (the
+    ``float64``-angle reference); a module that cannot take them fails with a shape error, and that is this refusal.
+
+    Raises:
+        ConfigError: the module fails on the config's partial rotation (names the factor and the module).
+    """
+    partial = loaded.plan.params.get("partial_rotary_factor", 1.0)
+    config = loaded.plan.config
+    if partial >= 1.0 or not isinstance(config, AttentionConfig) or "mrope_section" in loaded.plan.params:
+        return
+    reference = loaded.reference("float64", torch.float64)
+    past = torch.zeros(1, config.num_kv_heads, 0, config.head_dim, dtype=torch.float64)
+    hidden = torch.zeros(1, 1, config.hidden_size, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            reference(hidden, torch.zeros(1, 1, dtype=torch.long), past, past)
+    except RuntimeError as exc:
+        module = type(getattr(reference, "attention", reference)).__name__
+        raise ConfigError(
+            f"{loaded.model_type} config with partial_rotary_factor={partial}: transformers' {module} cannot run it "
+            f"({str(exc).splitlines()[0]}): it rotates the whole head, so no transformers reference computes a "
+            f"partial rotation. "
+            f"Remove partial_rotary_factor from the config (or export the scheme by hand: posenc export rope "
+            f"--param partial_rotary_factor={partial})."
+        ) from None
 
 
 def first_layer(hf: Any, layer_type: str | None) -> int:

@@ -10,7 +10,6 @@ so exporting one layer reads that layer's bytes and not the model's. Nothing is 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
@@ -19,7 +18,8 @@ from typing import Any
 
 import torch
 
-from posenc.artifacts.paths import member
+from posenc.artifacts.paths import member, resolve
+from posenc.config.hf_json import check_config, read_json_object
 from posenc.errors import ConfigError, ModelFileError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -53,6 +53,10 @@ class CheckpointSource:
         self._stack = ExitStack()
         self.hf_model: Any = None
         """The in-memory transformers model this source was made from, if any."""
+        self.weights_file: str | None = None
+        """The weights file read, relative to the folder (``model.safetensors``, an index, ...); None in memory."""
+        self.ignored_files: tuple[str, ...] = ()
+        """Other weight files in the folder that transformers' precedence leaves unread (and so does posenc)."""
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -85,7 +89,7 @@ class CheckpointSource:
             )
         config = _read_config(path / "config.json")
         source = cls(config, str(path))
-        source._files = _weight_files(path)
+        source._files, source.weights_file, source.ignored_files = _weight_files(path, config)
         return source
 
     @classmethod
@@ -97,7 +101,7 @@ class CheckpointSource:
                 f"expected a transformers PreTrainedModel (with .config and .state_dict()), got "
                 f"{type(model).__name__}; pass the model or a checkpoint folder."
             )
-        source = cls(config.to_dict(), f"<in-memory {type(model).__name__}>")
+        source = cls(check_config(config.to_dict()), f"<in-memory {type(model).__name__}>")
         source._memory = dict(model.state_dict())
         source.hf_model = model
         return source
@@ -142,6 +146,15 @@ class CheckpointSource:
             raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
         except Exception as exc:
             raise ModelFileError(f"cannot read tensor {name!r} from {path} ({exc}); the file may be corrupt.") from None
+
+    def file_of(self, name: str) -> str:
+        """Where tensor ``name`` is stored: its file relative to the checkpoint folder (``<in-memory ...>`` for models
+        in memory)."""
+        path = self._files.get(name)
+        if path is None:
+            return self.location
+        folder = Path(self.location)
+        return path.relative_to(folder).as_posix() if path.is_relative_to(folder) else str(path)
 
     def _check_shard(self, name: str, path: Path) -> None:
         """Check the file holding ``name`` by the safe-path rule; a shard the index names but the folder lacks is
@@ -213,72 +226,102 @@ def _safe(folder: Path, name: str, what: str) -> Path:
 
 def _hub_cache_blobs(folder: Path) -> tuple[Path, ...]:
     """``.../models--ORG--NAME/blobs`` when ``folder`` is a snapshot of the Hugging Face cache (whose files are
-    symlinks into it), else nothing."""
-    snapshots = folder.resolve().parent
+    symlinks into it), else nothing. Only that repository's own blob store counts: a ``blobs`` that is itself a
+    symlink (to another folder) is not one, so links into it are refused like any link out of the folder.
+
+    Raises:
+        ModelFileError: the cache's ``blobs`` is a symlink (names where it leads).
+    """
+    snapshots = resolve(folder, "the checkpoint folder").parent
     repo = snapshots.parent
     if snapshots.name == "snapshots" and repo.name.startswith(("models--", "datasets--")):
-        return (repo / "blobs",)
+        blobs = repo / "blobs"
+        if blobs.is_symlink():
+            raise ModelFileError(
+                f"{folder} is a Hugging Face cache snapshot whose blob store {blobs} is a symlink (to "
+                f"{resolve(blobs, 'the blob store')}); posenc reads only the repository's own blobs folder. "
+                f"Refusing to read it; download the checkpoint again (hf download ... --local-dir DIR)."
+            )
+        return (blobs,)
     return ()
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's ``config.json``, read within bounds and checked (:mod:`posenc.config.hf_json`)."""
     if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"{path.parent} has no config.json; a checkpoint folder holds config.json beside its weights "
             f"(save_pretrained writes both)."
         )
     path = _safe(path.parent, path.name, "the checkpoint's config.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not readable JSON ({exc}); pass a Hugging Face checkpoint folder.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a config.json.")
+    data = read_json_object(path, "the checkpoint's config.json")
+    check_config(data)
     return data
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> file, from the index (sharded) or the single weights file's header."""
-    for index_name in (SAFETENSORS_INDEX, BIN_INDEX):
-        index = folder / index_name
-        if index.exists():
-            return _from_index(folder, _safe(folder, index_name, "the checkpoint's shard index"))
-    single = folder / "model.safetensors"
-    if single.exists():
+WEIGHT_FILES = ("model.safetensors", SAFETENSORS_INDEX, "pytorch_model.bin", BIN_INDEX)
+"""A folder's weights, in the order transformers' ``from_pretrained`` takes them (``modeling_utils.
+_get_resolved_checkpoint_files`` for a local folder: the config's ``transformers_weights`` if set, else the first of
+these that is a file); the others beside it are not read."""
+
+
+def _weight_files(folder: Path, config: Mapping[str, Any]) -> tuple[dict[str, Path], str, tuple[str, ...]]:
+    """``(tensor name -> file, the weights file read, the other weight files present and not read)``, by
+    transformers' precedence (:data:`WEIGHT_FILES`)."""
+    explicit = config.get("transformers_weights")
+    present = [name for name in WEIGHT_FILES if _is_file(folder / name)]
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit.endswith((".safetensors", ".safetensors.index.json")):
+            raise ConfigError(
+                f"config.json field transformers_weights is {explicit!r}; expected a .safetensors file or a "
+                f".safetensors.index.json inside the folder (as transformers requires). Fix the config.json."
+            )
+        chosen = explicit
+    elif present:
+        chosen = present[0]
+    else:
+        raise ModelFileError(
+            f"{folder} has config.json but no weights (model.safetensors, sharded *.safetensors with "
+            f"{SAFETENSORS_INDEX}, or pytorch_model.bin); download the weights into the same folder."
+        )
+    others = tuple(name for name in present if name != chosen)
+    path = _safe(folder, chosen, "the checkpoint's weights" if not chosen.endswith(".json") else "its shard index")
+    if chosen.endswith(".json"):
+        return _from_index(folder, path), chosen, others
+    if chosen.endswith(".safetensors"):
         from safetensors import safe_open
 
-        single = _safe(folder, single.name, "the checkpoint's weights")
         try:
-            with safe_open(str(single), framework="pt", device="cpu") as handle:
-                return dict.fromkeys(handle.keys(), single)
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                return dict.fromkeys(handle.keys(), path), chosen, others
         except Exception as exc:
-            raise ModelFileError(f"cannot open {single} ({exc}); the file may be truncated or corrupt.") from None
-    legacy = folder / "pytorch_model.bin"
-    if legacy.exists():
-        legacy = _safe(folder, legacy.name, "the checkpoint's weights")
-        try:
-            state = torch.load(legacy, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:
-            raise ModelFileError(
-                f"cannot read {legacy} as a weights-only PyTorch checkpoint ({type(exc).__name__}); posenc never "
-                f"unpickles code. Convert it to safetensors or re-save it with save_pretrained."
-            ) from None
-        return dict.fromkeys(state, legacy)
-    raise ModelFileError(
-        f"{folder} has config.json but no weights (model.safetensors, sharded *.safetensors with "
-        f"{SAFETENSORS_INDEX}, or pytorch_model.bin); download the weights into the same folder."
-    )
+            raise ModelFileError(f"cannot open {path} ({exc}); the file may be truncated or corrupt.") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise ModelFileError(
+            f"cannot read {path} as a weights-only PyTorch checkpoint ({type(exc).__name__}); posenc never "
+            f"unpickles code. Convert it to safetensors or re-save it with save_pretrained."
+        ) from None
+    return dict.fromkeys(state, path), chosen, others
+
+
+def _is_file(path: Path) -> bool:
+    """``os.path.isfile`` as transformers asks it (a symlink loop or dangling link: a file here, so the safe-path
+    check names it rather than transformers' precedence skipping it)."""
+    return path.is_file() or path.is_symlink()
 
 
 def _from_index(folder: Path, index: Path) -> dict[str, Path]:
+    data = read_json_object(index, "the shard index", error=ModelFileError)
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = data["weight_map"]
         names = {str(name): str(file) for name, file in weight_map.items()}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise ModelFileError(f"{index} is not a valid shard index ({exc!r}); re-download the checkpoint.") from None
-    root = folder.resolve()
+    root = resolve(folder, "the checkpoint folder")
     for file in sorted(set(names.values())):
-        target = (folder / file).resolve()
+        target = resolve(folder / file, f"shard {file!r} named by {index.name}")
         outside = os.path.isabs(file) or not (target == root or root in target.parents)
         if outside and not any(r in target.parents for r in _hub_cache_blobs(folder)):
             raise ModelFileError(f"{index} names {file!r}, outside {folder}; refusing to read it.")
@@ -286,7 +329,7 @@ def _from_index(folder: Path, index: Path) -> dict[str, Path]:
     # only the shards that hold that layer's tensors.
     shards = {
         file: _safe(folder, file, f"shard {file!r} named by {index.name}")
-        if (folder / file).exists()
+        if (folder / file).exists() or (folder / file).is_symlink()
         else folder / file
         for file in sorted(set(names.values()))
     }

@@ -52,7 +52,7 @@ from posenc.export.units import (
     make_unit,
     unit_for_cache,
 )
-from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
+from posenc.provenance import CheckpointWeights, ModuleWeights, RandomWeights, WeightsSource
 from posenc.records import to_json
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import PositionalScheme, TableMode, table_keys
@@ -524,7 +524,7 @@ def prepare_export(
     inner = inner.to(activation).eval()
     for parameter in inner.parameters():
         parameter.requires_grad_(False)
-    _check_exportable(inner, activation)
+    _check_exportable(inner, activation, provenance)
     export_unit = make_unit(inner, unit, activation, _cache_capacity(cache_capacity, unit))
     scheme_module = export_unit.scheme
     scheme_module.guard_exported = position_guard
@@ -559,7 +559,7 @@ ONNX_FILE_LIMIT = 2**31 - (1 << 24)
 """Largest graph posenc writes as one file: protobuf's 2 GiB limit, less room for the graph itself."""
 
 
-def _check_exportable(inner: nn.Module, activation: torch.dtype) -> None:
+def _check_exportable(inner: nn.Module, activation: torch.dtype, provenance: WeightsSource | None = None) -> None:
     """Refuse before tracing what cannot give a usable graph: more than 2 GiB of tensors, or values that are not
     finite (or overflow the activation dtype for any input of magnitude 1) once cast to the graph's dtypes.
 
@@ -577,6 +577,8 @@ def _check_exportable(inner: nn.Module, activation: torch.dtype) -> None:
             f"the graph would hold {human_bytes(total)} ({total:,} bytes) of tables and weights, over ONNX's 2 GiB "
             f"single-file limit; export with --table-mode dynamic or fewer --max-positions."
         )
+    if isinstance(provenance, CheckpointWeights):
+        _check_checkpoint_weights(inner, activation, provenance)
     check_finite_tables(inner)
     largest = torch.finfo(activation).max
     tables = table_keys(inner)
@@ -589,6 +591,28 @@ def _check_exportable(inner: nn.Module, activation: torch.dtype) -> None:
                     f"number {largest:.4g}: every output it scales would overflow to inf. Export in a wider dtype "
                     f"(--dtype fp32 or bf16), or choose smaller scaling parameters (e.g. attention_factor)."
                 )
+
+
+def _check_checkpoint_weights(inner: nn.Module, activation: torch.dtype, provenance: CheckpointWeights) -> None:
+    """Name the checkpoint tensor whose values the graph's dtype cannot hold (a weight of 1e6 in fp16 is inf).
+
+    Raises:
+        ConfigError: names the block weight, the checkpoint tensor(s) it came from and the weights file.
+    """
+    tables = table_keys(inner)
+    for key, tensor in inner.named_parameters():
+        if key in tables or not tensor.is_floating_point() or not tensor.numel():
+            continue
+        if bool(torch.isfinite(tensor).all()):
+            continue
+        stem = key.removesuffix(".T")
+        sources = [name for name in provenance.tensors if name.endswith(stem)] or list(provenance.tensors)
+        where = provenance.checkpoint + (f"/{provenance.weights_file}" if provenance.weights_file else "")
+        raise ConfigError(
+            f"weight {key!r} of the checkpoint's layer (checkpoint tensor {', '.join(sources[:3])} in {where}) is not "
+            f"finite in {dtype_name(activation)}: the checkpoint's values exceed what {dtype_name(activation)} holds "
+            f"(largest {torch.finfo(activation).max:.4g}). Export in a wider dtype (--dtype bf16 or fp32)."
+        )
 
 
 def _weights_source(module: nn.Module | None, seed: int, provenance: WeightsSource | None) -> WeightsSource:

@@ -142,11 +142,16 @@ def _check_same_layer(loaded: Any, manifest: Manifest, checkpoint: str, decode: 
         )
 
 
-def _differences(model: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> list[str]:
-    """``field: model value vs checkpoint value`` for each field whose values differ (absent: ``None``)."""
+def _differences(
+    model: Mapping[str, Any], checkpoint: Mapping[str, Any], template: str = "{key}: {a} vs {b}"
+) -> list[str]:
+    """``template`` (default ``field: model value vs checkpoint value``) for each field whose values differ (absent:
+    ``None``)."""
     keys = [*model, *(key for key in checkpoint if key not in model)]
     return [
-        f"{key}: {model.get(key)!r} vs {checkpoint.get(key)!r}" for key in keys if model.get(key) != checkpoint.get(key)
+        template.format(key=key, a=repr(model.get(key)), b=repr(checkpoint.get(key)))
+        for key in keys
+        if model.get(key) != checkpoint.get(key)
     ]
 
 
@@ -186,8 +191,70 @@ def _load_matching(
     load = load_traced if manifest.trace is not None else load_layer
     loaded = load(checkpoint, layer, layer_type)
     where = checkpoint if isinstance(checkpoint, (str, os.PathLike)) else loaded.location
+    # the checkpoint it was exported from, changed since: name the changes; another checkpoint: the differing geometry
+    recorded = source if isinstance(source, CheckpointWeights) and manifest.trace is None else None
+    if recorded is not None and _same_place(recorded.checkpoint, str(where)):
+        _check_unchanged(recorded, manifest, loaded, str(where))
     _check_same_layer(loaded, manifest, str(where), decode)
+    if recorded is not None:
+        _check_unchanged(recorded, manifest, loaded, str(where))
     return loaded
+
+
+def _check_unchanged(source: CheckpointWeights, manifest: Manifest, loaded: Any, checkpoint: str) -> None:
+    """Refuse, before any numbers, a checkpoint whose positional config (as recorded at export), scheme parameters or
+    layer tensors are not what the model was exported from, naming each change (``field X was A, is B``)."""
+    from posenc.provenance import positional_fields
+
+    changes = []
+    if source.config is not None:
+        changes += _differences(
+            _flat(source.config), _flat(positional_fields(loaded.hf)), "field {key} was {a}, is {b}"
+        )
+    if not changes:  # older manifests record no config: the scheme's parameters say the same for the layer
+        plan = loaded.plan
+        changes += [f"scheme was {manifest.scheme!r}, is {plan.scheme!r}"] if manifest.scheme != plan.scheme else []
+        if manifest.scheme == plan.scheme:
+            recorded = {key: manifest.params.get(key) for key in plan.params}  # the manifest's: filled with defaults
+            changes += _differences(recorded, plan.params, "scheme parameter {key} was {a}, is {b}")
+    if source.tensors:
+        now = loaded.provenance().tensors
+        changes += [
+            f"tensor {name} sha256 was {digest[:12]}..., is {now[name][:12]}..."
+            for name, digest in source.tensors.items()
+            if name in now and now[name] != digest
+        ]
+    if not changes:
+        return
+    same = _same_place(source.checkpoint, checkpoint)
+    what = (
+        "the checkpoint changed since export"
+        if same
+        else f"{checkpoint} differs from the checkpoint the model was exported from ({_origin(source)})"
+    )
+    shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+    raise ConfigError(
+        f"{what}: {shown}. Re-export the layer from this checkpoint (posenc export --hf-model {checkpoint}), or "
+        f"validate against the checkpoint as it was."
+    )
+
+
+def _flat(fields: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects flattened to dotted keys (``rope_parameters.factor``), so a change names its leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _same_place(recorded: str, given: str) -> bool:
+    try:
+        return Path(recorded).resolve() == Path(given).resolve()
+    except (OSError, RuntimeError):
+        return recorded == given
 
 
 def long_shape(manifest: Manifest, context: int) -> FeedShape:

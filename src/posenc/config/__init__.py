@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc import rope_types
-from posenc.artifacts.paths import input_file
+from posenc.config.hf_json import check_config, read_json_object
 from posenc.errors import ConfigError
 
 QK_NORMS: tuple[str, ...] = ("none", "rms", "l2", "layer")
@@ -252,18 +251,10 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
         path = Path(source)
         if path.is_dir():
             path = path / "config.json"  # a model directory
-        if path.exists():  # a regular file: a FIFO or device would block or never end
-            input_file(path, "Hugging Face config", error=ConfigError)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"Hugging Face config {path} does not exist; pass the path of config.json.") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json.") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path} ({exc}); pass a readable Hugging Face config.json.") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a config.json.")
+        if not path.exists() and not path.is_symlink():
+            raise ConfigError(f"Hugging Face config {path} does not exist; pass the path of config.json.")
+        data = read_json_object(path, "Hugging Face config")
+    check_config(data)
     model_type = str(data.get("model_type", ""))
     overrides = _layer_overrides(data, layer_type)
 
