@@ -24,7 +24,7 @@ from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.checkpoints.towers import Tower
 from posenc.errors import ConfigError
 from posenc.mla import MLABlock, build_block
-from posenc.provenance import CheckpointWeights
+from posenc.provenance import CheckpointWeights, Quantization
 from posenc.schemes.base import TableMode, table_keys
 
 
@@ -43,6 +43,7 @@ class LoadedLayer:
         hf: the transformers config object.
         model_type: ``config.json``'s ``model_type``.
         tower: where the layer sits when the checkpoint is a wrapper of a text model (:mod:`.towers`), else None.
+        quantization: how a quantized checkpoint's tensors were read (:mod:`.quantized`), else None.
     """
 
     family: Family
@@ -54,6 +55,7 @@ class LoadedLayer:
     hf: Any
     model_type: str
     tower: Tower | None = None
+    quantization: Quantization | None = None
 
     def block(
         self,
@@ -97,6 +99,7 @@ class LoadedLayer:
             layer=self.plan.layer,
             layer_type=self.plan.layer_type,
             tensors={self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
+            quantization=self.quantization,
         )
 
 
@@ -157,7 +160,10 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
             for target, value in zip(rule.targets, outputs, strict=True):
                 state[target] = value
         hf_family = tower.config if tower else hf
-        return LoadedLayer(family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower)
+        quantization = source.quantized.record(names.values())
+        return LoadedLayer(
+            family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower, quantization
+        )
 
 
 def first_layer(hf: Any, layer_type: str | None) -> int:

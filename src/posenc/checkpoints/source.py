@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from posenc.checkpoints.quantized import QuantizedReader
 from posenc.errors import ConfigError, ModelFileError
 from posenc.paths import member
 
@@ -53,6 +54,8 @@ class CheckpointSource:
         self._stack = ExitStack()
         self.hf_model: Any = None
         """The in-memory transformers model this source was made from, if any."""
+        self.quantized = QuantizedReader(self.config, location, self.stored, self.has)
+        """Reads tensors through the config's quantization_config (refuses methods posenc cannot dequantize)."""
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -121,6 +124,15 @@ class CheckpointSource:
         return name in self._memory or name in self._files
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` (on CPU): as stored, or dequantized to float32 where a quantized checkpoint stores it
+        quantized (:mod:`posenc.checkpoints.quantized`).
+
+        Raises:
+            ModelFileError: as :meth:`stored`, or a weight stored quantized in a way posenc cannot read exactly.
+        """
+        return self.quantized.read(name)
+
+    def stored(self, name: str) -> torch.Tensor:
         """The tensor ``name`` as stored (its dtype, on CPU); only its bytes are read.
 
         Raises:
