@@ -1436,6 +1436,145 @@ def config_tries(fx: Fixtures) -> list[Try]:
 # Main
 # --------------------------------------------------------------------------------------------------
 
+
+def _graph(path: Path, nodes: list, inputs: list, outputs: list, inits: list = (), domains: tuple = ()) -> Path:
+    import onnx
+    from onnx import helper
+
+    opsets = [helper.make_opsetid("", 23), *(helper.make_opsetid(d, 1) for d in domains)]
+    onnx.save(
+        helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=opsets), path
+    )
+    return path
+
+
+def _loop(path: Path, trips: int | None) -> Path:
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    body = h.make_graph(
+        [h.make_node("Add", ["x_in", "one"], ["x_out"]), h.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("c_in", T.BOOL, []),
+         h.make_tensor_value_info("x_in", T.FLOAT, [1])],
+        [h.make_tensor_value_info("c_out", T.BOOL, []), h.make_tensor_value_info("x_out", T.FLOAT, [1])],
+        [h.make_tensor("one", T.FLOAT, [1], [1.0])],
+    )  # fmt: skip
+    inits = [h.make_tensor("cond", T.BOOL, [], [1]), h.make_tensor("x0", T.FLOAT, [1], [0.0])]
+    if trips is not None:
+        inits.append(h.make_tensor("M", T.INT64, [], [trips]))
+    loop = h.make_node("Loop", ["M" if trips is not None else "", "cond", "x0"], ["y"], body=body)
+    return _graph(path, [loop], [], [h.make_tensor_value_info("y", T.FLOAT, [1])], inits)
+
+
+def graph_tries(fx: Fixtures) -> list[Try]:
+    """Runaway graphs: huge loops, long chains, huge declared dims, unknown ops (issue 25)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    def chain(ws: Path, n: int) -> Path:
+        nodes = [h.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
+        return _graph(ws / "chain.onnx", nodes, [h.make_tensor_value_info("t0", T.FLOAT, [1, 4])],
+                      [h.make_tensor_value_info(f"t{n}", T.FLOAT, [1, 4])])  # fmt: skip
+
+    def one(ws: Path, op: str, dims: list[int], domain: str = "") -> Path:
+        node = h.make_node(op, ["x"], ["y"], domain=domain)
+        values = [h.make_tensor_value_info(n, T.FLOAT, dims) for n in ("x", "y")]
+        return _graph(ws / "one.onnx", [node], values[:1], values[1:], domains=(domain,) if domain else ())
+
+    makers: list[tuple[str, Callable[[Path], Path], tuple[str, ...]]] = [
+        ("Loop of 2**62 iterations", lambda ws: _loop(ws / "loop.onnx", 2**62), ("trip count",)),
+        ("Loop without a trip count (while)", lambda ws: _loop(ws / "while.onnx", None), ("no constant trip count",)),
+        ("100,000-node chain", lambda ws: chain(ws, 100_000), ("nodes",)),
+        ("input declared [2**40, 2**40]", lambda ws: one(ws, "Relu", [2**40, 2**40]), ("declared",)),
+        ("op of domain com.evil", lambda ws: one(ws, "EvilOp", [1, 4], "com.evil"), ("com.evil::EvilOp",)),
+    ]
+    tries = []
+    for label, make, words in makers:
+        # inspect reads and runs nothing: it is bounded by what it walks (loops, node count), not by feeds or ops
+        readers = ("optimize", "inspect") if "Loop" in label or "chain" in label else ("optimize",)
+        for command in readers:
+
+            def run(ws: Path, make: Callable[[Path], Path] = make, words: tuple[str, ...] = words,
+                    command: str = command) -> tuple[str, str] | None:  # fmt: skip
+                path = make(ws)
+                extra = ["-o", str(ws / "out.onnx"), "--target", "ort-cpu"] if command == "optimize" else []
+                return refuse([command, str(path), *extra, *(["--no-tensorrt"] if command == "inspect" else [])],
+                              words, folder=ws, timeout=60)  # fmt: skip
+
+            tries.append(Try(f"{command} {label}", "graphs", run))
+    return tries
+
+
+def quantized_tries(fx: Fixtures) -> list[Try]:
+    """Quantized checkpoints: fp8 block scales dequantized exactly; every other method refused by name (issue 25)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    def variant(ws: Path, section: dict | None, change: Callable[[dict], None]) -> Path:
+        assert fx.checkpoint is not None
+        folder = ws / "ckpt"
+        shutil.copytree(fx.checkpoint, folder)
+        state = load_file(folder / "model.safetensors")
+        change(state)
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((folder / "config.json").read_text())
+        if section is not None:
+            config["quantization_config"] = section
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    q = "model.layers.0.self_attn.{}_proj.weight"
+
+    def fp8(state: dict) -> None:
+        for p in "qkvo":
+            w = state[q.format(p)].float()
+            scale = (w.abs().amax() / 448.0).reshape(1, 1).clamp(min=1e-12)
+            state[q.format(p)] = (w / scale).to(torch.float8_e4m3fn)
+            state[q.format(p) + "_scale_inv"] = scale
+
+    def int8(state: dict) -> None:
+        w = state[q.format("q")]
+        state[q.format("q")] = torch.randint(-127, 128, w.shape, dtype=torch.int8)
+        state[q.format("q")[: -len("weight")] + "SCB"] = torch.ones(w.shape[0])
+
+    fp8_section = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+    def exported_exactly(ws: Path) -> tuple[str, str] | None:
+        folder = variant(ws, fp8_section, fp8)
+        out = ws / "fp8.onnx"
+        result = cli(["export", "--hf-model", str(folder), "-o", str(out)])
+        if result.code != 0:
+            return judge_refusal(result) or ("message", f"exit {result.code}: {result.err.strip()[-160:]}")
+        stored, weights = load_file(folder / "model.safetensors"), load_file(ws / "fp8.weights.safetensors")
+        expected = stored[q.format("q")].float() * stored[q.format("q") + "_scale_inv"].float()
+        if not torch.equal(weights["q_proj.weight.T"].T, expected):
+            return "wrong numbers", "q_proj is not the dequantized fp8 weight"
+        check = cli(["validate", str(out), "--against-hf", str(folder), "--shape", "1,4,0"])
+        return None if check.code == 0 else ("wrong numbers", f"validate --against-hf exit {check.code}")
+
+    refusals = [
+        ("bitsandbytes int8 q_proj + SCB", {"quant_method": "bitsandbytes", "load_in_8bit": True}, int8,
+         ("bitsandbytes int8",)),
+        ("bitsandbytes nf4", {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+         int8, ("bitsandbytes nf4",)),
+        ("gptq", {"quant_method": "gptq", "bits": 4}, int8, ("gptq",)),
+        ("awq", {"quant_method": "awq", "bits": 4}, int8, ("awq",)),
+        ("fp8 static activations", {**fp8_section, "activation_scheme": "static"}, fp8, ("static",)),
+        ("fp8 weights, quantization_config removed", None, fp8, ("float8_e4m3fn",)),
+        ("int8 weights, quantization_config removed", None, int8, ("int8",)),
+    ]  # fmt: skip
+    tries = [Try("fp8 block scales: exported dequantized, validate passes", "quantized", exported_exactly)]
+    for label, section, change, words in refusals:
+
+        def run(ws: Path, section: dict | None = section, change: Callable[[dict], None] = change,
+                words: tuple[str, ...] = words) -> tuple[str, str] | None:  # fmt: skip
+            folder = variant(ws, section, change)
+            return refuse(["export", "--hf-model", str(folder), "-o", str(ws / "out" / "m.onnx")], words)
+
+        tries.append(Try(f"export {label}", "quantized", run))
+    return tries
+
+
 GROUPS = {
     "inputs": input_tries,
     "checkpoints": checkpoint_tries,
@@ -1447,6 +1586,8 @@ GROUPS = {
     "api": api_tries,
     "kills": kill_tries,
     "configs": config_tries,
+    "graphs": graph_tries,
+    "quantized": quantized_tries,
 }
 
 

@@ -20,6 +20,30 @@ from posenc.records import field
 
 
 @dataclasses.dataclass(frozen=True)
+class Quantization:
+    """A quantized checkpoint's ``quantization_config``, as posenc read the layer's tensors from it
+    (:mod:`posenc.checkpoints.quantized`).
+
+    Attributes:
+        method: ``quantization_config.quant_method`` (``fp8``, ``mxfp4``).
+        block_size: fp8's ``weight_block_size`` (``[rows, columns]`` of one scale's block; None: one scale per
+            tensor), else None.
+        dequantized: full checkpoint names of the tensors dequantized to float32 (their sha256 in ``tensors`` is that
+            of the dequantized float32 values); tensors the checkpoint stores unquantized are read as stored.
+    """
+
+    method: str
+    block_size: list[int] | None
+    dequantized: list[str]
+
+    def describe(self) -> str:
+        block = f" blocks {self.block_size[0]}x{self.block_size[1]}" if self.block_size else ""
+        if not self.dequantized:
+            return f"{self.method}-quantized checkpoint, the layer's tensors stored unquantized"
+        return f"{len(self.dequantized)} tensors dequantized from {self.method}{block} to float32"
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointWeights:
     """A checkpoint layer's weights.
 
@@ -34,6 +58,8 @@ class CheckpointWeights:
             transformers' precedence where several are present); absent for in-memory models and older manifests.
         config: the checkpoint config's positional fields at export (:func:`positional_fields`), so a later
             ``validate --against-hf`` can say which changed; absent in older manifests.
+        quantization: how a quantized checkpoint's tensors were read (None: not quantized); ``tensors`` then hashes
+            the float32 values of the tensors it dequantized.
     """
 
     checkpoint: str
@@ -45,13 +71,15 @@ class CheckpointWeights:
     kind: Literal["checkpoint"] = "checkpoint"
     weights_file: str | None = field(optional=True, default=None)
     config: dict[str, Any] | None = field(optional=True, default=None)
+    quantization: Quantization | None = field(optional=True, default=None)
 
     def describe(self) -> str:
         where = f"layer {self.layer}" + (f" ({self.layer_type})" if self.layer_type else "")
         read = f" read from {self.weights_file}" if self.weights_file else ""
+        quantized = f"; {self.quantization.describe()}" if self.quantization else ""
         return (
             f"checkpoint {self.checkpoint} {where}, {len(self.tensors)} tensors{read} (names and sha256 in the "
-            f"manifest)"
+            f"manifest){quantized}"
         )
 
 

@@ -24,7 +24,7 @@ from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.checkpoints.towers import Tower
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.provenance import CheckpointWeights, positional_fields
+from posenc.provenance import CheckpointWeights, Quantization, positional_fields
 from posenc.schemes.base import TableMode, table_keys
 
 
@@ -43,6 +43,7 @@ class LoadedLayer:
         hf: the transformers config object.
         model_type: ``config.json``'s ``model_type``.
         tower: where the layer sits when the checkpoint is a wrapper of a text model (:mod:`.towers`), else None.
+        quantization: how a quantized checkpoint's tensors were read (:mod:`.quantized`), else None.
     """
 
     family: Family
@@ -56,6 +57,7 @@ class LoadedLayer:
     tower: Tower | None = None
     weights_file: str | None = None
     """The checkpoint's weights file read (transformers' precedence; :mod:`.source`), None for in-memory models."""
+    quantization: Quantization | None = None
 
     def block(
         self,
@@ -101,6 +103,7 @@ class LoadedLayer:
             tensors={self.names[key]: tensor_sha256(t) for key, t in sorted(self.tensors.items())},
             weights_file=self.weights_file,
             config=positional_fields(self.hf),
+            quantization=self.quantization,
         )
 
 
@@ -163,6 +166,7 @@ def load_layer(model_or_folder: Any, layer: int | None = None, layer_type: str |
         hf_family = tower.config if tower else hf
         loaded = LoadedLayer(family, plan, state, tensors, names, source.location, hf_family, str(model_type), tower)
         loaded.weights_file = source.weights_file
+        loaded.quantization = source.quantized.record(names.values())
         _check_partial_rotary(loaded)
         return loaded
 

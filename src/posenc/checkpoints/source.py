@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from posenc.artifacts.paths import member, resolve
+from posenc.checkpoints.quantized import QuantizedReader
 from posenc.config.hf_json import check_config, read_json_object
 from posenc.errors import ConfigError, ModelFileError
 
@@ -57,6 +58,8 @@ class CheckpointSource:
         """The weights file read, relative to the folder (``model.safetensors``, an index, ...); None in memory."""
         self.ignored_files: tuple[str, ...] = ()
         """Other weight files in the folder that transformers' precedence leaves unread (and so does posenc)."""
+        self.quantized = QuantizedReader(self.config, location, self.stored, self.has)
+        """Reads tensors through the config's quantization_config (refuses methods posenc cannot dequantize)."""
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -125,6 +128,15 @@ class CheckpointSource:
         return name in self._memory or name in self._files
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` (on CPU): as stored, or dequantized to float32 where a quantized checkpoint stores it
+        quantized (:mod:`posenc.checkpoints.quantized`).
+
+        Raises:
+            ModelFileError: as :meth:`stored`, or a weight stored quantized in a way posenc cannot read exactly.
+        """
+        return self.quantized.read(name)
+
+    def stored(self, name: str) -> torch.Tensor:
         """The tensor ``name`` as stored (its dtype, on CPU); only its bytes are read.
 
         Raises:

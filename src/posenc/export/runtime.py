@@ -21,6 +21,7 @@ from posenc.dtypes import NUMPY_DTYPES, torch_dtype
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
 from posenc.export.external import load_weights_file
 from posenc.export.manifest import Manifest, load_manifest, weights_file
+from posenc.export.screen import screen_graph
 from posenc.export.units import BLOCK_INPLACE, make_unit
 from posenc.schemes.base import table_keys
 
@@ -223,8 +224,8 @@ def check_model_file(path: str | os.PathLike[str]) -> Any:
         the ``onnx.ModelProto`` without its external data.
 
     Raises:
-        ModelFileError: missing, not a regular file, empty, not ONNX, invalid, or naming external data outside
-            its folder.
+        ModelFileError: missing, not a regular file, empty, not ONNX, invalid, naming external data outside
+            its folder, or beyond posenc's bounds (:func:`posenc.export.screen.screen_graph`: node count, loops).
     """
     import onnx
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
@@ -239,6 +240,7 @@ def check_model_file(path: str | os.PathLike[str]) -> Any:
         ) from None
     if not model.graph.node and not model.graph.output:
         raise ModelFileError(f"{path} holds no ONNX graph (no nodes, no outputs); re-export it.")
+    screen_graph(model, str(path))  # node count and loop trip counts bounded before anything walks or runs it
     external = False
     for tensor in _get_all_tensors(model):
         if uses_external_data(tensor):

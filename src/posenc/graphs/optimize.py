@@ -51,6 +51,7 @@ from posenc.errors import ConfigError, ModelFileError
 from posenc.export.external import link_existing
 from posenc.export.manifest import Manifest, OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.runtime import check_graph_tables
+from posenc.export.screen import unknown_ops
 from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
 from posenc.graphs import match_utils as mu
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
@@ -261,7 +262,9 @@ def optimize_file(
             ONNX Runtime domains. ``None``: no check (``result.parity`` stays ``None``).
 
     Raises:
-        ModelFileError: ``source`` is missing or not ONNX; ``output`` equals ``source``.
+        ModelFileError: ``source`` is missing, not ONNX or beyond posenc's bounds (node count, unbounded loops:
+            :mod:`posenc.export.screen`); ``output`` equals ``source``; with ``check``, ``source`` holds ops
+            ONNX Runtime does not run (the check could not run: refused rather than skipped).
         ParityError: raised by ``check`` (e.g. the optimized graph's outputs differ from the original's on
             ONNX Runtime CPU by more than the scheme's tolerance); nothing is written then.
     """
@@ -275,7 +278,10 @@ def optimize_file(
     if info.manifest is not None and info.manifest.optimized is None:
         check_graph_tables(info.manifest, source)  # an edited manifest must not travel on with the new graph
     model = model_io.load_model(source)
-    original = model_io.model_to_proto(model).SerializeToString()
+    original_proto = model_io.model_to_proto(model)
+    if check is not None:
+        _check_runnable(original_proto, source)
+    original = original_proto.SerializeToString()
     result = optimize_model(model, target, rope_mode, fold_limit, CacheFacts.of(info.manifest))
     if check is not None and _runs_on_ort(result.model):
         result.parity = check(original, model_io.model_to_proto(result.model).SerializeToString(), info)
@@ -321,6 +327,21 @@ def _rotation_tables_as_stored(manifest: Manifest | GraphManifest, model: ir.Mod
         f"rotary layer takes them in the activation dtype), not the export's {manifest.table_dtype}"
     )
     return dataclasses.replace(manifest, table_dtype=changed[0], notes=(*manifest.notes, note))
+
+
+def _check_runnable(proto: Any, source: Path) -> None:
+    """Refuse, before any pass, a graph the parity check cannot run: ops ONNX Runtime does not know.
+
+    Raises:
+        ModelFileError: names the ops and the way to optimize without the check.
+    """
+    unknown = unknown_ops(proto)
+    if unknown:
+        raise ModelFileError(
+            f"{source} has ops ONNX Runtime does not run ({', '.join(unknown[:5])}), so posenc cannot check the "
+            f"optimized graph's parity against it; remove the ops, or pass --no-parity to optimize without the "
+            f"check (the result is then unchecked, and its manifest records no parity)."
+        )
 
 
 def _runs_on_ort(model: ir.Model) -> bool:

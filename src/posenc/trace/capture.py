@@ -27,7 +27,7 @@ from torch import nn
 from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError, ExportError
-from posenc.provenance import CheckpointWeights
+from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
 
 CAPTURE_TOKENS = 8
@@ -85,6 +85,7 @@ class Captured:
             weights, on random hidden states (the self-check of the wrapper).
         embedding: the embedding step the unit starts with, for a first layer whose positions enter at the
             embeddings; None otherwise. ``embedding_note``: why a first layer without rotary angles has none.
+        quantization: how a quantized checkpoint's tensors were read (:mod:`posenc.checkpoints.quantized`).
     """
 
     model_type: str
@@ -106,6 +107,7 @@ class Captured:
     probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     embedding: EmbeddingStep | None = None
     embedding_note: str = ""
+    quantization: Quantization | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -116,6 +118,7 @@ class Captured:
             layer=self.layer,
             layer_type=self.layer_type,
             tensors=dict(sorted(self.tensors.items())),
+            quantization=self.quantization,
         )
 
 
@@ -694,6 +697,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             probe=probe,
             embedding=step,
             embedding_note=note,
+            quantization=source.quantized.record(tensors),
         )
 
 

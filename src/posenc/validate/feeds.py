@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from posenc.artifacts.memory import human_bytes
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export import shape_rules
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
+from posenc.export.screen import feed_bytes
 from posenc.export.shapes import FeedShape
 from posenc.export.units import BLOCK_INPLACE, make_feed
 
@@ -34,6 +36,8 @@ DEFAULT_SHAPES: tuple[FeedShape, ...] = (
 cached tokens, a prefill longer than the sample after 5 cached tokens."""
 
 OPTIMIZE_CHECK_SHAPE = FeedShape(batch=2, seq=5, past=0)
+MAX_FEED_BYTES = 1 << 28
+"""Largest random feed (256 MiB) of one input of a graph without a manifest (declared static dimensions)."""
 """The feed of the before/after check of ``posenc optimize``: sizes unlike the export sample, so dynamic
 dims are exercised."""
 
@@ -159,7 +163,8 @@ def random_feed(model: Any, shape: FeedShape, seed: int = 0) -> dict[str, np.nda
     (position-id-like), booleans ``True``, floats standard-normal values in the input's dtype.
 
     Raises:
-        ModelFileError: an input has a type posenc cannot feed.
+        ModelFileError: an input has a type posenc cannot feed, or static dimensions whose feed would exceed
+            :data:`MAX_FEED_BYTES`.
     """
     from onnx import TensorProto, helper
 
@@ -181,6 +186,13 @@ def random_feed(model: Any, shape: FeedShape, seed: int = 0) -> dict[str, np.nda
         if np_type is None or (np_type.kind not in "iufb" and tensor.elem_type != TensorProto.BFLOAT16):
             name = TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "unknown"
             raise ModelFileError(f"input {value.name!r} has type {name}, which posenc cannot feed; pass a feed.")
+        nbytes = feed_bytes(dims, np_type.itemsize)
+        if nbytes > MAX_FEED_BYTES:
+            raise ModelFileError(
+                f"input {value.name!r} is declared {dims}: a feed of {human_bytes(nbytes)}, over posenc's "
+                f"{human_bytes(MAX_FEED_BYTES)} bound for a graph without a manifest; declare its large dimensions "
+                f"symbolic (posenc feeds them {shape.batch} and {shape.seq}) or pass a posenc export."
+            )
         if np_type.kind in "iu":
             feed[value.name] = np.broadcast_to(np.arange(dims[-1] if dims else 1), dims).astype(np_type).copy()
         elif np_type.kind == "b":
