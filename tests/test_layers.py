@@ -25,8 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posenc.provenance", "posenc.rope_types"),
     ("posenc.functional", "posenc.config"),
     ("posenc.schemes",),
-    ("posenc.blocks",),
-    ("posenc.blocks",),  # multi-head latent attention: its own block class beside AttentionBlock
+    ("posenc.blocks",),  # AttentionBlock, the MLA block and the factory that picks one for a geometry
     ("posenc",),  # the package's public API: re-exports of the layers above
     ("posenc.checkpoints", "posenc.plugins"),
     ("posenc.trace",),  # the traced path's capture and unit: a checkpoint's own attention module, as its model calls it

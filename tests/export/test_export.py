@@ -71,7 +71,7 @@ def test_manifest_describes_the_graph(rope_block) -> None:
         ("present_value", ["batch", hkv, "past + seq", d]),
     ]
     assert {"torch", "onnx", "onnxruntime", "posenc"} <= set(m.versions)
-    assert m.source.module == "posenc.blocks.AttentionBlock"
+    assert m.source.module == "posenc.blocks.attention.AttentionBlock"
     assert len(m.source.posenc_sha256) == 64
     on_disk = json.loads(rope_block.manifest_path.read_text())
     assert on_disk == m.to_dict()
@@ -201,7 +201,7 @@ def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) 
     def broken_manifest(*args, **kwargs):
         raise RuntimeError("disk full while writing the manifest")
 
-    monkeypatch.setattr(exporter_module, "_manifest", broken_manifest)
+    monkeypatch.setattr(exporter_module, "export_manifest", broken_manifest)
     with pytest.raises(RuntimeError, match="disk full"):
         export_onnx(tmp_path / "model.onnx", "rope", unit="op", config=SMALL)
     assert list(tmp_path.iterdir()) == []  # neither final files nor temporaries

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc.export import export_onnx, files
+from posenc.artifacts import files
+from posenc.export import export_onnx
 from posenc.export.manifest import Manifest, load_manifest
 from tests.conftest import SMALL
 

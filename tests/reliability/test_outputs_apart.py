@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from posenc import AttentionConfig
+from posenc.artifacts import files
 from posenc.cli import main
-from posenc.export import export_onnx, files
+from posenc.export import export_onnx
 
 CONFIG = AttentionConfig(hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=64)
 

@@ -269,13 +269,13 @@ def compare(
         raise ConfigError(f"{len(shapes)} shapes for {len(feeds)} feeds; give one shape per feed.")
     known = {ref.name for ref in references}
     for ref in references:
-        if ref.floor is not None and ref.floor.exact not in known:
-            raise ConfigError(
-                f"reference {ref.name!r} measures float32's error against {ref.floor.exact!r}, which is "
-                f"not a reference of this comparison ({sorted(known)}); pass it."
-            )
-        floor = None if ref.floor is None else ref.floor.reference
-        for other in (ref.judged_by, None if ref.bound is None else ref.bound.reference, floor):
+        for named in () if ref.floor is None else (ref.floor.reference, ref.floor.exact):
+            if named not in known:
+                raise ConfigError(
+                    f"reference {ref.name!r} measures float32's error with {named!r}, which is not a reference of "
+                    f"this comparison ({sorted(known)}); pass it."
+                )
+        for other in (ref.judged_by, None if ref.bound is None else ref.bound.reference):
             if other is not None and (other not in known or other == ref.name):
                 raise ConfigError(
                     f"reference {ref.name!r} names {other!r} as its more exact reference, which is not another "
