@@ -267,7 +267,7 @@ class _Shrink:
             elif _is_config_dict(key, value):
                 self.apply(value, text=False)
             elif key == "rope_parameters" and isinstance(value, dict):
-                self._rope(value, data)
+                continue  # after the widths (below): its mrope_section follows the tiny rotary width
             elif _int_value(value):
                 data[key] = self._int(key, value, data, heads, head_dim, original, layers, text)
             elif original and layers and _is_index_list(key, value, original):
@@ -276,6 +276,8 @@ class _Shrink:
             elif original and layers and _is_per_layer(key, value, original):
                 data[key] = self._per_layer(key, value[:layers])
         self._keep_equal(data, before)
+        if isinstance(data.get("rope_parameters"), dict):
+            self._rope(data["rope_parameters"], data)
         for key in [k for k, v in data.items() if v is None and _KV_HEADS.search(k)] if text and heads else []:
             data[key] = min(heads, self.t.heads)  # unset: "defaults to num_attention_heads" (Nemotron reads it)
         if text and "head_dim" in data and data["head_dim"] is None and heads and _int_value(data.get("hidden_size")):
@@ -368,6 +370,9 @@ class _Shrink:
             if isinstance(section, list) and all(_int_value(s) for s in section):
                 factor = params.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)) or 1.0
                 head = min(int(data.get("head_dim") or self.t.head_dim), self.t.head_dim)
+                while int(head * factor) // 2 < len(section) and _int_value(data.get("head_dim")):
+                    head *= 2  # every section keeps a frequency: a wider head (Qwen3.5 rotates a quarter of it)
+                    data["head_dim"] = head
                 params["mrope_section"] = _mrope(section, max(len(section), int(head * factor) // 2))
 
 
