@@ -77,6 +77,16 @@ def test_composite_configs_shrink_their_text_config_and_keep_mrope_consistent() 
     assert built.vision_config.depth == tiny.OTHER_LAYERS
 
 
+def test_a_partial_rotary_head_keeps_a_frequency_for_every_mrope_section() -> None:
+    """Qwen3.5 rotates a quarter of each head with three interleaved sections: the tiny head grows until each section
+    keeps a frequency, so the sections sum to the rotary half-width (a consistent config posenc accepts)."""
+    text = tiny_config("qwen3_5_text").config
+    rope = text.rope_parameters
+    half = int(text.head_dim * rope.get("partial_rotary_factor", 1.0)) // 2
+    assert sum(rope["mrope_section"]) == half
+    assert min(rope["mrope_section"]) >= 1
+
+
 def test_encoder_decoder_stacks_and_token_ids_fit_the_tiny_vocabulary() -> None:
     t5 = tiny_config("t5").config
     assert (t5.d_model, t5.d_kv, t5.num_heads, t5.num_layers, t5.num_decoder_layers) == (64, 16, 4, 2, 2)
