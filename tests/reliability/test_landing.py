@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from posenc.artifacts import files
@@ -189,3 +190,42 @@ def test_a_reader_refuses_a_model_its_manifest_does_not_describe(template, tmp_p
     files.manifest_path_for(model).write_bytes(old_manifest)  # an old manifest beside a new model
     with pytest.raises(ModelFileError, match="does not match its manifest"):
         load_manifest(model)
+
+
+def test_a_validation_keeps_writers_out_until_it_has_read_everything(tmp_path) -> None:
+    """validate checks the hashes and then reads the files again (ONNX Runtime, the eager rebuild): a writer landing
+    in between made it report MISMATCH. The folder's shared lock is now held for the whole comparison, so a writer's
+    exclusive lock is refused while a reference runs, and granted after."""
+    import fcntl
+    import threading
+
+    from posenc.validate import Reference, TorchModuleRunner, validate_onnx
+    from posenc.validate.parity import EAGER
+
+    model = tmp_path / "m.onnx"
+    manifest = export_onnx(model, scheme="rope", unit="op", config=SMALL, max_positions=16).manifest
+    seen: list[bool] = []
+
+    def writer_can_lock() -> bool:
+        fd = os.open(tmp_path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    def probe(feed):  # runs inside the comparison, like any reference
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(writer_can_lock()))  # another writer, another thread
+        thread.start()
+        thread.join()
+        seen.append(result[0])
+        return {name: np.zeros(1) for name in manifest.output_names}
+
+    watcher = Reference(TorchModuleRunner(probe, "writer-probe"), "is a writer locked out", informational=True)
+    validate_onnx(model, references=[EAGER, watcher])
+    assert seen
+    assert not any(seen)  # locked out on every feed
+    assert writer_can_lock()  # and free again afterwards

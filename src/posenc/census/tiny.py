@@ -363,7 +363,7 @@ class _Shrink:
             return min(value, t.hidden)
         return value
 
-    def _rope(self, rope: dict[str, Any], data: Mapping[str, Any]) -> None:
+    def _rope(self, rope: dict[str, Any], data: dict[str, Any]) -> None:
         """``mrope_section`` (in the rope parameters, or per layer type) rescaled to the tiny rotary half-width."""
         for params in [rope, *(v for v in rope.values() if isinstance(v, dict))]:
             section = params.get("mrope_section")

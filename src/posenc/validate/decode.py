@@ -16,6 +16,7 @@ positions, a chunk that fills the cache to its last slot followed by one token t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -29,6 +30,7 @@ import torch
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from posenc.artifacts.files import reading
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
@@ -324,10 +326,26 @@ def validate_decode(
         ConfigError: no graph, graphs of different blocks, a non-block graph, or a schedule that does not fit.
         ModelFileError: a missing or corrupt graph, manifest or weights.
     """
-    from posenc.validate.bf16 import prepare_for_ort
-
     if not paths:
         raise ConfigError("validate_decode needs at least one graph.")
+    with contextlib.ExitStack() as held:
+        for folder in dict.fromkeys(Path(path).parent for path in paths):
+            held.enter_context(reading(folder))  # writers wait until the sequence has read every graph
+        return _validate_decode(paths, schedule, jump, seed, providers, tolerances, quiet, references)
+
+
+def _validate_decode(
+    paths: Sequence[str | os.PathLike[str]],
+    schedule: Sequence[FeedShape] | None,
+    jump: str,
+    seed: int,
+    providers: Sequence[str],
+    tolerances: Mapping[str, Tolerance] | None,
+    quiet: bool,
+    references: Sequence[Reference],
+) -> DecodeReport:
+    from posenc.validate.bf16 import prepare_for_ort
+
     manifests = []
     for path in paths:
         check_model_file(path)

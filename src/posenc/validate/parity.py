@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.artifacts.files import write_text_atomic
+from posenc.artifacts.files import reading, write_text_atomic
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
@@ -179,9 +179,24 @@ def validate_onnx(
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
         ConfigError: no shapes, no references, or an unknown runner / reference name.
     """
+    path = Path(path)
+    with reading(path):  # writers wait until the comparison has read everything: no export lands halfway through
+        return _validate_onnx(path, shapes, runners, providers, tolerances, seed, manifest, quiet, references)
+
+
+def _validate_onnx(
+    path: Path,
+    shapes: Sequence[FeedShape] | None,
+    runners: Sequence[Any],
+    providers: Sequence[str] | None,
+    tolerances: Mapping[str, Tolerance] | None,
+    seed: int,
+    manifest: Manifest | None,
+    quiet: bool,
+    references: Sequence[Reference | str],
+) -> ParityReport:
     from posenc.validate.bf16 import prepare_for_ort
 
-    path = Path(path)
     check_model_file(path)
     manifest = manifest or load_manifest(path)
     check_graph_tables(manifest, path)  # table sizes from the graph, not from the manifest alone
