@@ -141,3 +141,37 @@ def test_demo_never_deletes_files_it_did_not_write(tmp_path: Path, capsys: pytes
     clear_previous_results(tmp_path)  # only what a run recorded: removed, with the emptied folders
     assert not (tmp_path / "parity").exists()
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_demo_report_that_cannot_be_written_leaves_the_previous_one_whole(tmp_path: Path, monkeypatch) -> None:
+    """A full disk while the report is written: the previous report stays as it was, nothing of the new one lands,
+    and the staging folder is gone; a report that can be written lands whole."""
+    import errno
+    import types
+
+    import posenc.demo.report as report_module
+    from posenc.demo.pipeline import REPORT_STAGING, RESULT_NAME, land_report
+
+    (tmp_path / "report.md").write_text("previous report\n")
+
+    def full_disk(result, bench_doc, folder) -> None:
+        (Path(folder) / "report.md").write_text("half of a new rep")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    result = types.SimpleNamespace(to_dict=lambda: {"status": "complete"})
+    monkeypatch.setattr(report_module, "write_demo_report", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        land_report(result, None, tmp_path)
+    assert (tmp_path / "report.md").read_text() == "previous report\n"
+    assert not (tmp_path / RESULT_NAME).exists()
+    assert not (tmp_path / REPORT_STAGING).exists()
+
+    def whole(result, bench_doc, folder) -> None:
+        (Path(folder) / "report.md").write_text("new report\n")
+        (Path(folder) / "report.html").write_text("<p>new report</p>\n")
+
+    monkeypatch.setattr(report_module, "write_demo_report", whole)
+    land_report(result, None, tmp_path)
+    assert (tmp_path / "report.md").read_text() == "new report\n"
+    assert json.loads((tmp_path / RESULT_NAME).read_text()) == {"status": "complete"}
+    assert not (tmp_path / REPORT_STAGING).exists()

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -415,7 +416,6 @@ def run_demo(options: DemoOptions) -> DemoResult:
     """
     from posenc.bench.harness import run_bench
     from posenc.bench.models import ModelStore
-    from posenc.demo.report import write_demo_report
 
     started = time.perf_counter()
     out = Path(options.output)
@@ -478,8 +478,31 @@ def run_demo(options: DemoOptions) -> DemoResult:
             from posenc.bench.results import BenchDocument
 
             bench_doc = BenchDocument.load(out / "bench" / "bench.json")
-        write_text_atomic(out / RESULT_NAME, json.dumps(result.to_dict(), indent=1) + "\n")
-        write_demo_report(result, bench_doc, out)
-        record_results(out)
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            land_report(result, bench_doc, out)
+            record_results(out)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     return result
+
+
+REPORT_STAGING = ".posenc-demo-report.tmp"
+"""The folder (inside the report folder) where the report is written before it lands."""
+
+
+def land_report(result: DemoResult, bench_doc: Any, out: Path) -> None:
+    """Write ``demo.json``, the report and its figures into a staging folder inside ``out``, then move each file into
+    ``out`` (renames need no space). A failure while writing (a full disk) removes the staging folder and leaves
+    ``out``'s previous report as it was: no report is half-written."""
+    from posenc.demo.report import write_demo_report
+
+    staging = out / REPORT_STAGING
+    shutil.rmtree(staging, ignore_errors=True)  # a killed run's
+    staging.mkdir()
+    try:
+        write_text_atomic(staging / RESULT_NAME, json.dumps(result.to_dict(), indent=1) + "\n")
+        write_demo_report(result, bench_doc, staging)
+        for path in sorted(staging.iterdir()):
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
