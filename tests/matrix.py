@@ -52,6 +52,11 @@ def same_graph_as(scheme: str, table_mode: str, dtype: str, unit: str) -> str | 
     return SAME_GRAPH.get((scheme, table_mode, dtype, unit))
 
 
+ONE_PER_PLACEMENT = ("rope", "rope_dynamic", "alibi", "sinusoidal", "shaw", "nope")
+"""Embedding, rotary, score, attention and no placement, one scheme each, and a scheme with only dynamic tables: the
+schemes whose repeated variants (the demo's run, the decomposed engine builds) stay in ``make test``."""
+
+
 def slow_if_same_graph(case: MatrixCase, case_id: str | None = None) -> object:
     """``pytest.param(case)``, marked ``slow`` when :data:`SAME_GRAPH` says another scheme's graph is the same."""
     import pytest  # imported here: scripts/gpu_check.py uses this module without pytest

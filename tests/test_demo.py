@@ -20,8 +20,9 @@ from posenc.demo.checkpoints import QUICK_SAMPLES
 from posenc.demo.records import DemoResult
 from posenc.engine import available_backends
 from posenc.schemes import get_spec, scheme_names
+from tests.matrix import ONE_PER_PLACEMENT
 
-DEFAULT_RUN = ("rope", "rope_dynamic", "alibi", "sinusoidal", "shaw", "nope")
+DEFAULT_RUN = ONE_PER_PLACEMENT
 """Embedding, rotary, score, attention and no placement, one scheme each, and a scheme with only dynamic tables."""
 
 

@@ -1,5 +1,6 @@
 """Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
-fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph.
+fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph; the
+decomposed graphs of schemes outside ``tests.matrix.ONE_PER_PLACEMENT`` in make test-slow.
 The other dtype of each unit is built by scripts/gpu_check.py (``--rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
@@ -16,7 +17,7 @@ from posenc.errors import PosencError
 from posenc.schemes import Placement, get_spec
 from posenc.validate import check_ort_parity
 from tests.conftest import SMALL
-from tests.matrix import MatrixCase, build_case, matrix_cases, slow_if_same_graph
+from tests.matrix import ONE_PER_PLACEMENT, MatrixCase, build_case, matrix_cases, slow_if_same_graph
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed (`make setup` installs tensorrt-rtx-cu13)")
 
@@ -50,7 +51,17 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
                 assert (spec.name, mode.value, "float16", "block", graph) in covered
 
 
-@pytest.mark.parametrize("case", [slow_if_same_graph(case) for case in OP_CASES + BLOCK_CASES])
+def _engine_case(case: MatrixCase) -> object:
+    """The fused graph (what `posenc optimize --target trt` hands TensorRT) of every scheme builds in make test; the
+    decomposed export of schemes outside :data:`ONE_PER_PLACEMENT` in make test-slow (it builds the same ops as the
+    representative of its placement, and took 70 % of this matrix's time)."""
+    param = slow_if_same_graph(case)
+    if case.graph == "decomposed" and case.scheme not in ONE_PER_PLACEMENT:
+        return pytest.param(case, id=case.id, marks=[pytest.mark.slow])
+    return param
+
+
+@pytest.mark.parametrize("case", [_engine_case(case) for case in OP_CASES + BLOCK_CASES])
 def test_engine_builds_ahead_of_time(export_cache, case: MatrixCase) -> None:
     try:
         result = build_case(case, export_cache, SMALL, targets=["sm89"], check=check_ort_parity)
