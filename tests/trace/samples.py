@@ -64,6 +64,11 @@ _CLASSES = {
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM"),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
     "opt": ("OPTConfig", "OPTForCausalLM"),
+    "big_bird": ("BigBirdConfig", "BigBirdForMaskedLM"),
+    "electra": ("ElectraConfig", "ElectraForMaskedLM"),
+    "camembert": ("CamembertConfig", "CamembertForMaskedLM"),
+    "bert-generation": ("BertGenerationConfig", "BertGenerationEncoder"),
+    "ernie": ("ErnieConfig", "ErnieForMaskedLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -122,6 +127,27 @@ SAMPLES: dict[str, Sample] = {
 }
 """Model types posenc has no family for (and Llama, which it has, to compare the two paths)."""
 
+_ENCODER = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 96, "max_position_embeddings": 128, **NO_SPECIAL_TOKENS}  # fmt: skip
+
+ENCODERS: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "big_bird",
+            "big_bird",
+            "full attention, token types, LayerNorm at the embeddings",
+            {**_ENCODER, "attention_type": "original_full"},
+        ),
+        _sample("electra", "electra", "BERT-like embeddings module", {**_ENCODER, "embedding_size": 64}),
+        _sample("camembert", "camembert", "RoBERTa-like, token types", {**_ENCODER, "pad_token_id": 1}),
+        _sample("bert-generation", "bert-generation", "no token types", _ENCODER),
+        _sample("ernie", "ernie", "task type embeddings off", _ENCODER),
+    )
+}
+"""Encoders posenc has no family for: their attention is called without a KV cache, their positions enter at the
+embeddings module (the unit: the embeddings module fed the token embeddings, and layer 0's attention)."""
+
 FAR: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -171,4 +197,4 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["FAR", "LONG", "SAMPLES", "build"]
+__all__ = ["ENCODERS", "FAR", "LONG", "SAMPLES", "build"]
