@@ -69,6 +69,7 @@ _CLASSES = {
     "camembert": ("CamembertConfig", "CamembertForMaskedLM"),
     "bert-generation": ("BertGenerationConfig", "BertGenerationEncoder"),
     "ernie": ("ErnieConfig", "ErnieForMaskedLM"),
+    "distilbert": ("DistilBertConfig", "DistilBertForMaskedLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -130,6 +131,8 @@ SAMPLES: dict[str, Sample] = {
 _ENCODER = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 96, "max_position_embeddings": 128, **NO_SPECIAL_TOKENS}  # fmt: skip
 
+_TINY_VOCAB = {"vocab_size": 96, **NO_SPECIAL_TOKENS}
+
 ENCODERS: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -143,6 +146,12 @@ ENCODERS: dict[str, Sample] = {
         _sample("camembert", "camembert", "RoBERTa-like, token types", {**_ENCODER, "pad_token_id": 1}),
         _sample("bert-generation", "bert-generation", "no token types", _ENCODER),
         _sample("ernie", "ernie", "task type embeddings off", _ENCODER),
+        _sample(
+            "distilbert",
+            "distilbert",
+            "embeddings called positionally, no token types",
+            {"dim": 64, "n_heads": 4, "n_layers": 2, "hidden_dim": 64, "max_position_embeddings": 128, **_TINY_VOCAB},
+        ),
     )
 }
 """Encoders posenc has no family for: their attention is called without a KV cache, their positions enter at the

@@ -8,12 +8,13 @@ calls them), and the same graph fed shifted positions (which must change the out
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, ExportError
 from posenc.export.runtime import ort_session
 from posenc.export.shapes import FeedShape
 from posenc.export.trace import export_traced
@@ -69,3 +70,14 @@ def test_every_traced_encoder_matches_its_own_modules(name: str, tmp_path: Path)
     assert {part.part: part.status for part in record.parts}["position table"] == "kept"
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_an_attention_its_model_reconfigures_while_captured_is_refused(tmp_path: Path) -> None:
+    """BigBird's default block-sparse attention turns to full attention on the capture's short input: the captured
+    call is not what the module built from the config computes, so the export is refused, naming the setting."""
+    sample = ENCODERS["big_bird"].with_settings(attention_type="block_sparse")
+    folder = build(dataclasses.replace(sample, name="big_bird_sparse"), tmp_path)
+    with pytest.raises(ExportError, match=r"attention_type from 'block_sparse' to 'original_full'"):
+        export_traced(tmp_path / "sparse.onnx", folder)
+    assert not (tmp_path / "sparse.onnx").exists()

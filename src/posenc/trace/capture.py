@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -499,8 +500,6 @@ def _embeddings_module(
     """The embeddings module that turns the token embeddings and the positions into the first layer's input ``x``
     (it takes ``inputs_embeds`` and holds a module of ``found``), checked on the capture: ``(record, module)`` with
     its token table replaced by nothing (the unit starts at the token embeddings), or None."""
-    import inspect
-
     for name, call in calls.items():
         if name.startswith(outside) or not torch.is_tensor(call.output) or call.output.shape != x.shape:
             continue
@@ -516,7 +515,9 @@ def _embeddings_module(
                       and _same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
         if table is None:
             continue
-        recipe = _inputs_embeds_recipe(call, ids, positions, cache_class, "position_ids" in accepts)
+        recipe = _inputs_embeds_recipe(call, module, ids, positions, cache_class)
+        if recipe is None:
+            continue
         args, kwargs = _step_args(recipe, calls[table].output, positions)
         with torch.no_grad():
             again = module(*args, **kwargs)
@@ -527,14 +528,20 @@ def _embeddings_module(
 
 
 def _inputs_embeds_recipe(
-    call: Call, ids: torch.Tensor, positions: torch.Tensor, cache_class: type, takes_positions: bool
-) -> CallRecipe:
-    """The embeddings module's call with ``inputs_embeds`` (the unit's ``hidden``) in place of the token ids, and
-    the position ids passed where it takes them."""
-    positional: list[str] = []
+    call: Call, module: nn.Module, ids: torch.Tensor, positions: torch.Tensor, cache_class: type
+) -> CallRecipe | None:
+    """The embeddings module's call, every argument by name, with ``inputs_embeds`` (the unit's ``hidden``) in place
+    of the token ids and the position ids passed where it takes them; None where its arguments cannot be named."""
+    signature = inspect.signature(module.forward)
+    try:
+        bound = signature.bind_partial(*call.args, **call.kwargs).arguments
+    except TypeError:
+        return None
+    if any(signature.parameters[name].kind not in _NAMED for name in bound):
+        return None
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
-    for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
+    for key, value in bound.items():
         if value is ids or key == "input_ids":
             kind, value = "constant", None
         elif key == "inputs_embeds":
@@ -543,12 +550,15 @@ def _inputs_embeds_recipe(
             kind = _classify(key, value, positions, None, cache_class, False)
         if kind == "constant":
             constants[key] = value
-        (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
+        keywords[key] = kind
     keywords["inputs_embeds"] = "hidden"
-    if takes_positions:
+    if "position_ids" in signature.parameters:
         keywords["position_ids"] = "position_ids"
         constants.pop("position_ids", None)
-    return CallRecipe(tuple(positional), keywords, constants)
+    return CallRecipe((), keywords, constants)
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
@@ -661,6 +671,28 @@ def _probe(
         output = attention(*args, **kwargs)
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
+
+
+def _settings(attention: nn.Module) -> dict[tuple[str, str], Any]:
+    """The plain settings (str, int, float, bool attributes) of the attention and its submodules."""
+    return {(name, key): value for name, module in attention.named_modules() for key, value in vars(module).items()
+            if isinstance(value, (str, int, float, bool)) and not key.startswith("_")}  # fmt: skip
+
+
+def _check_settings(before: dict[tuple[str, str], Any], attention: nn.Module, model_type: Any) -> None:
+    """Refuse an attention whose model changed its settings during the capture forward: the captured call would be
+    another computation than the module built from the config (BigBird's block-sparse attention turns to full
+    attention on short inputs)."""
+    after = _settings(attention)
+    changed = [(key, value, after.get(key)) for key, value in before.items() if after.get(key) != value]
+    if changed:
+        (name, attribute), old, new = changed[0]
+        where = f"{name}.{attribute}" if name else attribute
+        raise ExportError(
+            f"the {model_type} model changed its attention's setting {where} from {old!r} to {new!r} while posenc "
+            f"captured the call (on {CAPTURE_TOKENS}-token inputs); the module it runs then is not the one its config "
+            f"builds, so it cannot be traced. Choose the setting in config.json (e.g. {attribute}={new!r})."
+        )
 
 
 def _module_causal(attention: nn.Module) -> bool:
@@ -784,8 +816,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         attention_path = f"{list_path}.{index}.{child}"
         target = Call((), {})
         calls, handles = _record_calls(model, attention, target)
+        settings = _settings(attention)
         with _hooks(handles):
             positions = _run_forward(model, hf, _capture_tokens(hf))
+        _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
