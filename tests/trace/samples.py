@@ -70,6 +70,9 @@ _CLASSES = {
     "bert-generation": ("BertGenerationConfig", "BertGenerationEncoder"),
     "ernie": ("ErnieConfig", "ErnieForMaskedLM"),
     "distilbert": ("DistilBertConfig", "DistilBertForMaskedLM"),
+    "layoutlm": ("LayoutLMConfig", "LayoutLMForMaskedLM"),
+    "tapas": ("TapasConfig", "TapasForMaskedLM"),
+    "roberta-prelayernorm": ("RobertaPreLayerNormConfig", "RobertaPreLayerNormForMaskedLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -146,6 +149,9 @@ ENCODERS: dict[str, Sample] = {
         _sample("camembert", "camembert", "RoBERTa-like, token types", {**_ENCODER, "pad_token_id": 1}),
         _sample("bert-generation", "bert-generation", "no token types", _ENCODER),
         _sample("ernie", "ernie", "task type embeddings off", _ENCODER),
+        _sample("layoutlm", "layoutlm", "zero boxes at the embeddings, a [B, 1, 1, K] padding mask", _ENCODER),
+        _sample("tapas", "tapas", "seven token type tables", _ENCODER),
+        _sample("roberta-prelayernorm", "roberta-prelayernorm", "a pre-norm encoder", {**_ENCODER, "pad_token_id": 1}),
         _sample(
             "distilbert",
             "distilbert",

@@ -197,7 +197,8 @@ def _is_attention(name: str, module: nn.Module) -> bool:
     cls = type(module).__name__
     if "cross" in name.lower() or "encoder_attn" in name.lower() or "Cross" in cls:
         return False
-    return "Attention" in cls and "Norm" not in cls and "Rotary" not in cls
+    after = cls.split("Attention")[-1]  # a norm after attention (AttentionNorm), not a pre-norm model's attention
+    return "Attention" in cls and "Norm" not in after and "Rotary" not in cls
 
 
 def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -381,13 +382,21 @@ def _classify(
             return "cache_position"
         if value.dim() == 2 and value.numel() and bool((value == 1).all()):
             return "ones"
-        if value.dim() == 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
+        if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
     shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
         f"states, positions and cache; this model's attention cannot be traced yet."
     )
+
+
+def _keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
+    """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``."""
+    if kind == "constant":
+        constants[key] = value
+    elif kind == "zeros":
+        constants[key] = [int(n) for n in value.shape[2:]]
 
 
 def _recipe(
@@ -405,8 +414,7 @@ def _recipe(
         kind = _classify(key, value, positions, hidden, cache_class, produced)
         if kind == "position_embeddings":
             rotary = _producer(calls, tuple(value))
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         if key.startswith("#"):
             positional.append(kind)
         else:
@@ -423,8 +431,7 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
             kind = "hidden"  # the rotary module reads only its dtype and device
         else:
             kind = _classify(key, value, positions, None, cache_class, False)
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -548,8 +555,7 @@ def _inputs_embeds_recipe(
             kind = "hidden"
         else:
             kind = _classify(key, value, positions, None, cache_class, False)
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         keywords[key] = kind
     keywords["inputs_embeds"] = "hidden"
     if "position_ids" in signature.parameters:
@@ -570,9 +576,10 @@ def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor
             return hidden
         if kind == "position_ids":
             return positions
-        if kind in ("ones", "zeros"):
-            fill = torch.ones if kind == "ones" else torch.zeros
-            return fill(hidden.shape[0], hidden.shape[1], dtype=torch.int64)
+        if kind == "ones":
+            return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64)
+        if kind == "zeros":
+            return torch.zeros(hidden.shape[0], hidden.shape[1], *recipe.constants.get(key, ()), dtype=torch.int64)
         return recipe.constants.get(key)
 
     args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
@@ -594,8 +601,7 @@ def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) ->
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
         kind = _classify(key, value, positions, None, cache_class, False)
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -611,6 +617,8 @@ def _mask_recipe(
         raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
     kind = "bool" if mask.dtype == torch.bool else "additive"
     allowed = mask if kind == "bool" else mask > torch.finfo(mask.dtype).min / 2
+    if allowed.shape[-2] == 1 and bool(allowed.all()):  # a padding mask [B, 1, 1, K] hiding no key
+        return MaskRecipe(kind, causal=False)
     windows: list[int | None] = [None]
     for name in ("sliding_window", "attention_window", "local_attention", "window_size"):
         value = getattr(hf, name, None)

@@ -165,7 +165,8 @@ class TracedAttention(nn.Module):
                 return recipe.constants.get(key)
             if kind in ("ones", "zeros"):
                 fill = torch.ones if kind == "ones" else torch.zeros
-                return fill(hidden.shape[0], hidden.shape[1], dtype=torch.int64, device=hidden.device)
+                trailing = recipe.constants.get(key, ()) if kind == "zeros" else ()
+                return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
             raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
         args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]

@@ -27,7 +27,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "position_ids",  # the new tokens' position ids [B, S]
     "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
     "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
-    "zeros",  # all-zero integer ids [B, S] (the token type ids an encoder's model makes when given none)
+    "zeros",  # all-zero integer ids [B, S, ...] (token type ids, boxes an encoder's model makes when given none)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
