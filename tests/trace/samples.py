@@ -73,6 +73,8 @@ _CLASSES = {
     "layoutlm": ("LayoutLMConfig", "LayoutLMForMaskedLM"),
     "tapas": ("TapasConfig", "TapasForMaskedLM"),
     "roberta-prelayernorm": ("RobertaPreLayerNormConfig", "RobertaPreLayerNormForMaskedLM"),
+    "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM"),
+    "eurobert": ("EuroBertConfig", "EuroBertForMaskedLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -135,6 +137,7 @@ _ENCODER = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, 
             "vocab_size": 96, "max_position_embeddings": 128, **NO_SPECIAL_TOKENS}  # fmt: skip
 
 _TINY_VOCAB = {"vocab_size": 96, **NO_SPECIAL_TOKENS}
+_MODERNBERT_TOKENS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "cls_token_id": 2, "sep_token_id": 1}
 
 ENCODERS: dict[str, Sample] = {
     s.name: s
@@ -152,6 +155,14 @@ ENCODERS: dict[str, Sample] = {
         _sample("layoutlm", "layoutlm", "zero boxes at the embeddings, a [B, 1, 1, K] padding mask", _ENCODER),
         _sample("tapas", "tapas", "seven token type tables", _ENCODER),
         _sample("roberta-prelayernorm", "roberta-prelayernorm", "a pre-norm encoder", {**_ENCODER, "pad_token_id": 1}),
+        _sample(
+            "modernbert",
+            "modernbert",
+            "RoPE, a local (sliding window) bidirectional layer",
+            {**_ENCODER, "num_hidden_layers": 3, "local_attention": 4, **_MODERNBERT_TOKENS},
+            layer=1,
+        ),
+        _sample("eurobert", "eurobert", "RoPE, bidirectional", {**_ENCODER, "num_key_value_heads": 4}),
         _sample(
             "distilbert",
             "distilbert",
