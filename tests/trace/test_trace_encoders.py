@@ -44,7 +44,10 @@ def test_an_encoder_traces_without_a_cache_and_matches_its_own_modules(tmp_path:
     parts = {part.part: part.status for part in record.parts}
     assert parts == {"attention mask": "absent", "position table": "kept"}
     assert (manifest.scheme, manifest.max_positions) == ("learned", 128)
-    assert "kept: position table (Gather of the model's table" in inspect_model(result.path).to_text()
+    text = inspect_model(result.path).to_text()
+    assert "kept: position table (Gather of the model's table" in text
+    assert "absent: attention mask" in text
+    assert "called without a KV cache (no past)" in text
     report = validate_against_checkpoint(result.path, folder, shapes=[FeedShape(2, 5, 0), FeedShape(1, 3, 120)])
     assert report.passed, report.to_markdown()
     assert {row.reference for row in report.rows} >= {"eager-fp64", "hf-fp32"}
