@@ -75,6 +75,7 @@ _CLASSES = {
     "roberta-prelayernorm": ("RobertaPreLayerNormConfig", "RobertaPreLayerNormForMaskedLM"),
     "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM"),
     "eurobert": ("EuroBertConfig", "EuroBertForMaskedLM"),
+    "siglip_text_model": ("SiglipTextConfig", "SiglipTextModel"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -163,6 +164,12 @@ ENCODERS: dict[str, Sample] = {
             layer=1,
         ),
         _sample("eurobert", "eurobert", "RoPE, bidirectional", {**_ENCODER, "num_key_value_heads": 4}),
+        _sample(
+            "siglip_text_model",
+            "siglip_text_model",
+            "a text tower AutoModel does not build (its architectures class does)",
+            {**_ENCODER, "max_position_embeddings": 64},
+        ),
         _sample(
             "distilbert",
             "distilbert",

@@ -164,24 +164,33 @@ def reduced_config(hf: Any, layers: int) -> Any:
 
 
 def build_base_model(hf: Any, layers: int) -> nn.Module:
-    """The base model of ``hf`` (transformers ``AutoModel``) with its first ``layers`` layers, seeded random
-    weights (only the capture call runs on them), eval mode.
+    """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
+    such as ``SiglipTextModel``) with its first ``layers`` layers, seeded random weights (only the capture call runs on
+    them), eval mode.
 
     Raises:
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
     config = reduced_config(hf, layers)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
-            f"({str(exc)[:200]}); posenc traces models transformers can build."
-        ) from None
-    return model.eval()
+    builders = [transformers.AutoModel.from_config]
+    for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+        found = getattr(transformers, str(name), None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            model_class: Any = found
+            builders.append(model_class._from_config)
+    first: Exception | None = None
+    for build in builders:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                return build(config, attn_implementation="eager").eval()
+        except (ValueError, KeyError, TypeError) as exc:
+            first = first or exc
+    raise ConfigError(
+        f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
+        f"({str(first)[:200]}); posenc traces models transformers can build."
+    )
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
