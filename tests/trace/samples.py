@@ -64,6 +64,18 @@ _CLASSES = {
     "persimmon": ("PersimmonConfig", "PersimmonForCausalLM"),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel"),
     "opt": ("OPTConfig", "OPTForCausalLM"),
+    "big_bird": ("BigBirdConfig", "BigBirdForMaskedLM"),
+    "electra": ("ElectraConfig", "ElectraForMaskedLM"),
+    "camembert": ("CamembertConfig", "CamembertForMaskedLM"),
+    "bert-generation": ("BertGenerationConfig", "BertGenerationEncoder"),
+    "ernie": ("ErnieConfig", "ErnieForMaskedLM"),
+    "distilbert": ("DistilBertConfig", "DistilBertForMaskedLM"),
+    "layoutlm": ("LayoutLMConfig", "LayoutLMForMaskedLM"),
+    "tapas": ("TapasConfig", "TapasForMaskedLM"),
+    "roberta-prelayernorm": ("RobertaPreLayerNormConfig", "RobertaPreLayerNormForMaskedLM"),
+    "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM"),
+    "eurobert": ("EuroBertConfig", "EuroBertForMaskedLM"),
+    "siglip_text_model": ("SiglipTextConfig", "SiglipTextModel"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -122,6 +134,53 @@ SAMPLES: dict[str, Sample] = {
 }
 """Model types posenc has no family for (and Llama, which it has, to compare the two paths)."""
 
+_ENCODER = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 96, "max_position_embeddings": 128, **NO_SPECIAL_TOKENS}  # fmt: skip
+
+_TINY_VOCAB = {"vocab_size": 96, **NO_SPECIAL_TOKENS}
+_MODERNBERT_TOKENS = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, "cls_token_id": 2, "sep_token_id": 1}
+
+ENCODERS: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "big_bird",
+            "big_bird",
+            "full attention, token types, LayerNorm at the embeddings",
+            {**_ENCODER, "attention_type": "original_full"},
+        ),
+        _sample("electra", "electra", "BERT-like embeddings module", {**_ENCODER, "embedding_size": 64}),
+        _sample("camembert", "camembert", "RoBERTa-like, token types", {**_ENCODER, "pad_token_id": 1}),
+        _sample("bert-generation", "bert-generation", "no token types", _ENCODER),
+        _sample("ernie", "ernie", "task type embeddings off", _ENCODER),
+        _sample("layoutlm", "layoutlm", "zero boxes at the embeddings, a [B, 1, 1, K] padding mask", _ENCODER),
+        _sample("tapas", "tapas", "seven token type tables", _ENCODER),
+        _sample("roberta-prelayernorm", "roberta-prelayernorm", "a pre-norm encoder", {**_ENCODER, "pad_token_id": 1}),
+        _sample(
+            "modernbert",
+            "modernbert",
+            "RoPE, a local (sliding window) bidirectional layer",
+            {**_ENCODER, "num_hidden_layers": 3, "local_attention": 4, **_MODERNBERT_TOKENS},
+            layer=1,
+        ),
+        _sample("eurobert", "eurobert", "RoPE, bidirectional", {**_ENCODER, "num_key_value_heads": 4}),
+        _sample(
+            "siglip_text_model",
+            "siglip_text_model",
+            "a text tower AutoModel does not build (its architectures class does)",
+            {**_ENCODER, "max_position_embeddings": 64},
+        ),
+        _sample(
+            "distilbert",
+            "distilbert",
+            "embeddings called positionally, no token types",
+            {"dim": 64, "n_heads": 4, "n_layers": 2, "hidden_dim": 64, "max_position_embeddings": 128, **_TINY_VOCAB},
+        ),
+    )
+}
+"""Encoders posenc has no family for: their attention is called without a KV cache, their positions enter at the
+embeddings module (the unit: the embeddings module fed the token embeddings, and layer 0's attention)."""
+
 FAR: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -171,4 +230,4 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["FAR", "LONG", "SAMPLES", "build"]
+__all__ = ["ENCODERS", "FAR", "LONG", "SAMPLES", "build"]

@@ -486,7 +486,7 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
     """Torch inputs for the eager unit module, in its signature order, upcast to ``dtype``.
 
     Inputs the graph dropped (unread q/k of a position-only bias) are given as zero tensors of the
-    right shape: the scheme does not read them.
+    right shape: the scheme does not read them; a past the graph does not take (a traced encoder's) is empty.
     """
     from posenc.export.units import _slots  # the unit layout is the single source of input order
     from posenc.schemes import get_spec
@@ -510,6 +510,6 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
             else:
                 tensors.append(torch.from_numpy(np.array(array, dtype=np.float64)).to(dtype))
         else:
-            shape = [d if isinstance(d, int) else sizes.get(d, 1) for d in slot.shape]
+            shape = [d if isinstance(d, int) else sizes.get(d, 0 if d == "past" else 1) for d in slot.shape]
             tensors.append(torch.zeros(shape, dtype=dtype))
     return tensors

@@ -12,7 +12,9 @@ The path of one traced export::
 The graph's inputs and outputs are a ``block`` export's: ``hidden [B, S, E]``, ``position_ids [B, S]``,
 ``past_key`` / ``past_value [B, Hkv, P, D]`` -> ``out [B, S, E]``, ``present_key`` / ``present_value
 [B, Hkv, P + S, D]``, so ``validate`` (and ``--against-hf``, ``--decode``), ``optimize``, ``inspect`` and ``bench``
-take it unchanged. The graph stage sits above this one, so ``posenc export --via trace`` passes the rewrite in
+take it unchanged. An attention its model calls without a KV cache (an encoder's) exports as the same unit fed no
+past: ``hidden``, ``position_ids`` -> ``out`` (the manifest's dims have no ``past``; validation feeds no cache and
+``--decode`` is refused). The graph stage sits above this one, so ``posenc export --via trace`` passes the rewrite in
 (``rewrite=None`` keeps the traced angles and says so in the manifest).
 """
 
@@ -157,7 +159,7 @@ def export_traced(
     limit = _guard_limit(plan, exact)
     module = traced_module(plan, angles="native", position_limit=limit)
     module.guard_exported = position_guard
-    unit = _unit(module, plan.config)
+    unit = _unit(module, plan.config, plan.captured.cacheless)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
     model, notes = to_onnx_model(
         module,
@@ -188,8 +190,11 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
     return (TracePart(ROTARY_PART, "kept", "exported without posenc's graph rewrite (rewrite=None)"),)
 
 
-def _unit(module: torch.nn.Module, config: AttentionConfig) -> ExportUnit:
+def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool) -> ExportUnit:
+    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``."""
     slots, outputs = _slots("block", Placement.QK, config, 1)
+    if cacheless:
+        slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
     return ExportUnit("block", module, module, config, torch.float32, slots, outputs)
 
 
@@ -242,7 +247,7 @@ def _write(
             attention=plan.config.to_dict(),
             max_positions=limit,
             build_max_positions=rows,
-            dynamic_dims=_dim_ranges(limit),
+            dynamic_dims=_dim_ranges(limit, plan.captured.cacheless),
             inputs=_graph_specs(model.graph.input, unit.input_layouts(), "activation"),
             outputs=_graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
             onnx_sha256=hashlib.sha256(data).hexdigest(),
@@ -272,12 +277,15 @@ def _table_mode(plan: TracePlan, exact: PositionalScheme | None) -> str:
     return mode.value
 
 
-def _dim_ranges(limit: int | None) -> dict[str, DimRange]:
-    return {
+def _dim_ranges(limit: int | None, cacheless: bool) -> dict[str, DimRange]:
+    dims = {
         "batch": DimRange(1, None, SAMPLE_SHAPE.batch),
         "seq": DimRange(1, limit, SAMPLE_SHAPE.seq),
         "past": DimRange(0, None if limit is None else limit - 1, SAMPLE_SHAPE.past),
     }
+    if cacheless:
+        del dims["past"]
+    return dims
 
 
 __all__ = ["TRACE_OPSET", "Rewrite", "RewriteRequest", "export_traced"]

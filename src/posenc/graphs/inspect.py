@@ -23,6 +23,7 @@ import onnx_ir as ir
 from posenc.graphs import model_io
 from posenc.graphs.manifests import read_manifest
 from posenc.records import to_json
+from posenc.trace.record import TraceRecord
 
 FUSED_OPS = ("RotaryEmbedding", "Attention", "GroupQueryAttention")
 
@@ -146,6 +147,12 @@ def _op_name(node: ir.Node) -> str:
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
+def _traced_line(trace: TraceRecord) -> str:
+    """``model_type layer N (attention class)``, and ``called without a KV cache`` for an encoder's attention."""
+    line = f"{trace.model_type} layer {trace.layer} ({trace.attention.cls})"
+    return line + (", called without a KV cache (no past)" if trace.cacheless else "")
+
+
 def inspect_model(
     path: str | os.PathLike[str],
     *,
@@ -192,7 +199,7 @@ def inspect_model(
         tensorrt=tensorrt,
         skipped={p.name: p.skipped for p in record.passes if p.skipped} if record else {},
         engine_profiles=profile_text(manifest) if profile_text is not None else None,
-        traced=None if trace is None else f"{trace.model_type} layer {trace.layer} ({trace.attention.cls})",
+        traced=None if trace is None else _traced_line(trace),
         positional_parts=() if trace is None else tuple(trace.summary()),
         table_bytes=table_bytes,
         weight_bytes=weight_bytes,

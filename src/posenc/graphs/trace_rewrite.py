@@ -571,9 +571,26 @@ def position_tables(graph: ir.Graph, region: Region) -> list[ir.Node]:
             continue
         table, index = node.inputs[0], node.inputs[1]
         rows = mu.static_dim(table, 0)
-        if table.is_initializer() and id(index) in region.values and rows is not None and rows > 1:
+        positional = table.is_initializer() and id(index) in region.values and not _looked_up(index, region)
+        if positional and rows is not None and rows > 1:
             found.append(node)
     return found
+
+
+_RESHAPES = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Expand", "Identity")
+
+
+def _looked_up(index: ir.Value, region: Region) -> bool:
+    """An index read from a buffer that does not hold positions (BERT's token type ids, gathered at the positions):
+    its table is not looked up by position."""
+    producer = index.producer()
+    while producer is not None and producer.op_type in _RESHAPES and producer.inputs and producer.inputs[0]:
+        producer = producer.inputs[0].producer()
+    if producer is None or producer.op_type not in ("Gather", "GatherElements") or not producer.inputs:
+        return False
+    if producer.inputs[0] is None:
+        return False
+    return id(producer.inputs[0]) not in region.values
 
 
 def _other_positional(graph: ir.Graph, region: Region) -> list[str]:
@@ -678,12 +695,15 @@ def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ..
         parts += _replace_angles(request, model, matched) if matched else _kept(why)
     masks = MASK_RULES.apply_to_model(model)
     fold.cleanup(model)
-    mask = (
-        "the additive mask became posenc's boolean Where(-inf) (posenc optimize fuses it into Attention)"
-        if masks
-        else "the mask stays as traced (not the additive 0/min form posenc rewrites)"
-    )
-    parts.append(TracePart(MASK_PART, "replaced" if masks else "kept", mask))
+    if masks:
+        mask = "the additive mask became posenc's boolean Where(-inf) (posenc optimize fuses it into Attention)"
+        parts.append(TracePart(MASK_PART, "replaced", mask))
+    elif request.plan.captured.mask.kind == "none":
+        mask = "the model passes its attention no mask (every key visible, as its model runs it without padding)"
+        parts.append(TracePart(MASK_PART, "absent", mask))
+    else:
+        mask = "the mask stays as traced (not the additive 0/min form posenc rewrites)"
+        parts.append(TracePart(MASK_PART, "kept", mask))
     after = run_graph(model, feed)
     moved = max(_relative(after[k], before[k]) for k in before)
     if not moved <= VERIFY_TOLERANCE:

@@ -22,7 +22,7 @@ from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
-from posenc.trace.capture import Captured, build_base_model, quiet_transformers
+from posenc.trace.capture import Captured, build_base_model, drop_token_table, quiet_transformers
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, TracePart, TraceRecord
@@ -226,6 +226,8 @@ def traced_module(
         embedding=step.position if step is not None else None,
         embedding_call=step.record.call if step is not None else None,
         norms=step.norms if step is not None else None,
+        embeddings_module=step is not None and step.record.tokens is not None,
+        cacheless=captured.cacheless,
     ).eval()
 
 
@@ -245,6 +247,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         angles=plan.angles,
         parts=parts,
         embedding=captured.embedding.record if captured.embedding is not None else None,
+        cacheless=captured.cacheless,
     )
 
 
@@ -262,6 +265,8 @@ def rebuild(
     attention = model.get_submodule(record.attention.path)
     rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
     step = record.embedding
+    if step is not None:
+        drop_token_table(model.get_submodule(step.position.path), step)
     module = TracedAttention(
         attention,
         rotary,
@@ -275,6 +280,8 @@ def rebuild(
         embedding=model.get_submodule(step.position.path) if step is not None else None,
         embedding_call=step.call if step is not None else None,
         norms=[model.get_submodule(ref.path) for ref in step.norms] if step is not None else None,
+        embeddings_module=step is not None and step.tokens is not None,
+        cacheless=record.cacheless,
     )
     return module.to(dtype).eval()
 

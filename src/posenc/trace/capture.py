@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -86,6 +87,8 @@ class Captured:
         embedding: the embedding step the unit starts with, for a first layer whose positions enter at the
             embeddings; None otherwise. ``embedding_note``: why a first layer without rotary angles has none.
         quantization: how a quantized checkpoint's tensors were read (:mod:`posenc.checkpoints.quantized`).
+        cacheless: the model calls the attention without a KV cache (an encoder's); ``kv_heads`` and ``head_dim``
+            then come from the module's (or the config's) head counts.
     """
 
     model_type: str
@@ -108,6 +111,7 @@ class Captured:
     embedding: EmbeddingStep | None = None
     embedding_note: str = ""
     quantization: Quantization | None = None
+    cacheless: bool = False
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -160,24 +164,33 @@ def reduced_config(hf: Any, layers: int) -> Any:
 
 
 def build_base_model(hf: Any, layers: int) -> nn.Module:
-    """The base model of ``hf`` (transformers ``AutoModel``) with its first ``layers`` layers, seeded random
-    weights (only the capture call runs on them), eval mode.
+    """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
+    such as ``SiglipTextModel``) with its first ``layers`` layers, seeded random weights (only the capture call runs on
+    them), eval mode.
 
     Raises:
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
     config = reduced_config(hf, layers)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = transformers.AutoModel.from_config(config, attn_implementation="eager")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
-            f"({str(exc)[:200]}); posenc traces models transformers can build."
-        ) from None
-    return model.eval()
+    builders = [transformers.AutoModel.from_config]
+    for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+        found = getattr(transformers, str(name), None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            model_class: Any = found
+            builders.append(model_class._from_config)
+    first: Exception | None = None
+    for build in builders:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                return build(config, attn_implementation="eager").eval()
+        except (ValueError, KeyError, TypeError) as exc:
+            first = first or exc
+    raise ConfigError(
+        f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
+        f"({str(first)[:200]}); posenc traces models transformers can build."
+    )
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
@@ -193,7 +206,8 @@ def _is_attention(name: str, module: nn.Module) -> bool:
     cls = type(module).__name__
     if "cross" in name.lower() or "encoder_attn" in name.lower() or "Cross" in cls:
         return False
-    return "Attention" in cls and "Norm" not in cls and "Rotary" not in cls
+    after = cls.split("Attention")[-1]  # a norm after attention (AttentionNorm), not a pre-norm model's attention
+    return "Attention" in cls and "Norm" not in after and "Rotary" not in cls
 
 
 def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -377,11 +391,21 @@ def _classify(
             return "cache_position"
         if value.dim() == 2 and value.numel() and bool((value == 1).all()):
             return "ones"
+        if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
+            return "zeros"
     shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
         f"states, positions and cache; this model's attention cannot be traced yet."
     )
+
+
+def _keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
+    """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``."""
+    if kind == "constant":
+        constants[key] = value
+    elif kind == "zeros":
+        constants[key] = [int(n) for n in value.shape[2:]]
 
 
 def _recipe(
@@ -399,8 +423,7 @@ def _recipe(
         kind = _classify(key, value, positions, hidden, cache_class, produced)
         if kind == "position_embeddings":
             rotary = _producer(calls, tuple(value))
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         if key.startswith("#"):
             positional.append(kind)
         else:
@@ -417,8 +440,7 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
             kind = "hidden"  # the rotary module reads only its dtype and device
         else:
             kind = _classify(key, value, positions, None, cache_class, False)
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -436,7 +458,9 @@ def _embedding_step(
 
     Found from the recorded calls and checked on them: a module outside the layers called with the position ids
     returns ``P [B, S, E]``; the layer's input ``X`` is ``T + P`` for the output ``T`` of another module (the token
-    embeddings); the layer's norms called before the attention turn ``X`` into the attention's input.
+    embeddings), or it is the output of an embeddings module that takes ``inputs_embeds`` (BERT-like encoders: it adds
+    token types and normalises), which, called with ``inputs_embeds=T`` and the position ids, gives ``X`` again; the
+    layer's norms called before the attention turn ``X`` into the attention's input.
     """
     layer_call = calls.get(layer_path)
     if layer_call is None:
@@ -444,26 +468,18 @@ def _embedding_step(
     x = layer_call.args[0] if layer_call.args else layer_call.kwargs.get("hidden_states")
     if not torch.is_tensor(x):
         return None, "the first layer's input is not a hidden-state tensor"
-    found = None
-    for name, call in calls.items():
-        if name.startswith(layer_path.rsplit(".", 1)[0] + ".") or not torch.is_tensor(call.output):
-            continue
-        arguments = [*call.args, *call.kwargs.values()]
-        if (
-            call.output.is_floating_point()
-            and call.output.shape[-2:] == x.shape[-2:]
-            and any(_same_tensor(a, positions) for a in arguments)
-        ):
-            found = name
-            break
-    if found is None:
-        return None, "no module embeds the position ids before the first layer (its positions do not enter there)"
-    position_out = calls[found].output
-    token = x - position_out
-    tokens = [name for name, call in calls.items() if name != found and torch.is_tensor(call.output)
-              and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
-    if not tokens:
-        return None, f"the first layer's input is not the token embeddings plus {found}'s position embeddings"
+    outside = layer_path.rsplit(".", 1)[0] + "."
+    found = [
+        name
+        for name, call in calls.items()
+        if not name.startswith(outside)
+        and torch.is_tensor(call.output)
+        and call.output.is_floating_point()
+        and call.output.shape[-2:] == x.shape[-2:]
+        and any(_same_tensor(a, positions) for a in [*call.args, *call.kwargs.values()])
+    ]
+    if not found:
+        return None, "no module embeds the position ids before the first layer (its positions do not enter at them)"
     order = [n for n in calls if n.startswith(layer_path + ".") and n.count(".") == layer_path.count(".") + 1]
     norms = [n for n in order if "Norm" in type(model.get_submodule(n)).__name__]
     y = x
@@ -472,12 +488,120 @@ def _embedding_step(
             y = model.get_submodule(name)(y)
     if not torch.allclose(y, attention_input, atol=1e-6):
         return None, "the attention's input is not the layer's input through its norms"
-    record = EmbeddingRecord(
-        position=ModuleRef(found, class_path(model.get_submodule(found))),
-        call=_embedding_recipe(calls[found], positions, cache_class),
-        norms=tuple(ModuleRef(n, class_path(model.get_submodule(n))) for n in norms),
-    )
-    return EmbeddingStep(record, model.get_submodule(found), [model.get_submodule(n) for n in norms]), ""
+    norm_refs = tuple(ModuleRef(n, class_path(model.get_submodule(n))) for n in norms)
+    norm_modules = [model.get_submodule(n) for n in norms]
+    for name in found:
+        position_out = calls[name].output
+        token = x - position_out
+        tokens = [n for n, call in calls.items() if n != name and torch.is_tensor(call.output)
+                  and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
+        if tokens:
+            record = EmbeddingRecord(
+                position=ModuleRef(name, class_path(model.get_submodule(name))),
+                call=_embedding_recipe(calls[name], positions, cache_class),
+                norms=norm_refs,
+            )
+            return EmbeddingStep(record, model.get_submodule(name), norm_modules), ""
+    step = _embeddings_module(calls, model, outside, x, positions, found, cache_class)
+    if step is None:
+        return None, f"the first layer's input is not the token embeddings plus {found[0]}'s position embeddings"
+    record, module = step
+    return EmbeddingStep(dataclasses.replace(record, norms=norm_refs), module, norm_modules), ""
+
+
+def _embeddings_module(
+    calls: Mapping[str, Call], model: nn.Module, outside: str, x: torch.Tensor, positions: torch.Tensor,
+    found: list[str], cache_class: type,
+) -> tuple[EmbeddingRecord, nn.Module] | None:  # fmt: skip
+    """The embeddings module that turns the token embeddings and the positions into the first layer's input ``x``
+    (it takes ``inputs_embeds`` and holds a module of ``found``), checked on the capture: ``(record, module)`` with
+    its token table replaced by nothing (the unit starts at the token embeddings), or None."""
+    for name, call in calls.items():
+        if name.startswith(outside) or not torch.is_tensor(call.output) or call.output.shape != x.shape:
+            continue
+        module = model.get_submodule(name)
+        accepts = inspect.signature(module.forward).parameters
+        holds = any(f == name or f.startswith(name + ".") for f in found)
+        if "inputs_embeds" not in accepts or not holds or not torch.allclose(call.output, x, atol=1e-6):
+            continue
+        ids = call.kwargs.get("input_ids", call.args[0] if call.args else None)
+        if not torch.is_tensor(ids) or ids.is_floating_point():
+            continue
+        table = next((n for n, c in calls.items() if n.startswith(name + ".") and c.args
+                      and _same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
+        if table is None:
+            continue
+        recipe = _inputs_embeds_recipe(call, module, ids, positions, cache_class)
+        if recipe is None:
+            continue
+        args, kwargs = _step_args(recipe, calls[table].output, positions)
+        with torch.no_grad():
+            again = module(*args, **kwargs)
+        if torch.is_tensor(again) and again.shape == x.shape and torch.allclose(again, x, atol=1e-6):
+            tokens = ModuleRef(table[len(name) + 1 :], class_path(model.get_submodule(table)))
+            return EmbeddingRecord(ModuleRef(name, class_path(module)), recipe, tokens=tokens), module
+    return None
+
+
+def _inputs_embeds_recipe(
+    call: Call, module: nn.Module, ids: torch.Tensor, positions: torch.Tensor, cache_class: type
+) -> CallRecipe | None:
+    """The embeddings module's call, every argument by name, with ``inputs_embeds`` (the unit's ``hidden``) in place
+    of the token ids and the position ids passed where it takes them; None where its arguments cannot be named."""
+    signature = inspect.signature(module.forward)
+    try:
+        bound = signature.bind_partial(*call.args, **call.kwargs).arguments
+    except TypeError:
+        return None
+    if any(signature.parameters[name].kind not in _NAMED for name in bound):
+        return None
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    for key, value in bound.items():
+        if value is ids or key == "input_ids":
+            kind, value = "constant", None
+        elif key == "inputs_embeds":
+            kind = "hidden"
+        else:
+            kind = _classify(key, value, positions, None, cache_class, False)
+        _keep(constants, key, kind, value)
+        keywords[key] = kind
+    keywords["inputs_embeds"] = "hidden"
+    if "position_ids" in signature.parameters:
+        keywords["position_ids"] = "position_ids"
+        constants.pop("position_ids", None)
+    return CallRecipe((), keywords, constants)
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments of an embedding step's call (kinds ``hidden``, ``position_ids``, ``ones``, ``zeros``,
+    ``constant``)."""
+
+    def value(key: str, kind: str) -> Any:
+        if kind == "hidden":
+            return hidden
+        if kind == "position_ids":
+            return positions
+        if kind == "ones":
+            return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64)
+        if kind == "zeros":
+            return torch.zeros(hidden.shape[0], hidden.shape[1], *recipe.constants.get(key, ()), dtype=torch.int64)
+        return recipe.constants.get(key)
+
+    args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
+    return args, {key: value(key, kind) for key, kind in recipe.keywords.items()}
+
+
+def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
+    """Replace an embeddings module's token table (``record.tokens``) with nothing: the unit starts at the token
+    embeddings, so the table is neither read nor exported."""
+    if record.tokens is None:
+        return
+    parent, _, child = record.tokens.path.rpartition(".")
+    setattr(embeddings.get_submodule(parent) if parent else embeddings, child, nn.Identity())
 
 
 def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
@@ -486,20 +610,24 @@ def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) ->
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
         kind = _classify(key, value, positions, None, cache_class, False)
-        if kind == "constant":
-            constants[key] = value
+        _keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
 
-def _mask_recipe(mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor) -> MaskRecipe:
-    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not)."""
+def _mask_recipe(
+    mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor, causal_without: bool = True
+) -> MaskRecipe:
+    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not);
+    ``causal_without``: whether the attention is causal when the model passes no mask."""
     if mask is None:
-        return MaskRecipe("none", causal=True)
+        return MaskRecipe("none", causal=causal_without)
     if not torch.is_tensor(mask) or mask.dim() != 4:
         raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
     kind = "bool" if mask.dtype == torch.bool else "additive"
     allowed = mask if kind == "bool" else mask > torch.finfo(mask.dtype).min / 2
+    if allowed.shape[-2] == 1 and bool(allowed.all()):  # a padding mask [B, 1, 1, K] hiding no key
+        return MaskRecipe(kind, causal=False)
     windows: list[int | None] = [None]
     for name in ("sliding_window", "attention_window", "local_attention", "window_size"):
         value = getattr(hf, name, None)
@@ -543,7 +671,11 @@ def _probe(
     if step is not None:
         call = calls[step.record.position.path]
         with torch.no_grad():  # the position module with the checkpoint's table, called as in the capture
-            inputs = fresh + step.position(*call.args, **call.kwargs)
+            if step.record.tokens is None:
+                inputs = fresh + step.position(*call.args, **call.kwargs)
+            else:  # the embeddings module, with the random token embeddings as its inputs_embeds
+                args, kwargs = _step_args(step.record.call, fresh, positions)
+                inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
     kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
@@ -556,6 +688,61 @@ def _probe(
         output = attention(*args, **kwargs)
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
+
+
+def _settings(attention: nn.Module) -> dict[tuple[str, str], Any]:
+    """The plain settings (str, int, float, bool attributes) of the attention and its submodules."""
+    return {(name, key): value for name, module in attention.named_modules() for key, value in vars(module).items()
+            if isinstance(value, (str, int, float, bool)) and not key.startswith("_")}  # fmt: skip
+
+
+def _check_settings(before: dict[tuple[str, str], Any], attention: nn.Module, model_type: Any) -> None:
+    """Refuse an attention whose model changed its settings during the capture forward: the captured call would be
+    another computation than the module built from the config (BigBird's block-sparse attention turns to full
+    attention on short inputs)."""
+    after = _settings(attention)
+    changed = [(key, value, after.get(key)) for key, value in before.items() if after.get(key) != value]
+    if changed:
+        (name, attribute), old, new = changed[0]
+        where = f"{name}.{attribute}" if name else attribute
+        raise ExportError(
+            f"the {model_type} model changed its attention's setting {where} from {old!r} to {new!r} while posenc "
+            f"captured the call (on {CAPTURE_TOKENS}-token inputs); the module it runs then is not the one its config "
+            f"builds, so it cannot be traced. Choose the setting in config.json (e.g. {attribute}={new!r})."
+        )
+
+
+def _module_causal(attention: nn.Module) -> bool:
+    """Whether an attention module called without a mask hides later keys itself (its ``is_causal``)."""
+    return any(getattr(module, "is_causal", False) is True for module in attention.modules())
+
+
+def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[int, int]:
+    """``(kv heads, head width)`` of an attention called without a cache: the module's own counts (BERT's
+    ``num_attention_heads`` and ``attention_head_size``, ``head_dim``, ``num_key_value_heads``), else the config's.
+
+    Raises:
+        ConfigError: neither names the heads.
+    """
+    sources = [*attention.modules(), hf]
+
+    def first(*names: str) -> int | None:
+        for source in sources:
+            for name in names:
+                value = getattr(source, name, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
+
+    heads = first("num_attention_heads", "num_heads", "n_head", "n_heads", "encoder_attention_heads")
+    if heads is None:
+        raise ConfigError(
+            f"the {hf.model_type} attention called without a cache names no head count (num_attention_heads); "
+            f"posenc cannot describe its geometry."
+        )
+    head_dim = first("attention_head_size", "head_dim", "head_size") or hidden_size // heads
+    kv_heads = first("num_key_value_heads", "num_kv_heads") or heads
+    return kv_heads, head_dim
 
 
 # --------------------------------------------------------------------------------------------------
@@ -646,30 +833,34 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         attention_path = f"{list_path}.{index}.{child}"
         target = Call((), {})
         calls, handles = _record_calls(model, attention, target)
+        settings = _settings(attention)
         with _hooks(handles):
             positions = _run_forward(model, hf, _capture_tokens(hf))
+        _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
         mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
-        mask = _mask_recipe(target.kwargs.get(mask_key) if mask_key else None, hf, kind, positions)
+        mask_value = target.kwargs.get(mask_key) if mask_key else None
+        mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(calls[rotary_path], positions, transformers.Cache) if rotary_path else None
-        cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
-        if cache is None:
-            raise ExportError(
-                f"layer {index}'s attention of this {model_type} model is called without a KV cache; posenc traces "
-                f"decoder attention with a cache (past_key/past_value)."
-            )
-        keys, values = cache.layers[index].keys, cache.layers[index].values
-        if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
-            raise ExportError(
-                f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
-                f"[B, Hkv, P, D]; the traced path exports that cache layout only."
-            )
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
+            kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
+        else:
+            keys, values = cache.layers[index].keys, cache.layers[index].values
+            if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
+                raise ExportError(
+                    f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
+                    f"[B, Hkv, P, D]; the traced path exports that cache layout only."
+                )
+            kv_heads, head_dim = int(keys.shape[1]), int(keys.shape[3])
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
+        if step is not None:
+            drop_token_table(step.position, step.record)
         tensors = load_attention_weights(source, attention, attention_path)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
@@ -689,8 +880,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             call=call,
             rotary_call=rotary_call,
             mask=mask,
-            kv_heads=int(keys.shape[1]),
-            head_dim=int(keys.shape[3]),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
             hidden_size=int(hidden.shape[-1]),
             tensors=tensors,
             location=source.location,
@@ -698,7 +889,17 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             embedding=step,
             embedding_note=note,
             quantization=source.quantized.record(tensors),
+            cacheless=cache is None,
         )
 
 
-__all__ = ["FAMILY_NAME", "Captured", "EmbeddingStep", "capture_layer", "class_path", "load_attention_weights"]
+__all__ = [
+    "FAMILY_NAME",
+    "Captured",
+    "EmbeddingStep",
+    "cacheless_heads",
+    "capture_layer",
+    "class_path",
+    "drop_token_table",
+    "load_attention_weights",
+]

@@ -10,6 +10,9 @@ reference of ``posenc validate``), the mask from positions (cached keys at ``0 .
 ``DynamicCache`` holding the past at the layer's index, the cache positions and the constants the model passed.
 Exported graphs guard their positions as posenc's blocks do (:func:`posenc.functional.position_guard`): the poison
 enters the hidden states before the module.
+
+An attention its model calls without a KV cache (an encoder's, ``cacheless``) takes ``hidden`` and ``position_ids``
+and returns ``(out,)``: the unit of posenc's encoder blocks fed no past.
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ class TracedAttention(nn.Module):
         position_limit: exclusive bound on positions an exported graph serves (the guard's), or None.
         embedding: the position module of an embedding step (the unit then takes token embeddings as ``hidden`` and
             feeds the attention ``norms(hidden + embedding(...))``), or None; ``embedding_call``: how the model calls
-            it; ``norms``: the layer's modules between the embedding sum and the attention.
+            it; ``norms``: the layer's modules between the embedding sum and the attention. ``embeddings_module``:
+            the embedding is the model's whole embeddings module, called with ``inputs_embeds=hidden``
+            (``norms(embedding(...))``).
+        cacheless: the model calls the attention without a cache; the unit takes no past and returns ``(out,)``.
     """
 
     guard_exported = True
@@ -70,6 +76,8 @@ class TracedAttention(nn.Module):
         embedding: nn.Module | None = None,
         embedding_call: CallRecipe | None = None,
         norms: list[nn.Module] | None = None,
+        embeddings_module: bool = False,
+        cacheless: bool = False,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -88,6 +96,8 @@ class TracedAttention(nn.Module):
         self.embedding = embedding
         self.embedding_call = embedding_call
         self.norms = nn.ModuleList(norms or [])
+        self.embeddings_module = embeddings_module
+        self.cacheless = cacheless
 
     @property
     def position_limit(self) -> int | None:
@@ -153,8 +163,10 @@ class TracedAttention(nn.Module):
                 return torch.arange(hidden.shape[1], device=hidden.device) + past
             if kind == "constant":
                 return recipe.constants.get(key)
-            if kind == "ones":
-                return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64, device=hidden.device)
+            if kind in ("ones", "zeros"):
+                fill = torch.ones if kind == "ones" else torch.zeros
+                trailing = recipe.constants.get(key, ()) if kind == "zeros" else ()
+                return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
             raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
         args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
@@ -169,10 +181,18 @@ class TracedAttention(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention."""
+    ) -> tuple[torch.Tensor, ...]:
+        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention; ``(out,)``
+        for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty)."""
         b, s = hidden.shape[0], hidden.shape[1]
         past = 0 if past_key is None else past_key.shape[2]
+        if self.cacheless:
+            if past and not is_tracing():
+                raise ConfigError(
+                    f"this traced layer's model calls its attention without a KV cache; it takes no past "
+                    f"(got {past} cached positions). Feed the whole sequence at once."
+                )
+            past_key = past_value = None
         if position_ids is None:
             position_ids = default_positions(b, s, past, hidden.device)
         elif not is_tracing():
@@ -181,24 +201,28 @@ class TracedAttention(nn.Module):
             raise ConfigError("pass both past_key and past_value, or neither.")
         position_ids, poison = self._guard(position_ids.to(torch.int64))
         hidden = poisoned(hidden, poison, 1)
-        cache = import_transformers().DynamicCache()
-        if past_key is not None and past_value is not None:
+        cache = None if self.cacheless else import_transformers().DynamicCache()
+        if cache is not None and past_key is not None and past_value is not None:
             cache.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
         output = self.attention(*args, **kwargs)
         out = output[0] if isinstance(output, (tuple, list)) else output
+        if cache is None:
+            return (out,)
         entry = cache.layers[self.layer]
         return out, entry.keys, entry.values
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
         """The attention's input: ``hidden`` itself, or with an embedding step ``norms(hidden + position
-        embeddings)`` (``hidden``: the token embeddings ``[B, S, E]``)."""
+        embeddings)`` or ``norms(embeddings(inputs_embeds=hidden, ...))`` (``hidden``: the token embeddings
+        ``[B, S, E]``)."""
         if self.embedding is None or self.embedding_call is None:
             return hidden
         args, kwargs = self._fill(self.embedding_call, hidden, position_ids, None, None, past)
-        x = hidden + self.embedding(*args, **kwargs).to(hidden.dtype)
+        embedded = self.embedding(*args, **kwargs).to(hidden.dtype)
+        x = embedded if self.embeddings_module else hidden + embedded
         for norm in self.norms:
             x = norm(x)
         return x

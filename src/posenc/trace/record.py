@@ -27,6 +27,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "position_ids",  # the new tokens' position ids [B, S]
     "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
     "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
+    "zeros",  # all-zero integer ids [B, S, ...] (token type ids, boxes an encoder's model makes when given none)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
@@ -91,18 +92,23 @@ class AnglesRecord:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingRecord:
-    """The embedding step of a model whose positions enter at the embeddings (GPT-2, GPT-Neo, OPT): the first
-    layer's unit is ``norms(hidden + position(position_ids))`` followed by the attention, ``hidden`` being the token
-    embeddings.
+    """The embedding step of a model whose positions enter at the embeddings: the first layer's unit is
+    ``norms(hidden + position(position_ids))`` followed by the attention (GPT-2, GPT-Neo, OPT), or, where the model's
+    embeddings module combines and normalises the embeddings itself (BERT-like encoders: token type, LayerNorm),
+    ``norms(position(inputs_embeds=hidden, position_ids=...))``; ``hidden`` is the token embeddings.
 
     Attributes:
-        position: the module that embeds the positions (a learned table); ``call``: how the model calls it.
-        norms: the layer's modules between the embedding sum and the attention (its pre-attention norm), in order.
+        position: the module that embeds the positions (a learned table), or the whole embeddings module;
+            ``call``: how the unit calls it (``inputs_embeds`` filled with ``hidden`` for an embeddings module).
+        norms: the layer's modules between the embedding step and the attention (its pre-attention norm), in order.
+        tokens: for an embeddings module, its token table (read by the model from the token ids, not by the unit:
+            left out of the unit and its weights), else None.
     """
 
     position: ModuleRef
     call: CallRecipe
     norms: tuple[ModuleRef, ...] = ()
+    tokens: ModuleRef | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +136,7 @@ class TraceRecord:
         mask: the mask the model gives the layer.
         angles: how the rotary output lays out posenc's cos/sin (None: not recognised, or no rotary module).
         embedding: the embedding step the unit starts with (GPT-2's ``wpe``), else None.
+        cacheless: the attention is called without a KV cache (the unit has no past and no presents).
         parts: the positional parts of the graph: replaced, kept (why) or absent.
     """
 
@@ -146,6 +153,9 @@ class TraceRecord:
     parts: tuple[TracePart, ...] = ()
     embedding: EmbeddingRecord | None = field(optional=True, default=None)
     """The embedding step the unit starts with (positions that enter at the embeddings), else None."""
+    cacheless: bool = field(optional=True, default=False)
+    """The model calls the attention without a KV cache (an encoder's, or a decoder run without one): the unit takes
+    ``hidden`` and ``position_ids`` and returns ``out`` alone."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""

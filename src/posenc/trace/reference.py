@@ -57,7 +57,7 @@ class TracedReference(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         cast = [None if t is None else t.to(self.dtype) for t in (hidden, past_key, past_value)]
         with torch.no_grad():
             return self.module(cast[0], position_ids, cast[1], cast[2])
@@ -95,7 +95,8 @@ def load_traced(checkpoint: Any, layer: int | None = None, layer_type: str | Non
     """Capture layer ``layer`` of ``checkpoint`` and plan it (see the module docstring)."""
     plan = plan_trace(capture_layer(checkpoint, layer, layer_type))
     captured = plan.captured
-    layer_plan = LayerPlan(plan.config, plan.scheme, plan.params, captured.layer, captured.layer_type, decoder=True)
+    decoder = not captured.cacheless  # an attention called without a cache takes no decode steps
+    layer_plan = LayerPlan(plan.config, plan.scheme, plan.params, captured.layer, captured.layer_type, decoder=decoder)
     return TracedLayer(plan, layer_plan, captured.location)
 
 

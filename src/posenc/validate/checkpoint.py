@@ -58,9 +58,9 @@ RunnerFactory = Callable[[Any, str, Sequence[str]], TorchModuleRunner]
 
 def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
     def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        tensors = [torch.from_numpy(feed[key].copy()) for key in _INPUTS]
-        tensors[0] = tensors[0].float()
-        return dict(zip(outputs, module(*tensors), strict=True))
+        hidden = torch.from_numpy(feed["hidden"].copy()).float()
+        rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
+        return dict(zip(outputs, module(hidden, *rest), strict=True))
 
     return TorchModuleRunner(run, name, list(outputs))
 
