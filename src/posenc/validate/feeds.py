@@ -85,7 +85,10 @@ def scheme_boundaries(manifest: Manifest) -> list[int]:
     by_scheme = {rope_types.get(name).scheme: rope_types.get(name) for name in rope_types.names()}
     entry = by_scheme.get(manifest.scheme)
     if entry is not None and entry.boundaries is not None and entry.position_axes == 1:
-        params = rope_parameters(entry.name, manifest.params, manifest.rotary_config())
+        from posenc.schemes import get_spec
+
+        resolved = get_spec(manifest.scheme).resolve(manifest.params)  # a traced manifest records only overrides
+        params = rope_parameters(entry.name, resolved, manifest.rotary_config())
         points.update(entry.boundaries(params))
     return sorted(p for p in points if BOUNDARY_TOKENS <= p <= limit)
 
