@@ -25,7 +25,7 @@ from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
-from posenc.validate.runners import ort_runner
+from posenc.validate.runners import REFERENCE_NAME, ort_runner
 from posenc.validate.tolerance import RULE, format_margin, tolerances_for
 
 __all__ = [
@@ -208,6 +208,9 @@ def _validate_onnx(
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
     refs = [_reference(ref, path, manifest, prepared.feeds[0]) for ref in references]
+    floor = next((ref.floor for ref in refs if ref.floor is not None), None)
+    if floor is not None:  # the float32 floor measured on the checkpoint's module holds for posenc's rendering too
+        refs = [dataclasses.replace(ref, floor=floor) if ref.name == REFERENCE_NAME else ref for ref in refs]
     in_place = manifest.unit == BLOCK_INPLACE
     candidates = _candidates(runners, prepared.model, list(providers or ort_providers()), in_place)
     tols = tolerances_for(manifest.scheme, {o.name: o.dtype for o in manifest.outputs}, tolerances)
