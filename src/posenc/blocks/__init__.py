@@ -7,7 +7,7 @@ q/k norms, soft-caps, windows, sinks, gates), ``mla`` the multi-head latent atte
 """
 
 from posenc.blocks.attention import AttentionBlock, default_positions
-from posenc.blocks.build import Geometry, attention_config_from_dict, build_block
+from posenc.blocks.build import Geometry, attention_config_from_dict, build_block, rotary_geometry
 from posenc.blocks.mla import MLABlock, MLAConfig
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "attention_config_from_dict",
     "build_block",
     "default_positions",
+    "rotary_geometry",
 ]

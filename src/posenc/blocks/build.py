@@ -33,6 +33,12 @@ def build_block(
     return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
 
 
+def rotary_geometry(config: Geometry) -> AttentionConfig:
+    """The geometry a block's positional scheme rotates: ``config`` itself, or for an :class:`MLAConfig` the
+    ``AttentionConfig`` of its rope slice (:meth:`MLAConfig.rope_config`)."""
+    return config.rope_config() if isinstance(config, MLAConfig) else config
+
+
 def attention_config_from_dict(data: Mapping[str, Any]) -> Geometry:
     """An :class:`MLAConfig` (its dict says ``"block": "mla"``) or an :class:`AttentionConfig` from a dict."""
     if data.get("block") == MLA_KIND:
@@ -40,4 +46,4 @@ def attention_config_from_dict(data: Mapping[str, Any]) -> Geometry:
     return AttentionConfig.from_dict(data)
 
 
-__all__ = ["Geometry", "attention_config_from_dict", "build_block"]
+__all__ = ["Geometry", "attention_config_from_dict", "build_block", "rotary_geometry"]

@@ -150,6 +150,12 @@ def cached(cache: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return entry.keys, entry.values
 
 
+def reference_name(dtype: torch.dtype, exact_angles: bool) -> str:
+    """The short name of a transformers reference in report rows: ``hf-fp32``, ``hf-fp64, fp64 angles``, ..."""
+    names = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return f"hf-{names.get(dtype, str(dtype))}" + (", fp64 angles" if exact_angles else "")
+
+
 class TransformersReference(nn.Module):
     """Base of the per-family references: one layer's transformers attention, called like posenc's block.
 
@@ -174,10 +180,7 @@ class TransformersReference(nn.Module):
 
     @property
     def name(self) -> str:
-        names = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}
-        precision = names.get(self.dtype, str(self.dtype))
-        angles = "" if self.angles == "native" else ", fp64 angles"
-        return f"hf-{precision}{angles}"
+        return reference_name(self.dtype, exact_angles=self.angles != "native")
 
     @property
     def description(self) -> str:

@@ -37,7 +37,7 @@ from posenc.artifacts.files import (
     weights_path_for,
 )
 from posenc.artifacts.paths import output_path
-from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, build_block
+from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, build_block, rotary_geometry
 from posenc.config import AttentionConfig
 from posenc.dtypes import dtype_name, torch_dtype
 from posenc.errors import ConfigError, ExportError, PosencError
@@ -379,7 +379,7 @@ def _build_inner(
     if isinstance(config, MLAConfig):
         if unit == BLOCK_INPLACE:
             raise ConfigError("an MLA block keeps its concatenated cache; export it with kv_cache='concat'.")
-        config = config.rope_config()  # the op of an MLA geometry rotates its rope slice
+        config = rotary_geometry(config)  # the op of an MLA geometry rotates its rope slice
     if unit == BLOCK_INPLACE:
         return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
     return build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)

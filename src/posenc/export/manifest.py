@@ -248,8 +248,9 @@ class Manifest(Document):
     def rotary_config(self):
         """The geometry the positional scheme rotates: :meth:`attention_config`, or for an MLA block the
         ``AttentionConfig`` of its rope slice (:meth:`posenc.blocks.mla.MLAConfig.rope_config`)."""
-        config = self.attention_config()
-        return config.rope_config() if hasattr(config, "rope_config") else config
+        from posenc.blocks import rotary_geometry
+
+        return rotary_geometry(self.attention_config())
 
     # -- (de)serialization: posenc.records.Document (to_dict / from_dict) -------------------------
 

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from posenc.artifacts.memory import attention_call_bytes, check_bytes
-from posenc.blocks import AttentionBlock, MLABlock, MLAConfig
+from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, rotary_geometry
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
@@ -208,8 +208,7 @@ def _slots(
     positions = _position_slot(position_axes)
     if unit == "block" and isinstance(config, MLAConfig):
         return _mla_slots(config, positions)
-    if isinstance(config, MLAConfig):
-        config = config.rope_config()  # an MLA geometry's op rotates its rope slice
+    config = rotary_geometry(config)  # an MLA geometry's op rotates its rope slice
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
     if unit == "block":
         return (

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from posenc.checkpoints.plan import LayerPlan
-from posenc.checkpoints.reference import ANGLES
+from posenc.checkpoints.reference import ANGLES, reference_name
 from posenc.errors import ConfigError
 from posenc.provenance import CheckpointWeights
 from posenc.schemes.base import TableMode
@@ -40,8 +40,7 @@ class TracedReference(nn.Module):
 
     @property
     def name(self) -> str:
-        precision = {torch.float32: "fp32", torch.float64: "fp64"}.get(self.dtype, str(self.dtype))
-        return f"hf-{precision}" + (", fp64 angles" if self.exact else "")
+        return reference_name(self.dtype, exact_angles=self.exact)
 
     @property
     def description(self) -> str:
