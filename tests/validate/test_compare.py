@@ -28,6 +28,7 @@ from posenc.validate import (
     fit_shapes,
     validate_onnx,
 )
+from posenc.validate.compare import Float32Floor
 from tests.conftest import SMALL
 from tests.matrix import MatrixCase, exported
 
@@ -94,6 +95,19 @@ def test_every_reference_has_its_rows_and_its_own_tolerance(rope_op) -> None:
     assert [(r.reference, r.output) for r in report.failures()] == [("shifted", "k_rot")]
 
 
+def test_a_float32_graph_brings_the_float32_rendering_its_floor_measures(rope_op) -> None:
+    """The eager reference of a float32 graph is floored by the same module in float32 (float32 arithmetic's own
+    error on each feed), which runs but judges nothing: every row still names the float64 reference."""
+    report = validate_onnx(rope_op, shapes=SHAPES)
+    assert {row.reference for row in report.rows} == {REFERENCE_NAME}
+    (exact,) = [ref for ref in report.references if ref.name == REFERENCE_NAME]
+    (measuring,) = [ref for ref in report.references if ref.measuring]
+    assert exact.floor == Float32Floor(measuring.name, REFERENCE_NAME)
+    single, double = report.run_results[measuring.name][0]["q_rot"], report.run_results[REFERENCE_NAME][0]["q_rot"]
+    assert np.array_equal(single, single.astype(np.float32))  # it ran in float32: every value is a float32
+    assert not np.array_equal(single, double)
+
+
 def test_an_informational_reference_is_reported_but_not_judged(rope_op, tmp_path) -> None:
     shifted = Reference(
         TorchModuleRunner(_posenc_module_fn(rope_op, 10 * TOL.atol), "shifted", ["q_rot", "k_rot"]),
@@ -113,7 +127,7 @@ def test_an_informational_reference_is_reported_but_not_judged(rope_op, tmp_path
     report.save(json_path=tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] is True
-    assert [(ref["name"], ref["informational"]) for ref in data["references"]] == [
+    assert [(ref["name"], ref["informational"]) for ref in data["references"] if not ref["measuring"]] == [
         (REFERENCE_NAME, False),
         ("shifted", True),
     ]

@@ -47,6 +47,7 @@ or, below :func:`~posenc.validate.validate_onnx`, ``compare(references, candidat
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -63,7 +64,14 @@ from posenc.export.shapes import FeedShape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.records import field, to_json
 from posenc.schemes.base import Tolerance
-from posenc.validate.runners import REFERENCE_DESCRIPTION, EagerTorchRunner, TorchModuleRunner, feed_metadata
+from posenc.validate.runners import (
+    FLOAT32_DESCRIPTION,
+    FLOAT32_NAME,
+    REFERENCE_DESCRIPTION,
+    EagerTorchRunner,
+    TorchModuleRunner,
+    feed_metadata,
+)
 from posenc.validate.tolerance import margin_of, outside_tolerance
 
 
@@ -112,6 +120,7 @@ class Reference:
         floor: the float32 floor of float32 candidates (:class:`Float32Floor`): on each feed and output, rows
             against this reference allow at least ``factor`` times the error float32 arithmetic alone makes there,
             with a note where that widens the tolerance.
+        measuring: run only so that another reference's :attr:`floor` can measure float32's own error: no rows.
     """
 
     runner: Any
@@ -121,6 +130,7 @@ class Reference:
     judged_by: str | None = None
     bound: ErrorBound | None = None
     floor: Float32Floor | None = None
+    measuring: bool = False
 
     @property
     def name(self) -> str:
@@ -135,6 +145,7 @@ class Reference:
             "judged_by": self.judged_by,
             "bound": None if self.bound is None else dataclasses.asdict(self.bound),
             "floor": None if self.floor is None else dataclasses.asdict(self.floor),
+            "measuring": self.measuring,
         }
 
 
@@ -230,6 +241,31 @@ def eager_reference(module: Any, manifest: Any, feed: Mapping[str, np.ndarray]) 
     return Reference(EagerTorchRunner(module, manifest, feed_dtypes=dtypes), REFERENCE_DESCRIPTION)
 
 
+def float32_floor(
+    module: Any, manifest: Any, feed: Mapping[str, np.ndarray], exact: Reference
+) -> tuple[Reference, Reference]:
+    """``exact`` (the float64 eager reference) with a :class:`Float32Floor`, and the measuring reference the floor
+    reads: the same module in float32 (a copy; its tables are the float64 ones rounded once, so it measures
+    float32's arithmetic, not an angle computed in float32).
+
+    Args:
+        module: the float64 unit module ``exact`` runs.
+        manifest: the model's manifest.
+        feed: one feed as it will be run.
+        exact: the float64 reference the floor widens.
+
+    Returns:
+        ``(exact with its floor, the measuring reference)``: pass both to :func:`compare`.
+    """
+    import torch
+
+    dtypes = {name: np.asarray(array).dtype for name, array in feed.items()}
+    single = copy.deepcopy(module).float()
+    runner = EagerTorchRunner(single, manifest, feed_dtypes=dtypes, name=FLOAT32_NAME, dtype=torch.float32)
+    measuring = Reference(runner, FLOAT32_DESCRIPTION, measuring=True)
+    return dataclasses.replace(exact, floor=Float32Floor(FLOAT32_NAME, exact.name)), measuring
+
+
 def compare(
     references: Sequence[Reference],
     candidates: Sequence[Any],
@@ -263,7 +299,7 @@ def compare(
     shapes = list(shapes) if shapes is not None else [None] * len(feeds)
     if not references or not candidates or not feeds:
         raise ConfigError("a comparison needs at least one reference, one candidate and one feed.")
-    if all(ref.informational for ref in references):
+    if all(ref.informational or ref.measuring for ref in references):
         raise ConfigError("every reference is informational, so nothing would decide the verdict; add one that counts.")
     if len(shapes) != len(feeds):
         raise ConfigError(f"{len(shapes)} shapes for {len(feeds)} feeds; give one shape per feed.")
@@ -294,6 +330,8 @@ def compare(
     rows = []
     for index, shape in enumerate(shapes):
         for ref in references:
+            if ref.measuring:
+                continue
             expected = collected[ref.name][index]
             for candidate in candidates:
                 got = collected[candidate.name][index]

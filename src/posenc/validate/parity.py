@@ -23,7 +23,15 @@ from posenc.export.shape_rules import check_shapes
 from posenc.export.shapes import FeedShape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
-from posenc.validate.compare import ComparisonRow, Reference, Verdict, compare, eager_reference
+from posenc.validate.compare import (
+    ComparisonRow,
+    Float32Floor,
+    Reference,
+    Verdict,
+    compare,
+    eager_reference,
+    float32_floor,
+)
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
 from posenc.validate.runners import REFERENCE_NAME, ort_runner
 from posenc.validate.tolerance import RULE, format_margin, tolerances_for
@@ -114,8 +122,8 @@ class ParityReport(Verdict):
             result = "pass" if row.passed else "**FAIL**"
             if row.informational:
                 result = "info: " + ("within" if row.passed else "beyond") + " tolerance"
-                if row.note:
-                    result += f" [{notes.setdefault(row.note, len(notes) + 1)}]"
+            if row.note:  # why it is informational, or why its atol is wider than the policy's
+                result += f" [{notes.setdefault(row.note, len(notes) + 1)}]"
             lines.append(
                 f"| {shape} | {row.reference} | {row.runner} | {row.output} | {row.max_abs:.3e} | "
                 f"{row.max_rel:.3e} | {row.atol:.1e} | {row.rtol:.1e} | {format_margin(row.margin)} | {result} |"
@@ -207,8 +215,9 @@ def _validate_onnx(
     if not references:
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
-    refs = [_reference(ref, path, manifest, prepared.feeds[0]) for ref in references]
-    floor = next((ref.floor for ref in refs if ref.floor is not None), None)
+    given = [ref for ref in references if isinstance(ref, Reference)]
+    floor = next((ref.floor for ref in given if ref.floor is not None), None)
+    refs = [built for ref in references for built in _reference(ref, path, manifest, prepared.feeds[0], floor)]
     if floor is not None:  # the float32 floor measured on the checkpoint's module holds for posenc's rendering too
         refs = [dataclasses.replace(ref, floor=floor) if ref.name == REFERENCE_NAME else ref for ref in refs]
     in_place = manifest.unit == BLOCK_INPLACE
@@ -226,12 +235,19 @@ def _validate_onnx(
     )
 
 
-def _reference(ref: Reference | str, path: Path, manifest: Manifest, feed: Mapping[str, Any]) -> Reference:
+def _reference(
+    ref: Reference | str, path: Path, manifest: Manifest, feed: Mapping[str, Any], floor: Float32Floor | None
+) -> list[Reference]:
+    """The references ``ref`` names: :data:`EAGER` of a float32 graph also brings the float32 rendering its floor
+    measures (:func:`~posenc.validate.compare.float32_floor`) unless another reference already brings a floor."""
     if isinstance(ref, Reference):
-        return ref
+        return [ref]
     if ref == EAGER:
         module, _ = load_eager(path, manifest=manifest)
-        return eager_reference(module, manifest, feed)
+        exact = eager_reference(module, manifest, feed)
+        if floor is not None or manifest.dtype != "float32":
+            return [exact]
+        return list(float32_floor(module, manifest, feed, exact))
     raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
 
 

@@ -34,6 +34,11 @@ from posenc.export.units import _size
 
 REFERENCE_NAME = "eager-fp64"
 REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
+FLOAT32_NAME = "eager-fp32"
+FLOAT32_DESCRIPTION = (
+    "the same eager posenc reference in float32 (CPU): measures what float32 arithmetic alone gets wrong on each "
+    "feed, for the float32 floor; no rows of its own"
+)
 
 TorchFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
 """``fn(feed) -> {output name: torch.Tensor | numpy array}``; the feed maps graph input names to arrays."""
@@ -114,6 +119,8 @@ class EagerTorchRunner(TorchModuleRunner):
             symbolic dims (one runner then serves feeds of every shape).
         feed_dtypes: numpy dtype of each input as fed (defaults to the manifest's dtypes).
         name: runner name in polygraphy results.
+        dtype: the module's dtype, which its inputs are cast to (float32 for :data:`FLOAT32_NAME`, which measures
+            what float32 arithmetic alone gets wrong).
     """
 
     def __init__(
@@ -123,8 +130,10 @@ class EagerTorchRunner(TorchModuleRunner):
         shape: FeedShape | None = None,
         feed_dtypes: Mapping[str, Any] | None = None,
         name: str = REFERENCE_NAME,
+        dtype: torch.dtype = torch.float64,
     ) -> None:
         self.module = module
+        self.dtype = dtype
         self.manifest = manifest
         self.shape = shape
         self.feed_dtypes = dict(feed_dtypes or {})
@@ -136,7 +145,7 @@ class EagerTorchRunner(TorchModuleRunner):
         super().__init__(self._run, name, manifest.output_names, meta)
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        outputs = self.module(*reference_inputs(self.manifest, feed, torch.float64))
+        outputs = self.module(*reference_inputs(self.manifest, feed, self.dtype))
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
         return {name: value.to(torch.float64) for name, value in zip(self.manifest.output_names, outputs, strict=True)}
