@@ -26,8 +26,11 @@ import torch
 
 from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
 from posenc.cli import main
+from posenc.errors import ConfigError
 from posenc.export import load_manifest
 from posenc.export.shapes import FeedShape
+from posenc.trace.build import tower_class
+from posenc.trace.record import ModuleRef
 from posenc.trace.reference import load_traced
 from posenc.validate.checkpoint import validate_against_checkpoint
 from tests.checkpoints.parity import ATOL
@@ -56,6 +59,8 @@ class Wrapper:
     saved: str
     """the layer's ``q_proj.weight`` as ``save_pretrained`` writes it."""
     layer: int = 0
+    angles: str = "replaced"
+    """what becomes of the tower's rotary angles (``absent``: positions enter at the embeddings)."""
     top: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def sample(self, model_type: str) -> Sample:
@@ -73,7 +78,8 @@ WRAPPERS: dict[str, Wrapper] = {
         "MiniMaxM3SparseForConditionalGeneration",
         {"model_type": "minimax_m3_vl_text", **_TEXT, "rotary_dim": 8, "num_local_experts": 4,
          "num_experts_per_tok": 2, "dense_intermediate_size": 64, "shared_intermediate_size": 64,
-         "layer_types": ["full_attention"] * 2, "mlp_layer_types": ["sparse"] * 2},
+         "layer_types": ["full_attention"] * 2, "mlp_layer_types": ["sparse"] * 2,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
         "model.language_model", "layers.{layer}.self_attn",
         "language_model.model.layers.{layer}.self_attn.q_proj.weight",
         top={"projector_hidden_size": 64, "merged_hidden_size": 64},
@@ -89,13 +95,14 @@ WRAPPERS: dict[str, Wrapper] = {
         "Blip2ForConditionalGeneration",
         {"model_type": "opt", **_TEXT, "ffn_dim": 64, "word_embed_proj_dim": 64, "max_position_embeddings": 512},
         "language_model.model", "decoder.layers.{layer}.self_attn",
-        "language_model.model.decoder.layers.{layer}.self_attn.q_proj.weight", layer=1,
+        "language_model.model.decoder.layers.{layer}.self_attn.q_proj.weight", layer=1, angles="absent",
         top={"num_query_tokens": 4},
     ),
 }  # fmt: skip
-"""Wrappers whose text tower has no posenc family: MiniMax-M3-VL (partial rotary, q/k norms, a conversion that
-renames the tower on disk), LFM2-VL (LFM2's attention layer among convolution layers), BLIP-2 (OPT under
-``OPTForCausalLM``: a learned position table, layer 1 past the embedding step)."""
+"""Wrappers whose text tower has no posenc family: MiniMax-M3-VL (partial rotary, which its rotary module reads
+from ``rope_parameters``, not ``rotary_dim``; q/k norms; a conversion that renames the tower on disk), LFM2-VL
+(LFM2's attention layer among convolution layers), BLIP-2 (OPT under ``OPTForCausalLM``: a learned position table,
+layer 1 past the embedding step)."""
 
 
 def tower_steps(folder: Path, case: Wrapper) -> Calls:
@@ -123,6 +130,7 @@ def check_wrapper(model_type: str, root: Path) -> str:
     assert manifest.trace is not None
     assert manifest.trace.tower is not None
     assert (manifest.trace.model_type, manifest.trace.tower.path) == (model_type, case.tower)
+    assert {p.part: p.status for p in manifest.trace.parts}.get("rotary angles", "absent") == case.angles
     read = set(manifest.weights.source.tensors)
     assert case.saved.format(layer=case.layer) in read, sorted(read)
     traced = load_traced(folder, case.layer)
@@ -136,6 +144,14 @@ def check_wrapper(model_type: str, root: Path) -> str:
 def test_a_wrapper_s_tower_without_a_family_is_traced_as_the_wrapper_builds_it(tmp_path: Path) -> None:
     text = check_wrapper("minimax_m3_vl", tmp_path)
     assert "of the minimax_m3_vl model's text tower model.language_model (MiniMaxM3VLTextModel)" in text
+
+
+def test_a_record_s_tower_class_is_a_transformers_model_class_or_refused() -> None:
+    """A manifest names the tower's class; only transformers' own model classes are taken from it."""
+    assert tower_class(ModuleRef("language_model.model", "transformers.OPTModel")) is transformers.OPTModel
+    for name in ("os.system", "transformers.OPTConfig", "transformers.models.opt.modeling_opt.Missing"):
+        with pytest.raises(ConfigError, match="not a model class of the installed transformers"):
+            tower_class(ModuleRef("language_model.model", name))
 
 
 @pytest.mark.slow
