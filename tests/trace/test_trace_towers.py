@@ -91,6 +91,13 @@ WRAPPERS: dict[str, Wrapper] = {
         "model.language_model.layers.{layer}.self_attn.q_proj.weight", layer=1,
         top={"projector_hidden_size": 64},
     ),
+    "granite_docling": Wrapper(
+        "GraniteDoclingForConditionalGeneration",
+        {"model_type": "granite_docling_text", **_TEXT, "attention_multiplier": 0.05, "embedding_multiplier": 12.0,
+         "residual_multiplier": 0.25, "logits_scaling": 4.0},
+        "model.text_model", "layers.{layer}.self_attn", "model.text_model.layers.{layer}.self_attn.q_proj.weight",
+        layer=1, top={"image_token_id": 95, "pad_token_id": None},
+    ),
     "blip-2": Wrapper(
         "Blip2ForConditionalGeneration",
         {"model_type": "opt", **_TEXT, "ffn_dim": 64, "word_embed_proj_dim": 64, "max_position_embeddings": 512},
@@ -101,8 +108,8 @@ WRAPPERS: dict[str, Wrapper] = {
 }  # fmt: skip
 """Wrappers whose text tower has no posenc family: MiniMax-M3-VL (partial rotary, which its rotary module reads
 from ``rope_parameters``, not ``rotary_dim``; q/k norms; a conversion that renames the tower on disk), LFM2-VL
-(LFM2's attention layer among convolution layers), BLIP-2 (OPT under ``OPTForCausalLM``: a learned position table,
-layer 1 past the embedding step)."""
+(LFM2's attention layer among convolution layers), Granite-Docling (Granite's attention multiplier), BLIP-2 (OPT
+under ``OPTForCausalLM``: a learned position table, layer 1 past the embedding step)."""
 
 
 def tower_steps(folder: Path, case: Wrapper) -> Calls:
