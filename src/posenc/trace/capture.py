@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from posenc.checkpoints.conversions import load_converted
 from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.checkpoints.towers import base_tower
@@ -819,6 +821,35 @@ def load_attention_weights(
     return tensors
 
 
+def _load_module(
+    source: CheckpointSource,
+    module: nn.Module,
+    path: str,
+    names: Callable[[str], tuple[str, ...]] | None,
+    owner: tuple[nn.Module, str],
+) -> dict[str, str]:
+    """:func:`load_attention_weights`; where the checkpoint lacks the module's tensors under their own names, the
+    tensors transformers' weight conversion stores them as (:mod:`posenc.checkpoints.conversions`: fused q/k/v,
+    renames), reverted on ``owner`` (the model whose conversion applies, and the module's root in it)."""
+    try:
+        return load_attention_weights(source, module, path, names)
+    except ConfigError as plain:
+        model, root = owner
+        converted = load_converted(source, model, module, f"{root}{path}.", functools.partial(_on_disk, source, root))
+        if converted is None:
+            raise plain from None
+        return converted
+
+
+def _on_disk(source: CheckpointSource, root: str, name: str) -> str | None:
+    """The checkpoint's name for ``name`` as ``save_pretrained`` writes it: itself under a wrapper's full names
+    (``root`` given), else under the shortest root the checkpoint stores the base model at; None if absent."""
+    if root:
+        return name if source.has(name) else None
+    found = sorted((full for full in source.names() if full == name or full.endswith("." + name)), key=len)
+    return found[0] if found else None
+
+
 # --------------------------------------------------------------------------------------------------
 # The entry point
 # --------------------------------------------------------------------------------------------------
@@ -893,11 +924,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        tensors = load_attention_weights(source, attention, attention_path, names)
+        owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
+        tensors = _load_module(source, attention, attention_path, names, owner)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
-                tensors.update(load_attention_weights(source, module, ref.path, names))
+                tensors.update(_load_module(source, module, ref.path, names, owner))
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
         del model  # the other layers were only needed for the capture call
         return Captured(
