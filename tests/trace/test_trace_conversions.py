@@ -15,6 +15,7 @@ import torch
 
 from posenc.census.tiny import tiny_config
 from posenc.checkpoints.samples import save_seeded
+from posenc.errors import ExportError
 from posenc.trace.capture import capture_layer
 
 transformers = pytest.importorskip("transformers")
@@ -54,3 +55,12 @@ def test_a_fused_qkv_on_disk_is_read_as_transformers_loads_it(tmp_path: Path) ->
 @pytest.mark.parametrize("model_type", sorted(set(CASES) - {"gte"}))
 def test_every_converted_checkpoint_reads_as_transformers_loads_it(model_type: str, tmp_path: Path) -> None:
     check_case(model_type, tmp_path)
+
+
+@pytest.mark.slow
+def test_an_attention_reading_its_model_s_conv_state_is_refused_by_name(tmp_path: Path) -> None:
+    """Inkling 2's sliding attention (its tensors renamed on disk, read through the conversion) reads convolution
+    state from its model's cache: refused with the reason, not an internal error."""
+    save_seeded(transformers.Inkling2TextModel, tiny_config("inkling2_text").config, tmp_path)
+    with pytest.raises(ExportError, match=r"Inkling2SlidingAttention fails .* fresh DynamicCache .* cannot be traced"):
+        capture_layer(tmp_path, 0)

@@ -694,8 +694,15 @@ def _probe(
         kwargs["hidden_states"] = inputs
     else:
         args[0] = inputs
-    with torch.no_grad():
-        output = attention(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            output = attention(*args, **kwargs)
+    except (IndexError, KeyError, AttributeError) as exc:  # a cache with more than keys and values (conv states)
+        raise ExportError(
+            f"{type(attention).__name__} fails when called as its model calls it with a fresh {cache_class.__name__} "
+            f"({type(exc).__name__}: {str(exc)[:160]}): it reads state from its model's cache that posenc does not "
+            f"rebuild; this model's attention cannot be traced yet."
+        ) from None
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
 
