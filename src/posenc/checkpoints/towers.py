@@ -18,6 +18,11 @@ the way transformers builds it, with no table of wrappers:
 
 The reference of such a layer is the tower's own attention module, the class the wrapper builds for that layer
 (checked by name against the family's reference), made from the tower's config.
+
+A tower whose ``model_type`` no family claims goes through the traced path instead (:mod:`posenc.trace.capture`):
+:func:`base_tower` gives the tower's base model as the wrapper builds it (its class and config, and its path in the
+wrapper) and the names its tensors have in the checkpoint (:meth:`BaseTower.checkpoint_names`: the saved name
+``revert_weight_conversion`` gives, then the in-memory one), so the traced unit is the wrapper's own text module.
 """
 
 from __future__ import annotations
@@ -55,6 +60,75 @@ class Tower:
     roots: tuple[str, ...]
     saved: Mapping[str, str]
     attention_class: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseTower:
+    """The base model of a wrapper's text tower, as the wrapper builds it (the traced path's tower).
+
+    Attributes:
+        wrapper: the checkpoint's ``model_type`` (``blip-2``).
+        model_type: the tower's ``model_type`` (``opt``).
+        path: the base model's path in the wrapper model (``language_model.model``: the ``OPTModel`` under the
+            ``OPTForCausalLM`` the wrapper holds).
+        model_class: its transformers class (``OPTModel``).
+        config: the config the wrapper built it with (a copy, eager attention).
+        model: the wrapper model (on the meta device for a folder; the in-memory model as given) for the names of
+            its tensors on disk.
+        in_memory: the checkpoint is an in-memory model (its tensors carry their in-memory names).
+    """
+
+    wrapper: str
+    model_type: str
+    path: str
+    model_class: type
+    config: Any
+    model: Any = dataclasses.field(repr=False, compare=False)
+    in_memory: bool = False
+
+    def checkpoint_names(self, relative: str) -> tuple[str, ...]:
+        """The names the checkpoint may hold the tower's tensor ``relative`` (relative to the base model,
+        ``decoder.layers.0.self_attn.q_proj.weight``) under, most likely first: as ``save_pretrained`` writes it
+        (transformers' ``revert_weight_conversion``), then as the wrapper holds it in memory."""
+        inner = f"{self.path}.{relative}" if self.path else relative
+        if self.in_memory:
+            return (inner,)
+        from transformers.core_model_loading import revert_weight_conversion
+
+        try:
+            (saved,) = revert_weight_conversion(self.model, {inner: torch.empty(0, device="meta")})
+        except Exception:  # a conversion that cannot run on one meta tensor: the in-memory name
+            saved = inner
+        return tuple(dict.fromkeys((str(saved), inner)))
+
+
+def base_tower(hf: Any, config: dict[str, Any], model: Any) -> BaseTower | None:
+    """The base model of the text tower of a wrapper checkpoint (see the module docstring), or None when its config
+    is its own text config.
+
+    Args:
+        hf: the checkpoint's transformers config.
+        config: its ``config.json`` (for ``architectures``).
+        model: the in-memory transformers model, or None for a folder (the wrapper is built on the meta device).
+
+    Raises:
+        ConfigError: the wrapper does not build, or holds several submodels of its tower's model_type.
+        BackendUnavailable: the wrapper's model class needs a package that is missing here.
+    """
+    tower_type = text_model_type(hf)
+    if tower_type is None:
+        return None
+    built = model if model is not None else _meta_model(hf, config)
+    name, tower = _tower_module(built, tower_type, hf.model_type)
+    base = getattr(tower, "base_model", tower)
+    prefix = getattr(tower, "base_model_prefix", "")
+    if base is not tower and prefix and getattr(tower, prefix, None) is base:
+        name = f"{name}.{prefix}"
+    else:
+        base = tower
+    text = copy.deepcopy(base.config)
+    text._attn_implementation = "eager"
+    return BaseTower(hf.model_type, tower_type, name, type(base), text, built, model is not None)
 
 
 def text_model_type(hf: Any) -> str | None:
@@ -177,4 +251,4 @@ def _saved_root(saved: Mapping[str, str], suffix: str) -> str | None:
     return None
 
 
-__all__ = ["Tower", "locate", "text_model_type"]
+__all__ = ["BaseTower", "Tower", "base_tower", "locate", "text_model_type"]

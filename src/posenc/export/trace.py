@@ -52,7 +52,7 @@ from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
 from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
-from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced
+from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 
 TRACE_OPSET = DEFAULT_OPSET
 """Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
@@ -225,7 +225,8 @@ def _write(
     spec = get_spec(scheme)
     record = trace_record(plan, parts)
     rows = int(exact.max_positions) if exact is not None else plan.config.max_position_embeddings
-    notes = [*notes, f"traced from {plan.captured.attention_ref.cls} (layer {plan.captured.layer})"]
+    where = tower_note(plan.captured.model_type, plan.captured.tower)
+    notes = [*notes, f"traced from {plan.captured.attention_ref.cls} (layer {plan.captured.layer}{where})"]
     notes += [f"positional part {line}" for line in record.summary()]
     with atomic_outputs(path, weights_path, manifest_path) as (tmp_model, tmp_weights, tmp_manifest):
         # every tensor once: in the weights file, which the graph reads as its external data

@@ -11,13 +11,14 @@ the :class:`~posenc.trace.module.TracedAttention`; :func:`rebuild` builds it aga
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from posenc.checkpoints.reference import hf_config
+from posenc.checkpoints.reference import hf_config, import_transformers
 from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
@@ -25,7 +26,7 @@ from posenc.schemes.base import Placement, PositionalScheme, TableMode
 from posenc.trace.capture import Captured, build_base_model, drop_token_table, quiet_transformers
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import TracedAttention, scheme_cos_sin
-from posenc.trace.record import AnglesRecord, TracePart, TraceRecord
+from posenc.trace.record import AnglesRecord, ModuleRef, TracePart, TraceRecord
 
 NOPE = "nope"
 
@@ -248,7 +249,31 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         parts=parts,
         embedding=captured.embedding.record if captured.embedding is not None else None,
         cacheless=captured.cacheless,
+        tower=captured.tower,
     )
+
+
+def tower_class(ref: ModuleRef) -> type:
+    """The transformers model class a record's ``tower`` names (``transformers.models.opt.modeling_opt.OPTModel``);
+    only transformers' own model classes are taken from a manifest.
+
+    Raises:
+        ConfigError: the name is not a transformers model class here.
+    """
+    import importlib
+
+    transformers = import_transformers()
+    module_name, _, name = ref.cls.rpartition(".")
+    found: Any = None
+    if module_name == "transformers" or module_name.startswith("transformers."):
+        with contextlib.suppress(ImportError):
+            found = getattr(importlib.import_module(module_name), name, None)
+    if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
+        raise ConfigError(
+            f"the traced record names the text tower class {ref.cls!r}, which is not a model class of the installed "
+            f"transformers {transformers.__version__}; export the layer again with this transformers."
+        )
+    return found
 
 
 def rebuild(
@@ -261,7 +286,7 @@ def rebuild(
     weights file), in ``dtype``: with posenc's ``exact`` scheme when its angles replaced the model's."""
     with quiet_transformers():
         hf = hf_config(record.config)
-        model = build_base_model(hf, record.layer + 1)
+        model = build_base_model(hf, record.layer + 1, tower_class(record.tower) if record.tower else None)
     attention = model.get_submodule(record.attention.path)
     rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
     step = record.embedding

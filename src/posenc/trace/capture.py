@@ -18,15 +18,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from posenc.checkpoints.conversions import load_converted
 from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
@@ -89,6 +92,9 @@ class Captured:
         quantization: how a quantized checkpoint's tensors were read (:mod:`posenc.checkpoints.quantized`).
         cacheless: the model calls the attention without a KV cache (an encoder's); ``kv_heads`` and ``head_dim``
             then come from the module's (or the config's) head counts.
+        tower: for a wrapper checkpoint (a vision- or audio-language model), its text tower's base model as the
+            wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
+            tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
     """
 
     model_type: str
@@ -112,6 +118,7 @@ class Captured:
     embedding_note: str = ""
     quantization: Quantization | None = None
     cacheless: bool = False
+    tower: ModuleRef | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -163,22 +170,25 @@ def reduced_config(hf: Any, layers: int) -> Any:
     return reduced
 
 
-def build_base_model(hf: Any, layers: int) -> nn.Module:
+def build_base_model(hf: Any, layers: int, model_class: Any = None) -> nn.Module:
     """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
-    such as ``SiglipTextModel``) with its first ``layers`` layers, seeded random weights (only the capture call runs on
-    them), eval mode.
+    such as ``SiglipTextModel``; ``model_class`` alone where given: a wrapper's text tower, as the wrapper builds it)
+    with its first ``layers`` layers, seeded random weights (only the capture call runs on them), eval mode.
 
     Raises:
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
     config = reduced_config(hf, layers)
-    builders = [transformers.AutoModel.from_config]
-    for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
-        found = getattr(transformers, str(name), None)
-        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-            model_class: Any = found
-            builders.append(model_class._from_config)
+    if model_class is not None:
+        builders = [model_class._from_config]
+    else:
+        builders = [transformers.AutoModel.from_config]
+        for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+            found = getattr(transformers, str(name), None)
+            if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+                named: Any = found
+                builders.append(named._from_config)
     first: Exception | None = None
     for build in builders:
         try:
@@ -684,8 +694,15 @@ def _probe(
         kwargs["hidden_states"] = inputs
     else:
         args[0] = inputs
-    with torch.no_grad():
-        output = attention(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            output = attention(*args, **kwargs)
+    except (IndexError, KeyError, AttributeError) as exc:  # a cache with more than keys and values (conv states)
+        raise ExportError(
+            f"{type(attention).__name__} fails when called as its model calls it with a fresh {cache_class.__name__} "
+            f"({type(exc).__name__}: {str(exc)[:160]}): it reads state from its model's cache that posenc does not "
+            f"rebuild; this model's attention cannot be traced yet."
+        ) from None
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
 
@@ -750,31 +767,51 @@ def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[in
 # --------------------------------------------------------------------------------------------------
 
 
-def load_attention_weights(source: CheckpointSource, attention: nn.Module, path: str) -> dict[str, str]:
+def load_attention_weights(
+    source: CheckpointSource, attention: nn.Module, path: str, names: Callable[[str], tuple[str, ...]] | None = None
+) -> dict[str, str]:
     """Load the checkpoint's tensors of the module at ``path`` (the attention, or a module of the embedding step;
     under whatever root the checkpoint stores the base model) into it; returns full tensor name -> sha256.
+    ``names``: a wrapper's text tower's names (:meth:`posenc.checkpoints.towers.BaseTower.checkpoint_names`: a name
+    relative to the tower's base model -> the names the checkpoint may hold it under), instead of any root.
 
     Raises:
         ConfigError: a parameter of the module is missing from the checkpoint, or has another shape.
     """
     expected = attention.state_dict()
-    names = list(source.names())
     params = {name for name, _ in attention.named_parameters()}
     probe = next(iter(sorted(params)), None) or next(iter(expected), None)
     if probe is None:
         return {}
     suffix = f"{path}.{probe}"
-    roots = sorted({name[: -len(suffix)] for name in names if name.endswith(suffix)}, key=len)
-    if not roots:
-        raise ConfigError(
-            f"checkpoint {source.location} has no tensor ending in {suffix!r}; its weights are not laid out as "
-            f"transformers' {type(attention).__name__} expects for this config."
-        )
-    root = roots[0]
+    if names is not None:
+        stored = names
+
+        def locate(key: str) -> str:
+            candidates = stored(f"{path}.{key}")
+            return next((name for name in candidates if source.has(name)), candidates[0])
+
+        if not source.has(locate(probe)):
+            raise ConfigError(
+                f"checkpoint {source.location} has no tensor {' or '.join(map(repr, names(suffix)))}; its text "
+                f"tower's weights are not laid out as transformers' {type(attention).__name__} expects for this config."
+            )
+    else:
+        found = sorted({name[: -len(suffix)] for name in source.names() if name.endswith(suffix)}, key=len)
+        if not found:
+            raise ConfigError(
+                f"checkpoint {source.location} has no tensor ending in {suffix!r}; its weights are not laid out as "
+                f"transformers' {type(attention).__name__} expects for this config."
+            )
+        root = found[0]
+
+        def locate(key: str) -> str:
+            return f"{root}{path}.{key}"
+
     state: dict[str, torch.Tensor] = {}
     tensors: dict[str, str] = {}
     for key, current in expected.items():
-        full = f"{root}{path}.{key}"
+        full = locate(key)
         if not source.has(full):
             if key in params:
                 raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the traced unit.")
@@ -789,6 +826,35 @@ def load_attention_weights(source: CheckpointSource, attention: nn.Module, path:
         state[key] = tensor.to(current.dtype)
     attention.load_state_dict({**expected, **state})
     return tensors
+
+
+def _load_module(
+    source: CheckpointSource,
+    module: nn.Module,
+    path: str,
+    names: Callable[[str], tuple[str, ...]] | None,
+    owner: tuple[nn.Module, str],
+) -> dict[str, str]:
+    """:func:`load_attention_weights`; where the checkpoint lacks the module's tensors under their own names, the
+    tensors transformers' weight conversion stores them as (:mod:`posenc.checkpoints.conversions`: fused q/k/v,
+    renames), reverted on ``owner`` (the model whose conversion applies, and the module's root in it)."""
+    try:
+        return load_attention_weights(source, module, path, names)
+    except ConfigError as plain:
+        model, root = owner
+        converted = load_converted(source, model, module, f"{root}{path}.", functools.partial(_on_disk, source, root))
+        if converted is None:
+            raise plain from None
+        return converted
+
+
+def _on_disk(source: CheckpointSource, root: str, name: str) -> str | None:
+    """The checkpoint's name for ``name`` as ``save_pretrained`` writes it: itself under a wrapper's full names
+    (``root`` given), else under the shortest root the checkpoint stores the base model at; None if absent."""
+    if root:
+        return name if source.has(name) else None
+    found = sorted((full for full in source.names() if full == name or full.endswith("." + name)), key=len)
+    return found[0] if found else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -815,7 +881,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         model_type = source.config.get("model_type")
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
-        hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        outer = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
+        tower = base_tower(outer, source.config, source.hf_model)  # a wrapper: its text tower is traced
+        hf = tower.config if tower is not None else outer
+        names = tower.checkpoint_names if tower is not None else None
         total = layer_count(hf)
         index = default_layer(hf, layer_type) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
@@ -824,7 +893,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         kind = kinds[index] if index < len(kinds) else None
         if layer_type is not None and kind != layer_type:
             raise ConfigError(f"layer {index} is a {kind or 'plain'} layer, not {layer_type!r}.")
-        model = build_base_model(hf, index + 1)
+        model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None)
+        tower_ref = ModuleRef(tower.path, class_path(model)) if tower is not None else None
         list_path, layers = layer_list(model, index + 1)
         found = attention_child(layers[index])
         if found is None:
@@ -861,11 +931,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        tensors = load_attention_weights(source, attention, attention_path)
+        owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
+        tensors = _load_module(source, attention, attention_path, names, owner)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
-                tensors.update(load_attention_weights(source, module, ref.path))
+                tensors.update(_load_module(source, module, ref.path, names, owner))
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
         del model  # the other layers were only needed for the capture call
         return Captured(
@@ -890,6 +961,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             embedding_note=note,
             quantization=source.quantized.record(tensors),
             cacheless=cache is None,
+            tower=tower_ref,
         )
 
 

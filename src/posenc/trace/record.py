@@ -137,6 +137,8 @@ class TraceRecord:
         angles: how the rotary output lays out posenc's cos/sin (None: not recognised, or no rotary module).
         embedding: the embedding step the unit starts with (GPT-2's ``wpe``), else None.
         cacheless: the attention is called without a KV cache (the unit has no past and no presents).
+        tower: for a wrapper checkpoint, its text tower's base model (path in the wrapper, class): ``config`` and
+            the module paths are then the tower's. None otherwise.
         parts: the positional parts of the graph: replaced, kept (why) or absent.
     """
 
@@ -156,6 +158,8 @@ class TraceRecord:
     cacheless: bool = field(optional=True, default=False)
     """The model calls the attention without a KV cache (an encoder's, or a decoder run without one): the unit takes
     ``hidden`` and ``position_ids`` and returns ``out`` alone."""
+    tower: ModuleRef | None = field(optional=True, default=None)
+    """A wrapper's text tower (its base model's path in the wrapper and class) whose layer was traced, else None."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
@@ -164,6 +168,14 @@ class TraceRecord:
     def summary(self) -> list[str]:
         """One line per part: ``replaced: rotary angles (...)`` / ``kept: ... (why)``."""
         return [f"{part.status}: {part.part} ({part.detail})" for part in self.parts]
+
+
+def tower_note(model_type: str, tower: ModuleRef | None) -> str:
+    """`` of the blip-2 model's text tower language_model.model (OPTModel)`` for a wrapper's traced tower, else ``""``
+    (what report lines and reference descriptions append)."""
+    if tower is None:
+        return ""
+    return f" of the {model_type} model's text tower {tower.path} ({tower.cls.rsplit('.', 1)[-1]})"
 
 
 def angles_replaced(parts: tuple[TracePart, ...]) -> bool:
@@ -183,4 +195,5 @@ __all__ = [
     "TracePart",
     "TraceRecord",
     "angles_replaced",
+    "tower_note",
 ]

@@ -24,6 +24,7 @@ from posenc.provenance import CheckpointWeights
 from posenc.schemes.base import TableMode
 from posenc.trace.build import TracePlan, plan_trace, traced_module
 from posenc.trace.capture import capture_layer
+from posenc.trace.record import tower_note
 
 
 class TracedReference(nn.Module):
@@ -37,6 +38,7 @@ class TracedReference(nn.Module):
         self.exact = exact
         self.layer = plan.captured.layer
         self.module_name = plan.captured.attention_ref.cls.rsplit(".", 1)[-1]
+        self.tower = tower_note(plan.captured.model_type, plan.captured.tower)
 
     @property
     def name(self) -> str:
@@ -46,8 +48,8 @@ class TracedReference(nn.Module):
     def description(self) -> str:
         angles = "posenc's float64 angles" if self.exact else "its own angles"
         return (
-            f"transformers {self.module_name} (checkpoint weights, layer {self.layer}, {self.dtype}, {angles}), "
-            f"called as its model calls it (traced)"
+            f"transformers {self.module_name} (checkpoint weights, layer {self.layer}{self.tower}, {self.dtype}, "
+            f"{angles}), called as its model calls it (traced)"
         )
 
     def forward(
