@@ -29,6 +29,7 @@ from posenc.checkpoints.reference import attention_mask, hf_config, import_trans
 from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
+from posenc.trace.arguments import call_args, classify, keep, rebuild, same_tensor
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
 
 CAPTURE_TOKENS = 8
@@ -47,11 +48,17 @@ class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
 
 @dataclasses.dataclass
 class Call:
-    """One recorded module call: its positional and keyword arguments and its output."""
+    """One recorded module call: its positional and keyword arguments and its output; ``later``: the module's
+    later calls in the same forward (a rotary module called once per layer type: ModernBERT, LFM3)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any = None
+    later: list[Call] = dataclasses.field(default_factory=list)
+
+    def every(self) -> list[Call]:
+        """This call and the module's later ones, in order."""
+        return [self, *self.later]
 
 
 @dataclasses.dataclass
@@ -295,11 +302,16 @@ def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple
             continue
 
         def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
-            calls.setdefault(name, Call(args, dict(kwargs)))
+            call = Call(args, dict(kwargs))
+            if name in calls:
+                calls[name].later.append(call)
+            else:
+                calls[name] = call
 
         def post(mod: nn.Module, args: tuple, kwargs: dict, output: Any, name: str = name) -> None:
-            if name in calls and calls[name].output is None:
-                calls[name].output = output
+            pending = [call for call in calls[name].every() if call.output is None] if name in calls else []
+            if pending:
+                pending[-1].output = output
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
@@ -350,68 +362,24 @@ def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
     )
 
 
-def _same_tensor(a: Any, b: torch.Tensor) -> bool:
-    return torch.is_tensor(a) and (a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)))
-
-
-def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> str | None:
-    """The module whose output holds the tensors of ``value`` (the last-named, innermost one)."""
+def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, Call] | None:
+    """The module whose output holds the tensors of ``value`` (the last-named, innermost one) and the call of it that
+    returned them (a module called several times returns other tensors each time)."""
     found = None
-    for name, call in calls.items():
-        out = call.output
-        items = out if isinstance(out, (tuple, list)) else (out,)
-        if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
-            found = name
+    for name, first in calls.items():
+        for call in first.every():
+            out = call.output
+            items = out if isinstance(out, (tuple, list)) else (out,)
+            if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
+                found = (name, call)
     return found
-
-
-def _classify(
-    key: str,
-    value: Any,
-    positions: torch.Tensor,
-    hidden: torch.Tensor | None,
-    cache_class: type,
-    produced: bool,
-) -> str:
-    """The :data:`~posenc.trace.record.ARGUMENT_KINDS` entry of one captured argument, or raises."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return "constant"
-    if isinstance(value, cache_class):
-        return "cache"
-    if isinstance(value, (tuple, list)) and produced:
-        return "position_embeddings"
-    if torch.is_tensor(value):
-        if hidden is not None and value is hidden:
-            return "hidden"
-        if "mask" in key and value.dim() == 4:
-            return "mask"
-        if _same_tensor(value, positions):
-            return "position_ids"
-        if value.dim() == 1 and _same_tensor(value, positions[0]):
-            return "cache_position"
-        if value.dim() == 2 and value.numel() and bool((value == 1).all()):
-            return "ones"
-        if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
-            return "zeros"
-    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
-    raise ExportError(
-        f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
-        f"states, positions and cache; this model's attention cannot be traced yet."
-    )
-
-
-def _keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
-    """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``."""
-    if kind == "constant":
-        constants[key] = value
-    elif kind == "zeros":
-        constants[key] = [int(n) for n in value.shape[2:]]
 
 
 def _recipe(
     call: Call, positions: torch.Tensor, calls: Mapping[str, Call], cache_class: type, hidden_key: str | None
-) -> tuple[CallRecipe, str | None]:
-    """The attention's :class:`CallRecipe` and the path of the module that computed its position embeddings."""
+) -> tuple[CallRecipe, tuple[str, Call] | None]:
+    """The attention's :class:`CallRecipe` and the module that computed its position embeddings (its path and the
+    call that returned them)."""
     hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
     rotary = None
     keywords: dict[str, str] = {}
@@ -419,11 +387,11 @@ def _recipe(
     positional = []
     items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
     for key, value in items:
-        produced = isinstance(value, (tuple, list)) and _producer(calls, tuple(value)) is not None
-        kind = _classify(key, value, positions, hidden, cache_class, produced)
+        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
+        kind = classify(key, value, positions, hidden, cache_class, producer is not None)
         if kind == "position_embeddings":
-            rotary = _producer(calls, tuple(value))
-        _keep(constants, key, kind, value)
+            rotary = producer
+        keep(constants, key, kind, value)
         if key.startswith("#"):
             positional.append(kind)
         else:
@@ -439,8 +407,8 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
         if torch.is_tensor(value) and value.is_floating_point():
             kind = "hidden"  # the rotary module reads only its dtype and device
         else:
-            kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+            kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -476,7 +444,7 @@ def _embedding_step(
         and torch.is_tensor(call.output)
         and call.output.is_floating_point()
         and call.output.shape[-2:] == x.shape[-2:]
-        and any(_same_tensor(a, positions) for a in [*call.args, *call.kwargs.values()])
+        and any(same_tensor(a, positions) for a in [*call.args, *call.kwargs.values()])
     ]
     if not found:
         return None, "no module embeds the position ids before the first layer (its positions do not enter at them)"
@@ -528,7 +496,7 @@ def _embeddings_module(
         if not torch.is_tensor(ids) or ids.is_floating_point():
             continue
         table = next((n for n, c in calls.items() if n.startswith(name + ".") and c.args
-                      and _same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
+                      and same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
         if table is None:
             continue
         recipe = _inputs_embeds_recipe(call, module, ids, positions, cache_class)
@@ -563,8 +531,8 @@ def _inputs_embeds_recipe(
         elif key == "inputs_embeds":
             kind = "hidden"
         else:
-            kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+            kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         keywords[key] = kind
     keywords["inputs_embeds"] = "hidden"
     if "position_ids" in signature.parameters:
@@ -577,22 +545,8 @@ _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 
 def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
-    """The arguments of an embedding step's call (kinds ``hidden``, ``position_ids``, ``ones``, ``zeros``,
-    ``constant``)."""
-
-    def value(key: str, kind: str) -> Any:
-        if kind == "hidden":
-            return hidden
-        if kind == "position_ids":
-            return positions
-        if kind == "ones":
-            return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64)
-        if kind == "zeros":
-            return torch.zeros(hidden.shape[0], hidden.shape[1], *recipe.constants.get(key, ()), dtype=torch.int64)
-        return recipe.constants.get(key)
-
-    args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
-    return args, {key: value(key, kind) for key, kind in recipe.keywords.items()}
+    """The arguments of an embedding step's call (:data:`~posenc.trace.arguments.PLAIN_KINDS`)."""
+    return call_args(recipe, lambda key, kind: rebuild(key, kind, recipe.constants, hidden, positions, 0))
 
 
 def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
@@ -609,8 +563,8 @@ def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) ->
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
-        kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+        kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -838,13 +792,14 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             positions = _run_forward(model, hf, _capture_tokens(hf))
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
-        call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        rotary_path = producer[0] if producer is not None else None
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
         mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
         mask_value = target.kwargs.get(mask_key) if mask_key else None
         mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
         rotary = model.get_submodule(rotary_path) if rotary_path else None
-        rotary_call = _rotary_recipe(calls[rotary_path], positions, transformers.Cache) if rotary_path else None
+        rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))

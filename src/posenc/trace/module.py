@@ -28,6 +28,7 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
 from posenc.schemes.rope import Rotary
+from posenc.trace.arguments import call_args, rebuild
 from posenc.trace.layouts import arrange
 from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
 
@@ -149,29 +150,15 @@ class TracedAttention(nn.Module):
         past: int,
     ) -> tuple[list[Any], dict[str, Any]]:
         def value(key: str, kind: str) -> Any:
-            if kind == "hidden":
-                return hidden
-            if kind == "position_ids":
-                return position_ids
             if kind == "position_embeddings":
                 return self.position_embeddings(hidden, position_ids)
             if kind == "mask":
                 return mask
             if kind == "cache":
                 return cache
-            if kind == "cache_position":
-                return torch.arange(hidden.shape[1], device=hidden.device) + past
-            if kind == "constant":
-                return recipe.constants.get(key)
-            if kind in ("ones", "zeros"):
-                fill = torch.ones if kind == "ones" else torch.zeros
-                trailing = recipe.constants.get(key, ()) if kind == "zeros" else ()
-                return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
-            raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
+            return rebuild(key, kind, recipe.constants, hidden, position_ids, past)
 
-        args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
-        kwargs = {key: value(key, kind) for key, kind in recipe.keywords.items()}
-        return args, kwargs
+        return call_args(recipe, value)
 
     # -- forward ------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "cache",  # the KV cache (a transformers Cache holding the past at this layer)
     "cache_position",  # past + arange(S) (the new tokens' slots)
     "position_ids",  # the new tokens' position ids [B, S]
+    "sections",  # the position ids repeated over a leading axis [A, B, S] (M-RoPE's rows of text tokens)
     "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
     "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
     "zeros",  # all-zero integer ids [B, S, ...] (token type ids, boxes an encoder's model makes when given none)
