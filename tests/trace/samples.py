@@ -90,6 +90,8 @@ _CLASSES = {
     "paddleocr_vl_text": ("PaddleOCRTextConfig", "PaddleOCRTextModel"),
     "ernie4_5_vl_moe_text": ("Ernie4_5_VLMoeTextConfig", "Ernie4_5_VLMoeTextModel"),
     "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM"),
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
+    "visual_bert": ("VisualBertConfig", "VisualBertModel"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -333,6 +335,28 @@ ROTARY_PER_TYPE: dict[str, Sample] = {
 }
 """Models whose rotary module runs once per layer type; a sliding layer reads the second call's cos/sin."""
 
+_GEMMA4 = _tiny(global_head_dim=16, vocab_size_per_layer_input=96, hidden_size_per_layer_input=16, num_hidden_layers=6,
+                sliding_window=8, layer_types=["sliding_attention"] * 5 + ["full_attention"], pad_token_id=0,
+                bos_token_id=1, eos_token_id=1)  # fmt: skip
+OTHER_ARGUMENTS: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "gemma4_text", "gemma4_text", "keys and values shared between layers (a dict the layer writes)", _GEMMA4
+        ),
+        _sample(
+            "gemma4_text-full",
+            "gemma4_text",
+            "the same, a full-attention layer with proportional partial RoPE",
+            _GEMMA4,
+            layer=5,
+        ),
+        _sample("visual_bert", "visual_bert", "the mask passed positionally ([B, 1, 1, K])", _ENCODER),
+    )
+}
+"""Models whose attention takes another argument posenc rebuilds: Gemma 4's ``shared_kv_states``, a positional
+mask."""
+
 
 def build(sample: Sample, root: Path) -> Path:
     """The sample's checkpoint folder under ``root`` (built once per folder)."""
@@ -342,4 +366,4 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["ENCODERS", "FAR", "LONG", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]
+__all__ = ["ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]

@@ -20,7 +20,7 @@ from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.build import plan_trace, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.validate.checkpoint import validate_against_checkpoint
-from tests.trace.samples import ROTARY_PER_TYPE, SECTIONS, build
+from tests.trace.samples import OTHER_ARGUMENTS, ROTARY_PER_TYPE, SECTIONS, build
 
 
 def _attention_call(model: torch.nn.Module, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,15 +87,40 @@ def test_a_rotary_module_called_per_layer_type_feeds_each_layer_its_own_angles(t
     assert plan.angles is not None
 
 
+def test_keys_and_values_shared_between_layers_and_a_positional_mask_are_rebuilt(tmp_path: Path) -> None:
+    """Gemma 4 passes its attention a dict its layer stores keys and values in for later layers (a fresh one is
+    rebuilt; the self-check against the model's own call passes); VisualBERT passes its mask positionally (classified
+    by the forward's parameter name)."""
+    sample = OTHER_ARGUMENTS["gemma4_text-full"]
+    captured = capture_layer(build(sample, tmp_path), sample.layer)
+    assert captured.call.keywords["shared_kv_states"] == "kv_sharing"
+    plan = plan_trace(captured)
+    assert (plan.scheme, plan.params["partial_rotary_factor"]) == ("rope_proportional", 0.25)
+    captured = capture_layer(build(OTHER_ARGUMENTS["visual_bert"], tmp_path))
+    assert captured.call.positional[:2] == ("hidden", "mask")
+    assert captured.mask.kind == "additive"
+    plan_trace(captured)
+
+
+ALL = {**SECTIONS, **ROTARY_PER_TYPE, **OTHER_ARGUMENTS}
+LEARNED = {"visual_bert"}
+"""Samples whose positions enter at the embeddings (learned table kept)."""
+ROTATION_KEPT = {"gemma4_text", "gemma4_text-full"}
+"""Samples whose rotation is not a form posenc's rewrite recognises (it stays decomposed, on posenc's cos/sin)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted({**SECTIONS, **ROTARY_PER_TYPE}))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_every_rebuilt_argument_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
-    sample = {**SECTIONS, **ROTARY_PER_TYPE}[name]
+    sample = ALL[name]
     folder = build(sample, tmp_path)
     result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
     parts = {part.part: part.status for part in result.manifest.trace.parts}
-    assert parts["rotary angles"] == "replaced"
-    assert parts["rotation"] == "replaced"
+    if name in LEARNED:
+        assert parts["position table"] == "kept"
+    else:
+        assert parts["rotary angles"] == "replaced"
+        assert parts["rotation"] == ("kept" if name in ROTATION_KEPT else "replaced")
     report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
     assert report.passed, report.to_markdown()
-    assert {"hf-fp32", "hf-fp64, fp64 angles"} <= {row.reference for row in report.rows}
+    assert {"hf-fp32", "hf-fp64" if name in LEARNED else "hf-fp64, fp64 angles"} <= {r.reference for r in report.rows}

@@ -14,10 +14,16 @@ their rotary module (or attention) with them; for text tokens every row is the t
 text: it rebuilds the rows as copies of ``position_ids`` (checked on the capture: every row equal to it). M-RoPE is
 from "Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any Resolution" (Wang et al., 2024,
 https://arxiv.org/abs/2409.12191).
+
+Keys and values shared between layers (kind ``kv_sharing``: Gemma 4's ``shared_kv_states``, a ``UserDict`` a layer
+stores its keys and values in for later layers to reuse): the unit passes a fresh empty one. A layer that computes its
+own keys and values only writes it; a layer that reads another layer's is refused at capture (its cache is not its
+own).
 """
 
 from __future__ import annotations
 
+from collections import UserDict
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +32,9 @@ import torch
 from posenc.errors import ConfigError, ExportError
 from posenc.trace.record import CallRecipe
 
-PLAIN_KINDS: tuple[str, ...] = ("hidden", "position_ids", "sections", "cache_position", "constant", "ones", "zeros")
+PLAIN_KINDS: tuple[str, ...] = (
+    "hidden", "position_ids", "sections", "cache_position", "constant", "ones", "zeros", "kv_sharing"
+)
 """Kinds :func:`rebuild` fills from the hidden states and positions alone."""
 
 
@@ -72,6 +80,8 @@ def classify(
         return "constant"
     if isinstance(value, cache_class):
         return "cache"
+    if isinstance(value, UserDict):
+        return "kv_sharing"
     if isinstance(value, (tuple, list)) and produced:
         return "position_embeddings"
     if torch.is_tensor(value):
@@ -126,6 +136,8 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
         return torch.arange(hidden.shape[1], device=hidden.device) + past
     if kind == "constant":
         return constants.get(key)
+    if kind == "kv_sharing":
+        return {}
     if kind in ("ones", "zeros"):
         fill = torch.ones if kind == "ones" else torch.zeros
         trailing = constants.get(key, ()) if kind == "zeros" else ()

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+from collections import UserDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -376,10 +377,16 @@ def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, C
 
 
 def _recipe(
-    call: Call, positions: torch.Tensor, calls: Mapping[str, Call], cache_class: type, hidden_key: str | None
+    call: Call,
+    positions: torch.Tensor,
+    calls: Mapping[str, Call],
+    cache_class: type,
+    hidden_key: str | None,
+    names: list[str],
 ) -> tuple[CallRecipe, tuple[str, Call] | None]:
     """The attention's :class:`CallRecipe` and the module that computed its position embeddings (its path and the
-    call that returned them)."""
+    call that returned them); ``names``: the forward's parameter names (a positional argument is classified, and
+    named in errors, by its parameter's name: GIT's and VisualBERT's masks are passed positionally)."""
     hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
     rotary = None
     keywords: dict[str, str] = {}
@@ -388,7 +395,9 @@ def _recipe(
     items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
     for key, value in items:
         producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
-        kind = classify(key, value, positions, hidden, cache_class, producer is not None)
+        index = int(key[1:]) if key.startswith("#") else -1
+        name = names[index] if 0 <= index < len(names) else key
+        kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         if kind == "position_embeddings":
             rotary = producer
         keep(constants, key, kind, value)
@@ -632,14 +641,26 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
-    kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
-    args = list(target.args)
+    def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
+        return cache_class() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
+
+    kwargs = {k: fresh_state(v) for k, v in target.kwargs.items()}
+    args = [fresh_state(v) for v in target.args]
     if "hidden_states" in kwargs:
         kwargs["hidden_states"] = inputs
     else:
         args[0] = inputs
     with torch.no_grad():
-        output = attention(*args, **kwargs)
+        try:
+            output = attention(*args, **kwargs)
+        except KeyError as exc:
+            shared = [k for k, v in [*enumerate(target.args), *target.kwargs.items()] if isinstance(v, UserDict)]
+            if not shared:
+                raise
+            raise ExportError(
+                f"the attention reads keys and values another layer stored ({shared[0]!r}, entry {exc}): its cache "
+                f"is that layer's, so it cannot be traced alone; export a layer that computes its own keys and values."
+            ) from None
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
 
@@ -792,11 +813,13 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             positions = _run_forward(model, hf, _capture_tokens(hf))
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
-        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        names = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, names)
         rotary_path = producer[0] if producer is not None else None
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
-        mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
-        mask_value = target.kwargs.get(mask_key) if mask_key else None
+        masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
+        masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
+        mask_value = masks[0] if masks else None
         mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
