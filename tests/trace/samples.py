@@ -92,6 +92,10 @@ _CLASSES = {
     "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM"),
     "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
     "visual_bert": ("VisualBertConfig", "VisualBertModel"),
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM"),
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel"),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM"),
+    "xglm": ("XGLMConfig", "XGLMForCausalLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -315,6 +319,8 @@ SECTIONS: dict[str, Sample] = {
 """Text towers of vision-language models whose rotary module (or attention) takes multi-axis position ids
 ``[3, B, S]``: the traced unit serves text, every row the token's position."""
 
+_LFM3 = _tiny(num_hidden_layers=5, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+              layer_types=["conv", "conv", "full_attention", "conv", "sliding_attention"])  # fmt: skip
 ROTARY_PER_TYPE: dict[str, Sample] = {
     s.name: s
     for s in (
@@ -331,6 +337,8 @@ ROTARY_PER_TYPE: dict[str, Sample] = {
             },
             layer=1,
         ),
+        _sample("lfm3", "lfm3", "per-type rotary; an output gate saved as gate_proj, g_proj in memory", _LFM3, 4),
+        _sample("lfm3-full", "lfm3", "the same, a full layer with proportional partial RoPE", _LFM3, 2),
     )
 }
 """Models whose rotary module runs once per layer type; a sliding layer reads the second call's cos/sin."""
@@ -357,6 +365,36 @@ OTHER_ARGUMENTS: dict[str, Sample] = {
 """Models whose attention takes another argument posenc rebuilds: Gemma 4's ``shared_kv_states``, a positional
 mask."""
 
+_GPT_NEO = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "attention_types": [[["global", "local"], 1]],
+            "window_size": 4, "max_position_embeddings": 512, **_TINY_VOCAB}  # fmt: skip
+BOUNDED: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "openai-gpt",
+            "openai-gpt",
+            "a causal buffer [L, L] sliced by the length (S <= L - 1)",
+            {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 512, **_TINY_VOCAB},
+        ),
+        _sample("gpt_neo", "gpt_neo", "a causal buffer sliced by past and length", _GPT_NEO),
+        _sample("gpt_neo-local", "gpt_neo", "the same on a local layer (no position table in the unit)", _GPT_NEO, 1),
+        _sample(
+            "xglm",
+            "xglm",
+            "a sinusoidal table; scores clamped at a default-dtype constant",
+            {
+                "d_model": 64,
+                "attention_heads": 4,
+                "num_layers": 2,
+                "ffn_dim": 64,
+                "max_position_embeddings": 512,
+                **_TINY_VOCAB,
+            },
+        ),
+    )
+}
+"""Models whose traced module torch.export exports only with bounded lengths (read a buffer of the context's size)."""
+
 
 def build(sample: Sample, root: Path) -> Path:
     """The sample's checkpoint folder under ``root`` (built once per folder)."""
@@ -366,4 +404,4 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]
+__all__ = ["BOUNDED", "ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]

@@ -15,12 +15,13 @@ import pytest
 import torch
 import transformers
 
+from posenc.checkpoints.source import CheckpointSource
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.build import plan_trace, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.validate.checkpoint import validate_against_checkpoint
-from tests.trace.samples import OTHER_ARGUMENTS, ROTARY_PER_TYPE, SECTIONS, build
+from tests.trace.samples import BOUNDED, OTHER_ARGUMENTS, ROTARY_PER_TYPE, SECTIONS, build
 
 
 def _attention_call(model: torch.nn.Module, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,22 +90,31 @@ def test_a_rotary_module_called_per_layer_type_feeds_each_layer_its_own_angles(t
 
 def test_keys_and_values_shared_between_layers_and_a_positional_mask_are_rebuilt(tmp_path: Path) -> None:
     """Gemma 4 passes its attention a dict its layer stores keys and values in for later layers (a fresh one is
-    rebuilt; the self-check against the model's own call passes); VisualBERT passes its mask positionally (classified
-    by the forward's parameter name)."""
+    rebuilt; the self-check against the model's own call passes); LFM3's tensors are read under the names
+    save_pretrained wrote; VisualBERT passes its mask positionally (classified by the forward's parameter name)."""
     sample = OTHER_ARGUMENTS["gemma4_text-full"]
     captured = capture_layer(build(sample, tmp_path), sample.layer)
     assert captured.call.keywords["shared_kv_states"] == "kv_sharing"
     plan = plan_trace(captured)
     assert (plan.scheme, plan.params["partial_rotary_factor"]) == ("rope_proportional", 0.25)
+    lfm3 = ROTARY_PER_TYPE["lfm3-full"]  # its gate is g_proj in memory, gate_proj on disk (transformers' conversion)
+    folder = build(lfm3, tmp_path)
+    captured = capture_layer(folder, lfm3.layer)
+    with CheckpointSource.open(folder) as source:
+        saved = source.tensor("model.layers.2.self_attn.gate_proj.weight")
+    assert "model.layers.2.self_attn.gate_proj.weight" in captured.tensors
+    assert torch.equal(captured.attention.g_proj.weight, saved)
     captured = capture_layer(build(OTHER_ARGUMENTS["visual_bert"], tmp_path))
     assert captured.call.positional[:2] == ("hidden", "mask")
     assert captured.mask.kind == "additive"
     plan_trace(captured)
 
 
-ALL = {**SECTIONS, **ROTARY_PER_TYPE, **OTHER_ARGUMENTS}
-LEARNED = {"visual_bert"}
-"""Samples whose positions enter at the embeddings (learned table kept)."""
+ALL = {**SECTIONS, **ROTARY_PER_TYPE, **OTHER_ARGUMENTS, **BOUNDED}
+LEARNED = {"visual_bert", "openai-gpt", "gpt_neo", "xglm"}
+"""Samples whose positions enter at the embeddings (learned or sinusoidal table kept)."""
+NOPE = {"gpt_neo-local"}
+"""Samples whose layer reads no positions (a later layer of a model with learned positions)."""
 ROTATION_KEPT = {"gemma4_text", "gemma4_text-full"}
 """Samples whose rotation is not a form posenc's rewrite recognises (it stays decomposed, on posenc's cos/sin)."""
 
@@ -112,15 +122,23 @@ ROTATION_KEPT = {"gemma4_text", "gemma4_text-full"}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_every_rebuilt_argument_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
+    """Exported with posenc's rewrite and held to its own module by validate --against-hf; a module reading a buffer
+    of the context's size by the lengths (BOUNDED) exports with torch.export's bounds, within the context."""
     sample = ALL[name]
     folder = build(sample, tmp_path)
     result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
     parts = {part.part: part.status for part in result.manifest.trace.parts}
     if name in LEARNED:
         assert parts["position table"] == "kept"
+    elif name in NOPE:
+        assert parts["rotary angles"] == "absent"
     else:
         assert parts["rotary angles"] == "replaced"
         assert parts["rotation"] == ("kept" if name in ROTATION_KEPT else "replaced")
+    if name in BOUNDED:
+        context = result.manifest.attention["max_position_embeddings"]
+        assert context // 2 <= (result.manifest.dynamic_dims["seq"].max or 0) <= context
     report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
     assert report.passed, report.to_markdown()
-    assert {"hf-fp32", "hf-fp64" if name in LEARNED else "hf-fp64, fp64 angles"} <= {r.reference for r in report.rows}
+    exact = "hf-fp64" if name in LEARNED | NOPE else "hf-fp64, fp64 angles"
+    assert {"hf-fp32", exact} <= {row.reference for row in report.rows}

@@ -33,7 +33,14 @@ from posenc.errors import ConfigError, ExportError
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
-    "hidden", "position_ids", "sections", "cache_position", "constant", "ones", "zeros", "kv_sharing"
+    "hidden",
+    "position_ids",
+    "sections",
+    "cache_position",
+    "constant",
+    "ones",
+    "zeros",
+    "kv_sharing",
 )
 """Kinds :func:`rebuild` fills from the hidden states and positions alone."""
 

@@ -27,11 +27,12 @@ import torch
 from torch import nn
 
 from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
-from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.checkpoints.source import CheckpointSource
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import call_args, classify, keep, rebuild, same_tensor
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
+from posenc.trace.weights import load_attention_weights
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
@@ -641,6 +642,7 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
+
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
         return cache_class() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
@@ -721,52 +723,6 @@ def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[in
 
 
 # --------------------------------------------------------------------------------------------------
-# Weights
-# --------------------------------------------------------------------------------------------------
-
-
-def load_attention_weights(source: CheckpointSource, attention: nn.Module, path: str) -> dict[str, str]:
-    """Load the checkpoint's tensors of the module at ``path`` (the attention, or a module of the embedding step;
-    under whatever root the checkpoint stores the base model) into it; returns full tensor name -> sha256.
-
-    Raises:
-        ConfigError: a parameter of the module is missing from the checkpoint, or has another shape.
-    """
-    expected = attention.state_dict()
-    names = list(source.names())
-    params = {name for name, _ in attention.named_parameters()}
-    probe = next(iter(sorted(params)), None) or next(iter(expected), None)
-    if probe is None:
-        return {}
-    suffix = f"{path}.{probe}"
-    roots = sorted({name[: -len(suffix)] for name in names if name.endswith(suffix)}, key=len)
-    if not roots:
-        raise ConfigError(
-            f"checkpoint {source.location} has no tensor ending in {suffix!r}; its weights are not laid out as "
-            f"transformers' {type(attention).__name__} expects for this config."
-        )
-    root = roots[0]
-    state: dict[str, torch.Tensor] = {}
-    tensors: dict[str, str] = {}
-    for key, current in expected.items():
-        full = f"{root}{path}.{key}"
-        if not source.has(full):
-            if key in params:
-                raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the traced unit.")
-            continue
-        tensor = source.tensor(full)
-        if tuple(tensor.shape) != tuple(current.shape):
-            raise ConfigError(
-                f"tensor {full!r} in {source.location} has shape {list(tensor.shape)}, but this config's "
-                f"{type(attention).__name__} needs {list(current.shape)}; the weights do not belong to this config."
-            )
-        tensors[full] = tensor_sha256(tensor)
-        state[key] = tensor.to(current.dtype)
-    attention.load_state_dict({**expected, **state})
-    return tensors
-
-
-# --------------------------------------------------------------------------------------------------
 # The entry point
 # --------------------------------------------------------------------------------------------------
 
@@ -839,11 +795,11 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        tensors = load_attention_weights(source, attention, attention_path)
+        tensors = load_attention_weights(source, attention, attention_path, model)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
-                tensors.update(load_attention_weights(source, module, ref.path))
+                tensors.update(load_attention_weights(source, module, ref.path, model))
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
         del model  # the other layers were only needed for the capture call
         return Captured(

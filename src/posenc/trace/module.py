@@ -17,6 +17,8 @@ and returns ``(out,)``: the unit of posenc's encoder blocks fed no past.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +40,22 @@ def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tupl
     if not isinstance(scheme, Rotary):
         raise ConfigError(f"scheme {scheme.spec.name!r} does not rotate q and k; it has no cos/sin to replace angles.")
     return scheme.cos_sin(position_ids)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` while a float64 rebuild runs (eager only; float32 and exports keep it),
+    so the constants a module makes in the default dtype are float64 too: XGLM clamps its scores with
+    ``torch.full((), finfo(scores.dtype).min)``, which a float32 default cannot hold."""
+    if dtype != torch.float64 or is_tracing():
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 class TracedAttention(nn.Module):
@@ -194,7 +212,8 @@ class TracedAttention(nn.Module):
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
-        output = self.attention(*args, **kwargs)
+        with default_dtype(hidden.dtype):
+            output = self.attention(*args, **kwargs)
         out = output[0] if isinstance(output, (tuple, list)) else output
         if cache is None:
             return (out,)
