@@ -624,6 +624,7 @@ def _probe(
     cache_class: type,
     step: EmbeddingStep | None,
     calls: Mapping[str, Call],
+    layer: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
     and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
@@ -655,16 +656,33 @@ def _probe(
     with torch.no_grad():
         try:
             output = attention(*args, **kwargs)
-        except KeyError as exc:
-            shared = [k for k, v in [*enumerate(target.args), *target.kwargs.items()] if isinstance(v, UserDict)]
-            if not shared:
-                raise
-            raise ExportError(
-                f"the attention reads keys and values another layer stored ({shared[0]!r}, entry {exc}): its cache "
-                f"is that layer's, so it cannot be traced alone; export a layer that computes its own keys and values."
-            ) from None
+        except Exception as exc:
+            raise _probe_error(exc, target, cache_class, layer) from None
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
+
+
+def _probe_error(exc: Exception, target: Call, cache_class: type, layer: int) -> Exception:
+    """Why the attention fails when called with the fresh state the unit gives it (else ``exc`` itself): it reads keys
+    and values another layer stored, or its cache layer carries a convolution or recurrent state (a hybrid model's
+    layer that keeps one beside its keys and values, Inkling 2's)."""
+    values = [*enumerate(target.args), *target.kwargs.items()]
+    shared = [k for k, v in values if isinstance(v, UserDict)]
+    if isinstance(exc, KeyError) and shared:
+        return ExportError(
+            f"the attention reads keys and values another layer stored ({shared[0]!r}, entry {exc}): its cache is "
+            f"that layer's, so it cannot be traced alone; export a layer that computes its own keys and values."
+        )
+    caches: list[Any] = [v for _, v in values if isinstance(v, cache_class)]
+    entries = [cache.layers[layer] for cache in caches if layer < len(getattr(cache, "layers", []))]
+    stateful = [type(e).__name__ for e in entries if hasattr(e, "conv_states") or hasattr(e, "recurrent_states")]
+    if stateful:
+        return ExportError(
+            f"the attention reads a convolution or recurrent state from its cache ({stateful[0]}; "
+            f"{type(exc).__name__}: {str(exc)[:120]} with a cache of keys and values alone); the traced path exports "
+            f"caches of keys and values [B, Hkv, P, D] only."
+        )
+    return exc
 
 
 def _settings(attention: nn.Module) -> dict[tuple[str, str], Any]:
@@ -800,7 +818,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
                 tensors.update(load_attention_weights(source, module, ref.path, model))
-        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
+        probe = _probe(
+            attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls, index
+        )
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
