@@ -76,6 +76,26 @@ _CLASSES = {
     "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM"),
     "eurobert": ("EuroBertConfig", "EuroBertForMaskedLM"),
     "siglip_text_model": ("SiglipTextConfig", "SiglipTextModel"),
+    "qwen2_vl_text": ("Qwen2VLTextConfig", "Qwen2VLTextModel"),
+    "qwen2_5_vl_text": ("Qwen2_5_VLTextConfig", "Qwen2_5_VLTextModel"),
+    "qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3VLTextModel"),
+    "qwen3_vl_moe_text": ("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel"),
+    "qwen2_5_omni_text": ("Qwen2_5OmniTextConfig", "Qwen2_5OmniThinkerTextModel"),
+    "qwen3_omni_moe_text": ("Qwen3OmniMoeTextConfig", "Qwen3OmniMoeThinkerTextModel"),
+    "cosmos3_edge_text": ("Cosmos3EdgeTextConfig", "Cosmos3EdgeTextModel"),
+    "glm4v_text": ("Glm4vTextConfig", "Glm4vTextModel"),
+    "glm4v_moe_text": ("Glm4vMoeTextConfig", "Glm4vMoeTextModel"),
+    "glm_image_text": ("GlmImageTextConfig", "GlmImageTextModel"),
+    "glm_ocr_text": ("GlmOcrTextConfig", "GlmOcrTextModel"),
+    "paddleocr_vl_text": ("PaddleOCRTextConfig", "PaddleOCRTextModel"),
+    "ernie4_5_vl_moe_text": ("Ernie4_5_VLMoeTextConfig", "Ernie4_5_VLMoeTextModel"),
+    "modernbert-decoder": ("ModernBertDecoderConfig", "ModernBertDecoderForCausalLM"),
+    "gemma4_text": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
+    "visual_bert": ("VisualBertConfig", "VisualBertModel"),
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM"),
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel"),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM"),
+    "xglm": ("XGLMConfig", "XGLMForCausalLM"),
 }
 _GPT2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 1024, "vocab_size": 96, **NO_SPECIAL_TOKENS}
 _OPT = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 64, "word_embed_proj_dim": 64,
@@ -222,6 +242,160 @@ FAR: dict[str, Sample] = {
 """Samples with a 131072-position context, one per angle rule or layout the rewrite must get right far out."""
 
 
+def _mrope(section: list[int], theta: float = 1e6, **extra: Any) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": section, **extra}
+
+
+_MOE = {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}
+SECTIONS: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "qwen2_vl_text", "qwen2_vl_text", "M-RoPE in chunks, q/k/v biases", _tiny(rope_parameters=_mrope([2, 3, 3]))
+        ),
+        _sample("qwen2_5_vl_text", "qwen2_5_vl_text", "M-RoPE in chunks", _tiny(rope_parameters=_mrope([2, 3, 3]))),
+        _sample(
+            "qwen3_vl_text", "qwen3_vl_text", "M-RoPE interleaved, q/k norm", _tiny(rope_parameters=_mrope([3, 3, 2]))
+        ),
+        _sample(
+            "qwen3_vl_moe_text",
+            "qwen3_vl_moe_text",
+            "M-RoPE interleaved, experts",
+            _tiny(rope_parameters=_mrope([3, 3, 2]), **_MOE),
+        ),
+        _sample(
+            "qwen2_5_omni_text",
+            "qwen2_5_omni_text",
+            "the omni thinker's M-RoPE",
+            _tiny(rope_parameters=_mrope([2, 3, 3])),
+        ),
+        _sample(
+            "qwen3_omni_moe_text",
+            "qwen3_omni_moe_text",
+            "the omni thinker's interleaved M-RoPE, experts",
+            _tiny(rope_parameters=_mrope([3, 3, 2]), **_MOE),
+        ),
+        _sample(
+            "cosmos3_edge_text", "cosmos3_edge_text", "M-RoPE, theta 1e8", _tiny(rope_parameters=_mrope([3, 3, 2], 1e8))
+        ),
+        _sample("glm4v_text", "glm4v_text", "M-RoPE interleaved pairs", _tiny(rope_parameters=_mrope([2, 3, 3], 1e4))),
+        _sample(
+            "glm4v_moe_text",
+            "glm4v_moe_text",
+            "M-RoPE, partial 0.5, the attention takes the rows too",
+            _tiny(
+                rope_parameters=_mrope([1, 2, 1], 1e4, partial_rotary_factor=0.5),
+                n_routed_experts=4,
+                moe_intermediate_size=32,
+                first_k_dense_replace=1,
+            ),
+        ),
+        _sample(
+            "glm_image_text", "glm_image_text", "M-RoPE", _tiny(rope_parameters=_mrope([2, 3, 3], 1e4), pad_token_id=0)
+        ),
+        _sample(
+            "glm_ocr_text", "glm_ocr_text", "M-RoPE interleaved pairs", _tiny(rope_parameters=_mrope([2, 3, 3], 1e4))
+        ),
+        _sample(
+            "paddleocr_vl_text",
+            "paddleocr_vl_text",
+            "M-RoPE (keyword rows)",
+            _tiny(rope_parameters=_mrope([2, 3, 3], 5e5)),
+        ),
+        _sample(
+            "ernie4_5_vl_moe_text",
+            "ernie4_5_vl_moe_text",
+            "M-RoPE interleaved pairs, the attention takes the rows too",
+            _tiny(
+                rope_parameters=_mrope([3, 3, 2], 5e5),
+                num_hidden_layers=2,
+                mlp_layer_types=["dense", "sparse"],
+                moe_num_experts=4,
+                moe_intermediate_size=[32, 32],
+            ),
+        ),
+    )
+}
+"""Text towers of vision-language models whose rotary module (or attention) takes multi-axis position ids
+``[3, B, S]``: the traced unit serves text, every row the token's position."""
+
+_LFM3 = _tiny(num_hidden_layers=5, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+              layer_types=["conv", "conv", "full_attention", "conv", "sliding_attention"])  # fmt: skip
+ROTARY_PER_TYPE: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "modernbert-decoder",
+            "modernbert-decoder",
+            "one rotary module called per layer type (global and local theta)",
+            {
+                **_ENCODER,
+                "num_hidden_layers": 3,
+                "local_attention": 4,
+                "global_attn_every_n_layers": 3,
+                **_MODERNBERT_TOKENS,
+            },
+            layer=1,
+        ),
+        _sample("lfm3", "lfm3", "per-type rotary; an output gate saved as gate_proj, g_proj in memory", _LFM3, 4),
+        _sample("lfm3-full", "lfm3", "the same, a full layer with proportional partial RoPE", _LFM3, 2),
+    )
+}
+"""Models whose rotary module runs once per layer type; a sliding layer reads the second call's cos/sin."""
+
+_GEMMA4 = _tiny(global_head_dim=16, vocab_size_per_layer_input=96, hidden_size_per_layer_input=16, num_hidden_layers=6,
+                sliding_window=8, layer_types=["sliding_attention"] * 5 + ["full_attention"], pad_token_id=0,
+                bos_token_id=1, eos_token_id=1)  # fmt: skip
+OTHER_ARGUMENTS: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "gemma4_text", "gemma4_text", "keys and values shared between layers (a dict the layer writes)", _GEMMA4
+        ),
+        _sample(
+            "gemma4_text-full",
+            "gemma4_text",
+            "the same, a full-attention layer with proportional partial RoPE",
+            _GEMMA4,
+            layer=5,
+        ),
+        _sample("visual_bert", "visual_bert", "the mask passed positionally ([B, 1, 1, K])", _ENCODER),
+    )
+}
+"""Models whose attention takes another argument posenc rebuilds: Gemma 4's ``shared_kv_states``, a positional
+mask."""
+
+_GPT_NEO = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "attention_types": [[["global", "local"], 1]],
+            "window_size": 4, "max_position_embeddings": 512, **_TINY_VOCAB}  # fmt: skip
+BOUNDED: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample(
+            "openai-gpt",
+            "openai-gpt",
+            "a causal buffer [L, L] sliced by the length (S <= L - 1)",
+            {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 512, **_TINY_VOCAB},
+        ),
+        _sample("gpt_neo", "gpt_neo", "a causal buffer sliced by past and length", _GPT_NEO),
+        _sample("gpt_neo-local", "gpt_neo", "the same on a local layer (no position table in the unit)", _GPT_NEO, 1),
+        _sample(
+            "xglm",
+            "xglm",
+            "a sinusoidal table; scores clamped at a default-dtype constant",
+            {
+                "d_model": 64,
+                "attention_heads": 4,
+                "num_layers": 2,
+                "ffn_dim": 64,
+                "max_position_embeddings": 512,
+                **_TINY_VOCAB,
+            },
+        ),
+    )
+}
+"""Models whose traced module torch.export exports only with bounded lengths (read a buffer of the context's size)."""
+
+
 def build(sample: Sample, root: Path) -> Path:
     """The sample's checkpoint folder under ``root`` (built once per folder)."""
     folder = root / sample.name
@@ -230,4 +404,4 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["ENCODERS", "FAR", "LONG", "SAMPLES", "build"]
+__all__ = ["BOUNDED", "ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]

@@ -24,7 +24,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from posenc.export.exporter import (
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
+from posenc.export.trace_bounds import bounded_export, slot_shapes
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
@@ -161,16 +162,23 @@ def export_traced(
     module.guard_exported = position_guard
     unit = _unit(module, plan.config, plan.captured.cacheless)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
-    model, notes = to_onnx_model(
-        module,
-        sample,
-        input_names=unit.input_names,
-        output_names=unit.output_names,
-        dynamic_shapes=unit.dynamic_shapes(),
-        dim_names=unit.dynamic_shapes(names=True),
-        opset=TRACE_OPSET,
-        optimize=False,
-    )
+
+    def export(dims: Mapping[str, Any]) -> tuple[Any, list[str]]:
+        return to_onnx_model(
+            module,
+            sample,
+            input_names=unit.input_names,
+            output_names=unit.output_names,
+            dynamic_shapes=slot_shapes(unit.slots, dims),
+            dim_names=unit.dynamic_shapes(names=True),
+            opset=TRACE_OPSET,
+            optimize=False,
+        )
+
+    ranges = _dim_ranges(limit, plan.captured.cacheless)
+    served = limit if limit is not None else plan.config.max_position_embeddings  # the model's context, unguarded
+    (model, notes), ranges, bounds = bounded_export(export, ranges, served, type(plan.captured.attention).__name__)
+    notes = [*notes, *bounds]
     with _quiet_exporter():
         model = _optimize_without_fusions(model)
     if rewrite is None:
@@ -181,7 +189,7 @@ def export_traced(
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip
     return _write(Path(path), model, unit, weights_module, plan, exact if replaced else None, parts, notes,
-                  limit, position_guard)  # fmt: skip
+                  limit, position_guard, ranges)  # fmt: skip
 
 
 def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
@@ -217,6 +225,7 @@ def _write(
     notes: list[str],
     limit: int | None,
     guard: bool,
+    ranges: dict[str, DimRange],
 ) -> ExportResult:
     from posenc.export.exporter import ONNX_FILE_LIMIT
 
@@ -248,7 +257,7 @@ def _write(
             attention=plan.config.to_dict(),
             max_positions=limit,
             build_max_positions=rows,
-            dynamic_dims=_dim_ranges(limit, plan.captured.cacheless),
+            dynamic_dims=ranges,
             inputs=_graph_specs(model.graph.input, unit.input_layouts(), "activation"),
             outputs=_graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
             onnx_sha256=hashlib.sha256(data).hexdigest(),

@@ -151,7 +151,7 @@ def _plan(captured: Captured) -> TracePlan:
         params = dict(imported.params) if imported is not None else {}
         note = why or f"the config's scheme {scheme!r} is not a rotation posenc replaces in a traced graph"
         return TracePlan(captured, config, scheme, params, None, note if captured.rotary is not None else "")
-    scheme, params = imported.scheme, dict(imported.params)
+    scheme, params = text_positions(imported.scheme, dict(imported.params))
     positions = torch.from_numpy(probe_positions(2, 7, None))
     values = _rotary_values(captured, positions)
     if values is None:
@@ -181,6 +181,26 @@ def _plan(captured: Captured) -> TracePlan:
     if layout == "interleaved":
         params["layout"] = "interleaved"  # the config does not say; the module's cos/sin do
     return TracePlan(captured, config, scheme, params, AnglesRecord(layout, int(values[0].shape[-1])))
+
+
+SINGLE_AXIS = "rope"
+"""The scheme a multi-axis rotary scheme is on text tokens (:func:`text_positions`)."""
+
+
+def text_positions(scheme: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(scheme, params)`` of the layer's angles at the traced unit's position ids ``[B, S]``.
+
+    A multi-axis scheme (``position_axes`` > 1: M-RoPE's temporal, height and width rows) gives text tokens the same
+    id on every axis, where its slots read one position each: plain RoPE of the same frequencies. The unit serves
+    text (its rotary module is called with the position ids repeated per axis, :mod:`posenc.trace.arguments`), so
+    its angles are that RoPE, without the parameters that only choose an axis per slot (M-RoPE's sections). Whether
+    the model's module computes exactly those angles is checked on probe positions, as for any traced layer.
+    """
+    spec = get_spec(scheme)
+    if spec.position_axes == 1:
+        return scheme, params
+    own = set(spec.param_names()) - set(get_spec(SINGLE_AXIS).param_names())
+    return SINGLE_AXIS, {key: value for key, value in params.items() if key not in own}
 
 
 def _exact_mode(scheme: str) -> TableMode:
@@ -311,4 +331,4 @@ def rebuild(
     return module.to(dtype).eval()
 
 
-__all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "trace_record", "traced_module"]
+__all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "text_positions", "trace_record", "traced_module"]

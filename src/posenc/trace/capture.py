@@ -18,21 +18,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections import UserDict
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from posenc.checkpoints.conversions import load_converted
 from posenc.checkpoints.reference import attention_mask, hf_config, import_transformers
-from posenc.checkpoints.source import CheckpointSource, tensor_sha256
+from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
+from posenc.trace.arguments import call_args, classify, keep, rebuild, same_tensor
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
+from posenc.trace.weights import load_attention_weights, load_module_weights
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
@@ -50,11 +51,17 @@ class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
 
 @dataclasses.dataclass
 class Call:
-    """One recorded module call: its positional and keyword arguments and its output."""
+    """One recorded module call: its positional and keyword arguments and its output; ``later``: the module's
+    later calls in the same forward (a rotary module called once per layer type: ModernBERT, LFM3)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any = None
+    later: list[Call] = dataclasses.field(default_factory=list)
+
+    def every(self) -> list[Call]:
+        """This call and the module's later ones, in order."""
+        return [self, *self.later]
 
 
 @dataclasses.dataclass
@@ -305,11 +312,16 @@ def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple
             continue
 
         def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
-            calls.setdefault(name, Call(args, dict(kwargs)))
+            call = Call(args, dict(kwargs))
+            if name in calls:
+                calls[name].later.append(call)
+            else:
+                calls[name] = call
 
         def post(mod: nn.Module, args: tuple, kwargs: dict, output: Any, name: str = name) -> None:
-            if name in calls and calls[name].output is None:
-                calls[name].output = output
+            pending = [call for call in calls[name].every() if call.output is None] if name in calls else []
+            if pending:
+                pending[-1].output = output
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
@@ -360,68 +372,30 @@ def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
     )
 
 
-def _same_tensor(a: Any, b: torch.Tensor) -> bool:
-    return torch.is_tensor(a) and (a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)))
-
-
-def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> str | None:
-    """The module whose output holds the tensors of ``value`` (the last-named, innermost one)."""
+def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, Call] | None:
+    """The module whose output holds the tensors of ``value`` (the last-named, innermost one) and the call of it that
+    returned them (a module called several times returns other tensors each time)."""
     found = None
-    for name, call in calls.items():
-        out = call.output
-        items = out if isinstance(out, (tuple, list)) else (out,)
-        if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
-            found = name
+    for name, first in calls.items():
+        for call in first.every():
+            out = call.output
+            items = out if isinstance(out, (tuple, list)) else (out,)
+            if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
+                found = (name, call)
     return found
 
 
-def _classify(
-    key: str,
-    value: Any,
-    positions: torch.Tensor,
-    hidden: torch.Tensor | None,
-    cache_class: type,
-    produced: bool,
-) -> str:
-    """The :data:`~posenc.trace.record.ARGUMENT_KINDS` entry of one captured argument, or raises."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return "constant"
-    if isinstance(value, cache_class):
-        return "cache"
-    if isinstance(value, (tuple, list)) and produced:
-        return "position_embeddings"
-    if torch.is_tensor(value):
-        if hidden is not None and value is hidden:
-            return "hidden"
-        if "mask" in key and value.dim() == 4:
-            return "mask"
-        if _same_tensor(value, positions):
-            return "position_ids"
-        if value.dim() == 1 and _same_tensor(value, positions[0]):
-            return "cache_position"
-        if value.dim() == 2 and value.numel() and bool((value == 1).all()):
-            return "ones"
-        if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
-            return "zeros"
-    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
-    raise ExportError(
-        f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
-        f"states, positions and cache; this model's attention cannot be traced yet."
-    )
-
-
-def _keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
-    """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``."""
-    if kind == "constant":
-        constants[key] = value
-    elif kind == "zeros":
-        constants[key] = [int(n) for n in value.shape[2:]]
-
-
 def _recipe(
-    call: Call, positions: torch.Tensor, calls: Mapping[str, Call], cache_class: type, hidden_key: str | None
-) -> tuple[CallRecipe, str | None]:
-    """The attention's :class:`CallRecipe` and the path of the module that computed its position embeddings."""
+    call: Call,
+    positions: torch.Tensor,
+    calls: Mapping[str, Call],
+    cache_class: type,
+    hidden_key: str | None,
+    names: list[str],
+) -> tuple[CallRecipe, tuple[str, Call] | None]:
+    """The attention's :class:`CallRecipe` and the module that computed its position embeddings (its path and the
+    call that returned them); ``names``: the forward's parameter names (a positional argument is classified, and
+    named in errors, by its parameter's name: GIT's and VisualBERT's masks are passed positionally)."""
     hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
     rotary = None
     keywords: dict[str, str] = {}
@@ -429,11 +403,13 @@ def _recipe(
     positional = []
     items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
     for key, value in items:
-        produced = isinstance(value, (tuple, list)) and _producer(calls, tuple(value)) is not None
-        kind = _classify(key, value, positions, hidden, cache_class, produced)
+        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
+        index = int(key[1:]) if key.startswith("#") else -1
+        name = names[index] if 0 <= index < len(names) else key
+        kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         if kind == "position_embeddings":
-            rotary = _producer(calls, tuple(value))
-        _keep(constants, key, kind, value)
+            rotary = producer
+        keep(constants, key, kind, value)
         if key.startswith("#"):
             positional.append(kind)
         else:
@@ -449,8 +425,8 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
         if torch.is_tensor(value) and value.is_floating_point():
             kind = "hidden"  # the rotary module reads only its dtype and device
         else:
-            kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+            kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -486,7 +462,7 @@ def _embedding_step(
         and torch.is_tensor(call.output)
         and call.output.is_floating_point()
         and call.output.shape[-2:] == x.shape[-2:]
-        and any(_same_tensor(a, positions) for a in [*call.args, *call.kwargs.values()])
+        and any(same_tensor(a, positions) for a in [*call.args, *call.kwargs.values()])
     ]
     if not found:
         return None, "no module embeds the position ids before the first layer (its positions do not enter at them)"
@@ -538,7 +514,7 @@ def _embeddings_module(
         if not torch.is_tensor(ids) or ids.is_floating_point():
             continue
         table = next((n for n, c in calls.items() if n.startswith(name + ".") and c.args
-                      and _same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
+                      and same_tensor(c.args[0], ids) and torch.is_tensor(c.output)), None)  # fmt: skip
         if table is None:
             continue
         recipe = _inputs_embeds_recipe(call, module, ids, positions, cache_class)
@@ -573,8 +549,8 @@ def _inputs_embeds_recipe(
         elif key == "inputs_embeds":
             kind = "hidden"
         else:
-            kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+            kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         keywords[key] = kind
     keywords["inputs_embeds"] = "hidden"
     if "position_ids" in signature.parameters:
@@ -587,22 +563,8 @@ _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 
 
 def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[list[Any], dict[str, Any]]:
-    """The arguments of an embedding step's call (kinds ``hidden``, ``position_ids``, ``ones``, ``zeros``,
-    ``constant``)."""
-
-    def value(key: str, kind: str) -> Any:
-        if kind == "hidden":
-            return hidden
-        if kind == "position_ids":
-            return positions
-        if kind == "ones":
-            return torch.ones(hidden.shape[0], hidden.shape[1], dtype=torch.int64)
-        if kind == "zeros":
-            return torch.zeros(hidden.shape[0], hidden.shape[1], *recipe.constants.get(key, ()), dtype=torch.int64)
-        return recipe.constants.get(key)
-
-    args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
-    return args, {key: value(key, kind) for key, kind in recipe.keywords.items()}
+    """The arguments of an embedding step's call (:data:`~posenc.trace.arguments.PLAIN_KINDS`)."""
+    return call_args(recipe, lambda key, kind: rebuild(key, kind, recipe.constants, hidden, positions, 0))
 
 
 def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
@@ -619,8 +581,8 @@ def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) ->
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
-        kind = _classify(key, value, positions, None, cache_class, False)
-        _keep(constants, key, kind, value)
+        kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
 
@@ -670,6 +632,7 @@ def _probe(
     cache_class: type,
     step: EmbeddingStep | None,
     calls: Mapping[str, Call],
+    layer: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
     and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
@@ -688,23 +651,46 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
-    kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
-    args = list(target.args)
+
+    def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
+        return cache_class() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
+
+    kwargs = {k: fresh_state(v) for k, v in target.kwargs.items()}
+    args = [fresh_state(v) for v in target.args]
     if "hidden_states" in kwargs:
         kwargs["hidden_states"] = inputs
     else:
         args[0] = inputs
-    try:
-        with torch.no_grad():
+    with torch.no_grad():
+        try:
             output = attention(*args, **kwargs)
-    except (IndexError, KeyError, AttributeError) as exc:  # a cache with more than keys and values (conv states)
-        raise ExportError(
-            f"{type(attention).__name__} fails when called as its model calls it with a fresh {cache_class.__name__} "
-            f"({type(exc).__name__}: {str(exc)[:160]}): it reads state from its model's cache that posenc does not "
-            f"rebuild; this model's attention cannot be traced yet."
-        ) from None
+        except Exception as exc:
+            raise _probe_error(exc, target, cache_class, layer) from None
     out = output[0] if isinstance(output, (tuple, list)) else output
     return fresh, positions, out.detach().clone()
+
+
+def _probe_error(exc: Exception, target: Call, cache_class: type, layer: int) -> Exception:
+    """Why the attention fails when called with the fresh state the unit gives it (else ``exc`` itself): it reads keys
+    and values another layer stored, or its cache layer carries a convolution or recurrent state (a hybrid model's
+    layer that keeps one beside its keys and values, Inkling 2's)."""
+    values = [*enumerate(target.args), *target.kwargs.items()]
+    shared = [k for k, v in values if isinstance(v, UserDict)]
+    if isinstance(exc, KeyError) and shared:
+        return ExportError(
+            f"the attention reads keys and values another layer stored ({shared[0]!r}, entry {exc}): its cache is "
+            f"that layer's, so it cannot be traced alone; export a layer that computes its own keys and values."
+        )
+    caches: list[Any] = [v for _, v in values if isinstance(v, cache_class)]
+    entries = [cache.layers[layer] for cache in caches if layer < len(getattr(cache, "layers", []))]
+    stateful = [type(e).__name__ for e in entries if hasattr(e, "conv_states") or hasattr(e, "recurrent_states")]
+    if stateful:
+        return ExportError(
+            f"the attention reads a convolution or recurrent state from its cache ({stateful[0]}; "
+            f"{type(exc).__name__}: {str(exc)[:120]} with a cache of keys and values alone); the traced path exports "
+            f"caches of keys and values [B, Hkv, P, D] only."
+        )
+    return exc
 
 
 def _settings(attention: nn.Module) -> dict[tuple[str, str], Any]:
@@ -763,101 +749,6 @@ def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[in
 
 
 # --------------------------------------------------------------------------------------------------
-# Weights
-# --------------------------------------------------------------------------------------------------
-
-
-def load_attention_weights(
-    source: CheckpointSource, attention: nn.Module, path: str, names: Callable[[str], tuple[str, ...]] | None = None
-) -> dict[str, str]:
-    """Load the checkpoint's tensors of the module at ``path`` (the attention, or a module of the embedding step;
-    under whatever root the checkpoint stores the base model) into it; returns full tensor name -> sha256.
-    ``names``: a wrapper's text tower's names (:meth:`posenc.checkpoints.towers.BaseTower.checkpoint_names`: a name
-    relative to the tower's base model -> the names the checkpoint may hold it under), instead of any root.
-
-    Raises:
-        ConfigError: a parameter of the module is missing from the checkpoint, or has another shape.
-    """
-    expected = attention.state_dict()
-    params = {name for name, _ in attention.named_parameters()}
-    probe = next(iter(sorted(params)), None) or next(iter(expected), None)
-    if probe is None:
-        return {}
-    suffix = f"{path}.{probe}"
-    if names is not None:
-        stored = names
-
-        def locate(key: str) -> str:
-            candidates = stored(f"{path}.{key}")
-            return next((name for name in candidates if source.has(name)), candidates[0])
-
-        if not source.has(locate(probe)):
-            raise ConfigError(
-                f"checkpoint {source.location} has no tensor {' or '.join(map(repr, names(suffix)))}; its text "
-                f"tower's weights are not laid out as transformers' {type(attention).__name__} expects for this config."
-            )
-    else:
-        found = sorted({name[: -len(suffix)] for name in source.names() if name.endswith(suffix)}, key=len)
-        if not found:
-            raise ConfigError(
-                f"checkpoint {source.location} has no tensor ending in {suffix!r}; its weights are not laid out as "
-                f"transformers' {type(attention).__name__} expects for this config."
-            )
-        root = found[0]
-
-        def locate(key: str) -> str:
-            return f"{root}{path}.{key}"
-
-    state: dict[str, torch.Tensor] = {}
-    tensors: dict[str, str] = {}
-    for key, current in expected.items():
-        full = locate(key)
-        if not source.has(full):
-            if key in params:
-                raise ConfigError(f"checkpoint {source.location} lacks {full!r}, a parameter of the traced unit.")
-            continue
-        tensor = source.tensor(full)
-        if tuple(tensor.shape) != tuple(current.shape):
-            raise ConfigError(
-                f"tensor {full!r} in {source.location} has shape {list(tensor.shape)}, but this config's "
-                f"{type(attention).__name__} needs {list(current.shape)}; the weights do not belong to this config."
-            )
-        tensors[full] = tensor_sha256(tensor)
-        state[key] = tensor.to(current.dtype)
-    attention.load_state_dict({**expected, **state})
-    return tensors
-
-
-def _load_module(
-    source: CheckpointSource,
-    module: nn.Module,
-    path: str,
-    names: Callable[[str], tuple[str, ...]] | None,
-    owner: tuple[nn.Module, str],
-) -> dict[str, str]:
-    """:func:`load_attention_weights`; where the checkpoint lacks the module's tensors under their own names, the
-    tensors transformers' weight conversion stores them as (:mod:`posenc.checkpoints.conversions`: fused q/k/v,
-    renames), reverted on ``owner`` (the model whose conversion applies, and the module's root in it)."""
-    try:
-        return load_attention_weights(source, module, path, names)
-    except ConfigError as plain:
-        model, root = owner
-        converted = load_converted(source, model, module, f"{root}{path}.", functools.partial(_on_disk, source, root))
-        if converted is None:
-            raise plain from None
-        return converted
-
-
-def _on_disk(source: CheckpointSource, root: str, name: str) -> str | None:
-    """The checkpoint's name for ``name`` as ``save_pretrained`` writes it: itself under a wrapper's full names
-    (``root`` given), else under the shortest root the checkpoint stores the base model at; None if absent."""
-    if root:
-        return name if source.has(name) else None
-    found = sorted((full for full in source.names() if full == name or full.endswith("." + name)), key=len)
-    return found[0] if found else None
-
-
-# --------------------------------------------------------------------------------------------------
 # The entry point
 # --------------------------------------------------------------------------------------------------
 
@@ -908,13 +799,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             positions = _run_forward(model, hf, _capture_tokens(hf))
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
-        call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
+        parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters)
+        rotary_path = producer[0] if producer is not None else None
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
-        mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
-        mask_value = target.kwargs.get(mask_key) if mask_key else None
+        masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
+        masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
+        mask_value = masks[0] if masks else None
         mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
         rotary = model.get_submodule(rotary_path) if rotary_path else None
-        rotary_call = _rotary_recipe(calls[rotary_path], positions, transformers.Cache) if rotary_path else None
+        rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
@@ -932,12 +826,14 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if step is not None:
             drop_token_table(step.position, step.record)
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
-        tensors = _load_module(source, attention, attention_path, names, owner)
+        tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
-                tensors.update(_load_module(source, module, ref.path, names, owner))
-        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
+                tensors.update(load_module_weights(source, module, ref.path, names, owner))
+        probe = _probe(
+            attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls, index
+        )
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),

@@ -17,6 +17,8 @@ and returns ``(out,)``: the unit of posenc's encoder blocks fed no past.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
 from posenc.schemes.rope import Rotary
+from posenc.trace.arguments import call_args, rebuild
 from posenc.trace.layouts import arrange
 from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
 
@@ -37,6 +40,22 @@ def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tupl
     if not isinstance(scheme, Rotary):
         raise ConfigError(f"scheme {scheme.spec.name!r} does not rotate q and k; it has no cos/sin to replace angles.")
     return scheme.cos_sin(position_ids)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` while a float64 rebuild runs (eager only; float32 and exports keep it),
+    so the constants a module makes in the default dtype are float64 too: XGLM clamps its scores with
+    ``torch.full((), finfo(scores.dtype).min)``, which a float32 default cannot hold."""
+    if dtype != torch.float64 or is_tracing():
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 class TracedAttention(nn.Module):
@@ -149,29 +168,15 @@ class TracedAttention(nn.Module):
         past: int,
     ) -> tuple[list[Any], dict[str, Any]]:
         def value(key: str, kind: str) -> Any:
-            if kind == "hidden":
-                return hidden
-            if kind == "position_ids":
-                return position_ids
             if kind == "position_embeddings":
                 return self.position_embeddings(hidden, position_ids)
             if kind == "mask":
                 return mask
             if kind == "cache":
                 return cache
-            if kind == "cache_position":
-                return torch.arange(hidden.shape[1], device=hidden.device) + past
-            if kind == "constant":
-                return recipe.constants.get(key)
-            if kind in ("ones", "zeros"):
-                fill = torch.ones if kind == "ones" else torch.zeros
-                trailing = recipe.constants.get(key, ()) if kind == "zeros" else ()
-                return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
-            raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
+            return rebuild(key, kind, recipe.constants, hidden, position_ids, past)
 
-        args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
-        kwargs = {key: value(key, kind) for key, kind in recipe.keywords.items()}
-        return args, kwargs
+        return call_args(recipe, value)
 
     # -- forward ------------------------------------------------------------------------------------
 
@@ -207,7 +212,8 @@ class TracedAttention(nn.Module):
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
-        output = self.attention(*args, **kwargs)
+        with default_dtype(hidden.dtype):
+            output = self.attention(*args, **kwargs)
         out = output[0] if isinstance(output, (tuple, list)) else output
         if cache is None:
             return (out,)

@@ -25,9 +25,11 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "cache",  # the KV cache (a transformers Cache holding the past at this layer)
     "cache_position",  # past + arange(S) (the new tokens' slots)
     "position_ids",  # the new tokens' position ids [B, S]
+    "sections",  # the position ids repeated over a leading axis [A, B, S] (M-RoPE's rows of text tokens)
     "constant",  # a plain value the model passes (use_cache=True, a layer type, None)
     "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
     "zeros",  # all-zero integer ids [B, S, ...] (token type ids, boxes an encoder's model makes when given none)
+    "kv_sharing",  # keys and values shared between layers (Gemma 4's shared_kv_states): a fresh dict the layer writes
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 

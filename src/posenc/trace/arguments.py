@@ -1,0 +1,161 @@
+"""The arguments of a captured module call: what kind each is, what a recipe keeps of it, how the unit rebuilds it.
+
+A traced unit calls the model's attention (and its rotary module, and an embedding step) with arguments rebuilt from
+the unit's inputs alone: the hidden states ``[B, S, E]``, the position ids ``[B, S]`` and the cache. The capture
+(:mod:`posenc.trace.capture`) names each argument of the model's own call by its kind
+(:data:`posenc.trace.record.ARGUMENT_KINDS`) with :func:`classify`; :func:`keep` says what a
+:class:`~posenc.trace.record.CallRecipe` stores of it (a constant's value, a shape); :func:`rebuild` gives the value of
+an argument of a plain kind again (:mod:`posenc.trace.module` adds the kinds that need the unit's state: the mask,
+the cache, the position embeddings).
+
+Multi-axis position ids ``[A, B, S]`` (kind ``sections``): vision-language text towers (Qwen2-VL's M-RoPE, GLM-4V,
+ERNIE 4.5-VL, PaddleOCR-VL) turn 2-D position ids into one row per rotary section (temporal, height, width) and call
+their rotary module (or attention) with them; for text tokens every row is the token's position. The unit serves
+text: it rebuilds the rows as copies of ``position_ids`` (checked on the capture: every row equal to it). M-RoPE is
+from "Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any Resolution" (Wang et al., 2024,
+https://arxiv.org/abs/2409.12191).
+
+Keys and values shared between layers (kind ``kv_sharing``: Gemma 4's ``shared_kv_states``, a ``UserDict`` a layer
+stores its keys and values in for later layers to reuse): the unit passes a fresh empty one. A layer that computes its
+own keys and values only writes it; a layer that reads another layer's is refused at capture (its cache is not its
+own).
+"""
+
+from __future__ import annotations
+
+from collections import UserDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from posenc.errors import ConfigError, ExportError
+from posenc.trace.record import CallRecipe
+
+PLAIN_KINDS: tuple[str, ...] = (
+    "hidden",
+    "position_ids",
+    "sections",
+    "cache_position",
+    "constant",
+    "ones",
+    "zeros",
+    "kv_sharing",
+)
+"""Kinds :func:`rebuild` fills from the hidden states and positions alone."""
+
+
+def same_tensor(a: Any, b: torch.Tensor) -> bool:
+    """Whether ``a`` is ``b`` or a tensor of its shape, dtype and values."""
+    return torch.is_tensor(a) and (a is b or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)))
+
+
+def is_sections(value: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is ``positions [B, S]`` repeated along a leading axis: ``[A, B, S]``, every row equal to
+    the positions (multi-axis position ids of text tokens)."""
+    return (
+        value.dim() == positions.dim() + 1
+        and value.shape[1:] == positions.shape
+        and 1 < value.shape[0] <= 8
+        and value.dtype == positions.dtype
+        and bool((value == positions.unsqueeze(0)).all())
+    )
+
+
+def classify(
+    key: str,
+    value: Any,
+    positions: torch.Tensor,
+    hidden: torch.Tensor | None,
+    cache_class: type,
+    produced: bool,
+) -> str:
+    """The :data:`~posenc.trace.record.ARGUMENT_KINDS` entry of one captured argument.
+
+    Args:
+        key: the keyword, or ``"#i"`` for positional argument ``i`` (named in the error).
+        value: what the model passed.
+        positions: the capture's position ids ``[B, S]``.
+        hidden: the layer's hidden states (an argument that *is* them is ``hidden``), or None.
+        cache_class: transformers' ``Cache``.
+        produced: ``value`` is a tuple another module of the model returned (the rotary module's cos/sin).
+
+    Raises:
+        ExportError: posenc cannot rebuild the argument from the hidden states, positions and cache (named).
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return "constant"
+    if isinstance(value, cache_class):
+        return "cache"
+    if isinstance(value, UserDict):
+        return "kv_sharing"
+    if isinstance(value, (tuple, list)) and produced:
+        return "position_embeddings"
+    if torch.is_tensor(value):
+        if hidden is not None and value is hidden:
+            return "hidden"
+        if "mask" in key and value.dim() == 4:
+            return "mask"
+        if same_tensor(value, positions):
+            return "position_ids"
+        if is_sections(value, positions):
+            return "sections"
+        if value.dim() == 1 and same_tensor(value, positions[0]):
+            return "cache_position"
+        if value.dim() == 2 and value.numel() and bool((value == 1).all()):
+            return "ones"
+        if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
+            return "zeros"
+    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
+    raise ExportError(
+        f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
+        f"states, positions and cache; this model's attention cannot be traced yet."
+    )
+
+
+def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
+    """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``;
+    the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
+    if kind == "constant":
+        constants[key] = value
+    elif kind == "zeros":
+        constants[key] = [int(n) for n in value.shape[2:]]
+    elif kind == "sections":
+        constants[key] = int(value.shape[0])
+
+
+def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor, position_ids: torch.Tensor,
+            past: int) -> Any:  # fmt: skip
+    """The value of an argument of a :data:`PLAIN_KINDS` kind for ``hidden [B, S, E]`` and ``position_ids [B, S]``
+    (``past`` cached positions before the new tokens).
+
+    Raises:
+        ConfigError: another kind (a record this posenc does not know).
+    """
+    if kind == "hidden":
+        return hidden
+    if kind == "position_ids":
+        return position_ids
+    if kind == "sections":
+        rows = int(constants.get(key, 3))
+        return position_ids.unsqueeze(0).expand(rows, *position_ids.shape)
+    if kind == "cache_position":
+        return torch.arange(hidden.shape[1], device=hidden.device) + past
+    if kind == "constant":
+        return constants.get(key)
+    if kind == "kv_sharing":
+        return {}
+    if kind in ("ones", "zeros"):
+        fill = torch.ones if kind == "ones" else torch.zeros
+        trailing = constants.get(key, ()) if kind == "zeros" else ()
+        return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
+    raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
+
+
+def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``(args, kwargs)`` of a recipe's call, each argument ``value(key, kind)`` (``key``: ``"#i"`` or the keyword)."""
+    args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
+    return args, {key: value(key, kind) for key, kind in recipe.keywords.items()}
+
+
+__all__ = ["PLAIN_KINDS", "call_args", "classify", "is_sections", "keep", "rebuild", "same_tensor"]
