@@ -30,6 +30,18 @@ from posenc.checkpoints.source import CheckpointSource, tensor_sha256
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
+from posenc.trace.stacks import (
+    cache_kind,
+    cut_stack,
+    nested_self_attention,
+    new_cache,
+    self_attention_cache,
+    stack_inputs,
+    stack_layer_count,
+    stack_layers,
+    stack_module,
+    stack_of,
+)
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
@@ -89,6 +101,7 @@ class Captured:
         quantization: how a quantized checkpoint's tensors were read (:mod:`posenc.checkpoints.quantized`).
         cacheless: the model calls the attention without a KV cache (an encoder's); ``kv_heads`` and ``head_dim``
             then come from the module's (or the config's) head counts.
+        cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
     """
 
     model_type: str
@@ -112,6 +125,7 @@ class Captured:
     embedding_note: str = ""
     quantization: Quantization | None = None
     cacheless: bool = False
+    cache_kind: str = "dynamic"
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -145,13 +159,18 @@ def layer_count(hf: Any) -> int:
     return count
 
 
-def reduced_config(hf: Any, layers: int) -> Any:
-    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention.
+def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention; of an
+    encoder-decoder's ``stack``, the first ``layers`` of that stack (:func:`posenc.trace.stacks.cut_stack`).
 
     The capture runs layers ``0 .. N``; a model's later layers are never built.
     """
-    total = layer_count(hf)
     reduced = copy.deepcopy(hf)
+    if stack is not None:
+        cut_stack(reduced, stack, layers)
+        reduced._attn_implementation = "eager"
+        return reduced
+    total = layer_count(hf)
     if layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
@@ -163,16 +182,19 @@ def reduced_config(hf: Any, layers: int) -> Any:
     return reduced
 
 
-def build_base_model(hf: Any, layers: int) -> nn.Module:
+def build_base_model(hf: Any, layers: int, stack: str | None = None) -> nn.Module:
     """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
     such as ``SiglipTextModel``) with its first ``layers`` layers, seeded random weights (only the capture call runs on
-    them), eval mode.
+    them), eval mode; of an encoder-decoder, ``layers`` layers of ``stack``.
 
     Raises:
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
-    config = reduced_config(hf, layers)
+    configs = [reduced_config(hf, layers, stack)]
+    if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
+        configs.append(copy.deepcopy(hf))
+        configs[-1]._attn_implementation = "eager"
     builders = [transformers.AutoModel.from_config]
     for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
         found = getattr(transformers, str(name), None)
@@ -180,13 +202,14 @@ def build_base_model(hf: Any, layers: int) -> nn.Module:
             model_class: Any = found
             builders.append(model_class._from_config)
     first: Exception | None = None
-    for build in builders:
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                return build(config, attn_implementation="eager").eval()
-        except (ValueError, KeyError, TypeError) as exc:
-            first = first or exc
+    for config in configs:
+        for build in builders:
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    return build(config, attn_implementation="eager").eval()
+            except (ValueError, KeyError, TypeError) as exc:
+                first = first or exc
     raise ConfigError(
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
@@ -316,25 +339,42 @@ def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple
     return calls, handles
 
 
-def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
-    """Run the base model on ``tokens`` token ids (position ids ``0 .. tokens - 1``) until the hook stops it."""
+def _run_forward(
+    model: nn.Module, hf: Any, tokens: int, runner: nn.Module | None = None, cache: bool = True
+) -> torch.Tensor:
+    """Run the base model (or ``runner``, one stack of it; ``cache``: ask it for a KV cache) on ``tokens`` token
+    ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
     vocab = int(getattr(hf, "vocab_size", None) or 32)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
-    attempts = (
+    runner = runner if runner is not None else model
+    features = stack_inputs(runner, hf, tokens) if runner is not model else []
+    attempts: tuple[dict[str, Any], ...] = (
         {"input_ids": ids, "position_ids": positions, "use_cache": True},
         {"input_ids": ids, "use_cache": True},
         {"input_ids": ids},
     )
+    if not cache:  # an encoder stack (T5's refuses use_cache=True)
+        attempts = tuple({k: v for k, v in kwargs.items() if k != "use_cache"} for kwargs in attempts[::2])
+    if features:
+        attempts = tuple(features)
     last: Exception | None = None
-    for kwargs in attempts:
+    for number, kwargs in enumerate(attempts):
         try:
             with torch.no_grad():
-                model(**kwargs)
+                runner(**kwargs)
         except _Stop:
             return positions
         except TypeError as exc:  # a forward without position_ids / use_cache
+            last = exc
+            continue
+        except RuntimeError as exc:  # a speech encoder's features in another layout: the next one
+            if not features or number == len(attempts) - 1:
+                raise ExportError(
+                    f"the {hf.model_type} model's forward failed before layer's attention ran "
+                    f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
+                ) from None
             last = exc
             continue
         except Exception as exc:
@@ -348,6 +388,15 @@ def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
         + (f" ({last})" if last else "")
         + "; posenc cannot capture how it calls it."
     )
+
+
+def _attended_positions(target: Call, hidden_key: str | None, positions: torch.Tensor) -> torch.Tensor:
+    """The positions of the attention's input: ``positions``, or ``0 .. T - 1`` where a speech encoder's attention
+    sees ``T`` frames of its features rather than the capture's tokens."""
+    hidden = target.kwargs.get(hidden_key) if hidden_key else (target.args[0] if target.args else None)
+    if torch.is_tensor(hidden) and hidden.dim() == 3 and hidden.shape[1] != positions.shape[1]:
+        return torch.arange(hidden.shape[1]).unsqueeze(0)
+    return positions
 
 
 def _same_tensor(a: Any, b: torch.Tensor) -> bool:
@@ -496,9 +545,13 @@ def _embedding_step(
         tokens = [n for n, call in calls.items() if n != name and torch.is_tensor(call.output)
                   and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
         if tokens:
+            try:
+                recipe = _embedding_recipe(calls[name], positions, cache_class, model.get_submodule(name))
+            except ExportError as exc:
+                return None, f"{name} is called with an argument posenc cannot rebuild ({exc})"
             record = EmbeddingRecord(
                 position=ModuleRef(name, class_path(model.get_submodule(name))),
-                call=_embedding_recipe(calls[name], positions, cache_class),
+                call=recipe,
                 norms=norm_refs,
             )
             return EmbeddingStep(record, model.get_submodule(name), norm_modules), ""
@@ -604,15 +657,40 @@ def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
     setattr(embeddings.get_submodule(parent) if parent else embeddings, child, nn.Identity())
 
 
-def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type, module: nn.Module) -> CallRecipe:
+    """How the model calls its position module; token ids it reads only for their shape (Whisper's decoder passes
+    them beside the position ids) are rebuilt as zeros, checked on the capture call (:func:`_shape_only`)."""
     positional: list[str] = []
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
-        kind = _classify(key, value, positions, None, cache_class, False)
+        try:
+            kind = _classify(key, value, positions, None, cache_class, False)
+        except ExportError:
+            if not _shape_only(module, call, key):
+                raise
+            kind = "zeros"
         _keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
+
+
+def _shape_only(module: nn.Module, call: Call, key: str) -> bool:
+    """Whether ``module``'s output on the recorded call stays the same with integer ids ``[B, S]`` at ``key`` set to
+    zeros (the module reads only their shape)."""
+    index = int(key[1:]) if key.startswith("#") else None
+    value = call.args[index] if index is not None else call.kwargs[key]
+    if not torch.is_tensor(value) or value.is_floating_point() or value.dim() != 2 or not torch.is_tensor(call.output):
+        return False
+    args = list(call.args)
+    kwargs = dict(call.kwargs)
+    if index is not None:
+        args[index] = torch.zeros_like(value)
+    else:
+        kwargs[key] = torch.zeros_like(value)
+    with torch.no_grad():
+        again = module(*args, **kwargs)
+    return torch.is_tensor(again) and again.shape == call.output.shape and torch.equal(again, call.output)
 
 
 def _mask_recipe(
@@ -660,11 +738,12 @@ def _probe(
     cache_class: type,
     step: EmbeddingStep | None,
     calls: Mapping[str, Call],
+    fresh_cache: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
-    and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
-    embeddings that the model's own position embeddings (as computed in the capture call) and norms turn into the
-    attention's input."""
+    and a fresh cache (``fresh_cache()`` in place of any ``cache_class``): ``(hidden, position_ids, out)``; with an
+    embedding step, ``hidden`` are random token embeddings that the model's own position embeddings (as computed in
+    the capture call) and norms turn into the attention's input."""
     generator = torch.Generator().manual_seed(1)
     fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
     inputs = fresh
@@ -678,7 +757,7 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
-    kwargs = {k: (cache_class() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
+    kwargs = {k: (fresh_cache() if isinstance(v, cache_class) else v) for k, v in target.kwargs.items()}
     args = list(target.args)
     if "hidden_states" in kwargs:
         kwargs["hidden_states"] = inputs
@@ -816,17 +895,23 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
         hf = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
-        total = layer_count(hf)
-        index = default_layer(hf, layer_type) if layer is None else layer
+        stack = stack_of(hf, layer_type)
+        total = layer_count(hf) if stack is None else stack_layer_count(hf, stack)
+        index = (default_layer(hf, layer_type) if stack is None else 0) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-            raise ConfigError(f"layer {index!r} is out of range: the checkpoint has {total} layers (0 .. {total - 1}).")
-        kinds = list(getattr(hf, "layer_types", None) or [])
-        kind = kinds[index] if index < len(kinds) else None
+            where = f"the checkpoint's {stack} has" if stack else "the checkpoint has"
+            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}).")
+        kinds = list(getattr(hf, "layer_types", None) or []) if stack is None else []
+        kind = stack or (kinds[index] if index < len(kinds) else None)
         if layer_type is not None and kind != layer_type:
             raise ConfigError(f"layer {index} is a {kind or 'plain'} layer, not {layer_type!r}.")
-        model = build_base_model(hf, index + 1)
-        list_path, layers = layer_list(model, index + 1)
-        found = attention_child(layers[index])
+        model = build_base_model(hf, index + 1, stack)
+        if stack is None:
+            list_path, layers = layer_list(model, index + 1)
+            found = attention_child(layers[index])
+        else:
+            list_path, layers = stack_layers(model, stack, index + 1)
+            found = attention_child(layers[index]) or nested_self_attention(layers[index])
         if found is None:
             raise no_attention_error(hf, index, layers[index])
         child, attention = found
@@ -835,9 +920,11 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         calls, handles = _record_calls(model, attention, target)
         settings = _settings(attention)
         with _hooks(handles):
-            positions = _run_forward(model, hf, _capture_tokens(hf))
+            runner = stack_module(model, list_path) if stack else None
+            positions = _run_forward(model, hf, _capture_tokens(hf), runner, cache=stack != "encoder")
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
+        positions = _attended_positions(target, hidden_key, positions)
         call, rotary_path = _recipe(target, positions, calls, transformers.Cache, hidden_key)
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
         mask_key = next((k for k, kind in call.keywords.items() if kind == "mask"), None)
@@ -849,7 +936,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
         else:
-            keys, values = cache.layers[index].keys, cache.layers[index].values
+            own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
+            keys, values = own.layers[index].keys, own.layers[index].values
             if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
                 raise ExportError(
                     f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
@@ -866,7 +954,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
                 tensors.update(load_attention_weights(source, module, ref.path))
-        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls)
+        kind_of_cache = cache_kind(cache)
+        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls,
+                       lambda: new_cache(kind_of_cache))  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -890,6 +980,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             embedding_note=note,
             quantization=source.quantized.record(tensors),
             cacheless=cache is None,
+            cache_kind=kind_of_cache,
         )
 
 

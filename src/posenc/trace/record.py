@@ -156,6 +156,9 @@ class TraceRecord:
     cacheless: bool = field(optional=True, default=False)
     """The model calls the attention without a KV cache (an encoder's, or a decoder run without one): the unit takes
     ``hidden`` and ``position_ids`` and returns ``out`` alone."""
+    cache: str = field(optional=True, default="dynamic")
+    """The cache the model calls the attention with: ``dynamic`` (``DynamicCache``) or ``encoder-decoder`` (an
+    encoder-decoder's decoder: ``EncoderDecoderCache``, the past in its self-attention part)."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
