@@ -35,6 +35,7 @@ from posenc.trace.stacks import (
     cut_stack,
     nested_self_attention,
     new_cache,
+    positions_outside,
     self_attention_cache,
     stack_inputs,
     stack_layer_count,
@@ -102,6 +103,8 @@ class Captured:
         cacheless: the model calls the attention without a KV cache (an encoder's); ``kv_heads`` and ``head_dim``
             then come from the module's (or the config's) head counts.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
+        outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
+            start from it (``embedding_note`` says why); None otherwise.
     """
 
     model_type: str
@@ -126,6 +129,7 @@ class Captured:
     quantization: Quantization | None = None
     cacheless: bool = False
     cache_kind: str = "dynamic"
+    outside: str | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -949,6 +953,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
+        outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
         tensors = load_attention_weights(source, attention, attention_path)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
@@ -981,6 +986,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             quantization=source.quantized.record(tensors),
             cacheless=cache is None,
             cache_kind=kind_of_cache,
+            outside=outside,
         )
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError
+from posenc.trace.record import TracePart
 
 STACKS = ("encoder", "decoder")
 """The stacks of an encoder-decoder model, as ``--layer-type`` names them."""
@@ -70,6 +71,32 @@ def self_attention_cache(cache: Any) -> Any:
     """The part of ``cache`` that holds the self-attention's keys and values (the cache itself, or an
     encoder-decoder cache's ``self_attention_cache``)."""
     return getattr(cache, "self_attention_cache", cache)
+
+
+OUTSIDE_PART = "stack embeddings"
+"""The positional part of a stack whose positions enter at its embeddings in a way the unit cannot start from
+(MBart's ``layernorm_embedding`` after the sum, a table read by shape): outside the traced unit, said so."""
+_POSITION_MODULE = re.compile(r"(embed_positions|position_embeddings?|pos_emb\w*|positional_encoding|wpe)$")
+
+
+def positions_outside(called: list[str], list_path: str) -> str | None:
+    """The module (of those ``called`` before the layer, outside the layer list at ``list_path``) that embeds
+    positions by its name, or None."""
+    stack = list_path.rsplit(".", 1)[0] + "." if "." in list_path else ""
+    for name in called:
+        if name.startswith(stack) and not name.startswith(list_path + ".") and _POSITION_MODULE.search(name):
+            return name
+    return None
+
+
+def outside_parts(outside: str | None, why: str) -> tuple[TracePart, ...]:
+    """The manifest's part for positions added at a stack's embeddings outside the unit (``outside``: the module),
+    or none."""
+    if outside is None:
+        return ()
+    detail = (f"the positions enter at {outside} before layer 0, outside this unit ({why}); the graph is the "
+              f"attention alone, fed the stack's embedded hidden states")  # fmt: skip
+    return (TracePart(OUTSIDE_PART, "absent", detail),)
 
 
 def stack_of(hf: Any, layer_type: str | None) -> str | None:
@@ -212,11 +239,14 @@ __all__ = [
     "CACHE_KINDS",
     "COUNT_FIELDS",
     "DEFAULT_STACK",
+    "OUTSIDE_PART",
     "STACKS",
     "cache_kind",
     "cut_stack",
     "nested_self_attention",
     "new_cache",
+    "outside_parts",
+    "positions_outside",
     "self_attention_cache",
     "stack_context",
     "stack_inputs",
