@@ -26,7 +26,7 @@ from posenc.trace.capture import Captured, build_base_model, drop_token_table, q
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, TracePart, TraceRecord
-from posenc.trace.stacks import stack_context, stack_of
+from posenc.trace.stacks import stack_context, stack_of, stack_view
 
 NOPE = "nope"
 
@@ -87,7 +87,7 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
 
 def _imported(captured: Captured) -> tuple[Any, str]:
     """``(HFImport or None, why not)`` of the config's positional scheme for the layer's type."""
-    data = captured.hf.to_dict()
+    data = stack_view(captured.hf.to_dict(), stack_of(captured.hf, captured.layer_type))
     rope = data.get("rope_parameters") or {}
     nested = any(isinstance(value, Mapping) for value in rope.values())
     try:

@@ -99,6 +99,16 @@ def outside_parts(outside: str | None, why: str) -> tuple[TracePart, ...]:
     return (TracePart(OUTSIDE_PART, "absent", detail),)
 
 
+def stack_view(data: dict[str, Any], stack: str | None) -> dict[str, Any]:
+    """A config dict as one stack sees it: each ``<stack>_<field>`` also as ``<field>`` where that is absent
+    (Moonshine's ``decoder_num_attention_heads`` -> ``num_attention_heads``), so the config's positional scheme
+    imports for the stack's geometry."""
+    if stack is None:
+        return data
+    prefix = f"{stack}_"
+    return {**{k[len(prefix) :]: v for k, v in data.items() if k.startswith(prefix)}, **data}
+
+
 def stack_of(hf: Any, layer_type: str | None) -> str | None:
     """The stack ``layer_type`` picks in an encoder-decoder config (default :data:`DEFAULT_STACK`); None for a model
     with one stack, or where ``layer_type`` is one of the config's own ``layer_types``.
@@ -254,4 +264,5 @@ __all__ = [
     "stack_layers",
     "stack_module",
     "stack_of",
+    "stack_view",
 ]
