@@ -352,36 +352,27 @@ def _run_forward(
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
-    runner = runner if runner is not None else model
-    features = stack_inputs(runner, hf, tokens) if runner is not model else []
-    attempts: tuple[dict[str, Any], ...] = (
+    features = stack_inputs(runner, hf, tokens) if runner is not None else []
+    attempts = features or [
         {"input_ids": ids, "position_ids": positions, "use_cache": True},
         {"input_ids": ids, "use_cache": True},
         {"input_ids": ids},
-    )
-    if not cache:  # an encoder stack (T5's refuses use_cache=True)
-        attempts = tuple({k: v for k, v in kwargs.items() if k != "use_cache"} for kwargs in attempts[::2])
-    if features:
-        attempts = tuple(features)
+    ]
+    if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
+        attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
     last: Exception | None = None
     for number, kwargs in enumerate(attempts):
         try:
             with torch.no_grad():
-                runner(**kwargs)
+                (runner or model)(**kwargs)
         except _Stop:
             return positions
-        except TypeError as exc:  # a forward without position_ids / use_cache
-            last = exc
-            continue
-        except RuntimeError as exc:  # a speech encoder's features in another layout: the next one
-            if not features or number == len(attempts) - 1:
-                raise ExportError(
-                    f"the {hf.model_type} model's forward failed before layer's attention ran "
-                    f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
-                ) from None
-            last = exc
-            continue
         except Exception as exc:
+            # a forward without position_ids / use_cache; a speech encoder's features in another layout
+            next_layout = bool(features) and isinstance(exc, RuntimeError) and number + 1 < len(attempts)
+            if isinstance(exc, TypeError) or next_layout:
+                last = exc
+                continue
             raise ExportError(
                 f"the {hf.model_type} model's forward failed before layer's attention ran "
                 f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
