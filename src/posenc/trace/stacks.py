@@ -109,6 +109,22 @@ def stack_view(data: dict[str, Any], stack: str | None) -> dict[str, Any]:
     return {**{k[len(prefix) :]: v for k, v in data.items() if k.startswith(prefix)}, **data}
 
 
+BIAS_PART = "relative position bias"
+"""T5's bucketed relative bias (UMT5, Switch Transformers, Pop2Piano, LongT5's decoder, ...), computed inside the
+attention module from the query and key positions the model derives from the sequence length and the cache."""
+
+
+def bias_parts(attention: nn.Module) -> tuple[TracePart, ...]:
+    """The manifest's part for a relative position bias the attention computes itself (a ``relative_attention_bias``
+    table), kept as traced; none without one."""
+    table = getattr(attention, "relative_attention_bias", None)
+    if not isinstance(table, nn.Embedding):
+        return ()
+    detail = (f"the module's bucketed table {list(table.weight.shape)} gathered at key - query offsets, as the model "
+              f"computes them from the sequence length and the cache (posenc recomputes no learned table)")  # fmt: skip
+    return (TracePart(BIAS_PART, "kept", detail),)
+
+
 def stack_of(hf: Any, layer_type: str | None) -> str | None:
     """The stack ``layer_type`` picks in an encoder-decoder config (default :data:`DEFAULT_STACK`); None for a model
     with one stack, or where ``layer_type`` is one of the config's own ``layer_types``.
@@ -246,11 +262,13 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
 
 
 __all__ = [
+    "BIAS_PART",
     "CACHE_KINDS",
     "COUNT_FIELDS",
     "DEFAULT_STACK",
     "OUTSIDE_PART",
     "STACKS",
+    "bias_parts",
     "cache_kind",
     "cut_stack",
     "nested_self_attention",
