@@ -59,6 +59,23 @@ def test_a_stack_out_of_range_or_unknown_is_refused_by_name(mbart: Path) -> None
         capture_layer(mbart, 0, "middle")
 
 
+def test_the_stack_a_layer_type_picks() -> None:
+    """Encoder-decoder configs pick a stack (default the encoder, as the BART family); a model with one stack, or an
+    encoder-decoder config that counts no stack's layers (a composite: its towers hold them), picks none."""
+    import transformers
+
+    from posenc.trace.stacks import stack_layer_count, stack_of
+
+    mbart = MBART.config()
+    assert [stack_of(mbart, kind) for kind in (None, "encoder", "decoder")] == ["encoder", "encoder", "decoder"]
+    assert (stack_layer_count(mbart, "encoder"), stack_layer_count(mbart, "decoder")) == (2, 3)
+    t5 = transformers.T5Config(num_layers=2, num_decoder_layers=4)
+    assert (stack_layer_count(t5, "encoder"), stack_layer_count(t5, "decoder")) == (2, 4)
+    assert stack_of(transformers.LlamaConfig(), "decoder") is None
+    composite = transformers.PretrainedConfig(is_encoder_decoder=True)
+    assert stack_of(composite, None) is None
+
+
 # --------------------------------------------------------------------------------------------------
 # Every encoder-decoder type of transformers, on the census's tiny checkpoint (slow)
 # --------------------------------------------------------------------------------------------------

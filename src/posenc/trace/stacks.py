@@ -126,8 +126,9 @@ def bias_parts(attention: nn.Module) -> tuple[TracePart, ...]:
 
 
 def stack_of(hf: Any, layer_type: str | None) -> str | None:
-    """The stack ``layer_type`` picks in an encoder-decoder config (default :data:`DEFAULT_STACK`); None for a model
-    with one stack, or where ``layer_type`` is one of the config's own ``layer_types``.
+    """The stack ``layer_type`` picks in an encoder-decoder config (default :data:`DEFAULT_STACK`, where the config
+    counts its layers); None for a model with one stack, or where ``layer_type`` is one of the config's own
+    ``layer_types``.
 
     Raises:
         ConfigError: an encoder-decoder model and a layer type that is neither a stack nor one of its layer types.
@@ -136,8 +137,8 @@ def stack_of(hf: Any, layer_type: str | None) -> str | None:
         return None
     if layer_type is not None and layer_type in (getattr(hf, "layer_types", None) or []):
         return None
-    if layer_type is None:
-        return DEFAULT_STACK
+    if layer_type is None:  # the default stack where the config counts its layers (else: one stack, as before)
+        return DEFAULT_STACK if _count_field(hf, DEFAULT_STACK) is not None else None
     if layer_type not in STACKS:
         raise ConfigError(
             f"this {hf.model_type} model is an encoder-decoder; --layer-type picks its stack: one of {list(STACKS)}, "
