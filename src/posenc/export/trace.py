@@ -179,7 +179,7 @@ def export_traced(
     else:
         model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
     captured = plan.captured
-    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside, captured.embedding_note))
+    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside))
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip

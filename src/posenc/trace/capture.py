@@ -104,7 +104,7 @@ class Captured:
             then come from the module's (or the config's) head counts.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
         outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
-            start from it (``embedding_note`` says why); None otherwise.
+            start from it; None otherwise.
     """
 
     model_type: str

@@ -89,13 +89,14 @@ def positions_outside(called: list[str], list_path: str) -> str | None:
     return None
 
 
-def outside_parts(outside: str | None, why: str) -> tuple[TracePart, ...]:
+def outside_parts(outside: str | None) -> tuple[TracePart, ...]:
     """The manifest's part for positions added at a stack's embeddings outside the unit (``outside``: the module),
     or none."""
     if outside is None:
         return ()
-    detail = (f"the positions enter at {outside} before layer 0, outside this unit ({why}); the graph is the "
-              f"attention alone, fed the stack's embedded hidden states")  # fmt: skip
+    detail = (f"the positions enter at {outside} before layer 0, outside this unit (it starts at the token "
+              f"embeddings only where the layer's input is their sum with a module's output on the position ids, "
+              f"then the layer's norms); the graph is the attention alone, fed the embedded states")  # fmt: skip
     return (TracePart(OUTSIDE_PART, "absent", detail),)
 
 
