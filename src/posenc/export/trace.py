@@ -54,6 +54,7 @@ from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_ke
 from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
+from posenc.trace.stacks import bias_parts, outside_parts
 
 TRACE_OPSET = DEFAULT_OPSET
 """Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
@@ -185,6 +186,8 @@ def export_traced(
         parts: tuple[TracePart, ...] = _unrewritten(plan)
     else:
         model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
+    captured = plan.captured
+    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside))
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip

@@ -27,6 +27,7 @@ from posenc.trace.capture import Captured, build_base_model, drop_token_table, q
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, ModuleRef, TracePart, TraceRecord
+from posenc.trace.stacks import stack_context, stack_of, stack_view
 
 NOPE = "nope"
 
@@ -67,7 +68,11 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
     """The traced layer's geometry: what the capture saw, the heads and context length from the config."""
     hf = captured.hf
     heads = int(getattr(hf, "num_attention_heads", 0) or (imported.num_heads if imported else captured.kv_heads))
-    context = getattr(hf, "max_position_embeddings", None) or (imported.max_position_embeddings if imported else 2048)
+    context = (
+        stack_context(hf, stack_of(hf, captured.layer_type))
+        or getattr(hf, "max_position_embeddings", None)
+        or (imported.max_position_embeddings if imported else 2048)
+    )
     if heads % captured.kv_heads:
         heads = captured.kv_heads * max(1, heads // captured.kv_heads)
     return AttentionConfig(
@@ -83,7 +88,7 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
 
 def _imported(captured: Captured) -> tuple[Any, str]:
     """``(HFImport or None, why not)`` of the config's positional scheme for the layer's type."""
-    data = captured.hf.to_dict()
+    data = stack_view(captured.hf.to_dict(), stack_of(captured.hf, captured.layer_type))
     rope = data.get("rope_parameters") or {}
     nested = any(isinstance(value, Mapping) for value in rope.values())
     try:
@@ -249,6 +254,7 @@ def traced_module(
         norms=step.norms if step is not None else None,
         embeddings_module=step is not None and step.record.tokens is not None,
         cacheless=captured.cacheless,
+        cache_kind=captured.cache_kind,
     ).eval()
 
 
@@ -270,6 +276,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         embedding=captured.embedding.record if captured.embedding is not None else None,
         cacheless=captured.cacheless,
         tower=captured.tower,
+        cache=captured.cache_kind,
     )
 
 
@@ -306,7 +313,9 @@ def rebuild(
     weights file), in ``dtype``: with posenc's ``exact`` scheme when its angles replaced the model's."""
     with quiet_transformers():
         hf = hf_config(record.config)
-        model = build_base_model(hf, record.layer + 1, tower_class(record.tower) if record.tower else None)
+        model = build_base_model(
+            hf, record.layer + 1, tower_class(record.tower) if record.tower else None, stack_of(hf, record.layer_type)
+        )
     attention = model.get_submodule(record.attention.path)
     rotary = model.get_submodule(record.rotary.path) if record.rotary is not None else None
     step = record.embedding
@@ -327,6 +336,7 @@ def rebuild(
         norms=[model.get_submodule(ref.path) for ref in step.norms] if step is not None else None,
         embeddings_module=step is not None and step.tokens is not None,
         cacheless=record.cacheless,
+        cache_kind=record.cache,
     )
     return module.to(dtype).eval()
 

@@ -33,6 +33,19 @@ from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import call_args, classify, keep, rebuild, same_tensor
 from posenc.trace.record import CallRecipe, EmbeddingRecord, MaskRecipe, ModuleRef
+from posenc.trace.stacks import (
+    cache_kind,
+    cut_stack,
+    nested_self_attention,
+    new_cache,
+    positions_outside,
+    self_attention_cache,
+    stack_inputs,
+    stack_layer_count,
+    stack_layers,
+    stack_module,
+    stack_of,
+)
 from posenc.trace.weights import load_attention_weights, load_module_weights
 
 CAPTURE_TOKENS = 8
@@ -102,6 +115,9 @@ class Captured:
         tower: for a wrapper checkpoint (a vision- or audio-language model), its text tower's base model as the
             wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
+        cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
+        outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
+            start from it; None otherwise.
     """
 
     model_type: str
@@ -126,6 +142,8 @@ class Captured:
     quantization: Quantization | None = None
     cacheless: bool = False
     tower: ModuleRef | None = None
+    cache_kind: str = "dynamic"
+    outside: str | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -159,13 +177,18 @@ def layer_count(hf: Any) -> int:
     return count
 
 
-def reduced_config(hf: Any, layers: int) -> Any:
-    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention.
+def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention; of an
+    encoder-decoder's ``stack``, the first ``layers`` of that stack (:func:`posenc.trace.stacks.cut_stack`).
 
     The capture runs layers ``0 .. N``; a model's later layers are never built.
     """
-    total = layer_count(hf)
     reduced = copy.deepcopy(hf)
+    if stack is not None:
+        cut_stack(reduced, stack, layers)
+        reduced._attn_implementation = "eager"
+        return reduced
+    total = layer_count(hf)
     if layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
@@ -177,16 +200,20 @@ def reduced_config(hf: Any, layers: int) -> Any:
     return reduced
 
 
-def build_base_model(hf: Any, layers: int, model_class: Any = None) -> nn.Module:
+def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str | None = None) -> nn.Module:
     """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
     such as ``SiglipTextModel``; ``model_class`` alone where given: a wrapper's text tower, as the wrapper builds it)
-    with its first ``layers`` layers, seeded random weights (only the capture call runs on them), eval mode.
+    with its first ``layers`` layers, seeded random weights (only the capture call runs on them), eval mode; of an
+    encoder-decoder, ``layers`` layers of ``stack``.
 
     Raises:
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
-    config = reduced_config(hf, layers)
+    configs = [reduced_config(hf, layers, stack)]
+    if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
+        configs.append(copy.deepcopy(hf))
+        configs[-1]._attn_implementation = "eager"
     if model_class is not None:
         builders = [model_class._from_config]
     else:
@@ -197,13 +224,14 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None) -> nn.Module
                 named: Any = found
                 builders.append(named._from_config)
     first: Exception | None = None
-    for build in builders:
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                return build(config, attn_implementation="eager").eval()
-        except (ValueError, KeyError, TypeError) as exc:
-            first = first or exc
+    for config in configs:
+        for build in builders:
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    return build(config, attn_implementation="eager").eval()
+            except (ValueError, KeyError, TypeError) as exc:
+                first = first or exc
     raise ConfigError(
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
@@ -338,28 +366,36 @@ def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple
     return calls, handles
 
 
-def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
-    """Run the base model on ``tokens`` token ids (position ids ``0 .. tokens - 1``) until the hook stops it."""
+def _run_forward(
+    model: nn.Module, hf: Any, tokens: int, runner: nn.Module | None = None, cache: bool = True
+) -> torch.Tensor:
+    """Run the base model (or ``runner``, one stack of it; ``cache``: ask it for a KV cache) on ``tokens`` token
+    ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
     vocab = int(getattr(hf, "vocab_size", None) or 32)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
-    attempts = (
+    features = stack_inputs(runner, hf, tokens) if runner is not None else []
+    attempts = features or [
         {"input_ids": ids, "position_ids": positions, "use_cache": True},
         {"input_ids": ids, "use_cache": True},
         {"input_ids": ids},
-    )
+    ]
+    if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
+        attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
     last: Exception | None = None
-    for kwargs in attempts:
+    for number, kwargs in enumerate(attempts):
         try:
             with torch.no_grad():
-                model(**kwargs)
+                (runner or model)(**kwargs)
         except _Stop:
             return positions
-        except TypeError as exc:  # a forward without position_ids / use_cache
-            last = exc
-            continue
         except Exception as exc:
+            # a forward without position_ids / use_cache; a speech encoder's features in another layout
+            next_layout = bool(features) and isinstance(exc, RuntimeError) and number + 1 < len(attempts)
+            if isinstance(exc, TypeError) or next_layout:
+                last = exc
+                continue
             raise ExportError(
                 f"the {hf.model_type} model's forward failed before layer's attention ran "
                 f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
@@ -370,6 +406,15 @@ def _run_forward(model: nn.Module, hf: Any, tokens: int) -> torch.Tensor:
         + (f" ({last})" if last else "")
         + "; posenc cannot capture how it calls it."
     )
+
+
+def _attended_positions(target: Call, hidden_key: str | None, positions: torch.Tensor) -> torch.Tensor:
+    """The positions of the attention's input: ``positions``, or ``0 .. T - 1`` where a speech encoder's attention
+    sees ``T`` frames of its features rather than the capture's tokens."""
+    hidden = target.kwargs.get(hidden_key) if hidden_key else (target.args[0] if target.args else None)
+    if torch.is_tensor(hidden) and hidden.dim() == 3 and hidden.shape[1] != positions.shape[1]:
+        return torch.arange(hidden.shape[1]).unsqueeze(0)
+    return positions
 
 
 def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, Call] | None:
@@ -482,9 +527,13 @@ def _embedding_step(
         tokens = [n for n, call in calls.items() if n != name and torch.is_tensor(call.output)
                   and call.output.shape == x.shape and torch.allclose(call.output, token, atol=1e-6)]  # fmt: skip
         if tokens:
+            try:
+                recipe = _embedding_recipe(calls[name], positions, cache_class, model.get_submodule(name))
+            except ExportError as exc:
+                return None, f"{name} is called with an argument posenc cannot rebuild ({exc})"
             record = EmbeddingRecord(
                 position=ModuleRef(name, class_path(model.get_submodule(name))),
-                call=_embedding_recipe(calls[name], positions, cache_class),
+                call=recipe,
                 norms=norm_refs,
             )
             return EmbeddingStep(record, model.get_submodule(name), norm_modules), ""
@@ -576,15 +625,40 @@ def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
     setattr(embeddings.get_submodule(parent) if parent else embeddings, child, nn.Identity())
 
 
-def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+def _embedding_recipe(call: Call, positions: torch.Tensor, cache_class: type, module: nn.Module) -> CallRecipe:
+    """How the model calls its position module; token ids it reads only for their shape (Whisper's decoder passes
+    them beside the position ids) are rebuilt as zeros, checked on the capture call (:func:`_shape_only`)."""
     positional: list[str] = []
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
-        kind = classify(key, value, positions, None, cache_class, False)
+        try:
+            kind = classify(key, value, positions, None, cache_class, False)
+        except ExportError:
+            if not _shape_only(module, call, key):
+                raise
+            kind = "zeros"
         keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
     return CallRecipe(tuple(positional), keywords, constants)
+
+
+def _shape_only(module: nn.Module, call: Call, key: str) -> bool:
+    """Whether ``module``'s output on the recorded call stays the same with integer ids ``[B, S]`` at ``key`` set to
+    zeros (the module reads only their shape)."""
+    index = int(key[1:]) if key.startswith("#") else None
+    value = call.args[index] if index is not None else call.kwargs[key]
+    if not torch.is_tensor(value) or value.is_floating_point() or value.dim() != 2 or not torch.is_tensor(call.output):
+        return False
+    args = list(call.args)
+    kwargs = dict(call.kwargs)
+    if index is not None:
+        args[index] = torch.zeros_like(value)
+    else:
+        kwargs[key] = torch.zeros_like(value)
+    with torch.no_grad():
+        again = module(*args, **kwargs)
+    return torch.is_tensor(again) and again.shape == call.output.shape and torch.equal(again, call.output)
 
 
 def _mask_recipe(
@@ -633,11 +707,12 @@ def _probe(
     step: EmbeddingStep | None,
     calls: Mapping[str, Call],
     layer: int,
+    fresh_cache: Any,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
-    and a fresh cache: ``(hidden, position_ids, out)``; with an embedding step, ``hidden`` are random token
-    embeddings that the model's own position embeddings (as computed in the capture call) and norms turn into the
-    attention's input."""
+    and a fresh cache (``fresh_cache()`` in place of any ``cache_class``): ``(hidden, position_ids, out)``; with an
+    embedding step, ``hidden`` are random token embeddings that the model's own position embeddings (as computed in
+    the capture call) and norms turn into the attention's input."""
     generator = torch.Generator().manual_seed(1)
     fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
     inputs = fresh
@@ -653,7 +728,7 @@ def _probe(
                 inputs = norm(inputs)
 
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
-        return cache_class() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
+        return fresh_cache() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
     kwargs = {k: fresh_state(v) for k, v in target.kwargs.items()}
     args = [fresh_state(v) for v in target.args]
@@ -776,18 +851,24 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         tower = base_tower(outer, source.config, source.hf_model)  # a wrapper: its text tower is traced
         hf = tower.config if tower is not None else outer
         names = tower.checkpoint_names if tower is not None else None
-        total = layer_count(hf)
-        index = default_layer(hf, layer_type) if layer is None else layer
+        stack = stack_of(hf, layer_type)
+        total = layer_count(hf) if stack is None else stack_layer_count(hf, stack)
+        index = (default_layer(hf, layer_type) if stack is None else 0) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
-            raise ConfigError(f"layer {index!r} is out of range: the checkpoint has {total} layers (0 .. {total - 1}).")
-        kinds = list(getattr(hf, "layer_types", None) or [])
-        kind = kinds[index] if index < len(kinds) else None
+            where = f"the checkpoint's {stack} has" if stack else "the checkpoint has"
+            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}).")
+        kinds = list(getattr(hf, "layer_types", None) or []) if stack is None else []
+        kind = stack or (kinds[index] if index < len(kinds) else None)
         if layer_type is not None and kind != layer_type:
             raise ConfigError(f"layer {index} is a {kind or 'plain'} layer, not {layer_type!r}.")
-        model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None)
+        model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None, stack)
         tower_ref = ModuleRef(tower.path, class_path(model)) if tower is not None else None
-        list_path, layers = layer_list(model, index + 1)
-        found = attention_child(layers[index])
+        if stack is None:
+            list_path, layers = layer_list(model, index + 1)
+            found = attention_child(layers[index])
+        else:
+            list_path, layers = stack_layers(model, stack, index + 1)
+            found = attention_child(layers[index]) or nested_self_attention(layers[index])
         if found is None:
             raise no_attention_error(hf, index, layers[index])
         child, attention = found
@@ -796,10 +877,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         calls, handles = _record_calls(model, attention, target)
         settings = _settings(attention)
         with _hooks(handles):
-            positions = _run_forward(model, hf, _capture_tokens(hf))
+            runner = stack_module(model, list_path) if stack else None
+            positions = _run_forward(model, hf, _capture_tokens(hf), runner, cache=stack != "encoder")
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        positions = _attended_positions(target, hidden_key, positions)
         call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters)
         rotary_path = producer[0] if producer is not None else None
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
@@ -813,7 +896,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
         else:
-            keys, values = cache.layers[index].keys, cache.layers[index].values
+            own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
+            keys, values = own.layers[index].keys, own.layers[index].values
             if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
                 raise ExportError(
                     f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
@@ -825,15 +909,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
+        outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
                 tensors.update(load_module_weights(source, module, ref.path, names, owner))
-        probe = _probe(
-            attention.float().eval(), target, hidden, positions, transformers.DynamicCache, step, calls, index
-        )
+        kind_of_cache = cache_kind(cache)
+        probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
+                       lambda: new_cache(kind_of_cache))  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -858,6 +943,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             quantization=source.quantized.record(tensors),
             cacheless=cache is None,
             tower=tower_ref,
+            cache_kind=kind_of_cache,
+            outside=outside,
         )
 
 

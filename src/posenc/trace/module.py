@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from posenc.blocks import default_positions
-from posenc.checkpoints.reference import import_transformers, key_positions
+from posenc.checkpoints.reference import key_positions
 from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
@@ -33,6 +33,7 @@ from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import call_args, rebuild
 from posenc.trace.layouts import arrange
 from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
+from posenc.trace.stacks import new_cache, self_attention_cache
 
 
 def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +77,8 @@ class TracedAttention(nn.Module):
             the embedding is the model's whole embeddings module, called with ``inputs_embeds=hidden``
             (``norms(embedding(...))``).
         cacheless: the model calls the attention without a cache; the unit takes no past and returns ``(out,)``.
+        cache_kind: the cache the model passes (:data:`posenc.trace.stacks.CACHE_KINDS`: a decoder of an
+            encoder-decoder gets an ``EncoderDecoderCache``, whose self-attention part holds the past).
     """
 
     guard_exported = True
@@ -97,6 +100,7 @@ class TracedAttention(nn.Module):
         norms: list[nn.Module] | None = None,
         embeddings_module: bool = False,
         cacheless: bool = False,
+        cache_kind: str = "dynamic",
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -117,6 +121,7 @@ class TracedAttention(nn.Module):
         self.norms = nn.ModuleList(norms or [])
         self.embeddings_module = embeddings_module
         self.cacheless = cacheless
+        self.cache_kind = cache_kind
 
     @property
     def position_limit(self) -> int | None:
@@ -206,9 +211,10 @@ class TracedAttention(nn.Module):
             raise ConfigError("pass both past_key and past_value, or neither.")
         position_ids, poison = self._guard(position_ids.to(torch.int64))
         hidden = poisoned(hidden, poison, 1)
-        cache = None if self.cacheless else import_transformers().DynamicCache()
-        if cache is not None and past_key is not None and past_value is not None:
-            cache.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
+        cache = None if self.cacheless else new_cache(self.cache_kind)
+        own = self_attention_cache(cache)
+        if own is not None and past_key is not None and past_value is not None:
+            own.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
@@ -217,7 +223,7 @@ class TracedAttention(nn.Module):
         out = output[0] if isinstance(output, (tuple, list)) else output
         if cache is None:
             return (out,)
-        entry = cache.layers[self.layer]
+        entry = own.layers[self.layer]
         return out, entry.keys, entry.values
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:

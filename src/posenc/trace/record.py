@@ -162,6 +162,9 @@ class TraceRecord:
     ``hidden`` and ``position_ids`` and returns ``out`` alone."""
     tower: ModuleRef | None = field(optional=True, default=None)
     """A wrapper's text tower (its base model's path in the wrapper and class) whose layer was traced, else None."""
+    cache: str = field(optional=True, default="dynamic")
+    """The cache the model calls the attention with: ``dynamic`` (``DynamicCache``) or ``encoder-decoder`` (an
+    encoder-decoder's decoder: ``EncoderDecoderCache``, the past in its self-attention part)."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
