@@ -42,27 +42,27 @@ from posenc._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "ALL_UNITS": "posenc.export.kinds",
     "BLOCK_INPLACE": "posenc.export.kinds",
-    "DEFAULT_OPSET": "posenc.export.exporter",
+    "DEFAULT_OPSET": "posenc.export.torch_onnx",
     "DimRange": "posenc.export.manifest",
-    "EXPORT_DTYPES": "posenc.export.exporter",
+    "EXPORT_DTYPES": "posenc.export.checks",
     "ExportResult": "posenc.export.exporter",
     "FeedShape": "posenc.export.shapes",
-    "INPLACE_OPSET": "posenc.export.exporter",
+    "INPLACE_OPSET": "posenc.export.torch_onnx",
     "KV_CACHES": "posenc.export.kinds",
     "Manifest": "posenc.export.manifest",
     "SAMPLE_SHAPE": "posenc.export.shapes",
-    "SUPPORTED_OPSETS": "posenc.export.exporter",
+    "SUPPORTED_OPSETS": "posenc.export.torch_onnx",
     "TensorSpec": "posenc.export.manifest",
     "UNITS": "posenc.export.kinds",
     "build_eager": "posenc.export.runtime",
-    "check_dtype": "posenc.export.exporter",
+    "check_dtype": "posenc.export.checks",
     "check_feed": "posenc.export.runtime",
     "check_model_file": "posenc.export.runtime",
-    "check_opset": "posenc.export.exporter",
+    "check_opset": "posenc.export.torch_onnx",
     "dtype_name": "posenc.dtypes",
-    "export_module": "posenc.export.exporter",
+    "export_module": "posenc.export.torch_onnx",
     "export_onnx": "posenc.export.exporter",
-    "library_versions": "posenc.export.exporter",
+    "library_versions": "posenc.export.describe",
     "load_eager": "posenc.export.runtime",
     "load_manifest": "posenc.export.manifest",
     "make_feed": "posenc.export.units",
@@ -73,7 +73,7 @@ _EXPORTS: dict[str, str] = {
     "reference_inputs": "posenc.export.runtime",
     "run_onnx": "posenc.export.runtime",
     "sha256_file": "posenc.artifacts.files",
-    "to_onnx_model": "posenc.export.exporter",
+    "to_onnx_model": "posenc.export.torch_onnx",
     "torch_dtype": "posenc.dtypes",
     "unit_for_cache": "posenc.export.kinds",
     "weights_path_for": "posenc.artifacts.files",
@@ -122,19 +122,9 @@ __all__ = [
 if TYPE_CHECKING:  # what the names are, for type checkers
     from posenc.artifacts.files import manifest_path_for, sha256_file, weights_path_for
     from posenc.dtypes import dtype_name, torch_dtype
-    from posenc.export.exporter import (
-        DEFAULT_OPSET,
-        EXPORT_DTYPES,
-        INPLACE_OPSET,
-        SUPPORTED_OPSETS,
-        ExportResult,
-        check_dtype,
-        check_opset,
-        export_module,
-        export_onnx,
-        library_versions,
-        to_onnx_model,
-    )
+    from posenc.export.checks import EXPORT_DTYPES, check_dtype
+    from posenc.export.describe import library_versions
+    from posenc.export.exporter import ExportResult, export_onnx
     from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, unit_for_cache
     from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
     from posenc.export.runtime import (
@@ -146,6 +136,14 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         ort_session,
         reference_inputs,
         run_onnx,
+    )
+    from posenc.export.torch_onnx import (
+        DEFAULT_OPSET,
+        INPLACE_OPSET,
+        SUPPORTED_OPSETS,
+        check_opset,
+        export_module,
+        to_onnx_model,
     )
     from posenc.export.units import (
         SAMPLE_SHAPE,

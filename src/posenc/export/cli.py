@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` subcommand."""
-    from posenc.export.exporter import DEFAULT_OPSET, INPLACE_OPSET, SUPPORTED_OPSETS
+    from posenc.export.torch_onnx import DEFAULT_OPSET, INPLACE_OPSET, SUPPORTED_OPSETS
 
     p = subparsers.add_parser(
         "export",

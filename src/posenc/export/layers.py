@@ -38,7 +38,8 @@ import torch
 from posenc.artifacts.files import STAGING_MARK, atomic_outputs, json_text, manifest_path_for, weights_path_for
 from posenc.artifacts.paths import output_path, sha256_file
 from posenc.errors import ConfigError
-from posenc.export.exporter import export_manifest, prepare_export
+from posenc.export.describe import export_manifest
+from posenc.export.exporter import prepare_export
 from posenc.export.external import _point, match_initializers, rename_values, safetensors_offsets, write_linked
 from posenc.export.manifest import FileRecord, Manifest
 from posenc.records import Document

@@ -34,18 +34,13 @@ from posenc.artifacts.files import atomic_outputs, manifest_path_for, weights_pa
 from posenc.artifacts.paths import output_path, sha256_file
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError
-from posenc.export.exporter import (
-    DEFAULT_OPSET,
-    ExportResult,
-    _graph_specs,
-    _quiet_exporter,
-    _source_info,
-    library_versions,
-    to_onnx_model,
-)
+from posenc.export.checks import ONNX_FILE_LIMIT
+from posenc.export.describe import graph_specs, library_versions, source_info
+from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
+from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
@@ -171,7 +166,7 @@ def export_traced(
         opset=TRACE_OPSET,
         optimize=False,
     )
-    with _quiet_exporter():
+    with quiet_exporter():
         model = _optimize_without_fusions(model)
     if rewrite is None:
         parts: tuple[TracePart, ...] = _unrewritten(plan)
@@ -218,8 +213,6 @@ def _write(
     limit: int | None,
     guard: bool,
 ) -> ExportResult:
-    from posenc.export.exporter import ONNX_FILE_LIMIT
-
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
     scheme = _scheme_of(plan, parts)
     spec = get_spec(scheme)
@@ -248,8 +241,8 @@ def _write(
             max_positions=limit,
             build_max_positions=rows,
             dynamic_dims=_dim_ranges(limit, plan.captured.cacheless),
-            inputs=_graph_specs(model.graph.input, unit.input_layouts(), "activation"),
-            outputs=_graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
+            inputs=graph_specs(model.graph.input, unit.input_layouts(), "activation"),
+            outputs=graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
             onnx_sha256=hashlib.sha256(data).hexdigest(),
             weights=WeightsRecord(
                 path=weights_path.name,
@@ -258,7 +251,7 @@ def _write(
                 tables=tuple(sorted(table_keys(weights_module))),
                 source=plan.captured.provenance(),
             ),
-            source=_source_info(weights_module),
+            source=source_info(weights_module),
             versions=library_versions(),
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             notes=tuple(notes),
