@@ -17,7 +17,7 @@ from posenc.bench.shapes import PRESETS, Shape
 from posenc.bench.workloads import ALL_UNITS, UNITS, check_unit
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export.units import KV_CACHES, unit_for_cache
+from posenc.export.kinds import KV_CACHES, UnitKind
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import TableMode
 
@@ -135,7 +135,9 @@ def make_plan(
             for mode, mode_reason in table_modes_for(scheme, table_mode):
                 for shape in shape_list:
                     reason = unit_reason or mode_reason or ""
-                    first, *rest = [unit_for_cache(unit, layout) for layout in layouts] if unit == "block" else [unit]
+                    first, *rest = (
+                        [UnitKind.parse(unit, layout).value for layout in layouts] if unit == "block" else [unit]
+                    )
                     cases.append(BenchCase(scheme, first, mode, shape, config, backend_names, reason, tuple(rest)))
     return cases
 

@@ -38,7 +38,8 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
-from posenc.export.units import ALL_UNITS, BLOCK_INPLACE, UNITS, check_call_size, make_inputs, make_unit
+from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, UNITS, UnitKind
+from posenc.export.units import check_call_size, make_inputs, make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 
@@ -199,7 +200,7 @@ def build_workload(
     else:
         inner = build_scheme(scheme, config, params, mode, max_positions)
     inner.eval()
-    export_unit = make_unit(inner, unit, torch.float32)
+    export_unit = make_unit(inner, UnitKind(unit), torch.float32)
     module = export_unit.module
     arrays = dict(
         zip(

@@ -75,7 +75,7 @@ _EXPORTS: dict[str, str] = {
     "sha256_file": "posenc.artifacts.files",
     "to_onnx_model": "posenc.export.torch_onnx",
     "torch_dtype": "posenc.dtypes",
-    "unit_for_cache": "posenc.export.kinds",
+    "UnitKind": "posenc.export.kinds",
     "weights_path_for": "posenc.artifacts.files",
 }
 
@@ -94,6 +94,7 @@ __all__ = [
     "FeedShape",
     "Manifest",
     "TensorSpec",
+    "UnitKind",
     "build_eager",
     "check_dtype",
     "check_feed",
@@ -115,7 +116,6 @@ __all__ = [
     "sha256_file",
     "to_onnx_model",
     "torch_dtype",
-    "unit_for_cache",
     "weights_path_for",
 ]
 
@@ -125,7 +125,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     from posenc.export.checks import EXPORT_DTYPES, check_dtype
     from posenc.export.describe import library_versions
     from posenc.export.exporter import ExportResult, export_onnx
-    from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, unit_for_cache
+    from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, UnitKind
     from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
     from posenc.export.runtime import (
         build_eager,

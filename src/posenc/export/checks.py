@@ -8,7 +8,7 @@ from torch import nn
 
 from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, ExportError
-from posenc.export.kinds import BLOCK_INPLACE
+from posenc.export.kinds import UnitKind
 from posenc.provenance import CheckpointWeights, WeightsSource
 from posenc.schemes import get_spec
 from posenc.schemes.base import table_keys
@@ -35,11 +35,11 @@ def check_dtype(dtype: str | torch.dtype, scheme: str | None = None) -> str:
     return name
 
 
-def check_cache_capacity(capacity: int | None, unit: str) -> int | None:
+def check_cache_capacity(capacity: int | None, unit: UnitKind) -> int | None:
     """Slots of an in-place cache (None: the table's length); refused for another unit or below 1."""
     if capacity is None:
         return None
-    if unit != BLOCK_INPLACE:
+    if unit is not UnitKind.BLOCK_INPLACE:
         raise ConfigError(
             "cache_capacity sizes the in-place cache; export with kv_cache='inplace' (--kv-cache inplace)."
         )

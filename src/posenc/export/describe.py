@@ -24,7 +24,7 @@ from torch import nn
 from posenc.artifacts.files import sha256_file
 from posenc.dtypes import dtype_name
 from posenc.export.external import LINKED_WEIGHTS_FORMAT
-from posenc.export.kinds import BLOCK_INPLACE
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, SourceRecord, TensorSpec, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.units import ExportUnit
@@ -61,7 +61,7 @@ def graph_specs(values: Any, layouts: Mapping[str, tuple[Any, str, str]], role_d
 
 def _served(unit: ExportUnit, table_limit: int | None) -> int | None:
     """New tokens a call may bring at most: the table's length, and an in-place cache's capacity."""
-    if unit.unit != BLOCK_INPLACE:
+    if unit.kind is not UnitKind.BLOCK_INPLACE:
         return table_limit
     capacity = next(int(s.shape[2]) for s in unit.slots if s.name == "key_cache")
     return capacity if table_limit is None else min(capacity, table_limit)
@@ -95,7 +95,7 @@ def export_manifest(prepared: PreparedExport, onnx_sha: str, weights_path: Path,
         family=spec.family,
         placement=scheme.placement.value,
         params=to_json(dict(scheme.params)),
-        unit=unit.unit,
+        unit=unit.kind.value,
         table_mode=scheme.table_mode.value,
         dtype=dtype_name(unit.dtype),
         table_dtype=dtype_name(scheme.table_dtype),

@@ -33,15 +33,11 @@ from posenc.errors import ConfigError, ExportError
 from posenc.export.checks import check_cache_capacity, check_dtype, check_exportable
 from posenc.export.describe import PreparedExport, export_manifest
 from posenc.export.external import write_linked
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import Manifest
+from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import check_opset, check_unit_opset, default_opset, to_onnx_model
-from posenc.export.units import (
-    ALL_UNITS,
-    BLOCK_INPLACE,
-    SAMPLE_SHAPE,
-    make_unit,
-    unit_for_cache,
-)
+from posenc.export.units import make_unit
 from posenc.provenance import ModuleWeights, RandomWeights, WeightsSource
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import PositionalScheme, TableMode
@@ -70,7 +66,7 @@ class ExportResult:
 
 
 def _build_inner(
-    unit: str,
+    unit: UnitKind,
     scheme: str | None,
     module: nn.Module | None,
     params: Mapping[str, Any] | None,
@@ -79,8 +75,6 @@ def _build_inner(
     max_positions: int | None,
     table_dtype: torch.dtype,
 ) -> nn.Module:
-    if unit not in ALL_UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
     if module is not None:
         if scheme is not None or params or config is not None:
             raise ConfigError("pass either a built module or a scheme name (with params, config), not both.")
@@ -97,16 +91,18 @@ def _build_inner(
     if scheme is None:
         raise ConfigError("give a scheme name (see `posenc list`) or a built module.")
     spec = get_spec(scheme)
-    if {"op-3d": "op", BLOCK_INPLACE: "block"}.get(unit, unit) not in spec.exports:
-        raise ExportError(f"scheme {scheme!r} cannot be exported as unit {unit!r}; it supports {sorted(spec.exports)}.")
+    if unit.export_name not in spec.exports:
+        raise ExportError(
+            f"scheme {scheme!r} cannot be exported as unit {unit.value!r}; it supports {sorted(spec.exports)}."
+        )
     config = config or AttentionConfig()
-    if unit == "block":
+    if unit is UnitKind.BLOCK:
         return build_block(config, scheme, params, table_mode, max_positions, table_dtype)
     if isinstance(config, MLAConfig):
-        if unit == BLOCK_INPLACE:
+        if unit is UnitKind.BLOCK_INPLACE:
             raise ConfigError("an MLA block keeps its concatenated cache; export it with kv_cache='concat'.")
         config = rotary_geometry(config)  # the op of an MLA geometry rotates its rope slice
-    if unit == BLOCK_INPLACE:
+    if unit is UnitKind.BLOCK_INPLACE:
         return AttentionBlock(config, scheme, params, table_mode, max_positions, table_dtype)
     return build_scheme(scheme, config, params, table_mode, max_positions, table_dtype)
 
@@ -218,16 +214,16 @@ def prepare_export(
 ) -> PreparedExport:
     """The graph :func:`export_onnx` writes, not yet written (arguments as there): for writers that store several
     graphs' tensors together (:mod:`posenc.export.layers`)."""
-    unit = unit_for_cache(unit, kv_cache)
-    opset = check_opset(default_opset(unit) if opset is None else opset)
-    check_unit_opset(unit, opset)
+    kind = UnitKind.parse(unit, kv_cache)  # the one place a unit's name is read
+    opset = check_opset(default_opset(kind) if opset is None else opset)
+    check_unit_opset(kind, opset)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be an int >= 0, got {seed!r}.")
     if not isinstance(position_guard, bool):
         raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        inner = _build_inner(unit, scheme, module, params, config, table_mode, max_positions, table_dtype)
+        inner = _build_inner(kind, scheme, module, params, config, table_mode, max_positions, table_dtype)
     source = _weights_source(module, seed, provenance)
     scheme_module = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
     if not isinstance(scheme_module, PositionalScheme):
@@ -239,7 +235,7 @@ def prepare_export(
     for parameter in inner.parameters():
         parameter.requires_grad_(False)
     check_exportable(inner, activation, provenance)
-    export_unit = make_unit(inner, unit, activation, check_cache_capacity(cache_capacity, unit))
+    export_unit = make_unit(inner, kind, activation, check_cache_capacity(cache_capacity, kind))
     scheme_module = export_unit.scheme
     scheme_module.guard_exported = position_guard
     limit = scheme_module.position_limit

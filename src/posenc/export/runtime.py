@@ -20,9 +20,10 @@ from posenc.artifacts.paths import input_file, member
 from posenc.dtypes import NUMPY_DTYPES, torch_dtype
 from posenc.errors import BackendUnavailable, ConfigError, ModelFileError, PositionError
 from posenc.export.external import load_weights_file
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import Manifest, load_manifest, weights_file
 from posenc.export.screen import screen_graph
-from posenc.export.units import BLOCK_INPLACE, make_unit
+from posenc.export.units import make_unit
 from posenc.schemes.base import table_keys
 
 # --------------------------------------------------------------------------------------------------
@@ -324,11 +325,12 @@ def build_eager(
     if manifest.trace is not None:
         return _traced_eager(manifest, activation, rest)
     inner: nn.Module
-    if manifest.unit in ("block", BLOCK_INPLACE):
+    kind = UnitKind.parse(manifest.unit)
+    if kind.is_block:
         inner = build_block(config, manifest.scheme, *rest)  # make_unit refuses an in-place MLA block
     else:
         inner = build_scheme(manifest.scheme, manifest.rotary_config(), *rest)
-    return make_unit(inner.to(activation).eval(), manifest.unit, activation).module
+    return make_unit(inner.to(activation).eval(), kind, activation).module
 
 
 def _traced_eager(manifest: Manifest, activation: torch.dtype, rest: tuple[Any, ...]) -> nn.Module:
@@ -494,7 +496,9 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
 
     config = manifest.attention_config()
     axes = get_spec(manifest.scheme).position_axes
-    slots, _ = _slots(manifest.unit, Placement(manifest.placement), config, axes, manifest.build_max_positions)
+    slots, _ = _slots(
+        UnitKind.parse(manifest.unit), Placement(manifest.placement), config, axes, manifest.build_max_positions
+    )
     arrays = {k: np.asarray(v) for k, v in feed.items()}
     sizes: dict[str, int] = {}
     for spec in manifest.inputs:

@@ -23,7 +23,7 @@ from torch import nn
 from posenc.artifacts.files import atomic_outputs
 from posenc.errors import ExportError, PosencError
 from posenc.export.complex import realify_complex
-from posenc.export.kinds import BLOCK_INPLACE
+from posenc.export.kinds import UnitKind
 
 SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23, 24)
 DEFAULT_OPSET = 23
@@ -53,14 +53,14 @@ def check_opset(opset: int) -> int:
     return opset
 
 
-def default_opset(unit: str) -> int:
+def default_opset(unit: UnitKind) -> int:
     """The opset a unit is exported with unless one is given: 24 for ``block-inplace``, else 23."""
-    return INPLACE_OPSET if unit == BLOCK_INPLACE else DEFAULT_OPSET
+    return INPLACE_OPSET if unit is UnitKind.BLOCK_INPLACE else DEFAULT_OPSET
 
 
-def check_unit_opset(unit: str, opset: int) -> None:
+def check_unit_opset(unit: UnitKind, opset: int) -> None:
     """Refuse an in-place block below opset 24 (:class:`ExportError` naming the opset it needs)."""
-    if unit == BLOCK_INPLACE and opset < INPLACE_OPSET:
+    if unit is UnitKind.BLOCK_INPLACE and opset < INPLACE_OPSET:
         raise ExportError(
             f"the in-place cache writes its new slots with TensorScatter, an opset-{INPLACE_OPSET} op; export "
             f"--kv-cache inplace with --opset {INPLACE_OPSET} (opset {opset} has no in-place write)."

@@ -38,6 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
@@ -187,10 +188,10 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
 
 def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool) -> ExportUnit:
     """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``."""
-    slots, outputs = _slots("block", Placement.QK, config, 1)
+    slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
     if cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
-    return ExportUnit("block", module, module, config, torch.float32, slots, outputs)
+    return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:

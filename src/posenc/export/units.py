@@ -60,10 +60,8 @@ from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, rotary_geometry
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
-from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE
-from posenc.export.kinds import KV_CACHES as KV_CACHES  # re-exported: the unit names' old home
-from posenc.export.kinds import UNITS as UNITS
-from posenc.export.kinds import unit_for_cache as unit_for_cache
+from posenc.export.kinds import BLOCK_INPLACE as BLOCK_INPLACE  # re-exported: the unit names' old home
+from posenc.export.kinds import UnitKind
 from posenc.export.shapes import SAMPLE_SHAPE, FeedShape
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
@@ -196,7 +194,7 @@ def _position_slot(axes: int) -> _Slot:
 
 
 def _slots(
-    unit: str,
+    unit: UnitKind,
     placement: Placement,
     config: AttentionConfig | MLAConfig,
     position_axes: int = 1,
@@ -206,11 +204,11 @@ def _slots(
     :attr:`posenc.schemes.SchemeSpec.position_axes`; ``cache_slots``: ``C`` of ``block-inplace``, default the
     context length)."""
     positions = _position_slot(position_axes)
-    if unit == "block" and isinstance(config, MLAConfig):
+    if unit is UnitKind.BLOCK and isinstance(config, MLAConfig):
         return _mla_slots(config, positions)
     config = rotary_geometry(config)  # an MLA geometry's op rotates its rope slice
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-    if unit == "block":
+    if unit is UnitKind.BLOCK:
         return (
             [
                 _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
@@ -220,7 +218,7 @@ def _slots(
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
         )
-    if unit == BLOCK_INPLACE:
+    if unit is UnitKind.BLOCK_INPLACE:
         c = config.max_position_embeddings if cache_slots is None else cache_slots
         return (
             [
@@ -232,7 +230,7 @@ def _slots(
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", "[B, Hkv, C, D]")],
         )
-    if unit == "op-3d":
+    if unit is UnitKind.OP_3D:
         return (
             [
                 _Slot("q", "act", ("batch", "seq", h * d), "[B, S, H*D]"),
@@ -297,14 +295,14 @@ class ExportUnit:
     """A module ready for export plus everything needed to trace it and describe its graph.
 
     Attributes:
-        unit: ``"op"`` or ``"block"``.
+        kind: what the graph holds (:class:`~posenc.export.kinds.UnitKind`).
         module: the module whose ``forward`` is exported (inputs in :attr:`input_names` order).
         inner: the scheme or block whose ``state_dict`` is saved as the weights.
         config: attention geometry.
         dtype: activation dtype.
     """
 
-    unit: str
+    kind: UnitKind
     module: nn.Module
     inner: nn.Module
     config: AttentionConfig | MLAConfig
@@ -358,45 +356,53 @@ def _export_dims() -> dict[str, Any]:
     }
 
 
-def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
-    """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``/``op-3d``).
+def make_unit(inner: nn.Module, unit: UnitKind, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
+    """Wrap an :class:`AttentionBlock` (a block unit) or a :class:`PositionalScheme` (an op unit; a block's scheme
+    where a block is given).
 
     ``cache_capacity``: slots of a ``block-inplace`` unit's caches (default: the block's table length).
 
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
     """
-    if unit not in ALL_UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
-    if unit == "block":
+    if unit is UnitKind.BLOCK:
         if not isinstance(inner, (AttentionBlock, MLABlock)):
             raise ExportError("unit 'block' exports an AttentionBlock or an MLABlock; pass one (or a scheme name).")
-        slots, outputs = _slots("block", inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
-        return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
-    if unit == BLOCK_INPLACE:
+        slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
+        return ExportUnit(unit, inner, inner, inner.config, dtype, slots, outputs)
+    if unit is UnitKind.BLOCK_INPLACE:
         if not isinstance(inner, AttentionBlock):
-            raise ExportError(f"unit {unit!r} exports an AttentionBlock; pass one (or a scheme name).")
+            raise ExportError(f"unit {unit.value!r} exports an AttentionBlock; pass one (or a scheme name).")
         cache = int(inner.scheme.max_positions) if cache_capacity is None else int(cache_capacity)
         slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes, cache)
         return ExportUnit(unit, InPlaceBlock(inner), inner, inner.config, dtype, slots, outputs)
+    scheme = op_module(inner, unit)
+    slots, outputs = _slots(unit, scheme.placement, scheme.config, scheme.spec.position_axes)
+    op = RotateProjectionOp(scheme) if unit is UnitKind.OP_3D else _OP_CLASSES[scheme.placement](scheme)
+    return ExportUnit(unit, op, scheme, scheme.config, dtype, slots, outputs)
+
+
+def op_module(inner: nn.Module, unit: UnitKind) -> PositionalScheme:
+    """The scheme an op unit exports: ``inner`` itself, or a block's scheme.
+
+    Raises:
+        ExportError: ``inner`` holds no scheme, the scheme has no op (NoPE), or ``op-3d`` of a scheme that does not
+            rotate q and k.
+    """
     scheme = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
     if not isinstance(scheme, PositionalScheme):
-        raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
+        raise ExportError(f"unit {unit.value!r} exports a PositionalScheme, got {type(inner).__name__}.")
     if scheme.placement not in _OP_CLASSES or "op" not in scheme.spec.exports:
         raise ExportError(
             f"scheme {scheme.spec.name!r} has no positional op to export (acts at {scheme.placement.value!r}); "
             f"export unit 'block' instead (it supports {sorted(scheme.spec.exports)})."
         )
-    if unit == "op-3d":
-        if scheme.placement is not Placement.QK:
-            raise ExportError(
-                f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
-                f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
-            )
-        slots, outputs = _slots("op-3d", scheme.placement, scheme.config, scheme.spec.position_axes)
-        return ExportUnit("op-3d", RotateProjectionOp(scheme), scheme, scheme.config, dtype, slots, outputs)
-    slots, outputs = _slots("op", scheme.placement, scheme.config, scheme.spec.position_axes)
-    return ExportUnit("op", _OP_CLASSES[scheme.placement](scheme), scheme, scheme.config, dtype, slots, outputs)
+    if unit is UnitKind.OP_3D and scheme.placement is not Placement.QK:
+        raise ExportError(
+            f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
+            f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
+        )
+    return scheme
 
 
 # --------------------------------------------------------------------------------------------------
