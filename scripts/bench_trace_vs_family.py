@@ -45,7 +45,7 @@ def export_both(folder: Path, out: Path) -> dict[str, Path]:
     from posenc.validate import check_ort_parity
 
     loaded = load_layer(folder, 0)
-    family = export_onnx(out / "family.onnx", module=loaded.block(), provenance=loaded.provenance())
+    family = export_onnx(loaded.block(), out / "family.onnx", provenance=loaded.provenance())
     traced = export_traced(out / "trace.onnx", folder, layer=0, rewrite=replace_positions)
     paths = {}
     for name, result in (("family", family), ("trace", traced)):

@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
+from posenc.export.exporter import Exportable
 from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, UNITS, UnitKind
 from posenc.export.units import check_call_size, make_inputs, make_unit
 from posenc.schemes import build_scheme, get_spec
@@ -142,7 +143,8 @@ class Workload:
         """
         if self.artifact is not None:
             return self.artifact
-        return export_onnx(path, unit=self.unit, module=self.inner, position_guard=position_guard).path
+        module = cast(Exportable, self.inner)  # a block or scheme: build_workload made it
+        return export_onnx(module, path, unit=self.unit, position_guard=position_guard).path
 
 
 def workload_key(scheme: str, unit: str, table_mode: str, config: AttentionConfig, max_positions: int) -> str:

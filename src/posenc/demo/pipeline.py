@@ -109,15 +109,15 @@ def _parity_summary(report: Any, markdown_path: Path) -> ParityStage:
 
 def run_pipeline_job(job: PipelineJob) -> PipelineRecord:
     """Export, optimize, validate and build one scheme/table mode; every outcome is recorded, none raised."""
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
     from posenc.validate import validate_onnx
 
     folder, parity_folder = Path(job.folder), Path(job.parity_folder)
     paths: dict[str, Path] = {}
 
     def export() -> ExportStage:
-        result = export_onnx(
-            folder / f"{job.stem}.onnx", job.scheme, unit="block", config=job.config, table_mode=job.table_mode
+        result = export_scheme(
+            job.scheme, folder / f"{job.stem}.onnx", unit="block", config=job.config, table_mode=job.table_mode
         )
         paths["exported"] = result.path
         return ExportStage(

@@ -61,7 +61,9 @@ _EXPORTS: dict[str, str] = {
     "check_opset": "posenc.export.torch_onnx",
     "dtype_name": "posenc.dtypes",
     "export_module": "posenc.export.torch_onnx",
+    "build_module": "posenc.export.exporter",
     "export_onnx": "posenc.export.exporter",
+    "export_scheme": "posenc.export.exporter",
     "library_versions": "posenc.export.describe",
     "load_eager": "posenc.export.runtime",
     "load_manifest": "posenc.export.manifest",
@@ -96,6 +98,7 @@ __all__ = [
     "TensorSpec",
     "UnitKind",
     "build_eager",
+    "build_module",
     "check_dtype",
     "check_feed",
     "check_model_file",
@@ -103,6 +106,7 @@ __all__ = [
     "dtype_name",
     "export_module",
     "export_onnx",
+    "export_scheme",
     "library_versions",
     "load_eager",
     "load_manifest",
@@ -124,7 +128,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     from posenc.dtypes import dtype_name, torch_dtype
     from posenc.export.checks import EXPORT_DTYPES, check_dtype
     from posenc.export.describe import library_versions
-    from posenc.export.exporter import ExportResult, export_onnx
+    from posenc.export.exporter import ExportResult, build_module, export_onnx, export_scheme
     from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, UnitKind
     from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
     from posenc.export.runtime import (

@@ -407,7 +407,7 @@ def position_sweep(
     Returns:
         :class:`SweepReport`.
     """
-    from posenc.export.exporter import export_onnx
+    from posenc.export.exporter import export_scheme
 
     names = list(schemes) if schemes is not None else sweep_schemes()
     config = config or SWEEP_CONFIG
@@ -441,9 +441,9 @@ def position_sweep(
                         table_dtypes.append(torch.float16)
                     for table_dtype in table_dtypes:
                         tag = f"{name}_{mode}_{dtype}_t{dtype_name(table_dtype)}"
-                        result = export_onnx(
-                            folder / f"{tag}.onnx",
+                        result = export_scheme(
                             name,
+                            folder / f"{tag}.onnx",
                             unit="op",
                             params=(params or {}).get(name),
                             config=config,
