@@ -16,7 +16,7 @@ from posenc.bench.shapes import Shape
 from posenc.bench.timing import RunSettings, TimingSettings
 from posenc.cli import main
 from posenc.errors import ConfigError
-from posenc.export import export_onnx, load_manifest, ort_session
+from posenc.export import export_scheme, load_manifest, ort_session
 from posenc.export.units import make_feed
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
@@ -33,7 +33,7 @@ FAST = RunSettings(
 @pytest.fixture(scope="module")
 def llama3_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("artifact")
-    return export_onnx(folder / "layer.onnx", "rope_llama3", params=LLAMA3, config=CONFIG, seed=3).path
+    return export_scheme("rope_llama3", folder / "layer.onnx", params=LLAMA3, config=CONFIG, seed=3).path
 
 
 def test_the_workload_is_the_file_itself(llama3_block: Path) -> None:

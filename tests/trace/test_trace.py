@@ -61,7 +61,7 @@ def llama(root: Path) -> Exported:
 
     traced = export_traced(root / "llama_trace.onnx", folder, rewrite=spy)
     loaded = load_layer(folder)
-    family = export_onnx(root / "llama_family.onnx", module=loaded.block(), provenance=loaded.provenance())
+    family = export_onnx(loaded.block(), root / "llama_family.onnx", provenance=loaded.provenance())
     return Exported(folder, traced, family, requests[0])
 
 
