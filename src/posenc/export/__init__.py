@@ -2,19 +2,23 @@
 
 Public API (stable; the graph, engine, bench and demo stages build on it)::
 
-    from posenc.export import export_onnx, load_manifest, check_feed, make_feed, run_onnx, FeedShape
+    from posenc.export import build_module, export_onnx, export_scheme, load_manifest, make_feed, run_onnx, FeedShape
 
-    result = export_onnx("out/rope.onnx", "rope_yarn", unit="block", params={"factor": 8.0},
-                         table_mode="dynamic", dtype="fp16", opset=23)
+    block = build_module("rope_yarn", "block", params={"factor": 8.0}, table_mode="dynamic")
+    result = export_onnx(block, "out/rope.onnx", unit="block", dtype="fp16", opset=23)
+    result = export_scheme("rope_yarn", "out/rope.onnx", params={"factor": 8.0}, dtype="fp16")   # the two in a row
     result.path, result.manifest_path, result.weights_path      # model.onnx, .manifest.json, .weights.safetensors
     manifest = load_manifest("out/rope.onnx")                  # verifies sha256 of model and weights
     feed = make_feed(manifest, FeedShape(batch=2, seq=7, past=5))   # realistic int64 position ids
     check_feed(manifest, feed)                                 # PositionError past a precomputed table
     outputs = run_onnx("out/rope.onnx", feed)                  # check_feed + ONNX Runtime
 
-- :func:`export_onnx` (path, scheme | module=, unit="block"|"op", kv_cache="concat"|"inplace", params, config,
-  table_mode, dtype, opset=23|24|18|17, max_positions, table_dtype) -> :class:`ExportResult` ``(path, manifest,
-  manifest_path, weights_path)``. Units and their inputs/outputs: :mod:`posenc.export.units`.
+- :func:`export_onnx` (module, path, unit="block"|"block-inplace"|"op"|"op-3d", dtype, opset=23|24|18|17,
+  optimize, position_guard, cache_capacity, provenance, copy) -> :class:`ExportResult` ``(path, manifest,
+  manifest_path, weights_path)``: any built block (an op unit exports its scheme) or scheme. Units
+  (:class:`UnitKind`) and their inputs/outputs: :mod:`posenc.export.units`.
+- :func:`build_module` (scheme, unit, config, params, table_mode, max_positions, table_dtype, seed): a scheme's
+  module with seeded weights; :func:`export_scheme` (scheme, path, unit, kv_cache, ...): it, then :func:`export_onnx`.
 - :func:`export_module` (module, args, path, input_names, output_names, dynamic_dims, opset) -> Path:
   any module, no manifest (e.g. a complex-number RoPE; see :mod:`posenc.export.complex`).
 - :class:`Manifest`, :func:`load_manifest`; the JSON layout is documented in :mod:`posenc.export.manifest`.
