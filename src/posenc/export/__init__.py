@@ -2,14 +2,14 @@
 
 Public API (stable; the graph, engine, bench and demo stages build on it)::
 
-    from posenc.export import build_module, export_onnx, export_scheme, load_manifest, make_feed, run_onnx, FeedShape
+    from posenc.export import build_module, export_onnx, export_scheme, load_manifest, make_feed, run_onnx, Shape
 
     block = build_module("rope_yarn", "block", params={"factor": 8.0}, table_mode="dynamic")
     result = export_onnx(block, "out/rope.onnx", unit="block", dtype="fp16", opset=23)
     result = export_scheme("rope_yarn", "out/rope.onnx", params={"factor": 8.0}, dtype="fp16")   # the two in a row
     result.path, result.manifest_path, result.weights_path      # model.onnx, .manifest.json, .weights.safetensors
     manifest = load_manifest("out/rope.onnx")                  # verifies sha256 of model and weights
-    feed = make_feed(manifest, FeedShape(batch=2, seq=7, past=5))   # realistic int64 position ids
+    feed = make_feed(manifest, Shape(batch=2, seq=7, past=5))   # realistic int64 position ids
     check_feed(manifest, feed)                                 # PositionError past a precomputed table
     outputs = run_onnx("out/rope.onnx", feed)                  # check_feed + ONNX Runtime
 
@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "EXPORT_DTYPES": "posenc.export.checks",
     "ExportResult": "posenc.export.exporter",
     "FeedShape": "posenc.export.shapes",
+    "Shape": "posenc.export.shapes",
     "INPLACE_OPSET": "posenc.export.torch_onnx",
     "KV_CACHES": "posenc.export.kinds",
     "Manifest": "posenc.export.manifest",
@@ -99,6 +100,7 @@ __all__ = [
     "ExportResult",
     "FeedShape",
     "Manifest",
+    "Shape",
     "TensorSpec",
     "UnitKind",
     "build_eager",
@@ -145,6 +147,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         reference_inputs,
         run_onnx,
     )
+    from posenc.export.shapes import FeedShape, Shape
     from posenc.export.torch_onnx import (
         DEFAULT_OPSET,
         INPLACE_OPSET,
@@ -155,7 +158,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     )
     from posenc.export.units import (
         SAMPLE_SHAPE,
-        FeedShape,
         make_feed,
         positions_for,
     )

@@ -38,7 +38,7 @@ Three units exist:
     the slots up to the longest row's ``past_length + S``. ``C`` is static: the block's ``max_positions`` (the
     rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires.
 
-A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
+A :class:`Shape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
 ``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds of a
 ``block-inplace`` graph hold ``past`` filled slots per row; the slots after the new tokens hold random values too
 (which the attention must not read).
@@ -62,7 +62,7 @@ from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError, ExportError
 from posenc.export.kinds import BLOCK_INPLACE as BLOCK_INPLACE  # re-exported: the unit names' old home
 from posenc.export.kinds import UnitKind
-from posenc.export.shapes import SAMPLE_SHAPE, FeedShape
+from posenc.export.shapes import SAMPLE_SHAPE, Shape
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 # --------------------------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ class ExportUnit:
         roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length"}
         return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
 
-    def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
+    def sample_inputs(self, shape: Shape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
         """Torch tensors for tracing, in input order (see :func:`make_inputs`)."""
         arrays = make_inputs(self.slots, shape, self.dtype, seed=0, position_limit=position_limit)
         return tuple(
@@ -414,13 +414,13 @@ def _bf16_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.float32))).to(torch.bfloat16)
 
 
-def _size(dim: int | str, shape: FeedShape) -> int:
+def _size(dim: int | str, shape: Shape) -> int:
     if isinstance(dim, int):
         return dim
     return {"batch": shape.batch, "seq": shape.seq, "past": shape.past, "kv_seq": shape.kv_seq}[dim]
 
 
-def positions_for(shape: FeedShape, kind: str, position_limit: int | None = None) -> np.ndarray:
+def positions_for(shape: Shape, kind: str, position_limit: int | None = None) -> np.ndarray:
     """Realistic int64 position ids: ``start + arange(seq)`` per row (queries), or the cache's ``arange(past)``
     followed by the queries' (keys).
 
@@ -439,7 +439,7 @@ grid) or text only (every axis the token's position)."""
 
 
 def multi_axis_positions(
-    shape: FeedShape, axes: int, content: str = "vision", position_limit: int | None = None
+    shape: Shape, axes: int, content: str = "vision", position_limit: int | None = None
 ) -> np.ndarray:
     """Realistic int64 ids ``[A, B, S]`` of the new tokens of a multi-axis scheme.
 
@@ -488,7 +488,7 @@ def _prompt_with_image(total: int, text: int, axes: int) -> np.ndarray:
 
 def make_inputs(
     slots: Sequence[_Slot],
-    shape: FeedShape,
+    shape: Shape,
     dtype: torch.dtype | str,
     *,
     seed: int = 0,
@@ -527,7 +527,7 @@ def slots_from_manifest(manifest: Any) -> list[_Slot]:
     return slots
 
 
-def check_call_size(config: AttentionConfig | MLAConfig, shape: FeedShape) -> None:
+def check_call_size(config: AttentionConfig | MLAConfig, shape: Shape) -> None:
     """Refuse a shape whose call (inputs, caches, scores, in the float64 reference) this machine cannot hold.
 
     An MLA block is sized as the multi-head attention it expands to (every head its own keys of width
@@ -546,7 +546,7 @@ def check_call_size(config: AttentionConfig | MLAConfig, shape: FeedShape) -> No
     check_bytes(needed, f"a call at shape {shape.label}", "give smaller --shape sizes (B,S[,P]).")
 
 
-def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0, multi_axis: str = "vision") -> dict[str, np.ndarray]:
+def make_feed(manifest: Any, shape: Shape, *, seed: int = 0, multi_axis: str = "vision") -> dict[str, np.ndarray]:
     """A feed dict for an exported model: realistic position ids, random activations in the graph dtype.
 
     Args:

@@ -29,7 +29,7 @@ from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import ort_session, reference_inputs
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.export.units import _size
 
 REFERENCE_NAME = "eager-fp64"
@@ -120,7 +120,7 @@ class EagerTorchRunner(TorchModuleRunner):
         self,
         module: torch.nn.Module,
         manifest: Manifest,
-        shape: FeedShape | None = None,
+        shape: Shape | None = None,
         feed_dtypes: Mapping[str, Any] | None = None,
         name: str = REFERENCE_NAME,
     ) -> None:
