@@ -17,7 +17,7 @@ from posenc.bench.timing import RunSettings, TimingSettings
 from posenc.cli import main
 from posenc.errors import ConfigError
 from posenc.export import export_scheme, load_manifest, ort_session
-from posenc.export.units import make_feed
+from posenc.export.feeds import make_feed
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
 LLAMA3 = {"factor": 8.0, "original_max_position_embeddings": 32, "low_freq_factor": 1.0, "high_freq_factor": 4.0}

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from posenc.config import AttentionConfig
 from posenc.export import FeedShape, export_scheme, load_manifest
-from posenc.export.runtime import check_graph_tables
+from posenc.export.eager import check_graph_tables
 from posenc.graphs import optimize_file
 from posenc.graphs.fold import cleanup
 from posenc.graphs.projected_tables import project_tables

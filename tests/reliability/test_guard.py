@@ -17,9 +17,9 @@ from onnx import numpy_helper
 from posenc.artifacts.files import manifest_path_for
 from posenc.errors import ModelFileError, PositionError
 from posenc.export import export_scheme
+from posenc.export.feeds import make_feed
 from posenc.export.runtime import run_onnx
 from posenc.export.shapes import FeedShape
-from posenc.export.units import make_feed
 from posenc.validate import validate_onnx
 from tests.conftest import SMALL, copy_export
 

@@ -16,8 +16,8 @@ import pytest
 
 from posenc.config import AttentionConfig
 from posenc.export import export_scheme
+from posenc.export.feeds import make_feed
 from posenc.export.shapes import FeedShape
-from posenc.export.units import make_feed
 from posenc.graphs import optimize_file
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32)

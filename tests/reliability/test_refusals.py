@@ -50,8 +50,8 @@ def test_sizes_this_machine_cannot_hold_are_refused_naming_the_bytes(tmp_path, c
 
 
 def test_a_call_shape_too_large_is_refused_naming_the_bytes() -> None:
+    from posenc.export.feeds import check_call_size
     from posenc.export.shapes import FeedShape
-    from posenc.export.units import check_call_size
 
     with pytest.raises(ConfigError, match=r"bytes\) of memory"):
         check_call_size(SMALL, FeedShape(batch=100_000, seq=100_000, past=0))

@@ -29,9 +29,9 @@ from posenc.bench.workloads import BLOCK_UNITS, Workload
 from posenc.config import AttentionConfig
 from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
+from posenc.export.feeds import make_feed
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import load_eager
-from posenc.export.units import make_feed
 from posenc.validate.feeds import serving_limit
 
 PREFILL_TOKENS = 512

@@ -39,8 +39,9 @@ from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
 from posenc.export.exporter import Exportable
+from posenc.export.feeds import check_call_size, make_inputs
 from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, UNITS, UnitKind
-from posenc.export.units import check_call_size, make_inputs, make_unit
+from posenc.export.units import make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 

@@ -59,7 +59,7 @@ _EXPORTS: dict[str, str] = {
     "SUPPORTED_OPSETS": "posenc.export.torch_onnx",
     "TensorSpec": "posenc.export.manifest",
     "UNITS": "posenc.export.kinds",
-    "build_eager": "posenc.export.runtime",
+    "build_eager": "posenc.export.eager",
     "check_dtype": "posenc.export.checks",
     "check_feed": "posenc.export.runtime",
     "check_model_file": "posenc.export.runtime",
@@ -70,14 +70,14 @@ _EXPORTS: dict[str, str] = {
     "export_onnx": "posenc.export.exporter",
     "export_scheme": "posenc.export.exporter",
     "library_versions": "posenc.export.describe",
-    "load_eager": "posenc.export.runtime",
+    "load_eager": "posenc.export.eager",
     "load_manifest": "posenc.export.manifest",
-    "make_feed": "posenc.export.units",
+    "make_feed": "posenc.export.feeds",
     "manifest_path_for": "posenc.artifacts.files",
     "ort_providers": "posenc.export.runtime",
     "ort_session": "posenc.export.runtime",
-    "positions_for": "posenc.export.units",
-    "reference_inputs": "posenc.export.runtime",
+    "positions_for": "posenc.export.feeds",
+    "reference_inputs": "posenc.export.eager",
     "run_onnx": "posenc.export.runtime",
     "sha256_file": "posenc.artifacts.files",
     "to_onnx_model": "posenc.export.torch_onnx",
@@ -134,20 +134,13 @@ if TYPE_CHECKING:  # what the names are, for type checkers
     from posenc.dtypes import dtype_name, torch_dtype
     from posenc.export.checks import EXPORT_DTYPES, check_dtype
     from posenc.export.describe import library_versions
+    from posenc.export.eager import build_eager, load_eager, reference_inputs
     from posenc.export.exporter import ExportResult, build_module, export_onnx, export_scheme
+    from posenc.export.feeds import make_feed, positions_for
     from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, KV_CACHES, UNITS, UnitKind
     from posenc.export.manifest import DimRange, Manifest, TensorSpec, load_manifest
-    from posenc.export.runtime import (
-        build_eager,
-        check_feed,
-        check_model_file,
-        load_eager,
-        ort_providers,
-        ort_session,
-        reference_inputs,
-        run_onnx,
-    )
-    from posenc.export.shapes import FeedShape, Shape
+    from posenc.export.runtime import check_feed, check_model_file, ort_providers, ort_session, run_onnx
+    from posenc.export.shapes import SAMPLE_SHAPE, FeedShape, Shape
     from posenc.export.torch_onnx import (
         DEFAULT_OPSET,
         INPLACE_OPSET,
@@ -155,11 +148,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers
         check_opset,
         export_module,
         to_onnx_model,
-    )
-    from posenc.export.units import (
-        SAMPLE_SHAPE,
-        make_feed,
-        positions_for,
     )
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

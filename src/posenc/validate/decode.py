@@ -33,8 +33,9 @@ from polygraphy.common import TensorMetadata
 from posenc.artifacts.files import reading
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_model_file, load_eager, ort_session
+from posenc.export.runtime import check_model_file, ort_session
 from posenc.export.shape_rules import check_shapes, fit_shapes
 from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE, InPlaceBlock

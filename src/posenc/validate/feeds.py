@@ -20,11 +20,12 @@ import numpy as np
 from posenc.artifacts.memory import human_bytes
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export import shape_rules
+from posenc.export.feeds import make_feed
+from posenc.export.kinds import BLOCK_INPLACE
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
 from posenc.export.screen import feed_bytes
 from posenc.export.shapes import Shape
-from posenc.export.units import BLOCK_INPLACE, make_feed
 
 DEFAULT_SHAPES: tuple[Shape, ...] = (
     Shape(batch=1, seq=1, past=0),

@@ -17,8 +17,9 @@ from typing import Any
 
 from posenc.artifacts.files import reading, write_text_atomic
 from posenc.errors import ConfigError
+from posenc.export.eager import check_graph_tables, load_eager
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
+from posenc.export.runtime import check_model_file, ort_providers
 from posenc.export.shape_rules import check_shapes
 from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE
@@ -174,7 +175,7 @@ def validate_onnx(
 
     Raises:
         ModelFileError: missing/corrupt ONNX file, manifest or weights, hash mismatch, or a manifest whose table
-            sizes the graph does not have (:func:`posenc.export.runtime.check_graph_tables`).
+            sizes the graph does not have (:func:`posenc.export.eager.check_graph_tables`).
         PositionError: a shape reaches past the precomputed table.
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
         ConfigError: no shapes, no references, or an unknown runner / reference name.

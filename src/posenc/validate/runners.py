@@ -27,10 +27,11 @@ from polygraphy.common import TensorMetadata
 
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
+from posenc.export.eager import reference_inputs
+from posenc.export.feeds import dim_size
 from posenc.export.manifest import Manifest
-from posenc.export.runtime import ort_session, reference_inputs
+from posenc.export.runtime import ort_session
 from posenc.export.shapes import Shape
-from posenc.export.units import _size
 
 REFERENCE_NAME = "eager-fp64"
 REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
@@ -131,7 +132,7 @@ class EagerTorchRunner(TorchModuleRunner):
         meta = TensorMetadata()
         for spec in manifest.inputs:
             dtype = self.feed_dtypes.get(spec.name, NUMPY_DTYPES.get(spec.dtype, np.float32))
-            dims = tuple(_size(d, shape) for d in spec.shape) if shape is not None else tuple(spec.shape)
+            dims = tuple(dim_size(d, shape) for d in spec.shape) if shape is not None else tuple(spec.shape)
             meta.add(spec.name, dtype, dims)
         super().__init__(self._run, name, manifest.output_names, meta)
 

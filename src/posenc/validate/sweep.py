@@ -41,9 +41,10 @@ from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
+from posenc.export.feeds import slots_from_manifest
 from posenc.export.manifest import Manifest
-from posenc.export.runtime import check_feed, load_eager, ort_providers
-from posenc.export.units import slots_from_manifest
+from posenc.export.runtime import check_feed, ort_providers
 from posenc.records import to_json
 from posenc.schemes import get_spec, specs
 from posenc.schemes.base import Placement, TableMode
