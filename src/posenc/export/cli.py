@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posenc.cli_args import add, add_geometry, check_input, check_output, config_from_args
 from posenc.errors import ConfigError
 from posenc.export.kinds import BLOCK_INPLACE, UnitKind
 from posenc.provenance import describe_weights
+
+if TYPE_CHECKING:
+    from posenc.export.exporter import Exportable
+    from posenc.provenance import WeightsSource
 
 EPILOG = """\
 examples:
@@ -110,7 +114,7 @@ def _export_traced(args: argparse.Namespace) -> Any:
     )
 
 
-def _module(args: argparse.Namespace, kind: Any) -> tuple[Any, Any]:
+def _module(args: argparse.Namespace, kind: UnitKind) -> tuple[Exportable, WeightsSource]:
     """``(module, provenance)``: what the export writes, built once: layer ``--layer`` of ``--hf-model`` with its
     weights, or the scheme's unit with random weights of ``--seed``."""
     from posenc.export.exporter import build_module
