@@ -30,7 +30,7 @@ import torch
 
 from posenc import AttentionConfig, get_spec
 from posenc.bench.timing import TimingSettings, measure
-from posenc.export import export_onnx, ort_session
+from posenc.export import export_scheme, ort_session
 from posenc.graphs import optimize_file
 from posenc.schemes.base import Placement
 from posenc.validate import check_ort_parity
@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> dict:
         folder = Path(tmp)
         for layout in args.layouts:
             params = {"layout": layout}
-            op = export_onnx(folder / f"op_{layout}.onnx", args.scheme, unit="op", config=config, params=params)
-            op_3d = export_onnx(folder / f"op3d_{layout}.onnx", args.scheme, unit="op-3d", config=config, params=params)
+            op = export_scheme(args.scheme, folder / f"op_{layout}.onnx", unit="op", config=config, params=params)
+            op_3d = export_scheme(
+                args.scheme, folder / f"op3d_{layout}.onnx", unit="op-3d", config=config, params=params
+            )
             for unit, source, shape in (("op", op.path, (b, h, s, d)), ("op-3d", op_3d.path, (b, s, h * d))):
                 fused = optimize_file(source, folder / f"{unit}_{layout}.ort.onnx", "ort-cpu", check=check_ort_parity)
                 feed = {

@@ -45,7 +45,7 @@ def export_both(folder: Path, out: Path) -> dict[str, Path]:
     from posenc.validate import check_ort_parity
 
     loaded = load_layer(folder, 0)
-    family = export_onnx(out / "family.onnx", module=loaded.block(), provenance=loaded.provenance())
+    family = export_onnx(loaded.block(), out / "family.onnx", provenance=loaded.provenance())
     traced = export_traced(out / "trace.onnx", folder, layer=0, rewrite=replace_positions)
     paths = {}
     for name, result in (("family", family), ("trace", traced)):
@@ -70,10 +70,10 @@ def main() -> int:
     args = parser.parse_args()
 
     from posenc.bench.timing import TimingSettings, measure_interleaved
+    from posenc.export.feeds import make_feed
     from posenc.export.manifest import load_manifest
     from posenc.export.runtime import ort_session
     from posenc.export.shapes import SHAPE_PRESETS
-    from posenc.export.units import make_feed
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     folder = build_checkpoint(args.workdir / "llama", args.hidden, args.heads, args.kv_heads, args.context)

@@ -231,8 +231,8 @@ def eager_half(device: str, quick: bool, schemes: list[str] | None) -> list[dict
     from posenc import AttentionConfig
     from posenc.blocks import build_block
     from posenc.errors import PosencError
-    from posenc.export.exporter import check_dtype
-    from posenc.export.runtime import load_weights
+    from posenc.export.checks import check_dtype
+    from posenc.export.eager import load_weights
     from posenc.schemes import get_spec, scheme_names
     from posenc.schemes.base import table_keys
 

@@ -229,14 +229,14 @@ class Fixtures:
 
 def make_fixtures(root: Path) -> Fixtures:
     from posenc.config import AttentionConfig
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
     from posenc.graphs import optimize_file
 
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=TABLE)
     models = {}
     for scheme, unit in (("rope", "op"), ("rope", "block"), ("alibi", "op"), ("learned", "op")):
         path = root / f"{scheme}_{unit}" / f"{scheme}_{unit}.onnx"
-        models[f"{scheme}_{unit}"] = export_onnx(path, scheme, unit=unit, config=config, max_positions=TABLE).path
+        models[f"{scheme}_{unit}"] = export_scheme(scheme, path, unit=unit, config=config, max_positions=TABLE).path
     trt = root / "rope_trt" / "rope_op.trt.onnx"
     trt.parent.mkdir(parents=True, exist_ok=True)
     optimize_file(models["rope_op"], trt, "trt")
@@ -746,7 +746,7 @@ def parameter_tries() -> list[Try]:
         def run(ws: Path, scheme: str = scheme, params: dict = params, dtype: str = dtype) -> Any:
             from posenc import AttentionBlock, AttentionConfig
             from posenc.errors import PosencError
-            from posenc.export import FeedShape, export_onnx, make_feed, run_onnx
+            from posenc.export import FeedShape, export_scheme, make_feed, run_onnx
             from posenc.schemes import get_spec
 
             config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=TABLE)
@@ -761,7 +761,7 @@ def parameter_tries() -> list[Try]:
                 out = block(hidden, torch.arange(5).expand(2, 5))[0]
                 if not bool(torch.isfinite(out).all()):
                     return "eager outputs are not finite"
-                result = export_onnx(ws / "m.onnx", scheme, params=known, config=config, dtype=dtype)
+                result = export_scheme(scheme, ws / "m.onnx", params=known, config=config, dtype=dtype)
                 outputs = run_onnx(result.path, make_feed(result.manifest, FeedShape(2, 5, 3)))
                 if not all(np.isfinite(np.asarray(o, dtype=np.float64)).all() for o in outputs.values()):
                     return "ONNX outputs are not finite"
@@ -1005,12 +1005,12 @@ def position_tries() -> list[Try]:
 
                     from posenc.config import AttentionConfig
                     from posenc.errors import PosencError
-                    from posenc.export import FeedShape, export_onnx, load_manifest, make_feed
+                    from posenc.export import FeedShape, export_scheme, load_manifest, make_feed
 
                     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=TABLE)
                     key = (scheme, unit)
                     if key not in cache:
-                        made = api(lambda: export_onnx(ws.parent / f"pos_{scheme}_{unit}.onnx", scheme, unit=unit,
+                        made = api(lambda: export_scheme(scheme, ws.parent / f"pos_{scheme}_{unit}.onnx", unit=unit,
                                                        config=config, table_mode="precomputed"))  # fmt: skip
                         if made.error is not None:
                             if isinstance(made.error, PosencError):
@@ -1058,7 +1058,7 @@ def api_tries(fx: Fixtures) -> list[Try]:
     import torch
 
     from posenc import AttentionBlock, AttentionConfig, build_scheme, functional
-    from posenc.export import FeedShape, export_onnx, load_manifest, run_onnx
+    from posenc.export import FeedShape, export_scheme, load_manifest, run_onnx
 
     def fresh_manifest(ws: Path) -> Any:
         return load_manifest(fx.copy("rope_op", ws / "m"))
@@ -1079,9 +1079,9 @@ def api_tries(fx: Fixtures) -> list[Try]:
                                                                                 num_heads=1)), ("bytes",)),
         ("build_scheme max_positions=0", lambda ws: build_scheme("rope", AttentionConfig(), max_positions=0),
          ("max_positions",)),
-        ("export_onnx unit=bogus", lambda ws: export_onnx(ws / "m.onnx", "rope", unit="bogus"), ("unit",)),
-        ("export_onnx to ''", lambda ws: export_onnx("", "rope"), ("empty",)),
-        ("export_onnx to a folder", lambda ws: export_onnx(ws, "rope"), ("folder",)),
+        ("export_onnx unit=bogus", lambda ws: export_scheme("rope", ws / "m.onnx", unit="bogus"), ("unit",)),
+        ("export_onnx to ''", lambda ws: export_scheme("rope", ""), ("empty",)),
+        ("export_onnx to a folder", lambda ws: export_scheme("rope", ws), ("folder",)),
         ("load_manifest('')", lambda ws: load_manifest(""), ("empty",)),
         ("load_manifest(folder)", lambda ws: load_manifest(ws), ("folder", "does not exist")),
         ("FeedShape(-1, 1)", lambda ws: FeedShape(-1, 1), ("batch",)),

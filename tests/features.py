@@ -132,12 +132,12 @@ blocks."""
 
 def exported_feature(folder: Path, case: FeatureCase) -> Path:
     """The block of ``case`` exported to ONNX in ``folder`` (on first use)."""
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
 
     path = folder / f"feature_{case.id}.onnx"
     with locked(path):
         if not path.exists():
-            export_onnx(path, case.scheme, unit="block", params=case.params, config=case.config,
+            export_scheme(case.scheme, path, unit="block", params=case.params, config=case.config,
                         table_mode=case.table_mode, dtype=case.dtype)  # fmt: skip
     return path
 

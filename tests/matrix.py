@@ -136,14 +136,14 @@ def locked(path: Path) -> Iterator[None]:
 
 def exported(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig) -> Path:
     """The exported (decomposed) ONNX of ``case`` in ``folder``, exported on first use."""
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
 
     path = Path(folder) / f"{case.export_id}.onnx"
     with locked(path):
         if not path.exists():
-            export_onnx(
-                path,
+            export_scheme(
                 case.scheme,
+                path,
                 unit=case.unit,
                 params=case.params,
                 config=config,

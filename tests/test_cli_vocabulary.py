@@ -22,8 +22,8 @@ from posenc.cli import build_parser, main
 from posenc.cli_args import OPTIONS, parse_shape
 from posenc.errors import ConfigError
 from posenc.export import load_manifest
+from posenc.export.kinds import UNITS
 from posenc.export.shapes import SHAPE_PRESETS, FeedShape, named_shape_text
-from posenc.export.units import UNITS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("list", "show", "export", "optimize", "inspect", "build", "validate", "sweep", "bench", "demo", "models")

@@ -14,7 +14,7 @@ import torch
 from posenc import ConfigError, MLABlock, MLAConfig
 from posenc.blocks import attention_config_from_dict
 from posenc.blocks.mla import mla_score_scale
-from posenc.export import FeedShape, export_onnx
+from posenc.export import FeedShape, export_scheme
 from tests.conftest import decode_in_steps
 
 transformers = pytest.importorskip("transformers")
@@ -172,7 +172,7 @@ EXPORT_PARAMS = {"rope_theta": 10000.0, "factor": 4.0, "original_max_position_em
 def _export(folder: Path, mode: str, dtype: str) -> Path:
     path = folder / f"mla-{mode}-{dtype}.onnx"
     if not path.exists():
-        export_onnx(path, "rope_yarn", unit="block", params=EXPORT_PARAMS, config=EXPORT_CONFIG, table_mode=mode,
+        export_scheme("rope_yarn", path, unit="block", params=EXPORT_PARAMS, config=EXPORT_CONFIG, table_mode=mode,
                     dtype=dtype)  # fmt: skip
     return path
 

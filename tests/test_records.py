@@ -130,7 +130,7 @@ def test_unions_of_records_are_told_apart_by_their_kind() -> None:
 def test_a_record_s_own_checks_become_record_errors() -> None:
     from posenc.bench.shapes import Shape
 
-    assert from_json(Shape, {"name": "p", "batch": 1, "seq": 2, "past": 0}) == Shape("p", 1, 2)
+    assert from_json(Shape, {"name": "p", "batch": 1, "seq": 2, "past": 0}) == Shape(1, 2, name="p")
     with pytest.raises(RecordError, match="Shape rejects its values"):
         from_json(Shape, {"name": "p", "batch": 0, "seq": 2, "past": 0})
 

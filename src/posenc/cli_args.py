@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from posenc.artifacts.paths import input_file, output_path
 from posenc.errors import ConfigError
 from posenc.export.kinds import KV_CACHES, UNITS
-from posenc.export.shapes import FeedShape, parse_named_shape
+from posenc.export.shapes import Shape, parse_named_shape
 
 if TYPE_CHECKING:
     from posenc.config import AttentionConfig
@@ -98,16 +98,16 @@ unit_arg = _choice("unit", UNITS)
 kv_cache_arg = _choice("kv cache layout", KV_CACHES)
 
 
-def parse_shape(text: str) -> tuple[str | None, FeedShape]:
+def parse_shape(text: str) -> tuple[str | None, Shape]:
     """Read a shape given on the command line: :func:`posenc.export.shapes.parse_named_shape`.
 
     The old benchmark form ``[NAME:]b=B,s=S[,past=P]`` is still read, with a deprecation note.
 
     Returns:
-        ``(name or None, FeedShape)``.
+        ``(name or None, Shape)``.
 
     Raises:
-        ConfigError: an unknown preset, a bad name, or numbers FeedShape refuses.
+        ConfigError: an unknown preset, a bad name, or numbers Shape refuses.
     """
     if "=" in text:
         text = _old_key_value_shape(text)
@@ -137,7 +137,7 @@ def _old_key_value_shape(text: str) -> str:
     return new
 
 
-def shape_arg(text: str) -> tuple[str | None, FeedShape]:
+def shape_arg(text: str) -> tuple[str | None, Shape]:
     """argparse type of ``--shape``: :func:`parse_shape`, its errors as usage errors (exit status 2)."""
     try:
         return parse_shape(text)

@@ -57,10 +57,16 @@ def field(
     """A dataclass field with a JSON ``key`` other than its name and/or ``optional`` in files (see the module)."""
     if optional and default is dataclasses.MISSING and default_factory is None:
         raise TypeError("an optional record field needs a default (the value an absent key stands for)")
-    metadata = {_KEY: key, _OPTIONAL: optional}
+    metadata = field_metadata(key=key, optional=optional)
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_metadata(*, key: str | None = None, optional: bool = False) -> dict[str, Any]:
+    """What :func:`field` records, for a ``dataclasses.field`` that needs more (``kw_only=True``, which type
+    checkers read only from ``dataclasses.field`` itself)."""
+    return {_KEY: key, _OPTIONAL: optional}
 
 
 def _json_key(f: dataclasses.Field) -> str:

@@ -16,8 +16,8 @@ from posenc.bench.shapes import Shape
 from posenc.bench.timing import RunSettings, TimingSettings
 from posenc.cli import main
 from posenc.errors import ConfigError
-from posenc.export import export_onnx, load_manifest, ort_session
-from posenc.export.units import make_feed
+from posenc.export import export_scheme, load_manifest, ort_session
+from posenc.export.feeds import make_feed
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
 LLAMA3 = {"factor": 8.0, "original_max_position_embeddings": 32, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
@@ -33,17 +33,17 @@ FAST = RunSettings(
 @pytest.fixture(scope="module")
 def llama3_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("artifact")
-    return export_onnx(folder / "layer.onnx", "rope_llama3", params=LLAMA3, config=CONFIG, seed=3).path
+    return export_scheme("rope_llama3", folder / "layer.onnx", params=LLAMA3, config=CONFIG, seed=3).path
 
 
 def test_the_workload_is_the_file_itself(llama3_block: Path) -> None:
     """The eager twin carries the file's weights and llama3 parameters: it computes what the graph computes."""
-    workload = artifact_workload(llama3_block, Shape("prefill", 2, 9))
+    workload = artifact_workload(llama3_block, Shape(2, 9, name="prefill"))
     manifest = load_manifest(llama3_block)
     assert manifest.params["factor"] == 8.0
     assert workload.scheme == "rope_llama3"
     assert workload.unit == "block"
-    feed = make_feed(manifest, Shape("prefill", 2, 9).feed)
+    feed = make_feed(manifest, Shape(2, 9, name="prefill").feed)
     graph = ort_session(llama3_block).run(None, feed)
     for got, want in zip(workload.outputs, graph, strict=True):
         np.testing.assert_allclose(got.numpy(), want, atol=2e-5)
@@ -55,11 +55,11 @@ def test_default_shapes_stay_inside_the_context(llama3_block: Path) -> None:
     shapes = artifact_shapes(load_manifest(llama3_block))
     assert [(s.name, s.batch, s.seq, s.past) for s in shapes] == [("prefill", 1, 96, 0), ("decode", 1, 1, 95)]
     with pytest.raises(ConfigError, match=r"past layer\.onnx's context of 96"):
-        artifact_plan([llama3_block], [Shape("long", 1, 1, 200)])
+        artifact_plan([llama3_block], [Shape(1, 1, 200, name="long")])
 
 
 def test_one_run_gives_prefill_vs_gemm_and_decode_vs_copy(llama3_block: Path, tmp_path: Path) -> None:
-    cases = artifact_plan([llama3_block], [Shape("prefill", 1, 64), Shape("decode", 1, 1, 63)], ["ort-cpu"])
+    cases = artifact_plan([llama3_block], [Shape(1, 64, name="prefill"), Shape(1, 1, 63, name="decode")], ["ort-cpu"])
     doc = run_bench(cases, FAST, tmp_path, progress=False)
     prefill, decode = doc.records
     assert (prefill.status, decode.status) == ("ok", "ok")
@@ -79,10 +79,10 @@ def test_an_optimized_file_is_timed_as_it_is(llama3_block: Path, tmp_path: Path)
 
     optimized = tmp_path / "layer.ort-cpu.onnx"
     optimize_file(llama3_block, optimized, "ort-cpu")
-    (case,) = artifact_plan([optimized], [Shape("prefill", 1, 8)])
+    (case,) = artifact_plan([optimized], [Shape(1, 8, name="prefill")])
     assert case.backends == ("torch", "ort-cpu")
     with pytest.raises(ConfigError, match="already optimized"):
-        artifact_plan([optimized], [Shape("prefill", 1, 8)], ["ort-cpu-fused"])
+        artifact_plan([optimized], [Shape(1, 8, name="prefill")], ["ort-cpu-fused"])
 
 
 def test_cli_times_a_file_and_refuses_scheme_options(llama3_block: Path, tmp_path: Path, capsys) -> None:

@@ -30,7 +30,7 @@ ALONGSIDE = RunSettings(
 
 def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
     backends = ["torch", "ort-cpu", "ort-cuda", "tensorrt"]
-    plan = make_plan(["rope"], ["op"], "precomputed", [Shape("prefill", 1, 8)], backends, TINY)
+    plan = make_plan(["rope"], ["op"], "precomputed", [Shape(1, 8, name="prefill")], backends, TINY)
     doc = run_bench(plan, FAST, tmp_path, progress=False, bandwidth=FIXED_BW)
     by_backend = {r.backend: r for r in doc.records}
     for name in ("torch", "ort-cpu"):
@@ -51,7 +51,7 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
     assert len(saved["results"]) == 4
     assert saved["results"][0]["timing"]["median_s"] > 0
     loaded = BenchDocument.load(tmp_path / "bench.json")
-    assert loaded.records[0].shape == Shape("prefill", 1, 8)
+    assert loaded.records[0].shape == Shape(1, 8, name="prefill")
     assert loaded.to_dict() == saved  # the typed document reads back exactly what was written
     markdown = (tmp_path / "bench.md").read_text()
     assert "| rope | op | precomputed | prefill B=1 S=8 |" in markdown
@@ -61,7 +61,7 @@ def test_tiny_run_writes_json_markdown_and_plots(tmp_path) -> None:
 
 
 def test_missing_unit_and_table_mode_are_skipped_with_reasons(tmp_path) -> None:
-    plan = make_plan(["nope", "rope_dynamic"], ["op"], "precomputed", [Shape("prefill", 1, 2)], ["torch"], TINY)
+    plan = make_plan(["nope", "rope_dynamic"], ["op"], "precomputed", [Shape(1, 2, name="prefill")], ["torch"], TINY)
     doc = run_bench(plan, FAST, None, progress=False, bandwidth=FIXED_BW)
     reasons = {r.scheme: r.reason for r in doc.records}
     assert all(r.status == "skipped" for r in doc.records)
@@ -70,7 +70,7 @@ def test_missing_unit_and_table_mode_are_skipped_with_reasons(tmp_path) -> None:
 
 
 def test_interrupted_run_keeps_what_it_measured(tmp_path) -> None:
-    shapes = [Shape("prefill", 1, 4), Shape("prefill", 2, 4), Shape("prefill", 3, 4)]
+    shapes = [Shape(1, 4, name="prefill"), Shape(2, 4, name="prefill"), Shape(3, 4, name="prefill")]
     plan = make_plan(["alibi"], ["op"], "dynamic", shapes, ["torch"], TINY)
     seen = []
 
@@ -123,7 +123,7 @@ def test_targets_are_ratios_of_records_from_one_document() -> None:
 
 def test_large_ops_are_divided_by_a_copy_timed_alongside(tmp_path) -> None:
     wide = AttentionConfig(hidden_size=512, num_heads=8, num_kv_heads=8, max_position_embeddings=256)
-    plan = make_plan(["rope"], ["op-3d", "block"], "precomputed", [Shape("prefill", 1, 160)], ["torch"], wide)
+    plan = make_plan(["rope"], ["op-3d", "block"], "precomputed", [Shape(1, 160, name="prefill")], ["torch"], wide)
     doc = run_bench(plan, ALONGSIDE, None, progress=False, bandwidth=FIXED_BW)
     op, block = doc.records
     assert op.bytes_moved >= 1 << 20
@@ -137,7 +137,7 @@ def test_a_bench_document_with_a_renamed_or_missing_key_is_refused(tmp_path) -> 
     """bench.json is read strictly: a renamed key fails with the place and the remedy instead of a default."""
     from posenc.errors import ModelFileError
 
-    plan = make_plan(["alibi"], ["op"], "dynamic", [Shape("prefill", 1, 4)], ["torch"], TINY)
+    plan = make_plan(["alibi"], ["op"], "dynamic", [Shape(1, 4, name="prefill")], ["torch"], TINY)
     run_bench(plan, FAST, tmp_path, progress=False, bandwidth=FIXED_BW)
     data = json.loads((tmp_path / "bench.json").read_text())
     data["results"][0]["timing"]["median"] = data["results"][0]["timing"].pop("median_s")
@@ -155,7 +155,7 @@ def test_a_bench_document_with_a_renamed_or_missing_key_is_refused(tmp_path) -> 
 
 
 def test_decode_times_both_cache_layouts_against_a_copy_and_prefill_against_a_gemm(tmp_path) -> None:
-    shapes = [Shape("decode", 1, 1, 20), Shape("prefill", 1, 64)]
+    shapes = [Shape(1, 1, 20, name="decode"), Shape(1, 64, name="prefill")]
     backends = ["ort-cpu", "ort-cpu-fused"]
     plan = make_plan(["rope"], ["block"], "precomputed", shapes, backends, TINY, kv_caches=("concat", "inplace"))
     assert [(c.unit, c.with_units) for c in plan] == [("block", ("block-inplace",))] * 2
@@ -210,7 +210,7 @@ def test_decode_targets_compare_the_layouts_of_one_document() -> None:
 
 def test_guard_cost_times_each_graph_with_and_without_the_guard_in_the_same_rounds(tmp_path) -> None:
     settings = RunSettings(timing=FAST.timing, threads=1, plots=False, guard_cost=True)
-    shapes = [Shape("decode", 1, 1, 20)]
+    shapes = [Shape(1, 1, 20, name="decode")]
     plan = make_plan(["rope"], ["block"], "precomputed", shapes, ["torch", "ort-cpu"], TINY)
     doc = run_bench(plan, settings, tmp_path, progress=False, bandwidth=FIXED_BW)
     by_backend = {r.backend: r for r in doc.records}

@@ -48,7 +48,7 @@ def test_bytes_match_the_published_floor() -> None:
 @needs_triton
 def test_harness_runs_on_tiny_shapes() -> None:
     tiny = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=32)
-    doc = run_benchmark([KernelCase(Shape("tiny", 1, 4), tiny)], device="cpu", iters=1, tactics=False)
+    doc = run_benchmark([KernelCase(Shape(1, 4, name="tiny"), tiny)], device="cpu", iters=1, tactics=False)
     contenders = doc.results[0].contenders
     assert [c.name for c in contenders] == [SAME_BYTES_COPY, "posenc kernel (default block)", "torch eager rotate_half"]
     assert all(c.timing is not None and c.timing.runs == 1 and c.us > 0 for c in contenders)

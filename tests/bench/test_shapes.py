@@ -11,15 +11,15 @@ from posenc.records import from_json, to_json
 
 
 def test_presets_are_prefill_and_decode() -> None:
-    assert parse_shape("prefill") == PRESETS["prefill"] == Shape("prefill", 1, 512, 0)
+    assert parse_shape("prefill") == PRESETS["prefill"] == Shape(1, 512, 0, name="prefill")
     decode = parse_shape("decode")
     assert (decode.batch, decode.seq, decode.past) == (1, 1, 511)
 
 
 def test_named_and_unnamed_shapes() -> None:
-    assert parse_shape("long:2,1024") == Shape("long", 2, 1024, 0)
-    assert parse_shape(" 4,8,16 ") == Shape("decode", 4, 8, 16)  # unnamed with a cache: a decode step
-    assert parse_shape("1,3") == Shape("prefill", 1, 3, 0)
+    assert parse_shape("long:2,1024") == Shape(2, 1024, 0, name="long")
+    assert parse_shape(" 4,8,16 ") == Shape(4, 8, 16, name="decode")  # unnamed with a cache: a decode step
+    assert parse_shape("1,3") == Shape(1, 3, 0, name="prefill")
     assert parse_shape("1,1,7").total == 8
 
 
@@ -51,7 +51,7 @@ def test_bad_shapes_raise_config_error(text: str, fragment: str) -> None:
         parse_shape(text)
 
 
-@pytest.mark.parametrize("shape", [Shape("decode", 3, 1, 99), Shape("far", 1, 2, 0, 4096)])
+@pytest.mark.parametrize("shape", [Shape(3, 1, 99, name="decode"), Shape(1, 2, 0, 4096, name="far")])
 def test_shape_round_trips_through_json(shape: Shape) -> None:
     data = to_json(shape)
     assert from_json(Shape, data) == shape

@@ -18,7 +18,7 @@ TINY = AttentionConfig(hidden_size=32, num_heads=4, num_kv_heads=2, max_position
 
 
 def test_rope_op_bytes_and_output_follow_the_formula() -> None:
-    shape = Shape("prefill", batch=2, seq=5, past=3)
+    shape = Shape(batch=2, seq=5, past=3, name="prefill")
     w = build_workload("rope", "op", "precomputed", TINY, shape)
     b, h, hkv, s, d = 2, 4, 2, 5, TINY.head_dim
     expected = 2 * 4 * (b * h * s * d + b * hkv * s * d) + 8 * b * s  # q, k read and written; int64 positions
@@ -31,7 +31,7 @@ def test_rope_op_bytes_and_output_follow_the_formula() -> None:
 
 
 def test_block_bytes_are_the_decode_step_floor_for_both_cache_layouts() -> None:
-    shape = Shape("decode", batch=1, seq=1, past=4)
+    shape = Shape(batch=1, seq=1, past=4, name="decode")
     e, h, hkv, d = 32, 4, 2, TINY.head_dim
     weights = 4 * (e * h * d + 2 * e * hkv * d + h * d * e)
     hidden = 4 * 2 * e  # hidden read, out written
@@ -45,7 +45,7 @@ def test_block_bytes_are_the_decode_step_floor_for_both_cache_layouts() -> None:
 
 
 def test_projection_layout_op_rotates_like_the_functional_contract() -> None:
-    shape = Shape("decode", batch=2, seq=3, past=5)
+    shape = Shape(batch=2, seq=3, past=5, name="decode")
     w = build_workload("rope", "op-3d", "dynamic", TINY, shape)
     q, k = w.inputs["q"], w.inputs["k"]
     assert q.shape == (2, 3, 4 * TINY.head_dim)
@@ -70,7 +70,7 @@ def test_units_each_scheme_has() -> None:
     with pytest.raises(ConfigError, match="unknown scheme"):
         check_unit("ropey", "op")
     with pytest.raises(ConfigError, match="no positional op"):
-        build_workload("nope", "op", "precomputed", TINY, Shape("prefill", 1, 2))
+        build_workload("nope", "op", "precomputed", TINY, Shape(1, 2, name="prefill"))
 
 
 def test_table_mode_choice_follows_the_spec() -> None:
@@ -88,9 +88,9 @@ def test_table_mode_choice_follows_the_spec() -> None:
 
 
 def test_plans_validate_their_input() -> None:
-    plan = make_plan(["rope", "nope"], ["op", "block"], "auto", [Shape("prefill", 1, 4)], ["torch"], TINY)
+    plan = make_plan(["rope", "nope"], ["op", "block"], "auto", [Shape(1, 4, name="prefill")], ["torch"], TINY)
     assert [(c.scheme, c.unit) for c in plan] == [("rope", "op"), ("rope", "block"), ("nope", "op"), ("nope", "block")]
-    by_default = make_plan(["rope", "nope"], None, "auto", [Shape("prefill", 1, 4)], ["torch"], TINY)
+    by_default = make_plan(["rope", "nope"], None, "auto", [Shape(1, 4, name="prefill")], ["torch"], TINY)
     assert [(c.scheme, c.unit) for c in by_default] == [
         ("rope", "op"),
         ("rope", "op-3d"),

@@ -60,7 +60,7 @@ def _tampered(checkpoint: Path, folder: Path, projection: str) -> Path:
     block = loaded.block()
     with torch.no_grad():
         getattr(block, projection).weight[0, 0] += 1e-2
-    return export_onnx(folder / "tampered.onnx", module=block, provenance=loaded.provenance()).path
+    return export_onnx(block, folder / "tampered.onnx", provenance=loaded.provenance()).path
 
 
 def test_a_wrong_deployment_fails_against_the_checkpoint(

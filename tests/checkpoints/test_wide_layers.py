@@ -50,5 +50,5 @@ def test_a_wide_layer_is_held_to_what_float32_itself_gets_wrong(wide: Path, tmp_
     with torch.no_grad():
         block.v_proj.weight[0, 0] += 5e-2  # a wrong weight: far beyond float32's rounding
     wrong = tmp_path / "wrong.onnx"
-    export_onnx(wrong, module=block, provenance=loaded.provenance())
+    export_onnx(block, wrong, provenance=loaded.provenance())
     assert main(["validate", str(wrong), "--against-hf", str(wide)]) == 1

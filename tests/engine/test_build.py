@@ -189,10 +189,10 @@ def test_engine_of_a_dynamic_table_block_is_sized_to_its_context(tmp_path, capsy
     """The engine of a dynamic-table block with 131072 positions gets a prefill and a decode profile reaching the
     context (not the old 2048 cap); build prints them and the engine manifest records them by name."""
     from posenc import AttentionConfig
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
 
     config = AttentionConfig(hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=131072)
-    source = export_onnx(tmp_path / "long.onnx", "rope_llama3", config=config, table_mode="dynamic").path
+    source = export_scheme("rope_llama3", tmp_path / "long.onnx", config=config, table_mode="dynamic").path
     assert main(["inspect", str(source), "--no-tensorrt"]) == 0
     assert "prefill: batch 1:1:8, seq 1:512:131072, past 0:0:131071" in capsys.readouterr().out
     out = tmp_path / "long.engine"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from posenc import AttentionConfig
-from posenc.export import export_onnx, load_manifest
+from posenc.export import export_scheme, load_manifest
 from posenc.graphs import optimize_file
 from posenc.validate import check_ort_parity, validate_onnx
 
@@ -29,7 +29,7 @@ def _weights_and_table(config: AttentionConfig) -> int:
 
 def _tour(folder: Path, config: AttentionConfig) -> int:
     """Export, optimize for ort-cpu and trt beside it; the bytes of every file written."""
-    exported = export_onnx(folder / "layer.onnx", "rope_llama3", params=LLAMA3, config=config).path
+    exported = export_scheme("rope_llama3", folder / "layer.onnx", params=LLAMA3, config=config).path
     for target in ("ort-cpu", "trt"):
         optimize_file(exported, folder / f"layer.{target}.onnx", target, check=check_ort_parity)
     return sum(p.stat().st_size for p in folder.iterdir())
@@ -54,7 +54,7 @@ def test_the_llama_3_2_1b_geometry_layer_tour_fits_the_target(tmp_path: Path) ->
 
 def test_the_in_place_cache_is_sized_apart_from_the_table(tmp_path: Path) -> None:
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=131072)
-    result = export_onnx(tmp_path / "ip.onnx", "rope", config=config, table_mode="dynamic", kv_cache="inplace",
+    result = export_scheme("rope", tmp_path / "ip.onnx", config=config, table_mode="dynamic", kv_cache="inplace",
                          cache_capacity=128)  # fmt: skip
     manifest = result.manifest
     assert manifest.input("key_cache").shape[2] == 128
@@ -63,6 +63,6 @@ def test_the_in_place_cache_is_sized_apart_from_the_table(tmp_path: Path) -> Non
 
     assert validate_decode([result.path]).passed  # prefill, 64 steps, a jump to slot 127
     with pytest.raises(Exception, match="kv_cache='inplace'"):
-        export_onnx(tmp_path / "c.onnx", "rope", config=config, cache_capacity=64)
+        export_scheme("rope", tmp_path / "c.onnx", config=config, cache_capacity=64)
     with pytest.raises(Exception, match="cache_capacity must be an int >= 1"):
-        export_onnx(tmp_path / "d.onnx", "rope", config=config, kv_cache="inplace", cache_capacity=0)
+        export_scheme("rope", tmp_path / "d.onnx", config=config, kv_cache="inplace", cache_capacity=0)

@@ -16,6 +16,7 @@ from posenc.export import (
     check_feed,
     export_module,
     export_onnx,
+    export_scheme,
     load_eager,
     load_manifest,
     make_feed,
@@ -33,7 +34,7 @@ from tests.conftest import SMALL
 def rope_block(tmp_path_factory):
     """A precomputed fp32 RoPE block (table of 64 rows, grouped-query geometry)."""
     path = tmp_path_factory.mktemp("rope_block") / "model.onnx"
-    return export_onnx(path, "rope", unit="block", config=SMALL, table_mode="precomputed")
+    return export_scheme("rope", path, unit="block", config=SMALL, table_mode="precomputed")
 
 
 def test_manifest_describes_the_graph(rope_block) -> None:
@@ -99,7 +100,7 @@ def test_weights_rebuild_the_exported_module(tmp_path) -> None:
     block = AttentionBlock(SMALL, "learned", table_mode="precomputed")
     with torch.no_grad():
         block.scheme.weight.normal_()  # "trained" weights differ from a fresh build
-    result = export_onnx(tmp_path / "learned.onnx", module=block, unit="block")
+    result = export_onnx(block, tmp_path / "learned.onnx", unit="block")
     rebuilt, _ = load_eager(result.path, dtype=torch.float32)
     torch.testing.assert_close(rebuilt.scheme.weight, block.scheme.weight)
     torch.testing.assert_close(rebuilt.q_proj.weight, block.q_proj.weight)
@@ -107,7 +108,7 @@ def test_weights_rebuild_the_exported_module(tmp_path) -> None:
 
 
 def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:
-    result = export_onnx(tmp_path / "alibi.onnx", "alibi", unit="op", config=SMALL, table_mode="dynamic")
+    result = export_scheme("alibi", tmp_path / "alibi.onnx", unit="op", config=SMALL, table_mode="dynamic")
     model = onnx.load(str(result.path))
     assert [v.name for v in model.graph.input] == ["q_pos", "k_pos"] == result.manifest.input_names
     assert result.manifest.max_positions is None
@@ -116,7 +117,7 @@ def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:
 
 
 def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:
-    result = export_onnx(tmp_path / "rope16.onnx", "rope", unit="op", config=SMALL, dtype="fp16")
+    result = export_scheme("rope", tmp_path / "rope16.onnx", unit="op", config=SMALL, dtype="fp16")
     model = onnx.load(str(result.path))
     assert {v.type.tensor_type.elem_type for v in model.graph.input if v.name != "position_ids"} == {
         onnx.TensorProto.FLOAT16
@@ -131,8 +132,8 @@ def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:
 @pytest.mark.parametrize("opset", [17, 18])
 def test_older_opsets_export_and_match(opset: int, tmp_path) -> None:
     # dynamic NTK reduces max(position_ids) in the graph: opset 17 needs ReduceMax with attributes
-    result = export_onnx(
-        tmp_path / "ntk.onnx", "rope_dynamic", unit="op", config=SMALL, table_mode="dynamic", opset=opset
+    result = export_scheme(
+        "rope_dynamic", tmp_path / "ntk.onnx", unit="op", config=SMALL, table_mode="dynamic", opset=opset
     )
     model = onnx.load(str(result.path))
     assert model.opset_import[0].version == opset == result.manifest.opset
@@ -152,8 +153,8 @@ OPSET17_FAST = ("sinusoidal", "rope", "rope_mrope", "alibi", "t5", "deberta")
     "name", [pytest.param(n, marks=[] if n in OPSET17_FAST else [pytest.mark.slow]) for n in scheme_names()]
 )
 def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path) -> None:
-    result = export_onnx(
-        tmp_path / f"{name}.onnx", name, unit="block", config=SMALL, table_mode=_in_graph_mode(name), opset=17
+    result = export_scheme(
+        name, tmp_path / f"{name}.onnx", unit="block", config=SMALL, table_mode=_in_graph_mode(name), opset=17
     )
     assert onnx.load(str(result.path)).opset_import[0].version == 17
     assert validate_onnx(result.path, shapes=[FeedShape(2, 5, 3)]).passed
@@ -162,38 +163,38 @@ def test_every_block_exports_to_opset_17_for_older_runtimes(name: str, tmp_path)
 @pytest.mark.parametrize("opset", [13, 16, 19, 25])
 def test_unsupported_opset_lists_the_supported_ones(opset: int, tmp_path) -> None:
     with pytest.raises(ExportError, match=r"\[17, 18, 23, 24\]"):
-        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, opset=opset)
+        export_scheme("rope", tmp_path / "x.onnx", config=SMALL, opset=opset)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_in_place_cache_needs_opset_24_and_a_block(tmp_path) -> None:
     with pytest.raises(ExportError, match="--opset 24"):
-        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, kv_cache="inplace", opset=23)
+        export_scheme("rope", tmp_path / "x.onnx", config=SMALL, kv_cache="inplace", opset=23)
     with pytest.raises(ExportError, match="has no cache"):
-        export_onnx(tmp_path / "x.onnx", "rope", unit="op", config=SMALL, kv_cache="inplace")
+        export_scheme("rope", tmp_path / "x.onnx", unit="op", config=SMALL, kv_cache="inplace")
     with pytest.raises(ExportError, match="kv cache layout"):
-        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, kv_cache="paged")
+        export_scheme("rope", tmp_path / "x.onnx", config=SMALL, kv_cache="paged")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_unsupported_dtype_raises(tmp_path, monkeypatch) -> None:
     with pytest.raises(ExportError, match="fp32, fp16, bf16"):
-        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, dtype="int8")
+        export_scheme("rope", tmp_path / "x.onnx", config=SMALL, dtype="int8")
     with pytest.raises(ExportError, match="cannot be exported"):
-        export_onnx(tmp_path / "x.onnx", "rope", config=SMALL, dtype="float64")
+        export_scheme("rope", tmp_path / "x.onnx", config=SMALL, dtype="float64")
     monkeypatch.delitem(get_spec("alibi").tolerances, "bfloat16")
     with pytest.raises(ExportError, match="does not support dtype bfloat16"):
-        export_onnx(tmp_path / "x.onnx", "alibi", config=SMALL, dtype="bf16")
+        export_scheme("alibi", tmp_path / "x.onnx", config=SMALL, dtype="bf16")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_unit_and_table_mode_errors(tmp_path) -> None:
     with pytest.raises(ExportError, match="unit 'op'"):
-        export_onnx(tmp_path / "x.onnx", "nope", unit="op", config=SMALL)
+        export_scheme("nope", tmp_path / "x.onnx", unit="op", config=SMALL)
     with pytest.raises(ExportError, match="unknown export unit"):
-        export_onnx(tmp_path / "x.onnx", "rope", unit="layer", config=SMALL)
+        export_scheme("rope", tmp_path / "x.onnx", unit="layer", config=SMALL)
     with pytest.raises(ConfigError, match="does not support table mode"):
-        export_onnx(tmp_path / "x.onnx", "rope_dynamic", config=SMALL, table_mode="precomputed")
+        export_scheme("rope_dynamic", tmp_path / "x.onnx", config=SMALL, table_mode="precomputed")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -203,13 +204,13 @@ def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) 
 
     monkeypatch.setattr(exporter_module, "export_manifest", broken_manifest)
     with pytest.raises(RuntimeError, match="disk full"):
-        export_onnx(tmp_path / "model.onnx", "rope", unit="op", config=SMALL)
+        export_scheme("rope", tmp_path / "model.onnx", unit="op", config=SMALL)
     assert list(tmp_path.iterdir()) == []  # neither final files nor temporaries
 
     # a failed re-export leaves the previous, complete artifacts untouched
     before = {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()}
     with pytest.raises(RuntimeError, match="disk full"):
-        export_onnx(rope_block.path, "rope", unit="op", config=SMALL)
+        export_scheme("rope", rope_block.path, unit="op", config=SMALL)
     assert {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()} == before
 
 
@@ -219,7 +220,7 @@ def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(torch.onnx, "export", refuse)
     with pytest.raises(ExportError, match="unsupported operator"):
-        export_onnx(tmp_path / "model.onnx", "rope", unit="op", config=SMALL)
+        export_scheme("rope", tmp_path / "model.onnx", unit="op", config=SMALL)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -254,7 +255,7 @@ def test_feed_errors_name_the_input(rope_block) -> None:
 
 
 def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:
-    result = export_onnx(tmp_path / "dyn.onnx", "rope", unit="op", config=SMALL, table_mode="dynamic")
+    result = export_scheme("rope", tmp_path / "dyn.onnx", unit="op", config=SMALL, table_mode="dynamic")
     manifest = result.manifest
     assert manifest.max_positions is None
     assert manifest.dynamic_dims["seq"].max is None
@@ -336,7 +337,7 @@ def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rop
 def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_path) -> None:
     """Unit op-3d: q [B, S, H*D], k [B, S, Hkv*D] in and out, equal to the op on [B, H, S, D] re-laid out."""
     params = get_spec("rope").cases[case]
-    result = export_onnx(tmp_path / "r3.onnx", "rope", unit="op-3d", params=params, config=SMALL)
+    result = export_scheme("rope", tmp_path / "r3.onnx", unit="op-3d", params=params, config=SMALL)
     names = [(s.name, s.layout) for s in result.manifest.inputs]
     assert names == [("q", "[B, S, H*D]"), ("k", "[B, S, Hkv*D]"), ("position_ids", "[B, S]")]
     assert validate_onnx(result.path).passed
@@ -358,7 +359,7 @@ def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_pa
 
 def test_op_3d_is_only_for_rotary_schemes(tmp_path) -> None:
     with pytest.raises(ExportError, match="op-3d"):
-        export_onnx(tmp_path / "a.onnx", "alibi", unit="op-3d", config=SMALL)
+        export_scheme("alibi", tmp_path / "a.onnx", unit="op-3d", config=SMALL)
 
 
 def test_one_session_factory_serves_files_bytes_and_benchmarks(rope_block) -> None:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from posenc import AttentionConfig
 from posenc.errors import ModelFileError
-from posenc.export import export_onnx, make_feed, ort_session
+from posenc.export import export_scheme, make_feed, ort_session
 from posenc.export.external import (
     LINK_MIN_BYTES,
     TRANSPOSED,
@@ -30,7 +30,7 @@ CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positi
 @pytest.fixture(scope="module", params=["float32", "float16"])
 def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp(f"ext-{request.param}")
-    return export_onnx(folder / "m.onnx", "rope", config=CONFIG, dtype=request.param)
+    return export_scheme("rope", folder / "m.onnx", config=CONFIG, dtype=request.param)
 
 
 def _outputs(path: Path, manifest) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posenc import functional
-from posenc.export import FeedShape, export_onnx, load_eager, make_feed, reference_inputs, run_onnx
+from posenc.export import FeedShape, export_scheme, load_eager, make_feed, reference_inputs, run_onnx
 from tests.conftest import SMALL
 
 ROTARY = SMALL.head_dim  # 16
@@ -46,7 +46,7 @@ def _check_lengths(path, hf_params: dict, shapes: list[FeedShape]) -> dict[int, 
 
 
 def test_dynamic_ntk_recomputes_its_base_inside_the_graph(tmp_path) -> None:
-    result = export_onnx(tmp_path / "ntk.onnx", "rope_dynamic", unit="op", config=SMALL, table_mode="dynamic")
+    result = export_scheme("rope_dynamic", tmp_path / "ntk.onnx", unit="op", config=SMALL, table_mode="dynamic")
     hf = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "max_position_embeddings": 64}
     # L = 10 and 64 (at the limit): plain RoPE frequencies; L = 107 and 1001: the base grows with L
     # ... and at L = 131072 the float64 constants of the in-graph math must stay exact (2π, factor)
@@ -65,8 +65,8 @@ def test_longrope_switches_factor_sets_inside_the_graph(mode: str, tmp_path) -> 
     short = [1.0 + 0.05 * i for i in range(ROTARY // 2)]
     long = [1.5 + 0.5 * i for i in range(ROTARY // 2)]
     params = {"original_max_position_embeddings": 16, "factor": 4.0, "short_factor": short, "long_factor": long}
-    result = export_onnx(
-        tmp_path / "longrope.onnx", "rope_longrope", unit="op", params=params, config=SMALL, table_mode=mode
+    result = export_scheme(
+        "rope_longrope", tmp_path / "longrope.onnx", unit="op", params=params, config=SMALL, table_mode=mode
     )
     hf = {"rope_type": "longrope", "rope_theta": 10000.0, "max_position_embeddings": 64, **params}
     # L = 8 and 16 (at the switch): short factors; L = 17 and 40: long factors

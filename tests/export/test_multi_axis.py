@@ -11,7 +11,7 @@ import torch
 
 from posenc import AttentionBlock
 from posenc.export import FeedShape, load_manifest, make_feed, run_onnx
-from posenc.export.runtime import load_eager, reference_inputs
+from posenc.export.eager import load_eager, reference_inputs
 from posenc.validate import tolerance_for, validate_onnx
 from tests.conftest import SMALL, covers
 from tests.matrix import MatrixCase, exported

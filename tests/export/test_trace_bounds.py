@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from posenc.errors import ExportError
-from posenc.export.exporter import to_onnx_model
 from posenc.export.manifest import DimRange
 from posenc.export.runtime import ort_session
+from posenc.export.torch_onnx import to_onnx_model
 from posenc.export.trace_bounds import bounded_export
 
 CONTEXT = 16

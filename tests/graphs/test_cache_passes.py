@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from posenc.config import AttentionConfig
-from posenc.export import FeedShape, export_onnx
+from posenc.export import FeedShape, export_scheme
 from posenc.graphs import optimize_file
 from posenc.graphs.cache import CacheFacts, gqa_refusal
 from posenc.graphs.inspect import inspect_model
@@ -28,7 +28,7 @@ def _ops(path: Path) -> collections.Counter[str]:
 
 
 def _in_place(folder: Path, scheme: str) -> Path:
-    return export_onnx(folder / f"{scheme}.onnx", scheme, kv_cache="inplace", config=CONFIG).path
+    return export_scheme(scheme, folder / f"{scheme}.onnx", kv_cache="inplace", config=CONFIG).path
 
 
 def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_attention_sinks_go_into_group_query_attention_over_the_cache(tmp_path: 
     step their caches like the float64 eager block, through both of ort-cpu's branches (steps past a third of the
     cache take the grouped one)."""
     geometry = AttentionConfig(**{**CONFIG.__dict__, "attention_sinks": True})
-    source = export_onnx(tmp_path / "sinks.onnx", "rope", kv_cache="inplace", config=geometry).path
+    source = export_scheme("rope", tmp_path / "sinks.onnx", kv_cache="inplace", config=geometry).path
     cuda, cpu = tmp_path / "sinks.ort-cuda.onnx", tmp_path / "sinks.ort-cpu.onnx"
     assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1
     (gqa,) = [n for n in onnx.load(str(cuda)).graph.node if n.op_type == "GroupQueryAttention"]
@@ -121,7 +121,7 @@ def test_gates_norms_and_scaled_queries_keep_both_cache_passes_exact(tmp_path: P
     geometry = AttentionConfig(**{**CONFIG.__dict__, "output_gate": "softplus", "output_gate_per_head": True,
                                   "qk_norm": "rms", "qk_norm_full_width": True, "temperature_floor_scale": 8,
                                   "temperature_scale": 0.1, "temperature_offset": 0})  # fmt: skip
-    source = export_onnx(tmp_path / "modern.onnx", "rope", kv_cache="inplace", config=geometry).path
+    source = export_scheme("rope", tmp_path / "modern.onnx", kv_cache="inplace", config=geometry).path
     cpu, cuda = tmp_path / "modern.ort-cpu.onnx", tmp_path / "modern.ort-cuda.onnx"
     assert optimize_file(source, cpu, "ort-cpu").counts["decode_over_cache"] == 1
     assert optimize_file(source, cuda, "ort-cuda").counts["gqa_over_cache"] == 1

@@ -11,7 +11,7 @@ import pytest
 
 from posenc.cli import main
 from posenc.errors import ConfigError, ModelFileError, ParityError
-from posenc.export import load_manifest, manifest_path_for
+from posenc.export import export_scheme, load_manifest, manifest_path_for
 from posenc.graphs import optimize as optimize_module
 from posenc.graphs import optimize_file
 from posenc.validate import check_ort_parity
@@ -125,11 +125,11 @@ def test_keep_mode_leaves_rope_decomposed(exported) -> None:
 )
 def test_parity_check_runs_bf16_graphs_and_short_tables(export_cache, tmp_path, dtype, max_positions) -> None:
     from posenc import AttentionConfig
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
 
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)
-    source = export_onnx(
-        tmp_path / "rope.onnx", "rope", unit="op", config=config, dtype=dtype, max_positions=max_positions
+    source = export_scheme(
+        "rope", tmp_path / "rope.onnx", unit="op", config=config, dtype=dtype, max_positions=max_positions
     ).path
     result = optimize_file(source, tmp_path / "rope.ort.onnx", "ort-cpu", check=check_ort_parity)
     assert result.counts["fuse_rope"] == 2
@@ -180,11 +180,10 @@ def test_inspect_totals_tables_and_weights_apart_and_warns_when_tables_outweigh(
     from safetensors import safe_open
 
     from posenc.config import AttentionConfig
-    from posenc.export import export_onnx
 
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=4096)
     for mode, warned in (("precomputed", True), ("dynamic", False)):
-        result = export_onnx(tmp_path / f"{mode}.onnx", "rope", config=config, table_mode=mode)
+        result = export_scheme("rope", tmp_path / f"{mode}.onnx", config=config, table_mode=mode)
         tables = weights = 0
         with safe_open(str(result.weights_path), "pt") as entries:
             for name in entries.keys():  # noqa: SIM118  # safe_open is not a mapping

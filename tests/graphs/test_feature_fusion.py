@@ -55,13 +55,13 @@ def test_a_sink_attention_left_decomposed_is_named_and_kept_exactly(tmp_path) ->
     """TensorRT's parser rejects ``softcap``: a soft-capped sink block keeps its decomposed softmax (the sink column
     included), ``inspect`` says why, and the graph still matches the original on ONNX Runtime."""
     from posenc.config import AttentionConfig
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
     from posenc.graphs import optimize_file
     from posenc.graphs.inspect import inspect_model
 
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32,
                              logit_softcap=2.0, attention_sinks=True)  # fmt: skip
-    source = export_onnx(tmp_path / "capped_sinks.onnx", "rope", config=config).path
+    source = export_scheme("rope", tmp_path / "capped_sinks.onnx", config=config).path
     target = tmp_path / "capped_sinks.trt.onnx"
     result = optimize_file(source, target, "trt")
     assert result.counts["fuse_attention"] == 0

@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from posenc.config import AttentionConfig
-from posenc.export import FeedShape, export_onnx
+from posenc.export import FeedShape, export_scheme
 from posenc.graphs import fuse_attention, fuse_rope, optimize_file
 from posenc.graphs import op_limits as limits
 from posenc.graphs.cache import CacheFacts, gqa_refusal
@@ -230,7 +230,7 @@ def test_an_odd_head_size_keeps_the_attention_path_with_the_reason_in_inspect(tm
     from posenc.validate import check_ort_parity
 
     config = AttentionConfig(hidden_size=45, num_heads=3, num_kv_heads=3, max_position_embeddings=48)
-    source = export_onnx(tmp_path / "odd.onnx", "sinusoidal", config=config).path
+    source = export_scheme("sinusoidal", tmp_path / "odd.onnx", config=config).path
     target = tmp_path / "odd.ort-cpu.onnx"
     result = optimize_file(source, target, "ort-cpu", check=check_ort_parity)
     assert result.counts["prefill_over_gqa"] == 0
@@ -332,7 +332,7 @@ def test_in_place_group_query_attention_takes_only_what_it_runs(
     of 16), and so does a rotation of 8 of 16 features (its r/2 = 4 is not a multiple of 8). (Heads of 16 with the
     whole head rotated fuse the rotation: tests/graphs/test_cache_passes.py.)"""
     config = AttentionConfig(hidden_size=hidden, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
-    source = export_onnx(tmp_path / "b.onnx", "rope", kv_cache="inplace", config=config, params=params).path
+    source = export_scheme("rope", tmp_path / "b.onnx", kv_cache="inplace", config=config, params=params).path
     target = tmp_path / "b.ort-cuda.onnx"
     result = optimize_file(source, target, "ort-cuda")
     assert result.counts["gqa_over_cache"] == int(gqa)

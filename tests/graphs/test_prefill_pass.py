@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from posenc.config import AttentionConfig
-from posenc.export import FeedShape, export_onnx, load_eager, load_manifest, make_feed, reference_inputs
+from posenc.export import FeedShape, export_scheme, load_eager, load_manifest, make_feed, reference_inputs
 from posenc.graphs import optimize_file
 from posenc.graphs.fold import infer_shapes
 from posenc.graphs.inspect import inspect_model
@@ -32,7 +32,7 @@ CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positi
 
 def _optimized(folder: Path, scheme: str, **config: object) -> tuple[Path, Path]:
     geometry = AttentionConfig(**{**CONFIG.__dict__, **config})
-    source = export_onnx(folder / f"{scheme}.onnx", scheme, config=geometry).path
+    source = export_scheme(scheme, folder / f"{scheme}.onnx", config=geometry).path
     target = folder / f"{scheme}.ort-cpu.onnx"
     optimize_file(source, target, "ort-cpu")
     return source, target

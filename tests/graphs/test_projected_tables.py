@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from posenc.config import AttentionConfig
-from posenc.export import FeedShape, export_onnx, load_manifest
-from posenc.export.runtime import check_graph_tables
+from posenc.export import FeedShape, export_scheme, load_manifest
+from posenc.export.eager import check_graph_tables
 from posenc.graphs import optimize_file
 from posenc.graphs.fold import cleanup
 from posenc.graphs.projected_tables import project_tables
@@ -106,7 +106,7 @@ def test_a_gather_along_another_axis_is_kept() -> None:
 @pytest.mark.parametrize("scheme", ["transformer_xl", "tupe"])
 def test_blocks_that_project_their_tables_keep_parity_over_decode_steps(tmp_path: Path, scheme: str) -> None:
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
-    source = export_onnx(tmp_path / f"{scheme}.onnx", scheme, config=config).path
+    source = export_scheme(scheme, tmp_path / f"{scheme}.onnx", config=config).path
     target = tmp_path / f"{scheme}.ort-cpu.onnx"
     assert optimize_file(source, target, "ort-cpu").counts["project_tables"] >= 1
     check_graph_tables(load_manifest(target, verify=False), target)  # the promised table is still held

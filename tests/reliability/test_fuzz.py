@@ -120,15 +120,15 @@ def run_eager(case: dict[str, Any]) -> None:
 
 def run_exported(case: dict[str, Any], folder) -> None:
     """Export the block and run it in ONNX Runtime at the case's shape; failures PosencError, outputs finite."""
-    from posenc.export import export_onnx, run_onnx
+    from posenc.export import export_scheme, run_onnx
+    from posenc.export.feeds import make_feed
     from posenc.export.shapes import FeedShape
-    from posenc.export.units import make_feed
 
     try:
         config = AttentionConfig(**case["config"])
-        result = export_onnx(
+        result = export_scheme(
+            case["scheme"],
             folder / "m.onnx",
-            scheme=case["scheme"],
             params=case["params"],
             unit="block",
             config=config,

@@ -16,10 +16,10 @@ from onnx import numpy_helper
 
 from posenc.artifacts.files import manifest_path_for
 from posenc.errors import ModelFileError, PositionError
-from posenc.export import export_onnx
+from posenc.export import export_scheme
+from posenc.export.feeds import make_feed
 from posenc.export.runtime import run_onnx
 from posenc.export.shapes import FeedShape
-from posenc.export.units import make_feed
 from posenc.validate import validate_onnx
 from tests.conftest import SMALL, copy_export
 
@@ -31,9 +31,9 @@ SCHEMES = ("rope", "learned", "alibi", "t5")
 def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], object]:
     folder = tmp_path_factory.mktemp("guard")
     return {
-        (scheme, guard): export_onnx(
+        (scheme, guard): export_scheme(
+            scheme,
             folder / f"{scheme}-{guard}.onnx",
-            scheme=scheme,
             unit="op",
             config=SMALL,
             max_positions=ROWS,

@@ -15,9 +15,9 @@ import onnxruntime as ort
 import pytest
 
 from posenc.config import AttentionConfig
-from posenc.export import export_onnx
+from posenc.export import export_scheme
+from posenc.export.feeds import make_feed
 from posenc.export.shapes import FeedShape
-from posenc.export.units import make_feed
 from posenc.graphs import optimize_file
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
@@ -29,7 +29,7 @@ def _ops(path: Path) -> collections.Counter[str]:
 
 def _optimized(folder: Path, scheme: str, kv_cache: str, guard: bool, target: str = "ort-cpu") -> tuple[Path, object]:
     name = f"{scheme}-{kv_cache}-{guard}"
-    exported = export_onnx(folder / f"{name}.onnx", scheme, config=CONFIG, kv_cache=kv_cache, position_guard=guard)
+    exported = export_scheme(scheme, folder / f"{name}.onnx", config=CONFIG, kv_cache=kv_cache, position_guard=guard)
     target_path = folder / f"{name}.{target}.onnx"
     return target_path, optimize_file(exported.path, target_path, target), exported
 
@@ -70,7 +70,7 @@ def test_other_targets_keep_the_guard(tmp_path: Path) -> None:
 
 
 def test_the_rope_op_on_the_projection_layout_keeps_its_output_names_and_still_raises(tmp_path: Path) -> None:
-    exported = export_onnx(tmp_path / "op.onnx", "rope", unit="op-3d", config=CONFIG)
+    exported = export_scheme("rope", tmp_path / "op.onnx", unit="op-3d", config=CONFIG)
     path = tmp_path / "op.ort-cpu.onnx"
     assert optimize_file(exported.path, path, "ort-cpu").counts["guard_in_rotary"] == 1
     assert set(_ops(path)) <= {"RotaryEmbedding", "Identity"}  # the poison's Adds on the outputs are gone

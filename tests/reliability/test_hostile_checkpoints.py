@@ -253,7 +253,7 @@ def test_a_weight_overflowing_fp16_names_the_checkpoint_tensor(single: Path, tmp
     name = "model.layers.1.self_attn.o_proj.weight"
     loaded = load_layer(_damaged(single, tmp_path / "ckpt", name, 1e6), 1)
     with pytest.raises(ConfigError, match=rf"checkpoint tensor {name} in .*model\.safetensors\) is not finite in "):
-        export_onnx(tmp_path / "m.onnx", module=loaded.block(), dtype="fp16", provenance=loaded.provenance())
+        export_onnx(loaded.block(), tmp_path / "m.onnx", dtype="fp16", provenance=loaded.provenance())
     assert not (tmp_path / "m.onnx").exists()
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from posenc.artifacts import files
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 from posenc.export.manifest import Manifest, load_manifest
 from tests.conftest import SMALL
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Manifest]:
     """The bytes of a real export (model, weights) and its manifest."""
     out = tmp_path_factory.mktemp("template") / "m.onnx"
-    result = export_onnx(out, scheme="rope", unit="op", config=SMALL, max_positions=16)
+    result = export_scheme("rope", out, unit="op", config=SMALL, max_positions=16)
     return out.read_bytes(), result.weights_path.read_bytes(), result.manifest
 
 
@@ -203,7 +203,7 @@ def test_a_validation_keeps_writers_out_until_it_has_read_everything(tmp_path) -
     from posenc.validate.parity import EAGER
 
     model = tmp_path / "m.onnx"
-    manifest = export_onnx(model, scheme="rope", unit="op", config=SMALL, max_positions=16).manifest
+    manifest = export_scheme("rope", model, unit="op", config=SMALL, max_positions=16).manifest
     seen: list[bool] = []
 
     def writer_can_lock() -> bool:

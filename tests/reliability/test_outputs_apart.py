@@ -12,14 +12,14 @@ import pytest
 from posenc import AttentionConfig
 from posenc.artifacts import files
 from posenc.cli import main
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 
 CONFIG = AttentionConfig(hidden_size=32, num_heads=2, num_kv_heads=1, max_position_embeddings=64)
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_onnx(tmp_path_factory.mktemp("apart") / "m.onnx", "rope", config=CONFIG).path
+    return export_scheme("rope", tmp_path_factory.mktemp("apart") / "m.onnx", config=CONFIG).path
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -116,7 +116,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path: Path) -> None:
 def test_a_long_output_name_that_fits_is_written(tmp_path: Path) -> None:
     """A 225-character name fits (255 bytes); its staging name, longer, must not make the write fail."""
     name = "m" * 220 + ".onnx"
-    result = export_onnx(tmp_path / name, "rope", config=CONFIG)
+    result = export_scheme("rope", tmp_path / name, config=CONFIG)
     assert result.path.name == name
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [name, "m" * 220 + ".manifest.json", "m" * 220 + ".weights.safetensors"]

@@ -14,7 +14,7 @@ import torch
 from posenc.cli import main
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ModelFileError, PosencError
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 from posenc.functional import apply_rope
 from posenc.schemes import build_scheme
 from posenc.schemes.base import TableMode
@@ -50,8 +50,8 @@ def test_sizes_this_machine_cannot_hold_are_refused_naming_the_bytes(tmp_path, c
 
 
 def test_a_call_shape_too_large_is_refused_naming_the_bytes() -> None:
+    from posenc.export.feeds import check_call_size
     from posenc.export.shapes import FeedShape
-    from posenc.export.units import check_call_size
 
     with pytest.raises(ConfigError, match=r"bytes\) of memory"):
         check_call_size(SMALL, FeedShape(batch=100_000, seq=100_000, past=0))
@@ -67,9 +67,9 @@ def test_rope_yarn_with_theta_one_is_a_config_error_not_zero_division() -> None:
 
 def test_configurations_that_overflow_their_dtype_are_refused_at_build_time(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"fp16|float16"):
-        export_onnx(
+        export_scheme(
+            "rope_longrope",
             tmp_path / "m.onnx",
-            scheme="rope_longrope",
             params={"attention_factor": 500000.0},
             unit="op",
             config=SMALL,
@@ -101,14 +101,14 @@ def test_sweep_refuses_bad_values(tmp_path, capsys, argv, words) -> None:
 def test_optimize_refuses_a_negative_fold_limit(tmp_path) -> None:
     from posenc.graphs import optimize_file
 
-    model = export_onnx(tmp_path / "m.onnx", scheme="rope", unit="op", config=SMALL, max_positions=16).path
+    model = export_scheme("rope", tmp_path / "m.onnx", unit="op", config=SMALL, max_positions=16).path
     with pytest.raises(ConfigError, match="fold_limit"):
         optimize_file(model, tmp_path / "o.onnx", "trt", fold_limit=-1)
     assert not (tmp_path / "o.onnx").exists()
 
 
 def test_build_refuses_a_negative_workspace(tmp_path, capsys) -> None:
-    model = export_onnx(tmp_path / "m.onnx", scheme="rope", unit="op", config=SMALL, max_positions=16).path
+    model = export_scheme("rope", tmp_path / "m.onnx", unit="op", config=SMALL, max_positions=16).path
     refused(["build", model, "--workspace-mib", "-1", "-o", tmp_path / "e.engine"], capsys, "workspace")
     assert not (tmp_path / "e.engine").exists()
 

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 from posenc.artifacts.files import manifest_path_for
 from posenc.artifacts.paths import member, umask
 from posenc.errors import ModelFileError
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 from posenc.export.manifest import load_manifest
 from posenc.export.runtime import check_model_file
 from posenc.graphs import optimize_file
@@ -30,9 +30,7 @@ SECRET = b"secret bytes outside the model's folder"
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory):
-    return export_onnx(
-        tmp_path_factory.mktemp("src") / "m.onnx", scheme="rope", unit="op", config=SMALL, max_positions=16
-    )
+    return export_scheme("rope", tmp_path_factory.mktemp("src") / "m.onnx", unit="op", config=SMALL, max_positions=16)
 
 
 def copy_model(exported, tmp_path: Path) -> Path:

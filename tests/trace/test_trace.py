@@ -20,10 +20,10 @@ from posenc.checkpoints import load_layer
 from posenc.cli import main
 from posenc.errors import ConfigError, ExportError
 from posenc.export import export_onnx, load_manifest
+from posenc.export.feeds import make_feed
 from posenc.export.runtime import ort_session
 from posenc.export.shapes import FeedShape
 from posenc.export.trace import RewriteRequest, export_traced
-from posenc.export.units import make_feed
 from posenc.graphs.inspect import inspect_model
 from posenc.graphs.optimize import optimize_file
 from posenc.graphs.trace_rewrite import replace_positions
@@ -61,7 +61,7 @@ def llama(root: Path) -> Exported:
 
     traced = export_traced(root / "llama_trace.onnx", folder, rewrite=spy)
     loaded = load_layer(folder)
-    family = export_onnx(root / "llama_family.onnx", module=loaded.block(), provenance=loaded.provenance())
+    family = export_onnx(loaded.block(), root / "llama_family.onnx", provenance=loaded.provenance())
     return Exported(folder, traced, family, requests[0])
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from posenc.export.feeds import make_feed
 from posenc.export.runtime import ort_session
 from posenc.export.shapes import FeedShape
 from posenc.export.trace import RewriteRequest, export_traced
-from posenc.export.units import make_feed
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.reference import load_traced
 from tests.trace.samples import FAR, LONG, build

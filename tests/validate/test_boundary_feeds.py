@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posenc import AttentionConfig
-from posenc.export import FeedShape, export_onnx, load_eager, load_manifest, reference_inputs
+from posenc.export import FeedShape, export_scheme, load_eager, load_manifest, reference_inputs
 from posenc.validate import TorchModuleRunner, validate_onnx
 from posenc.validate.feeds import DEFAULT_SHAPES, boundary_shapes, default_shapes, scheme_boundaries
 
@@ -25,7 +25,7 @@ LONGROPE = {
 
 
 def _export(folder: Path, scheme: str, params: Mapping[str, object], **kwargs: object) -> Path:
-    return export_onnx(folder / f"{scheme}.onnx", scheme, params=dict(params), config=CONFIG, **kwargs).path
+    return export_scheme(scheme, folder / f"{scheme}.onnx", params=dict(params), config=CONFIG, **kwargs).path
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_boundaries_of_each_rope_type(scheme: str, params: dict, points: list[in
 
 def test_a_sliding_window_block_gets_a_step_across_its_edge(tmp_path: Path) -> None:
     config = AttentionConfig(**{**CONFIG.to_dict(), "sliding_window": 16})
-    path = export_onnx(tmp_path / "swa.onnx", "rope", config=config).path
+    path = export_scheme("rope", tmp_path / "swa.onnx", config=config).path
     assert FeedShape(1, 1, 16) in boundary_shapes(load_manifest(path))
 
 

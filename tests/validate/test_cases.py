@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from posenc import AttentionConfig, get_spec
-from posenc.export import export_onnx, load_manifest
+from posenc.export import export_scheme, load_manifest
 from posenc.validate import validate_onnx
 from tests.conftest import SMALL
 from tests.matrix import MatrixCase, exported
@@ -40,8 +40,8 @@ def test_case_matches_eager_reference(scheme, case, unit, mode, dtype, config, t
         full = {"fp32": "float32", "fp16": "float16"}[dtype]
         path = exported(MatrixCase(scheme, mode, full, unit, case=case), export_cache, SMALL)
     else:
-        path = export_onnx(
-            tmp_path / "m.onnx", scheme, unit=unit, params=params, config=config, table_mode=mode, dtype=dtype
+        path = export_scheme(
+            scheme, tmp_path / "m.onnx", unit=unit, params=params, config=config, table_mode=mode, dtype=dtype
         ).path
     assert load_manifest(path).params == get_spec(scheme).resolve(params, config)
     report = validate_onnx(path)

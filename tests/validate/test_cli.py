@@ -8,13 +8,13 @@ import pytest
 
 from posenc.cli import main
 from posenc.config import AttentionConfig
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 from tests.conftest import SMALL
 
 
 @pytest.fixture
 def t5_op(tmp_path):
-    return export_onnx(tmp_path / "t5.onnx", "t5", unit="op", config=SMALL, table_mode="precomputed")
+    return export_scheme("t5", tmp_path / "t5.onnx", unit="op", config=SMALL, table_mode="precomputed")
 
 
 def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:
@@ -100,7 +100,7 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:
 @pytest.fixture
 def rope_in_place(tmp_path):
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
-    return export_onnx(tmp_path / "rope.onnx", "rope", kv_cache="inplace", config=config)
+    return export_scheme("rope", tmp_path / "rope.onnx", kv_cache="inplace", config=config)
 
 
 def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:

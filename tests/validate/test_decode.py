@@ -15,7 +15,7 @@ import pytest
 
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export import FeedShape, export_onnx
+from posenc.export import FeedShape, export_scheme
 from posenc.graphs import optimize_file
 from posenc.schemes import scheme_names
 from posenc.validate.decode import DECODE_STEPS, decode_schedule, validate_decode
@@ -30,7 +30,7 @@ QUICK = ("rope",)
 
 def _export_both(scheme: str, folder: Path) -> list[Path]:
     return [
-        export_onnx(folder / f"{scheme}-{layout}.onnx", scheme, kv_cache=layout, config=CONFIG).path
+        export_scheme(scheme, folder / f"{scheme}-{layout}.onnx", kv_cache=layout, config=CONFIG).path
         for layout in ("concat", "inplace")
     ]
 
@@ -71,7 +71,7 @@ def test_the_in_place_graph_writes_only_into_the_bound_buffers(tmp_path: Path) -
     from posenc.export.runtime import ort_session
     from posenc.validate.runners import bind_in_place
 
-    path = export_onnx(tmp_path / "r.onnx", "rope", kv_cache="inplace", config=CONFIG).path
+    path = export_scheme("rope", tmp_path / "r.onnx", kv_cache="inplace", config=CONFIG).path
     feed = make_feed(load_manifest(path), FeedShape(1, 1, 7), seed=3)
     before = {name: feed[name].copy() for name in ("key_cache", "value_cache")}
     session = ort_session(path, ["CPUExecutionProvider"], check=False)

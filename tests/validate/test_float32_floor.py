@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc.config import AttentionConfig
-from posenc.export import export_onnx, load_eager, reference_inputs
+from posenc.export import export_scheme, load_eager, reference_inputs
 from posenc.schemes import get_spec
 from posenc.validate import Reference, TorchModuleRunner, validate_onnx
 from posenc.validate.compare import Float32Floor
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # a FLOATER export and three validations: about 3
 def floater(tmp_path_factory):
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=512)
     path = tmp_path_factory.mktemp("floater") / "floater.onnx"
-    return export_onnx(path, "floater", unit="block", config=config, params={"delta_t": 3.2}).path
+    return export_scheme("floater", path, config=config, params={"delta_t": 3.2}).path
 
 
 def _table_end(report):

@@ -10,7 +10,7 @@ import pytest
 
 from posenc import AttentionConfig
 from posenc.cli import main
-from posenc.export import export_onnx
+from posenc.export import export_scheme
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=3000)
 
@@ -18,7 +18,7 @@ CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_positi
 @pytest.fixture(scope="module")
 def yarn_block(tmp_path_factory: pytest.TempPathFactory) -> Path:
     params = {"factor": 4.0, "original_max_position_embeddings": 750}
-    return export_onnx(tmp_path_factory.mktemp("sweep") / "yarn.onnx", "rope_yarn", params=params, config=CONFIG).path
+    return export_scheme("rope_yarn", tmp_path_factory.mktemp("sweep") / "yarn.onnx", params=params, config=CONFIG).path
 
 
 def test_a_block_is_swept_to_the_last_position_it_serves(yarn_block: Path, tmp_path: Path) -> None:
@@ -49,6 +49,6 @@ def test_refusals(yarn_block: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "drop --scheme" in capsys.readouterr().err
     assert main(["sweep", str(yarn_block), "--last-position", "5000", "-o", str(tmp_path / "b")]) == 2
     assert "past the last position yarn.onnx serves (2999)" in capsys.readouterr().err
-    in_place = export_onnx(tmp_path / "ip.onnx", "rope", config=CONFIG, kv_cache="inplace").path
+    in_place = export_scheme("rope", tmp_path / "ip.onnx", config=CONFIG, kv_cache="inplace").path
     assert main(["sweep", str(in_place), "-o", str(tmp_path / "c")]) == 2
     assert "--kv-cache concat" in capsys.readouterr().err

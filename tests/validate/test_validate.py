@@ -12,7 +12,7 @@ from polygraphy.comparator import Comparator, SimpleCompareFunc
 from polygraphy.comparator.struct import RunResults
 
 from posenc import ModelFileError, PositionError
-from posenc.export import FeedShape, export_onnx, load_eager, load_manifest, make_feed
+from posenc.export import FeedShape, export_scheme, load_eager, load_manifest, make_feed
 from posenc.schemes import get_spec
 from posenc.schemes.base import Tolerance
 from posenc.validate import DEFAULT_SHAPES, EagerTorchRunner, default_shapes, tolerance_for, validate_onnx
@@ -23,7 +23,7 @@ from tests.conftest import SMALL, copy_export
 @pytest.fixture(scope="module")
 def yarn_op(tmp_path_factory):
     folder = tmp_path_factory.mktemp("yarn")
-    return export_onnx(folder / "yarn.onnx", "rope_yarn", unit="op", config=SMALL, table_mode="precomputed")
+    return export_scheme("rope_yarn", folder / "yarn.onnx", unit="op", config=SMALL, table_mode="precomputed")
 
 
 def test_report_table_json_and_polygraphy_results(yarn_op, tmp_path) -> None:
@@ -124,7 +124,7 @@ def test_shapes_past_the_table_are_refused(yarn_op) -> None:
 
 
 def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None:
-    result = export_onnx(tmp_path / "bf16.onnx", "rope", unit="block", config=SMALL, dtype="bf16")
+    result = export_scheme("rope", tmp_path / "bf16.onnx", unit="block", config=SMALL, dtype="bf16")
     model = onnx.load(str(result.path))
     assert check_bf16_structure(model) == []
     emulated = emulate_bf16(model)
@@ -138,7 +138,7 @@ def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None:
 
 
 def test_tolerance_follows_the_output_dtype(tmp_path) -> None:
-    result = export_onnx(tmp_path / "alibi16.onnx", "alibi", unit="op", config=SMALL, dtype="fp16")
+    result = export_scheme("alibi", tmp_path / "alibi16.onnx", unit="op", config=SMALL, dtype="fp16")
     (bias,) = result.manifest.outputs
     assert bias.dtype == "float32"  # gathered from the float32 table
     report = validate_onnx(result.path, shapes=[FeedShape(2, 3, 4)])

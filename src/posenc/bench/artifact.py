@@ -24,14 +24,14 @@ import numpy as np
 import torch
 
 from posenc.bench.plan import BenchCase
-from posenc.bench.shapes import Shape
+from posenc.bench.shapes import Shape, check_bench_shapes
 from posenc.bench.workloads import BLOCK_UNITS, Workload
 from posenc.config import AttentionConfig
 from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
+from posenc.export.feeds import make_feed
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import load_eager
-from posenc.export.units import make_feed
 from posenc.validate.feeds import serving_limit
 
 PREFILL_TOKENS = 512
@@ -53,9 +53,9 @@ def artifact_key(path: Path) -> str:
 def artifact_shapes(manifest: Manifest) -> list[Shape]:
     """A prefill and, for a block, one decode step, sized within the artifact's context (see the module doc)."""
     context = serving_limit(manifest)
-    shapes = [Shape("prefill", 1, min(PREFILL_TOKENS, context))]
+    shapes = [Shape(1, min(PREFILL_TOKENS, context), name="prefill")]
     if manifest.unit in BLOCK_UNITS and context > 1:
-        shapes.append(Shape("decode", 1, 1, min(DECODE_PAST, context - 1)))
+        shapes.append(Shape(1, 1, min(DECODE_PAST, context - 1), name="decode"))
     return shapes
 
 
@@ -94,7 +94,7 @@ def artifact_plan(
         skip = ""
         if manifest.dtype == "bfloat16" and all(name.startswith(("torch", "ort-cpu")) for name in chosen):
             skip = "a bf16 graph has no ONNX Runtime CPU kernels for its ops; time it on a GPU backend"
-        for shape in shapes or artifact_shapes(manifest):
+        for shape in check_bench_shapes(shapes) if shapes else artifact_shapes(manifest):
             if shape.positions > context:
                 raise ConfigError(
                     f"shape {shape.label} reaches position {shape.positions - 1}, past {path.name}'s context of "

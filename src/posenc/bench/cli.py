@@ -106,7 +106,7 @@ def _export_checkpoint_layer(args: argparse.Namespace) -> Path:
     loaded = load_layer(args.hf_model, args.layer, args.layer_type)
     name = Path(args.hf_model).resolve().name or "checkpoint"
     path = Path(args.output) / "models" / f"{name}-layer{loaded.plan.layer}.onnx"
-    return export_onnx(path, unit="block", module=loaded.block(), provenance=loaded.provenance()).path
+    return export_onnx(loaded.block(), path, provenance=loaded.provenance(), copy=False).path
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from posenc.bench.backends import get_backends
-from posenc.bench.shapes import PRESETS, Shape
+from posenc.bench.shapes import PRESETS, Shape, check_bench_shapes
 from posenc.bench.workloads import ALL_UNITS, UNITS, check_unit
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
-from posenc.export.units import KV_CACHES, unit_for_cache
+from posenc.export.kinds import KV_CACHES, UnitKind
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import TableMode
 
@@ -32,9 +32,9 @@ ROPE_TARGET_CONFIG = AttentionConfig(
 )
 """Geometry of the RoPE-op target: H=32, D=128 (q and k both 32 heads)."""
 
-ROPE_TARGET_SHAPE = Shape("prefill", batch=1, seq=2048)
-BLOCK_TARGET_SHAPE = Shape("prefill", batch=1, seq=512)
-DECODE_TARGET_SHAPE = Shape("decode", batch=1, seq=1, past=LLAMA_LIKE.max_position_embeddings - 1)
+ROPE_TARGET_SHAPE = Shape(batch=1, seq=2048, name="prefill")
+BLOCK_TARGET_SHAPE = Shape(batch=1, seq=512, name="prefill")
+DECODE_TARGET_SHAPE = Shape(batch=1, seq=1, past=LLAMA_LIKE.max_position_embeddings - 1, name="decode")
 """One decode step with the context full but one slot (past 4095 of 4096): the in-place cache's target shape."""
 DECODE_BACKENDS: tuple[str, ...] = ("ort-cpu", "ort-cpu-fused")
 TABLE_MODE_CHOICES = ("auto", "precomputed", "dynamic", "all")
@@ -122,7 +122,7 @@ def make_plan(
         if layout not in KV_CACHES:
             raise ConfigError(f"unknown kv cache layout {layout!r}; use one of {list(KV_CACHES)}.")
     explicit_units = bool(units)
-    shape_list = list(shapes) if shapes is not None else list(PRESETS.values())
+    shape_list = check_bench_shapes(shapes) if shapes is not None else list(PRESETS.values())
     if not shape_list:
         raise ConfigError("no shapes to benchmark; give at least one --shape.")
     backend_names = tuple(b.name for b in get_backends(list(backends) if backends else None))
@@ -135,7 +135,9 @@ def make_plan(
             for mode, mode_reason in table_modes_for(scheme, table_mode):
                 for shape in shape_list:
                     reason = unit_reason or mode_reason or ""
-                    first, *rest = [unit_for_cache(unit, layout) for layout in layouts] if unit == "block" else [unit]
+                    first, *rest = (
+                        [UnitKind.parse(unit, layout).value for layout in layouts] if unit == "block" else [unit]
+                    )
                     cases.append(BenchCase(scheme, first, mode, shape, config, backend_names, reason, tuple(rest)))
     return cases
 

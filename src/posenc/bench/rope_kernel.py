@@ -83,12 +83,12 @@ def _llama3_8b(positions: int = 8192) -> AttentionConfig:
     )
 
 
-PREFILL = KernelCase(Shape("llama3-8b-prefill", 1, 4096), _llama3_8b())
-DECODE = KernelCase(Shape("llama3-8b-decode", 64, 1), _llama3_8b(), graph_timing=True)
+PREFILL = KernelCase(Shape(1, 4096, name="llama3-8b-prefill"), _llama3_8b())
+DECODE = KernelCase(Shape(64, 1, name="llama3-8b-decode"), _llama3_8b(), graph_timing=True)
 _TINY = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64)
 SMOKE_CASES = (
-    KernelCase(Shape("smoke-prefill", 1, 8), _TINY),
-    KernelCase(Shape("smoke-decode", 4, 1), _TINY, graph_timing=True),
+    KernelCase(Shape(1, 8, name="smoke-prefill"), _TINY),
+    KernelCase(Shape(4, 1, name="smoke-decode"), _TINY, graph_timing=True),
 )
 """Tiny cases for a CPU run under Triton's interpreter (``scripts/bench_rope_gpu.py --smoke``)."""
 

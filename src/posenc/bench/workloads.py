@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,10 @@ from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import export_onnx
-from posenc.export.units import ALL_UNITS, BLOCK_INPLACE, UNITS, check_call_size, make_inputs, make_unit
+from posenc.export.exporter import Exportable
+from posenc.export.feeds import check_call_size, make_inputs
+from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE, UNITS, UnitKind
+from posenc.export.units import make_unit
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, TableMode
 
@@ -141,7 +144,8 @@ class Workload:
         """
         if self.artifact is not None:
             return self.artifact
-        return export_onnx(path, unit=self.unit, module=self.inner, position_guard=position_guard).path
+        module = cast(Exportable, self.inner)  # a block or scheme: build_workload made it
+        return export_onnx(module, path, unit=self.unit, position_guard=position_guard).path
 
 
 def workload_key(scheme: str, unit: str, table_mode: str, config: AttentionConfig, max_positions: int) -> str:
@@ -199,7 +203,7 @@ def build_workload(
     else:
         inner = build_scheme(scheme, config, params, mode, max_positions)
     inner.eval()
-    export_unit = make_unit(inner, unit, torch.float32)
+    export_unit = make_unit(inner, UnitKind(unit), torch.float32)
     module = export_unit.module
     arrays = dict(
         zip(

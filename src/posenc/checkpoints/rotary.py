@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 
 from posenc.checkpoints.family import LayerPlan, Rule, Transform, rename, same
 from posenc.checkpoints.reference import HFModule, ModuleReference, hf_class, load_module
-from posenc.config import AttentionConfig, from_hf_config
+from posenc.config import from_hf_config
 from posenc.errors import ConfigError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import TableMode
@@ -54,17 +55,18 @@ def decoder_plan(hf: Any, layer: int, layer_type: str | None, **features: Any) -
     block features given (only non-default ones are passed on, e.g. ``qkv_bias=True``)."""
     check_layer(layer, int(hf.num_hidden_layers))
     kind = layer_kind(hf, layer, layer_type)
+    # the transformers config object's fields, not config.json's: its class fills what the file leaves out
+    # (rope_theta, the rope_parameters transformers 5 standardizes from legacy keys), as the model it builds has them
     data = hf.to_dict()
     rope = data.get("rope_parameters") or {}
     nested = any(isinstance(value, Mapping) for value in rope.values())
     imported = from_hf_config(data, kind if nested else None)
     window = sliding_window_of(hf, kind)
-    fields = dict(imported.config.to_dict(), causal=True)
-    fields.update({k: v for k, v in features.items() if not (v is None or v is False or v == "none")})
+    given = {k: v for k, v in features.items() if not (v is None or v is False or v == "none")}
     if window is not None:
-        fields["sliding_window"] = window
+        given["sliding_window"] = window
     return LayerPlan(
-        config=AttentionConfig.from_dict(fields),
+        config=dataclasses.replace(imported.config, causal=True, **given),
         scheme=imported.scheme,
         params=dict(imported.params),
         layer=layer,

@@ -101,7 +101,7 @@ def run_checkpoint_job(job: CheckpointJob) -> CheckpointRecord:
         exported = folder / f"{stem}.onnx"
 
         def export(mode: str = mode, exported: Path = exported) -> StageOutcome:
-            export_onnx(exported, module=layer.block(mode), provenance=layer.provenance())
+            export_onnx(layer.block(mode), exported, provenance=layer.provenance(), copy=False)
             return StageOutcome(status="ok")
 
         stage = run_stage(StageOutcome, export)

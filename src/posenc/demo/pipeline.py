@@ -109,15 +109,15 @@ def _parity_summary(report: Any, markdown_path: Path) -> ParityStage:
 
 def run_pipeline_job(job: PipelineJob) -> PipelineRecord:
     """Export, optimize, validate and build one scheme/table mode; every outcome is recorded, none raised."""
-    from posenc.export import export_onnx
+    from posenc.export import export_scheme
     from posenc.validate import validate_onnx
 
     folder, parity_folder = Path(job.folder), Path(job.parity_folder)
     paths: dict[str, Path] = {}
 
     def export() -> ExportStage:
-        result = export_onnx(
-            folder / f"{job.stem}.onnx", job.scheme, unit="block", config=job.config, table_mode=job.table_mode
+        result = export_scheme(
+            job.scheme, folder / f"{job.stem}.onnx", unit="block", config=job.config, table_mode=job.table_mode
         )
         paths["exported"] = result.path
         return ExportStage(
@@ -235,14 +235,19 @@ def bench_cases(options: DemoOptions, schemes: Sequence[str]) -> list[BenchCase]
 
     config = options.config
     if options.quick:
-        shapes = [Shape("prefill", 1, 32)]
+        shapes = [Shape(1, 32, name="prefill")]
         rope_op = [
             BenchCase(
-                "rope", "op-3d", "precomputed", Shape("prefill", 1, 128), config, ("torch", "ort-cpu", "ort-cpu-fused")
+                "rope",
+                "op-3d",
+                "precomputed",
+                Shape(1, 128, name="prefill"),
+                config,
+                ("torch", "ort-cpu", "ort-cpu-fused"),
             )
         ]
     else:
-        shapes = [Shape("prefill", 1, 512), Shape("decode", 1, 1, 511)]
+        shapes = [Shape(1, 512, name="prefill"), Shape(1, 1, 511, name="decode")]
         rope_op = [
             BenchCase(
                 "rope",
@@ -262,7 +267,7 @@ def bench_cases(options: DemoOptions, schemes: Sequence[str]) -> list[BenchCase]
             paired = inplace if shape.past else ()
             cases.append(BenchCase(scheme, "block", mode, shape, config, BACKEND_NAMES, with_units=paired))
         if options.quick and scheme == "rope":
-            step = Shape("decode", 1, 1, config.max_position_embeddings - 1)
+            step = Shape(1, 1, config.max_position_embeddings - 1, name="decode")
             cases.append(BenchCase(scheme, "block", mode, step, config, QUICK_DECODE_BACKENDS, with_units=inplace))
     return cases
 

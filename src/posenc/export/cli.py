@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posenc.cli_args import add, add_geometry, check_input, check_output, config_from_args
 from posenc.errors import ConfigError
-from posenc.export.units import BLOCK_INPLACE
+from posenc.export.kinds import BLOCK_INPLACE, UnitKind
 from posenc.provenance import describe_weights
+
+if TYPE_CHECKING:
+    from posenc.export.exporter import Exportable
+    from posenc.provenance import WeightsSource
 
 EPILOG = """\
 examples:
@@ -110,29 +114,30 @@ def _export_traced(args: argparse.Namespace) -> Any:
     )
 
 
-def _export_checkpoint(args: argparse.Namespace) -> Any:
-    """Export layer ``--layer`` of the ``--hf-model`` checkpoint with its own weights."""
-    from posenc.checkpoints import load_layer
-    from posenc.export import export_onnx
+def _module(args: argparse.Namespace, kind: UnitKind) -> tuple[Exportable, WeightsSource]:
+    """``(module, provenance)``: what the export writes, built once: layer ``--layer`` of ``--hf-model`` with its
+    weights, or the scheme's unit with random weights of ``--seed``."""
+    from posenc.export.exporter import build_module
+    from posenc.provenance import RandomWeights
 
-    _refuse_geometry(args)
-    if _via(args) == "trace":
-        return _export_traced(args)
-    loaded = load_layer(args.hf_model, args.layer, args.layer_type)
-    block = loaded.block(args.table_mode, args.max_positions)
-    module = block if args.unit == "block" else block.scheme
-    return export_onnx(
-        args.output,
-        unit=args.unit,
-        kv_cache=args.kv_cache,
-        dtype=args.dtype,
-        opset=args.opset,
-        module=module,
-        optimize=not args.no_optimize,
-        provenance=loaded.provenance(),
-        position_guard=args.position_guard,
-        cache_capacity=args.cache_capacity,
+    if args.hf_model is not None:
+        from posenc.checkpoints import load_layer
+
+        loaded = load_layer(args.hf_model, args.layer, args.layer_type)
+        return loaded.block(args.table_mode, args.max_positions), loaded.provenance()
+    config, scheme, params = _geometry(args)
+    if scheme is None:
+        raise ConfigError("give --hf-model DIR, --scheme NAME (see `posenc list`) or --hf-config config.json.")
+    built = build_module(
+        scheme,
+        kind,
+        config=config,
+        params=params,
+        table_mode=args.table_mode,
+        max_positions=args.max_positions,
+        seed=args.seed,
     )
+    return built, RandomWeights(args.seed)
 
 
 def _export_layers(args: argparse.Namespace) -> int:
@@ -193,29 +198,26 @@ def _run(args: argparse.Namespace) -> int:
     check_input(args.hf_config, "--hf-config file")
     check_apart([(args.output, "model")], [(args.hf_config, "file")])
     if args.hf_model is not None:
-        result = _export_checkpoint(args)
+        _refuse_geometry(args)
+    elif args.layer is not None or args.via is not None:
+        flag = "--layer selects a layer" if args.via is None else "--via chooses how to export a layer"
+        raise ConfigError(f"{flag} of --hf-model; give --hf-model DIR too.")
+    if args.hf_model is not None and _via(args) == "trace":
+        result = _export_traced(args)
     else:
-        if args.layer is not None or args.via is not None:
-            flag = "--layer selects a layer" if args.via is None else "--via chooses how to export a layer"
-            raise ConfigError(f"{flag} of --hf-model; give --hf-model DIR too.")
-        config, scheme, params = _geometry(args)
-        if scheme is None:
-            raise ConfigError("give --hf-model DIR, --scheme NAME (see `posenc list`) or --hf-config config.json.")
+        kind = UnitKind.parse(args.unit, args.kv_cache)
+        module, provenance = _module(args, kind)
         result = export_onnx(
+            module,
             args.output,
-            scheme,
-            unit=args.unit,
-            kv_cache=args.kv_cache,
-            params=params,
-            config=config,
-            table_mode=args.table_mode,
+            unit=kind,
             dtype=args.dtype,
             opset=args.opset,
-            max_positions=args.max_positions,
             optimize=not args.no_optimize,
-            seed=args.seed,
             position_guard=args.position_guard,
             cache_capacity=args.cache_capacity,
+            provenance=provenance,
+            copy=False,  # built for this export alone
         )
     m = result.manifest
     if args.json:
@@ -240,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add the ``export`` subcommand."""
-    from posenc.export.exporter import DEFAULT_OPSET, INPLACE_OPSET, SUPPORTED_OPSETS
+    from posenc.export.torch_onnx import DEFAULT_OPSET, INPLACE_OPSET, SUPPORTED_OPSETS
 
     p = subparsers.add_parser(
         "export",

@@ -38,8 +38,10 @@ import torch
 from posenc.artifacts.files import STAGING_MARK, atomic_outputs, json_text, manifest_path_for, weights_path_for
 from posenc.artifacts.paths import output_path, sha256_file
 from posenc.errors import ConfigError
-from posenc.export.exporter import export_manifest, prepare_export
+from posenc.export.describe import export_manifest
+from posenc.export.exporter import ExportOptions, prepare_export
 from posenc.export.external import _point, match_initializers, rename_values, safetensors_offsets, write_linked
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import FileRecord, Manifest
 from posenc.records import Document
 from posenc.schemes.base import TableMode, table_keys
@@ -194,6 +196,8 @@ def export_layers(
     from posenc.checkpoints.layers import checkpoint_layers, select_layers
 
     folder = output_path(folder, "--layers output folder", folder=True)
+    kind = UnitKind.parse(UnitKind.BLOCK, kv_cache)
+    options = ExportOptions(dtype, opset, optimize, position_guard, cache_capacity)
     chosen, skipped = select_layers(checkpoint_layers(checkpoint, layer_type), layers)
     if not chosen:
         raise ConfigError(f"--layers {layers!r} selects no attention layer of {checkpoint}; every layer is skipped.")
@@ -207,16 +211,8 @@ def export_layers(
             graphs: list[tuple[Any, Manifest, Path]] = []
             for entry in chosen:
                 loaded = load.load_layer(checkpoint, entry.layer, entry.stack)  # this layer's tensors only
-                prepared = prepare_export(
-                    module=loaded.block(table_mode, max_positions),
-                    kv_cache=kv_cache,
-                    dtype=dtype,
-                    opset=opset,
-                    optimize=optimize,
-                    provenance=loaded.provenance(),
-                    position_guard=position_guard,
-                    cache_capacity=cache_capacity,
-                )
+                block = loaded.block(table_mode, max_positions)  # built for this export: no copy
+                prepared = prepare_export(block, kind, options, provenance=loaded.provenance(), copy=False)
                 onnx = folder / f"{entry.name}.onnx"
                 weights = weights_path_for(onnx)
                 state = prepared.unit.inner.state_dict()
@@ -225,7 +221,7 @@ def export_layers(
                              weights.name)  # fmt: skip
                 _point_tables(prepared.model, {k: v for k, v in state.items() if k in keys}, shared, entry.kind)
                 graphs.append((prepared.model, export_manifest(prepared, "", weights, staged[weights]), onnx))
-                del loaded, prepared, state  # the next layer is read only now: memory follows one layer
+                del loaded, block, prepared, state  # the next layer is read only now: memory follows one layer
             _write_tables(shared, staged[folder / TABLES_NAME])
             record = FileRecord(TABLES_NAME, sha256_file(staged[folder / TABLES_NAME]))
             offsets = safetensors_offsets(staged[folder / TABLES_NAME])

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from posenc.errors import ConfigError, ModelFileError
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +32,8 @@ class ShapeRule:
 
     name: str
     constraint: str
-    allows: Callable[[FeedShape], bool]
-    fit: Callable[[FeedShape], FeedShape]
+    allows: Callable[[Shape], bool]
+    fit: Callable[[Shape], Shape]
 
 
 CHUNK_OVER_CACHE_ONE_ROW = "chunk-over-cache-one-row"
@@ -73,9 +73,9 @@ def rules_of(manifest: Any) -> list[ShapeRule]:
     return [RULES[name] for name in names]
 
 
-def fit_shapes(manifest: Any, shapes: Sequence[FeedShape]) -> list[FeedShape]:
+def fit_shapes(manifest: Any, shapes: Sequence[Shape]) -> list[Shape]:
     """``shapes`` moved to the nearest shape each rule of the graph serves (duplicates dropped)."""
-    fitted: list[FeedShape] = []
+    fitted: list[Shape] = []
     rules = rules_of(manifest)
     for shape in shapes:
         for rule in rules:
@@ -86,7 +86,7 @@ def fit_shapes(manifest: Any, shapes: Sequence[FeedShape]) -> list[FeedShape]:
     return fitted
 
 
-def check_shapes(manifest: Any, shapes: Sequence[FeedShape], where: str = "the model") -> None:
+def check_shapes(manifest: Any, shapes: Sequence[Shape], where: str = "the model") -> None:
     """Refuse shapes a rule of the graph does not serve, naming the rule.
 
     Raises:

@@ -34,18 +34,14 @@ from posenc.artifacts.files import atomic_outputs, manifest_path_for, weights_pa
 from posenc.artifacts.paths import output_path, sha256_file
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError
-from posenc.export.exporter import (
-    DEFAULT_OPSET,
-    ExportResult,
-    _graph_specs,
-    _quiet_exporter,
-    _source_info,
-    library_versions,
-    to_onnx_model,
-)
+from posenc.export.checks import ONNX_FILE_LIMIT
+from posenc.export.describe import graph_specs, library_versions, source_info
+from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
+from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
+from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
 from posenc.export.trace_bounds import bounded_export, slot_shapes
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
@@ -180,7 +176,7 @@ def export_traced(
     served = limit if limit is not None else plan.config.max_position_embeddings  # the model's context, unguarded
     (model, notes), ranges, bounds = bounded_export(export, ranges, served, type(plan.captured.attention).__name__)
     notes = [*notes, *bounds]
-    with _quiet_exporter():
+    with quiet_exporter():
         model = _optimize_without_fusions(model)
     if rewrite is None:
         parts: tuple[TracePart, ...] = _unrewritten(plan)
@@ -203,10 +199,10 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
 
 def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool) -> ExportUnit:
     """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``."""
-    slots, outputs = _slots("block", Placement.QK, config, 1)
+    slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
     if cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
-    return ExportUnit("block", module, module, config, torch.float32, slots, outputs)
+    return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:
@@ -230,8 +226,6 @@ def _write(
     guard: bool,
     ranges: dict[str, DimRange],
 ) -> ExportResult:
-    from posenc.export.exporter import ONNX_FILE_LIMIT
-
     manifest_path, weights_path = manifest_path_for(path), weights_path_for(path)
     scheme = _scheme_of(plan, parts)
     spec = get_spec(scheme)
@@ -261,8 +255,8 @@ def _write(
             max_positions=limit,
             build_max_positions=rows,
             dynamic_dims=ranges,
-            inputs=_graph_specs(model.graph.input, unit.input_layouts(), "activation"),
-            outputs=_graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
+            inputs=graph_specs(model.graph.input, unit.input_layouts(), "activation"),
+            outputs=graph_specs(model.graph.output, {n: (None, lay, "output") for n, lay in unit.outputs}, "output"),
             onnx_sha256=hashlib.sha256(data).hexdigest(),
             weights=WeightsRecord(
                 path=weights_path.name,
@@ -271,7 +265,7 @@ def _write(
                 tables=tuple(sorted(table_keys(weights_module))),
                 source=plan.captured.provenance(),
             ),
-            source=_source_info(weights_module),
+            source=source_info(weights_module),
             versions=library_versions(),
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             notes=tuple(notes),

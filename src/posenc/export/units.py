@@ -38,8 +38,8 @@ Three units exist:
     the slots up to the longest row's ``past_length + S``. ``C`` is static: the block's ``max_positions`` (the
     rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires.
 
-A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions
-``past .. past + seq - 1``; keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds of a
+A :class:`Shape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions ``past .. past + seq - 1``;
+keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds (:mod:`posenc.export.feeds`) of a
 ``block-inplace`` graph hold ``past`` filled slots per row; the slots after the new tokens hold random values too
 (which the attention must not read).
 """
@@ -47,24 +47,21 @@ A :class:`FeedShape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from posenc.artifacts.memory import attention_call_bytes, check_bytes
 from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, rotary_geometry
 from posenc.config import AttentionConfig
-from posenc.dtypes import NUMPY_DTYPES, dtype_name
-from posenc.errors import ConfigError, ExportError
-from posenc.export.kinds import ALL_UNITS, BLOCK_INPLACE
-from posenc.export.kinds import KV_CACHES as KV_CACHES  # re-exported: the unit names' old home
-from posenc.export.kinds import UNITS as UNITS
-from posenc.export.kinds import unit_for_cache as unit_for_cache
-from posenc.export.shapes import SAMPLE_SHAPE, FeedShape
+from posenc.dtypes import NUMPY_DTYPES
+from posenc.errors import ExportError
+from posenc.export.feeds import Slot, make_inputs
+from posenc.export.kinds import BLOCK_INPLACE as BLOCK_INPLACE  # re-exported: the unit names' old home
+from posenc.export.kinds import UnitKind
+from posenc.export.shapes import SAMPLE_SHAPE, Shape
 from posenc.schemes.base import Placement, PositionalScheme, joint_poison, poisoned
 
 # --------------------------------------------------------------------------------------------------
@@ -180,63 +177,55 @@ _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _Slot:
-    name: str
-    kind: str  # "act", "pos_q", "pos_k", "past" (a cache), "length" (filled cache slots per row)
-    shape: tuple[int | str, ...]
-    layout: str
-
-
-def _position_slot(axes: int) -> _Slot:
+def _position_slot(axes: int) -> Slot:
     """``position_ids [B, S]``, or ``[A, B, S]`` (one row per axis) for multi-axis schemes."""
     if axes == 1:
-        return _Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]")
-    return _Slot("position_ids", "pos_q", (axes, "batch", "seq"), f"[{axes}, B, S]")
+        return Slot("position_ids", "pos_q", ("batch", "seq"), "[B, S]")
+    return Slot("position_ids", "pos_q", (axes, "batch", "seq"), f"[{axes}, B, S]")
 
 
 def _slots(
-    unit: str,
+    unit: UnitKind,
     placement: Placement,
     config: AttentionConfig | MLAConfig,
     position_axes: int = 1,
     cache_slots: int | None = None,
-) -> tuple[list[_Slot], list[tuple[str, str]]]:
+) -> tuple[list[Slot], list[tuple[str, str]]]:
     """Input slots and ``(output name, layout)`` of a unit (``position_axes``: the scheme's, see
     :attr:`posenc.schemes.SchemeSpec.position_axes`; ``cache_slots``: ``C`` of ``block-inplace``, default the
     context length)."""
     positions = _position_slot(position_axes)
-    if unit == "block" and isinstance(config, MLAConfig):
+    if unit is UnitKind.BLOCK and isinstance(config, MLAConfig):
         return _mla_slots(config, positions)
     config = rotary_geometry(config)  # an MLA geometry's op rotates its rope slice
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-    if unit == "block":
+    if unit is UnitKind.BLOCK:
         return (
             [
-                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
                 positions,
-                _Slot("past_key", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
-                _Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
+                Slot("past_key", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
+                Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
         )
-    if unit == BLOCK_INPLACE:
+    if unit is UnitKind.BLOCK_INPLACE:
         c = config.max_position_embeddings if cache_slots is None else cache_slots
         return (
             [
-                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
                 positions,
-                _Slot("key_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
-                _Slot("value_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
-                _Slot("past_length", "length", ("batch",), "[B]"),
+                Slot("key_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                Slot("value_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                Slot("past_length", "length", ("batch",), "[B]"),
             ],
             [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", "[B, Hkv, C, D]")],
         )
-    if unit == "op-3d":
+    if unit is UnitKind.OP_3D:
         return (
             [
-                _Slot("q", "act", ("batch", "seq", h * d), "[B, S, H*D]"),
-                _Slot("k", "act", ("batch", "seq", hkv * d), "[B, S, Hkv*D]"),
+                Slot("q", "act", ("batch", "seq", h * d), "[B, S, H*D]"),
+                Slot("k", "act", ("batch", "seq", hkv * d), "[B, S, Hkv*D]"),
                 positions,
             ],
             [("q_rot", "[B, S, H*D]"), ("k_rot", "[B, S, Hkv*D]")],
@@ -244,7 +233,7 @@ def _slots(
     if placement is Placement.EMBEDDING:
         return (
             [
-                _Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
+                Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
                 positions,
             ],
             [("hidden_out", "[B, S, E]")],
@@ -252,37 +241,37 @@ def _slots(
     if placement is Placement.QK:
         return (
             [
-                _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
-                _Slot("k", "act", ("batch", hkv, "seq", d), "[B, Hkv, S, D]"),
+                Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
+                Slot("k", "act", ("batch", hkv, "seq", d), "[B, Hkv, S, D]"),
                 positions,
             ],
             [("q_rot", "[B, H, S, D]"), ("k_rot", "[B, Hkv, S, D]")],
         )
     qk = [
-        _Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
-        _Slot("k", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]"),
+        Slot("q", "act", ("batch", h, "seq", d), "[B, H, S, D]"),
+        Slot("k", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]"),
     ]
     pair = [
-        _Slot("q_pos", "pos_q", ("batch", "seq"), "[B, S]"),
-        _Slot("k_pos", "pos_k", ("batch", "kv_seq"), "[B, Sk]"),
+        Slot("q_pos", "pos_q", ("batch", "seq"), "[B, S]"),
+        Slot("k_pos", "pos_k", ("batch", "kv_seq"), "[B, Sk]"),
     ]
     if placement is Placement.SCORE:
         return [*qk, *pair], [("bias", "[B|1, H, S, Sk]")]
     if placement is Placement.ATTENTION:
-        v = _Slot("v", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]")
+        v = Slot("v", "act", ("batch", h, "kv_seq", d), "[B, H, Sk, D]")
         return [*qk, v, *pair], [("attn_out", "[B, H, S, D]")]
     raise ExportError(f"placement {placement.value!r} has no positional op; export unit 'block' instead.")
 
 
-def _mla_slots(config: MLAConfig, positions: _Slot) -> tuple[list[_Slot], list[tuple[str, str]]]:
+def _mla_slots(config: MLAConfig, positions: Slot) -> tuple[list[Slot], list[tuple[str, str]]]:
     """An MLA block's inputs and outputs: its cache holds the latent ``[B, 1, P, C]`` and the rotated key slice."""
     c, r = config.kv_lora_rank, config.qk_rope_head_dim
     return (
         [
-            _Slot("hidden", "act", ("batch", "seq", config.hidden_size), "[B, S, E]"),
+            Slot("hidden", "act", ("batch", "seq", config.hidden_size), "[B, S, E]"),
             positions,
-            _Slot("past_key", "past", ("batch", 1, "past", c), "[B, 1, P, C] (latent)"),
-            _Slot("past_value", "past", ("batch", 1, "past", r), "[B, 1, P, R] (rotated shared key)"),
+            Slot("past_key", "past", ("batch", 1, "past", c), "[B, 1, P, C] (latent)"),
+            Slot("past_value", "past", ("batch", 1, "past", r), "[B, 1, P, R] (rotated shared key)"),
         ],
         [
             ("out", "[B, S, E]"),
@@ -297,19 +286,19 @@ class ExportUnit:
     """A module ready for export plus everything needed to trace it and describe its graph.
 
     Attributes:
-        unit: ``"op"`` or ``"block"``.
+        kind: what the graph holds (:class:`~posenc.export.kinds.UnitKind`).
         module: the module whose ``forward`` is exported (inputs in :attr:`input_names` order).
         inner: the scheme or block whose ``state_dict`` is saved as the weights.
         config: attention geometry.
         dtype: activation dtype.
     """
 
-    unit: str
+    kind: UnitKind
     module: nn.Module
     inner: nn.Module
     config: AttentionConfig | MLAConfig
     dtype: torch.dtype
-    slots: list[_Slot]
+    slots: list[Slot]
     outputs: list[tuple[str, str]]
 
     @property
@@ -331,7 +320,7 @@ class ExportUnit:
         roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length"}
         return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
 
-    def sample_inputs(self, shape: FeedShape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
+    def sample_inputs(self, shape: Shape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:
         """Torch tensors for tracing, in input order (see :func:`make_inputs`)."""
         arrays = make_inputs(self.slots, shape, self.dtype, seed=0, position_limit=position_limit)
         return tuple(
@@ -358,202 +347,54 @@ def _export_dims() -> dict[str, Any]:
     }
 
 
-def make_unit(inner: nn.Module, unit: str, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
-    """Wrap an :class:`AttentionBlock` (unit ``block``) or a :class:`PositionalScheme` (unit ``op``/``op-3d``).
+def make_unit(inner: nn.Module, unit: UnitKind, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
+    """Wrap an :class:`AttentionBlock` (a block unit) or a :class:`PositionalScheme` (an op unit; a block's scheme
+    where a block is given).
 
     ``cache_capacity``: slots of a ``block-inplace`` unit's caches (default: the block's table length).
 
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
     """
-    if unit not in ALL_UNITS:
-        raise ExportError(f"unknown export unit {unit!r}; use one of {list(ALL_UNITS)}.")
-    if unit == "block":
+    if unit is UnitKind.BLOCK:
         if not isinstance(inner, (AttentionBlock, MLABlock)):
             raise ExportError("unit 'block' exports an AttentionBlock or an MLABlock; pass one (or a scheme name).")
-        slots, outputs = _slots("block", inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
-        return ExportUnit("block", inner, inner, inner.config, dtype, slots, outputs)
-    if unit == BLOCK_INPLACE:
+        slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes)
+        return ExportUnit(unit, inner, inner, inner.config, dtype, slots, outputs)
+    if unit is UnitKind.BLOCK_INPLACE:
         if not isinstance(inner, AttentionBlock):
-            raise ExportError(f"unit {unit!r} exports an AttentionBlock; pass one (or a scheme name).")
+            raise ExportError(f"unit {unit.value!r} exports an AttentionBlock; pass one (or a scheme name).")
         cache = int(inner.scheme.max_positions) if cache_capacity is None else int(cache_capacity)
         slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes, cache)
         return ExportUnit(unit, InPlaceBlock(inner), inner, inner.config, dtype, slots, outputs)
+    scheme = op_module(inner, unit)
+    slots, outputs = _slots(unit, scheme.placement, scheme.config, scheme.spec.position_axes)
+    op = RotateProjectionOp(scheme) if unit is UnitKind.OP_3D else _OP_CLASSES[scheme.placement](scheme)
+    return ExportUnit(unit, op, scheme, scheme.config, dtype, slots, outputs)
+
+
+def op_module(inner: nn.Module, unit: UnitKind) -> PositionalScheme:
+    """The scheme an op unit exports: ``inner`` itself, or a block's scheme.
+
+    Raises:
+        ExportError: ``inner`` holds no scheme, the scheme has no op (NoPE), or ``op-3d`` of a scheme that does not
+            rotate q and k.
+    """
     scheme = inner.scheme if isinstance(inner, (AttentionBlock, MLABlock)) else inner
     if not isinstance(scheme, PositionalScheme):
-        raise ExportError(f"unit {unit!r} exports a PositionalScheme, got {type(inner).__name__}.")
+        raise ExportError(f"unit {unit.value!r} exports a PositionalScheme, got {type(inner).__name__}.")
     if scheme.placement not in _OP_CLASSES or "op" not in scheme.spec.exports:
         raise ExportError(
             f"scheme {scheme.spec.name!r} has no positional op to export (acts at {scheme.placement.value!r}); "
             f"export unit 'block' instead (it supports {sorted(scheme.spec.exports)})."
         )
-    if unit == "op-3d":
-        if scheme.placement is not Placement.QK:
-            raise ExportError(
-                f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
-                f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
-            )
-        slots, outputs = _slots("op-3d", scheme.placement, scheme.config, scheme.spec.position_axes)
-        return ExportUnit("op-3d", RotateProjectionOp(scheme), scheme, scheme.config, dtype, slots, outputs)
-    slots, outputs = _slots("op", scheme.placement, scheme.config, scheme.spec.position_axes)
-    return ExportUnit("op", _OP_CLASSES[scheme.placement](scheme), scheme, scheme.config, dtype, slots, outputs)
-
-
-# --------------------------------------------------------------------------------------------------
-# Feeds: realistic inputs for tracing, validation and benchmarks
-# --------------------------------------------------------------------------------------------------
+    if unit is UnitKind.OP_3D and scheme.placement is not Placement.QK:
+        raise ExportError(
+            f"unit 'op-3d' is a rotation of q and k in the projection layout; {scheme.spec.name!r} acts at "
+            f"{scheme.placement.value!r}. Use unit 'op' or 'block'."
+        )
+    return scheme
 
 
 def _bf16_tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.astype(np.float32))).to(torch.bfloat16)
-
-
-def _size(dim: int | str, shape: FeedShape) -> int:
-    if isinstance(dim, int):
-        return dim
-    return {"batch": shape.batch, "seq": shape.seq, "past": shape.past, "kv_seq": shape.kv_seq}[dim]
-
-
-def positions_for(shape: FeedShape, kind: str, position_limit: int | None = None) -> np.ndarray:
-    """Realistic int64 position ids: ``start + arange(seq)`` per row (queries), or the cache's ``arange(past)``
-    followed by the queries' (keys).
-
-    ``position_limit`` wraps positions into ``[0, limit)`` (only for tracing samples of tiny tables).
-    """
-    queries = shape.first + np.arange(shape.seq, dtype=np.int64)
-    row = np.concatenate((np.arange(shape.past, dtype=np.int64), queries)) if kind == "pos_k" else queries
-    if position_limit is not None:
-        row = row % position_limit
-    return np.repeat(row[None, :], shape.batch, axis=0)
-
-
-MULTI_AXIS_FEEDS: tuple[str, ...] = ("vision", "text")
-"""What the ``[A, B, S]`` ids of multi-axis feeds hold: a vision-like block (an image between text, or a patch
-grid) or text only (every axis the token's position)."""
-
-
-def multi_axis_positions(
-    shape: FeedShape, axes: int, content: str = "vision", position_limit: int | None = None
-) -> np.ndarray:
-    """Realistic int64 ids ``[A, B, S]`` of the new tokens of a multi-axis scheme.
-
-    The whole sequence (``past + seq`` tokens per row) is laid out, and its last ``seq`` tokens are the feed's:
-
-    - ``text``: every axis holds the token's position (:func:`positions_for`), where M-RoPE is plain RoPE;
-    - ``vision``, 3 axes (M-RoPE, as transformers' Qwen2-VL ``get_rope_index`` lays out a prompt): ``1 + b % 3``
-      text tokens (row b), an image of ``rows x cols`` patches at ``(t, t + row, t + col)`` (rows ≈ √(n/2),
-      cols = rows + 1, so height and width differ), then text resuming at ``t + max(rows, cols)``;
-    - ``vision``, 2 axes (axial): patches of a grid ``ceil(√n)`` wide in raster order, ``(row, col)``.
-
-    ``shape.start`` (if set) shifts every id by ``start - past``, so ids stay within ``[0, shape.last]``.
-    ``position_limit`` wraps ids into ``[0, limit)`` (tracing samples of tiny tables only).
-    """
-    if content not in MULTI_AXIS_FEEDS:
-        raise ConfigError(f"multi-axis feed content must be one of {list(MULTI_AXIS_FEEDS)}, got {content!r}.")
-    total = shape.kv_seq
-    rows = []
-    for b in range(shape.batch):
-        order = np.arange(total, dtype=np.int64)
-        if content == "text":
-            ids = np.repeat(order[None], axes, axis=0)
-        elif axes == 2:
-            width = math.isqrt(total - 1) + 1  # ceil(√total)
-            ids = np.stack((order // width, order % width))
-        else:
-            ids = _prompt_with_image(total, text=min(1 + b % 3, total), axes=axes)
-        rows.append(ids[:, shape.past :] + (shape.first - shape.past))
-    out = np.stack(rows, axis=1)
-    return out % position_limit if position_limit is not None else out
-
-
-def _prompt_with_image(total: int, text: int, axes: int) -> np.ndarray:
-    """``[axes, total]`` ids: ``text`` text tokens, an image block, text after it (see :func:`multi_axis_positions`)."""
-    room = total - text - 1  # keep one text token after the image
-    side = math.isqrt(max(room, 0) // 2)
-    rows, cols = (side, side + 1) if side >= 1 and side * (side + 1) <= room else (0, 0)
-    ids = [np.repeat(np.arange(text, dtype=np.int64)[None], axes, axis=0)]
-    if rows:
-        row, col = np.repeat(np.arange(rows), cols), np.tile(np.arange(cols), rows)
-        ids.append(text + np.stack([np.zeros(rows * cols, np.int64), row, col])[:axes])
-    resume = text + max(rows, cols) + np.arange(total - text - rows * cols, dtype=np.int64)
-    ids.append(np.repeat(resume[None], axes, axis=0))
-    return np.concatenate(ids, axis=1)
-
-
-def make_inputs(
-    slots: Sequence[_Slot],
-    shape: FeedShape,
-    dtype: torch.dtype | str,
-    *,
-    seed: int = 0,
-    position_limit: int | None = None,
-    multi_axis: str = "vision",
-) -> list[np.ndarray]:
-    """Numpy inputs in slot order: standard-normal activations (and caches, every slot) in ``dtype``, realistic
-    int64 positions (multi-axis ids ``[A, B, S]`` by :func:`multi_axis_positions` with ``multi_axis`` content),
-    ``past`` filled slots per row of a preallocated cache."""
-    rng = np.random.default_rng(seed)
-    np_dtype = NUMPY_DTYPES[dtype_name(dtype)]
-    arrays = []
-    for slot in slots:
-        if slot.kind == "pos_q" and len(slot.shape) == 3:
-            arrays.append(multi_axis_positions(shape, int(slot.shape[0]), multi_axis, position_limit))
-        elif slot.kind in ("pos_q", "pos_k"):
-            arrays.append(positions_for(shape, slot.kind, position_limit))
-        elif slot.kind == "length":
-            arrays.append(np.full(shape.batch, shape.past, dtype=np.int64))
-        else:
-            sizes = tuple(_size(d, shape) for d in slot.shape)
-            arrays.append(rng.standard_normal(sizes).astype(np.float32).astype(np_dtype))
-    return arrays
-
-
-def slots_from_manifest(manifest: Any) -> list[_Slot]:
-    """Input slots of a manifest's graph (for :func:`make_feed`)."""
-    kinds = {"activation": "act", "cache": "past", "length": "length"}
-    slots = []
-    for spec in manifest.inputs:
-        if spec.role == "positions":
-            kind = "pos_k" if "kv_seq" in spec.shape else "pos_q"
-        else:
-            kind = kinds.get(spec.role, "act")
-        slots.append(_Slot(spec.name, kind, tuple(spec.shape), spec.layout))
-    return slots
-
-
-def check_call_size(config: AttentionConfig | MLAConfig, shape: FeedShape) -> None:
-    """Refuse a shape whose call (inputs, caches, scores, in the float64 reference) this machine cannot hold.
-
-    An MLA block is sized as the multi-head attention it expands to (every head its own keys of width
-    nope + rope), an upper bound of what its call holds.
-
-    Raises:
-        ConfigError: names the bytes (:func:`posenc.artifacts.memory.check_bytes`).
-    """
-    if isinstance(config, MLAConfig):
-        kv_heads, head_dim = config.num_heads, config.qk_nope_head_dim + config.qk_rope_head_dim
-    else:
-        kv_heads, head_dim = config.num_kv_heads, config.head_dim
-    needed = attention_call_bytes(
-        shape.batch, shape.seq, shape.past, config.hidden_size, config.num_heads, kv_heads, head_dim
-    )
-    check_bytes(needed, f"a call at shape {shape.label}", "give smaller --shape sizes (B,S[,P]).")
-
-
-def make_feed(manifest: Any, shape: FeedShape, *, seed: int = 0, multi_axis: str = "vision") -> dict[str, np.ndarray]:
-    """A feed dict for an exported model: realistic position ids, random activations in the graph dtype.
-
-    Args:
-        manifest: the model's :class:`posenc.export.Manifest`.
-        shape: batch, new tokens and cached tokens.
-        seed: seed of the activations.
-        multi_axis: ids of multi-axis schemes (``[A, B, S]``): ``vision`` (an image between text, or a patch grid)
-            or ``text`` (see :func:`multi_axis_positions`).
-
-    Returns:
-        ``{input name: numpy array}`` in the manifest's input order.
-    """
-    check_call_size(manifest.attention_config(), shape)
-    slots = slots_from_manifest(manifest)
-    arrays = make_inputs(slots, shape, manifest.dtype, seed=seed, multi_axis=multi_axis)
-    return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

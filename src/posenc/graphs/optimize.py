@@ -48,9 +48,9 @@ from posenc.artifacts.files import atomic_outputs, json_text
 from posenc.artifacts.paths import output_path
 from posenc.dtypes import dtype_name
 from posenc.errors import ConfigError, ModelFileError
+from posenc.export.eager import check_graph_tables
 from posenc.export.external import link_existing
 from posenc.export.manifest import Manifest, OptimizedRecord, OutputDrift, PassRecord
-from posenc.export.runtime import check_graph_tables
 from posenc.export.screen import unknown_ops
 from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
 from posenc.graphs import match_utils as mu

@@ -11,7 +11,7 @@ from the end.
 
 Only where the projected table has the table's shape (``W`` square, as ``[E, E]`` when the hidden size is
 ``heads · head_dim``): the table a manifest promises (checked by shape,
-:func:`posenc.export.runtime.check_graph_tables`) is then still there, and the graph grows by at most one table per
+:func:`posenc.export.eager.check_graph_tables`) is then still there, and the graph grows by at most one table per
 product beyond the first (Transformer-XL's file shrinks by ``W_r``, 4.2 MB in the Llama-like geometry; TUPE's two
 projections of one table grow it by 8.4 MB net). An optional ``Cast`` between the lookup and
 the product (fp32 tables, fp16 activations) is folded in.

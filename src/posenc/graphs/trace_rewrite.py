@@ -34,7 +34,7 @@ import torch
 from onnxscript.rewriter import pattern
 
 from posenc.errors import ExportError
-from posenc.export.exporter import to_onnx_model
+from posenc.export.torch_onnx import to_onnx_model
 from posenc.export.trace import RewriteRequest
 from posenc.graphs import fold
 from posenc.graphs import match_utils as mu

@@ -35,7 +35,7 @@ import torch
 from posenc.dtypes import torch_dtype
 from posenc.errors import ConfigError
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.provenance import CheckpointWeights, RandomWeights
 from posenc.schemes.base import Tolerance
@@ -259,11 +259,11 @@ def _same_place(recorded: str, given: str) -> bool:
         return recorded == given
 
 
-def long_shape(manifest: Manifest, context: int) -> FeedShape:
+def long_shape(manifest: Manifest, context: int) -> Shape:
     """One feed whose last position is the last the model serves: ``min(context, table rows) - 1``."""
     end = min(context, manifest.max_positions or context)
     tokens = min(LONG_TOKENS, end)
-    return FeedShape(1, tokens, 0, start=end - tokens)
+    return Shape(1, tokens, 0, start=end - tokens)
 
 
 def validate_against_checkpoint(
@@ -272,7 +272,7 @@ def validate_against_checkpoint(
     *,
     layer: int | None = None,
     layer_type: str | None = None,
-    shapes: Sequence[FeedShape] | None = None,
+    shapes: Sequence[Shape] | None = None,
     long_positions: bool = True,
     runners: Sequence[Any] = ("onnxrt",),
     providers: Sequence[str] | None = None,
@@ -323,7 +323,7 @@ def decode_against_checkpoint(
     *,
     layer: int | None = None,
     layer_type: str | None = None,
-    schedule: Sequence[FeedShape] | None = None,
+    schedule: Sequence[Shape] | None = None,
     **decode_options: Any,
 ) -> Any:
     """The multi-step decode sequence (:func:`posenc.validate.decode.validate_decode`) of an exported checkpoint layer,

@@ -63,7 +63,7 @@ def _validate(args: argparse.Namespace) -> int:
     from posenc.artifacts.files import check_apart
     from posenc.errors import BackendUnavailable
     from posenc.export.runtime import ort_providers
-    from posenc.export.shapes import FeedShape
+    from posenc.export.shapes import Shape
     from posenc.validate.parity import validate_onnx
 
     for path, what in ((args.report, "--report file"), (args.json_out, "--json-out file"), (args.runs, "--runs file")):
@@ -77,7 +77,7 @@ def _validate(args: argparse.Namespace) -> int:
     shapes = [feed for _, feed in args.shape or []]
     if args.batch is not None or args.seq is not None or args.past is not None:  # the old spelling of one shape
         batch, seq, past = (1 if args.batch is None else args.batch), (1 if args.seq is None else args.seq), args.past
-        shapes.append(FeedShape(batch, seq, 0 if past is None else past))
+        shapes.append(Shape(batch, seq, 0 if past is None else past))
     providers = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
     if args.provider == "cuda" and "CUDAExecutionProvider" not in ort_providers():
         raise BackendUnavailable(
@@ -120,7 +120,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _validate_folder(args: argparse.Namespace) -> int:
     """``posenc validate FOLDER``: every layer of a ``posenc export --layers`` folder, one table
     (:func:`posenc.validate.layers.validate_layers`)."""
-    from posenc.export.shapes import FeedShape
+    from posenc.export.shapes import Shape
     from posenc.validate.layers import validate_layers
 
     given = {"--decode": args.decode, "--engine": args.engine, "--runs": args.runs, "--layer": args.layer is not None,
@@ -133,7 +133,7 @@ def _validate_folder(args: argparse.Namespace) -> int:
         )
     shapes = [feed for _, feed in args.shape or []]
     if args.batch is not None or args.seq is not None or args.past is not None:
-        shapes.append(FeedShape(args.batch or 1, args.seq or 1, args.past or 0))
+        shapes.append(Shape(args.batch or 1, args.seq or 1, args.past or 0))
     report = validate_layers(args.model, args.against_hf, shapes=shapes or None, seed=args.seed, quiet=not args.verbose)
     written = report.save(markdown=args.report, json_path=args.json_out)
     notes = print_result(report.to_dict(), report.to_markdown(), as_json=args.json, written=written)

@@ -7,7 +7,7 @@ graph layer does not import this one).
 
 The path, step by step:
 
-1. **Shapes and feeds** (:mod:`posenc.validate.feeds`): one shape type, :class:`posenc.export.FeedShape`
+1. **Shapes and feeds** (:mod:`posenc.validate.feeds`): one shape type, :class:`posenc.export.Shape`
    ``(batch, seq, past)``, shrunk to a short precomputed table by one rule (:func:`~posenc.validate.feeds.fit_shapes`);
    feeds from the manifest (:func:`posenc.export.make_feed`, realistic position ids, checked against the
    table) or, for a model without one, random feeds of the graph's inputs (:func:`~posenc.validate.feeds.random_feed`).
@@ -60,7 +60,7 @@ import numpy as np
 from posenc.artifacts.files import write_text_atomic
 from posenc.errors import ConfigError, ParityError
 from posenc.export.manifest import OutputDrift
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.records import field, to_json
 from posenc.schemes.base import Tolerance
@@ -157,7 +157,7 @@ class ComparisonRow:
     ``max_rel`` divides by ``|reference|``. A missing output or a shape mismatch gives ``inf`` and fails.
     """
 
-    shape: FeedShape | None
+    shape: Shape | None
     reference: str
     runner: str
     output: str
@@ -272,7 +272,7 @@ def compare(
     feeds: Sequence[Mapping[str, np.ndarray]],
     tolerances: Mapping[str, Tolerance],
     *,
-    shapes: Sequence[FeedShape | None] | None = None,
+    shapes: Sequence[Shape | None] | None = None,
     quiet: bool = True,
 ) -> Comparison:
     """Run references and candidates on every feed (polygraphy ``Comparator.run``) and compare.
@@ -283,7 +283,7 @@ def compare(
         feeds: ``{graph input name: array}`` per run.
         tolerances: ``{output name: Tolerance}`` for every output a reference returns (a reference's own
             ``tolerances`` take precedence for its rows).
-        shapes: the :class:`FeedShape` of each feed, for the rows (``None`` entries for other feeds).
+        shapes: the :class:`Shape` of each feed, for the rows (``None`` entries for other feeds).
         quiet: silence polygraphy's logging.
 
     Returns:
@@ -425,7 +425,7 @@ def _drift_note(
 
 
 def _row(
-    shape: FeedShape | None,
+    shape: Shape | None,
     index: int,
     reference: str,
     runner: str,

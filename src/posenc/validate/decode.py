@@ -33,10 +33,11 @@ from polygraphy.common import TensorMetadata
 from posenc.artifacts.files import reading
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_model_file, load_eager, ort_session
+from posenc.export.runtime import check_model_file, ort_session
 from posenc.export.shape_rules import check_shapes, fit_shapes
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE, InPlaceBlock
 from posenc.records import to_json
 from posenc.schemes.base import Tolerance
@@ -56,7 +57,7 @@ DECODE_REFERENCE = "float64 eager posenc block (CPU), its concatenated cache car
 
 def decode_schedule(
     limit: int, *, batch: int = 2, prefill: int = PREFILL, steps: int = DECODE_STEPS, jump: str = "position"
-) -> list[FeedShape]:
+) -> list[Shape]:
     """The steps of a decode sequence: a prefill, ``steps`` single tokens, then a long jump to position ``limit - 1``.
 
     Args:
@@ -78,13 +79,13 @@ def decode_schedule(
             f"{prefill} + {steps} tokens and a jump need more than {limit} positions; export with a longer "
             f"--max-positions, or take fewer steps."
         )
-    shapes = [FeedShape(batch, prefill, 0)] + [FeedShape(batch, 1, prefill + i) for i in range(steps)]
+    shapes = [Shape(batch, prefill, 0)] + [Shape(batch, 1, prefill + i) for i in range(steps)]
     if jump == "position":
-        return [*shapes, FeedShape(batch, 1, past, start=limit - 1)]
-    return [*shapes, FeedShape(batch, limit - 1 - past, past), FeedShape(batch, 1, limit - 1)]
+        return [*shapes, Shape(batch, 1, past, start=limit - 1)]
+    return [*shapes, Shape(batch, limit - 1 - past, past), Shape(batch, 1, limit - 1)]
 
 
-def step_feeds(manifest: Manifest, schedule: Sequence[FeedShape], seed: int = 0) -> list[dict[str, np.ndarray]]:
+def step_feeds(manifest: Manifest, schedule: Sequence[Shape], seed: int = 0) -> list[dict[str, np.ndarray]]:
     """The new tokens of each step: ``hidden`` (standard normal, graph dtype) and ``position_ids``."""
     rng = np.random.default_rng(seed)
     dtype = NUMPY_DTYPES[manifest.dtype]
@@ -235,7 +236,7 @@ class DecodeReport(Verdict):
     """
 
     models: list[str]
-    schedule: list[FeedShape]
+    schedule: list[Shape]
     rows: list[ComparisonRow]
     mode: str = "numeric"
     references: list[Reference] = dataclasses.field(default_factory=list)
@@ -299,7 +300,7 @@ class DecodeReport(Verdict):
 
 def validate_decode(
     paths: Sequence[str | os.PathLike[str]],
-    schedule: Sequence[FeedShape] | None = None,
+    schedule: Sequence[Shape] | None = None,
     *,
     jump: str = "position",
     seed: int = 0,
@@ -336,7 +337,7 @@ def validate_decode(
 
 def _validate_decode(
     paths: Sequence[str | os.PathLike[str]],
-    schedule: Sequence[FeedShape] | None,
+    schedule: Sequence[Shape] | None,
     jump: str,
     seed: int,
     providers: Sequence[str],

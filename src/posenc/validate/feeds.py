@@ -1,6 +1,6 @@
 """Feeds for comparisons: which shapes, and the input arrays of each.
 
-One shape type, :class:`posenc.export.FeedShape` ``(batch, seq, past)``, and one shrink rule for short
+One shape type, :class:`posenc.export.Shape` ``(batch, seq, past)``, and one shrink rule for short
 precomputed tables (:func:`fit_shapes`: ``seq`` first capped at the table, then ``past`` at what is left).
 Feeds come from one of two builders, chosen by :func:`model_feeds`:
 
@@ -20,39 +20,40 @@ import numpy as np
 from posenc.artifacts.memory import human_bytes
 from posenc.errors import ConfigError, ModelFileError
 from posenc.export import shape_rules
+from posenc.export.feeds import make_feed
+from posenc.export.kinds import BLOCK_INPLACE
 from posenc.export.manifest import Manifest
 from posenc.export.runtime import check_feed
 from posenc.export.screen import feed_bytes
-from posenc.export.shapes import FeedShape
-from posenc.export.units import BLOCK_INPLACE, make_feed
+from posenc.export.shapes import Shape
 
-DEFAULT_SHAPES: tuple[FeedShape, ...] = (
-    FeedShape(batch=1, seq=1, past=0),
-    FeedShape(batch=3, seq=7, past=0),
-    FeedShape(batch=2, seq=1, past=9),
-    FeedShape(batch=2, seq=13, past=5),
+DEFAULT_SHAPES: tuple[Shape, ...] = (
+    Shape(batch=1, seq=1, past=0),
+    Shape(batch=3, seq=7, past=0),
+    Shape(batch=2, seq=1, past=9),
+    Shape(batch=2, seq=13, past=5),
 )
 """Shapes other than the export sample (2, 4, 3): one token, odd prefill with batch 3, decode after 9
 cached tokens, a prefill longer than the sample after 5 cached tokens."""
 
-OPTIMIZE_CHECK_SHAPE = FeedShape(batch=2, seq=5, past=0)
+OPTIMIZE_CHECK_SHAPE = Shape(batch=2, seq=5, past=0)
 MAX_FEED_BYTES = 1 << 28
 """Largest random feed (256 MiB) of one input of a graph without a manifest (declared static dimensions)."""
 """The feed of the before/after check of ``posenc optimize``: sizes unlike the export sample, so dynamic
 dims are exercised."""
 
 
-def fit_shapes(shapes: Sequence[FeedShape], max_positions: int | None) -> list[FeedShape]:
+def fit_shapes(shapes: Sequence[Shape], max_positions: int | None) -> list[Shape]:
     """``shapes`` shrunk to fit a precomputed table of ``max_positions`` rows (``seq`` first, then ``past``).
 
     Duplicates that the shrinking creates are dropped; ``max_positions=None`` (no table limit) keeps all.
     """
     if max_positions is None:
         return list(shapes)
-    fitted: list[FeedShape] = []
+    fitted: list[Shape] = []
     for shape in shapes:
         seq = min(shape.seq, max_positions)
-        candidate = FeedShape(shape.batch, seq, min(shape.past, max_positions - seq))
+        candidate = Shape(shape.batch, seq, min(shape.past, max_positions - seq))
         if candidate not in fitted:
             fitted.append(candidate)
     return fitted
@@ -93,7 +94,7 @@ def scheme_boundaries(manifest: Manifest) -> list[int]:
     return sorted(p for p in points if BOUNDARY_TOKENS <= p <= limit)
 
 
-def boundary_shapes(manifest: Manifest) -> list[FeedShape]:
+def boundary_shapes(manifest: Manifest) -> list[Shape]:
     """A window of :data:`BOUNDARY_TOKENS` new tokens across each :func:`scheme_boundaries` position (at the table
     end: its last positions), and for a causal block with a sliding window a decode step whose cache crosses the
     window's edge. Multi-axis position ids (M-RoPE) get none (their feeds place images, not far positions)."""
@@ -108,14 +109,14 @@ def boundary_shapes(manifest: Manifest) -> list[FeedShape]:
     shapes = []
     for point in scheme_boundaries(manifest):
         start = min(point - BOUNDARY_TOKENS // 2, limit - BOUNDARY_TOKENS)
-        shapes.append(FeedShape(1, BOUNDARY_TOKENS, 0, start=start))
+        shapes.append(Shape(1, BOUNDARY_TOKENS, 0, start=start))
     window = manifest.attention.get("sliding_window")
     if window and manifest.unit.startswith("block") and window + 1 <= limit:
-        shapes.append(FeedShape(1, 1, int(window)))  # keys 0 .. window: the oldest falls out of the window
+        shapes.append(Shape(1, 1, int(window)))  # keys 0 .. window: the oldest falls out of the window
     return list(dict.fromkeys(shapes))
 
 
-def default_shapes(manifest: Manifest | None) -> list[FeedShape]:
+def default_shapes(manifest: Manifest | None) -> list[Shape]:
     """:data:`DEFAULT_SHAPES`, shrunk to fit the manifest's precomputed table, then the feeds that cross the
     model's boundaries (:func:`boundary_shapes`); each moved to the nearest shape the graph's fused kernels serve
     (:func:`posenc.export.shape_rules.fit_shapes`, e.g. one row for a chunk over an in-place GroupQueryAttention
@@ -127,7 +128,7 @@ def default_shapes(manifest: Manifest | None) -> list[FeedShape]:
 
 
 def model_feeds(
-    shapes: Sequence[FeedShape],
+    shapes: Sequence[Shape],
     *,
     manifest: Manifest | None = None,
     model: Any = None,
@@ -159,7 +160,7 @@ def model_feeds(
     return [random_feed(model, shape, seed=seed + i) for i, shape in enumerate(shapes)]
 
 
-def random_feed(model: Any, shape: FeedShape, seed: int = 0) -> dict[str, np.ndarray]:
+def random_feed(model: Any, shape: Shape, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs for the declared inputs of an ``onnx.ModelProto`` (a model without a manifest).
 
     Symbolic dims get ``shape.seq`` (``shape.batch`` on the first axis). Integer inputs get ``arange`` rows

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.errors import PosencError
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.records import to_json
 from posenc.validate.compare import Verdict
 from posenc.validate.tolerance import RULE, format_margin
@@ -113,7 +113,7 @@ def validate_layers(
     folder: str | os.PathLike[str],
     checkpoint: Any = None,
     *,
-    shapes: Sequence[FeedShape] | None = None,
+    shapes: Sequence[Shape] | None = None,
     runners: Sequence[Any] = ("onnxrt",),
     providers: Sequence[str] | None = None,
     seed: int = 0,

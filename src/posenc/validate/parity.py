@@ -17,10 +17,11 @@ from typing import Any
 
 from posenc.artifacts.files import reading, write_text_atomic
 from posenc.errors import ConfigError
+from posenc.export.eager import check_graph_tables, load_eager
 from posenc.export.manifest import Manifest, load_manifest
-from posenc.export.runtime import check_graph_tables, check_model_file, load_eager, ort_providers
+from posenc.export.runtime import check_model_file, ort_providers
 from posenc.export.shape_rules import check_shapes
-from posenc.export.shapes import FeedShape
+from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import (
@@ -151,7 +152,7 @@ class ParityReport(Verdict):
 def validate_onnx(
     path: str | os.PathLike[str],
     *,
-    shapes: Sequence[FeedShape] | None = None,
+    shapes: Sequence[Shape] | None = None,
     runners: Sequence[Any] = ("onnxrt",),
     providers: Sequence[str] | None = None,
     tolerances: Mapping[str, Tolerance] | None = None,
@@ -182,7 +183,7 @@ def validate_onnx(
 
     Raises:
         ModelFileError: missing/corrupt ONNX file, manifest or weights, hash mismatch, or a manifest whose table
-            sizes the graph does not have (:func:`posenc.export.runtime.check_graph_tables`).
+            sizes the graph does not have (:func:`posenc.export.eager.check_graph_tables`).
         PositionError: a shape reaches past the precomputed table.
         BackendUnavailable: ONNX Runtime lacks a kernel the graph needs.
         ConfigError: no shapes, no references, or an unknown runner / reference name.
@@ -194,7 +195,7 @@ def validate_onnx(
 
 def _validate_onnx(
     path: Path,
-    shapes: Sequence[FeedShape] | None,
+    shapes: Sequence[Shape] | None,
     runners: Sequence[Any],
     providers: Sequence[str] | None,
     tolerances: Mapping[str, Tolerance] | None,
@@ -211,7 +212,7 @@ def _validate_onnx(
     shapes = list(shapes) if shapes is not None else default_shapes(manifest)
     check_shapes(manifest, shapes, str(path))  # what the graph's fused kernels refuse, said before running
     if not shapes:
-        raise ConfigError("validate_onnx needs at least one FeedShape.")
+        raise ConfigError("validate_onnx needs at least one Shape.")
     if not references:
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)

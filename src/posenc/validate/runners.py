@@ -27,10 +27,11 @@ from polygraphy.common import TensorMetadata
 
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
+from posenc.export.eager import reference_inputs
+from posenc.export.feeds import dim_size
 from posenc.export.manifest import Manifest
-from posenc.export.runtime import ort_session, reference_inputs
-from posenc.export.shapes import FeedShape
-from posenc.export.units import _size
+from posenc.export.runtime import ort_session
+from posenc.export.shapes import Shape
 
 REFERENCE_NAME = "eager-fp64"
 REFERENCE_DESCRIPTION = "float64 eager posenc reference (CPU)"
@@ -127,7 +128,7 @@ class EagerTorchRunner(TorchModuleRunner):
         self,
         module: torch.nn.Module,
         manifest: Manifest,
-        shape: FeedShape | None = None,
+        shape: Shape | None = None,
         feed_dtypes: Mapping[str, Any] | None = None,
         name: str = REFERENCE_NAME,
         dtype: torch.dtype = torch.float64,
@@ -140,7 +141,7 @@ class EagerTorchRunner(TorchModuleRunner):
         meta = TensorMetadata()
         for spec in manifest.inputs:
             dtype = self.feed_dtypes.get(spec.name, NUMPY_DTYPES.get(spec.dtype, np.float32))
-            dims = tuple(_size(d, shape) for d in spec.shape) if shape is not None else tuple(spec.shape)
+            dims = tuple(dim_size(d, shape) for d in spec.shape) if shape is not None else tuple(spec.shape)
             meta.add(spec.name, dtype, dims)
         super().__init__(self._run, name, manifest.output_names, meta)
 

@@ -41,9 +41,10 @@ from posenc.artifacts.memory import check_bytes
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
+from posenc.export.eager import load_eager
+from posenc.export.feeds import slots_from_manifest
 from posenc.export.manifest import Manifest
-from posenc.export.runtime import check_feed, load_eager, ort_providers
-from posenc.export.units import slots_from_manifest
+from posenc.export.runtime import check_feed, ort_providers
 from posenc.records import to_json
 from posenc.schemes import get_spec, specs
 from posenc.schemes.base import Placement, TableMode
@@ -407,7 +408,7 @@ def position_sweep(
     Returns:
         :class:`SweepReport`.
     """
-    from posenc.export.exporter import export_onnx
+    from posenc.export.exporter import export_scheme
 
     names = list(schemes) if schemes is not None else sweep_schemes()
     config = config or SWEEP_CONFIG
@@ -441,9 +442,9 @@ def position_sweep(
                         table_dtypes.append(torch.float16)
                     for table_dtype in table_dtypes:
                         tag = f"{name}_{mode}_{dtype}_t{dtype_name(table_dtype)}"
-                        result = export_onnx(
-                            folder / f"{tag}.onnx",
+                        result = export_scheme(
                             name,
+                            folder / f"{tag}.onnx",
                             unit="op",
                             params=(params or {}).get(name),
                             config=config,

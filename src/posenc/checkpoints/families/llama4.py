@@ -18,6 +18,7 @@ the context length) are scaled at those positions, as the model is after that ma
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +44,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
         plan = rotary.decoder_plan(hf, layer, layer_type, **features)
         config = plan.config
         if rotary.layer_kind(hf, layer, layer_type) == "chunked_attention" and hf.attention_chunk_size:
-            config = type(config).from_dict({**config.to_dict(), "attention_chunk_size": int(hf.attention_chunk_size)})
+            config = dataclasses.replace(plan.attention, attention_chunk_size=int(hf.attention_chunk_size))
         return LayerPlan(config, plan.scheme, {**plan.params, "layout": "interleaved"}, layer, plan.layer_type)
     features = {"qkv_bias": bias, "out_bias": bias}
     if hf.attn_temperature_tuning:
