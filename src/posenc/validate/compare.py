@@ -101,6 +101,8 @@ class Float32Floor:
     reference: str
     exact: str
     factor: float = 3.0
+    exempt: tuple[str, ...] = ()
+    """Outputs whose tolerance the caller set explicitly: held to it as given."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +385,7 @@ def _floor_tolerance(
 ) -> tuple[Tolerance, str]:
     """``tol`` with its atol raised to :attr:`Float32Floor.factor` times float32's own error on this feed and output
     (:attr:`Reference.floor`), and a note where that raises it; ``(tol, "")`` otherwise."""
-    if ref.floor is None:
+    if ref.floor is None or output in ref.floor.exempt:
         return tol, ""
     floor = collected[ref.floor.reference][index].get(output)
     exact = collected[ref.floor.exact][index].get(output)
