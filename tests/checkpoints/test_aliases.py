@@ -26,7 +26,7 @@ import pytest
 
 from posenc.checkpoints import load_layer, supported_model_types
 from posenc.checkpoints.families.llama import ALIASES
-from posenc.checkpoints.samples import _QWEN3_MROPE, _QWEN3_VISION, NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.checkpoints.samples import _LFM3, _QWEN3_MROPE, _QWEN3_VISION, NO_SPECIAL_TOKENS, TINY, Sample
 from posenc.errors import ConfigError
 from tests.checkpoints.parity import ATOL, Case, block_errors, check_case
 from tests.checkpoints.whole_model import model_steps, reference_error
@@ -131,10 +131,7 @@ ALIAS_CASES: dict[str, Alias] = {
     "afmoe": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "num_shared_experts": 1}, layers=(0, 1)),
     "laguna": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "shared_expert_intermediate_size": 32,
                      "num_attention_heads_per_layer": [4, 2, 4], "gating": True}, layers=(0, 1)),
-    "lfm3": Alias({**_WINDOW, "layer_types": ["conv", "sliding_attention", "full_attention"],
-                   "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                       "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
-                                                          "partial_rotary_factor": 0.5}}}, layers=(1, 2)),
+    "lfm3": Alias(_LFM3, layers=(1, 2)),
     # the query scaled by its position
     "ministral3": Alias({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                              "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.1,

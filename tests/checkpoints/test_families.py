@@ -29,6 +29,7 @@ SLOW = {
     "phi-plain",
     "persimmon",
     "modernbert-global",
+    "lfm3",
 }
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
