@@ -87,6 +87,18 @@ def test_a_partial_rotary_head_keeps_a_frequency_for_every_mrope_section() -> No
     assert min(rope["mrope_section"]) >= 1
 
 
+def test_a_partial_rotary_factor_keeps_an_even_rotary_width() -> None:
+    """MiMo-V2-Flash rotates int(192 x 0.334) = 64 channels; a head of 16 would give transformers' odd width 5 (it
+    then rotates 6 channels at the frequencies of 5), which no released checkpoint has: the tiny head widens."""
+    config = tiny_config("mimo_v2_flash").config
+    for params in config.rope_parameters.values():
+        width = int(config.head_dim * params["partial_rotary_factor"])
+        assert width >= 2, (config.head_dim, params)
+        assert width % 2 == 0, (config.head_dim, params)
+    assert tiny._even_rotary_head(16, 0.334) == 32
+    assert tiny._even_rotary_head(16, 0.5) == 16
+
+
 def test_encoder_decoder_stacks_and_token_ids_fit_the_tiny_vocabulary() -> None:
     t5 = tiny_config("t5").config
     assert (t5.d_model, t5.d_kv, t5.num_heads, t5.num_layers, t5.num_decoder_layers) == (64, 16, 4, 2, 2)

@@ -26,7 +26,7 @@ import pytest
 
 from posenc.checkpoints import load_layer, supported_model_types
 from posenc.checkpoints.families.llama import ALIASES
-from posenc.checkpoints.samples import _QWEN3_MROPE, _QWEN3_VISION, NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.checkpoints.samples import _LFM3, _QWEN3_MROPE, _QWEN3_VISION, NO_SPECIAL_TOKENS, TINY, Sample
 from posenc.errors import ConfigError
 from tests.checkpoints.parity import ATOL, Case, block_errors, check_case
 from tests.checkpoints.whole_model import model_steps, reference_error
@@ -131,6 +131,7 @@ ALIAS_CASES: dict[str, Alias] = {
     "afmoe": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "num_shared_experts": 1}, layers=(0, 1)),
     "laguna": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "shared_expert_intermediate_size": 32,
                      "num_attention_heads_per_layer": [4, 2, 4], "gating": True}, layers=(0, 1)),
+    "lfm3": Alias(_LFM3, layers=(1, 2)),
     # the query scaled by its position
     "ministral3": Alias({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                              "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.1,
@@ -244,3 +245,19 @@ def test_alias_exports_and_matches_its_module_on_onnx_runtime(model_type: str, t
     folder = case.sample(model_type).build(tmp_path / "ckpt")
     for layer in case.layers:
         assert check_case(Case(folder, layer), tmp_path)
+
+
+def test_lfm3_gate_is_optional_and_its_conv_layers_are_refused(tmp_path: Path) -> None:
+    """LFM3's per-head sigmoid gate (stored as ``gate_proj``, ``g_proj`` in its module) only with
+    ``use_attention_gate``; its short-convolution layers are refused by name."""
+    case = ALIAS_CASES["lfm3"]
+    gated = load_layer(case.sample("lfm3").build(tmp_path / "gated"), 1)
+    assert (gated.plan.attention.output_gate, gated.plan.attention.output_gate_per_head) == ("sigmoid", True)
+    assert tuple(gated.state["gate_proj.weight"].shape) == (4, 64)
+    plain = dataclasses.replace(case, settings={**case.settings, "use_attention_gate": False})
+    folder = plain.sample("lfm3").build(tmp_path / "plain")
+    loaded = load_layer(folder, 2)
+    assert loaded.plan.attention.output_gate == "none"
+    assert max(block_errors(loaded).values()) <= ATOL
+    with pytest.raises(ConfigError, match=r"layer 0 .* short-convolution layer.*one of \[1, 2\]"):
+        load_layer(folder, 0)

@@ -28,13 +28,18 @@ SLOW = {
     "phi",
     "phi-plain",
     "persimmon",
+    "modernbert-global",
+    "lfm3",
 }
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
 reference against the model. The samples of today's attention features (full-width q/k norms, sinks, output gates,
 position-scaled queries, q/k LayerNorm) are proven in eager PyTorch against their modules and whole models in the
 default run (tests/checkpoints/test_aliases.py, test_families_modern.py) and exported there as blocks with the same
-options (tests/features.py); their CLI export through ONNX Runtime runs here in the slow run."""
+options (tests/features.py); their CLI export through ONNX Runtime runs here in the slow run. ModernBERT's local
+layer is exported here in the default run (bidirectional window, fused Wqkv, local theta); its global layer, the same
+graph without the window, in the slow run (tests/checkpoints/test_modernbert.py proves both against their module and
+whole model)."""
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(SAMPLES)])

@@ -32,6 +32,7 @@ ATTENTION_OF: dict[str, Callable[[Any, int, str | None], torch.nn.Module]] = {
     "falcon": lambda model, layer, stack: model.h[layer].self_attention,
     "bloom": lambda model, layer, stack: model.h[layer].self_attention,
     "mpt": lambda model, layer, stack: model.blocks[layer].attn,
+    "modernbert": lambda model, layer, stack: model.layers[layer].attn,
     **dict.fromkeys(
         ("t5", "mt5"),
         lambda model, layer, stack: getattr(model, stack or "encoder").block[layer].layer[0].SelfAttention,
@@ -59,8 +60,8 @@ def model_steps(
     folder: Path, layer: int, stack: str | None, implementation: str = "eager", path: str | None = None
 ) -> Calls:
     """The layer's attention inputs and outputs while the base model runs a 6-token prompt, then (for decoder
-    stacks) one more token with the cache; encoder stacks run the 6 tokens once. ``path``: the attention module's
-    name in the base model (default: from :data:`ATTENTION_OF`)."""
+    stacks) one more token with the cache; encoder stacks and models that return no cache run the 6 tokens once.
+    ``path``: the attention module's name in the base model (default: from :data:`ATTENTION_OF`)."""
     import transformers
 
     model = transformers.AutoModel.from_pretrained(folder, attn_implementation=implementation).eval()
@@ -74,8 +75,9 @@ def model_steps(
                 past = model(encoder_outputs=encoded, decoder_input_ids=ids[:, :6], use_cache=True).past_key_values
                 model(encoder_outputs=encoded, decoder_input_ids=ids[:, 6:], past_key_values=past, use_cache=True)
         else:
-            past = model(ids[:, :6], use_cache=True).past_key_values
-            model(ids[:, 6:], past_key_values=past, use_cache=True)
+            past = getattr(model(ids[:, :6], use_cache=True), "past_key_values", None)
+            if past is not None:  # an encoder (ModernBERT) returns no cache: the prompt is its one call
+                model(ids[:, 6:], past_key_values=past, use_cache=True)
     handle.remove()
     return calls
 

@@ -8,7 +8,8 @@ every nested config (text, vision, audio, ...), never inside ``rope_parameters``
 - widths (``hidden_size``, ``d_model``, ``n_embd``, ``embed_dim``, ``*_hidden_size``, ``projection_dim``, ...): 64;
 - attention heads (``num_attention_heads``, ``n_head``, ``*_heads``): 4; key/value heads 2 (1 stays 1, as many as
   the query heads stays so: multi-query and multi-head attention are kept);
-- head widths (``head_dim``, ``d_kv``, ``*_head_dim``): 16 (MLA: rope 8, nope 16, q/kv ranks 24/32);
+- head widths (``head_dim``, ``d_kv``, ``*_head_dim``): 16 (MLA: rope 8, nope 16, q/kv ranks 24/32; doubled where a
+  ``partial_rotary_factor`` would leave an odd rotary width);
   ``rotary_dim`` keeps its fraction of the head, ``mrope_section`` its proportions;
 - feed-forward widths (``intermediate_size``, ``ffn_dim``, ``d_ff``, ``*_intermediate_size``, ...): 64;
 - experts (``num_experts``, ``n_routed_experts``, ...): 4; per token 2; shared 1; expert groups 1;
@@ -364,8 +365,12 @@ class _Shrink:
         return value
 
     def _rope(self, rope: dict[str, Any], data: dict[str, Any]) -> None:
-        """``mrope_section`` (in the rope parameters, or per layer type) rescaled to the tiny rotary half-width."""
+        """``mrope_section`` (in the rope parameters, or per layer type) rescaled to the tiny rotary half-width; a
+        head widened where its ``partial_rotary_factor`` would give the tiny head an odd rotary width."""
         for params in [rope, *(v for v in rope.values() if isinstance(v, dict))]:
+            factor = params.get("partial_rotary_factor", data.get("partial_rotary_factor"))
+            if isinstance(factor, float) and _int_value(data.get("head_dim")):
+                data["head_dim"] = _even_rotary_head(int(data["head_dim"]), factor)
             section = params.get("mrope_section")
             if isinstance(section, list) and all(_int_value(s) for s in section):
                 factor = params.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)) or 1.0
@@ -374,6 +379,20 @@ class _Shrink:
                     head *= 2  # every section keeps a frequency: a wider head (Qwen3.5 rotates a quarter of it)
                     data["head_dim"] = head
                 params["mrope_section"] = _mrope(section, max(len(section), int(head * factor) // 2))
+
+
+def _even_rotary_head(head: int, factor: float) -> int:
+    """``head``, doubled until ``int(head · factor)`` (transformers' rotary width) is even and at least 2.
+
+    MiMo-V2-Flash rotates ``int(192 · 0.334) = 64`` of its 192 channels; the tiny head of 16 would rotate
+    ``int(5.344) = 5``, a width no released checkpoint has (transformers then rotates 6 channels at the frequencies
+    of a width of 5, and posenc's config check refuses it), so the census keeps a head of 32 (10 channels)."""
+    for _ in range(4):
+        width = int(head * factor)
+        if width >= 2 and width % 2 == 0:
+            break
+        head *= 2
+    return head
 
 
 _MODULE_DEFAULT = re.compile(r'rope_parameters\.get\("mrope_section", (\[[0-9, ]+\])\)')

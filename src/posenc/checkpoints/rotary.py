@@ -89,15 +89,22 @@ PROJECTION_RULES: tuple[Rule, ...] = (
 """Separate ``q_proj``/``k_proj``/``v_proj``/``o_proj`` modules (and their biases), named as in the block."""
 
 
+NOT_ATTENTION: Mapping[str, str] = {
+    "linear_attention": "a linear-attention (Gated DeltaNet) layer",
+    "conv": "a short-convolution layer",
+}
+"""``layer_types`` entries of layers that are not softmax attention (Qwen3-Next's and Qwen3.5's Gated DeltaNet,
+LFM's convolution blocks), and what they are."""
+
+
 def check_attention_layer(hf: Any, layer: int) -> None:
-    """Raise for a layer that is not softmax attention (Qwen3-Next's and Qwen3.5's Gated DeltaNet
-    ``linear_attention`` layers), naming the layers posenc loads."""
+    """Raise for a layer that is not softmax attention (:data:`NOT_ATTENTION`), naming the layers posenc loads."""
     kinds = list(getattr(hf, "layer_types", None) or [])
-    if layer < len(kinds) and kinds[layer] == "linear_attention":
-        attention = [i for i, kind in enumerate(kinds) if kind != "linear_attention"]
+    if layer < len(kinds) and kinds[layer] in NOT_ATTENTION:
+        attention = [i for i, kind in enumerate(kinds) if kind not in NOT_ATTENTION]
         raise ConfigError(
-            f"layer {layer} of this {hf.model_type} checkpoint is a linear-attention (Gated DeltaNet) layer, not "
-            f"softmax attention; posenc loads its attention layers: pass --layer with one of {attention[:8]}."
+            f"layer {layer} of this {hf.model_type} checkpoint is {NOT_ATTENTION[kinds[layer]]}, not softmax "
+            f"attention; posenc loads its attention layers: pass --layer with one of {attention[:8]}."
         )
 
 

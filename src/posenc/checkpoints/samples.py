@@ -178,6 +178,19 @@ every 4 positions of a short feed (8192 in the released models)."""
 _NTK_ALPHA = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}
 """HunYuan labels NTK-α "dynamic" with an alpha (HunYuan-A13B: alpha 1000)."""
 _HUNYUAN = {**TINY, "head_dim": 16, **NO_SPECIAL_TOKENS, "rope_parameters": _NTK_ALPHA}
+_LFM3 = {**TINY, "head_dim": 16, "sliding_window": 4, "layer_types": ["conv", "sliding_attention", "full_attention"],
+         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                                "partial_rotary_factor": 0.5}}, **NO_SPECIAL_TOKENS}  # fmt: skip
+"""LFM3's layer pattern shortened (a convolution layer, a sliding layer, a full layer) with its RoPE per kind."""
+_MODERNBERT = {**_ENCODER, "num_hidden_layers": 3, "max_position_embeddings": 32768, "attention_bias": True,
+               "local_attention": 4, "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+               "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+               "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
+               "sep_token_id": 2}  # fmt: skip
+"""ModernBERT-base's pattern (a global layer, then two local ones) and RoPE thetas; local_attention 4 (±2 tokens;
+128 in the released models) so a 7-token feed crosses the window."""
 
 SAMPLES: dict[str, Sample] = {
     sample.name: sample
@@ -340,6 +353,12 @@ SAMPLES: dict[str, Sample] = {
                _decoder(qk_layernorm=True, rope_parameters=_PARTIAL_HALF, **NO_SPECIAL_TOKENS), layer=1),
         Sample("phi-plain", "Phi (phi-1.5, phi-2): partial rotary, biases, dense", "PhiConfig", "PhiForCausalLM",
                _decoder(rope_parameters=_PARTIAL_HALF, **NO_SPECIAL_TOKENS), layer=1),
+        Sample("lfm3", "LFM3: per-head sigmoid gate (gate_proj), q/k norms, proportional partial RoPE on full layers",
+               "Lfm3Config", "Lfm3ForCausalLM", _LFM3, layer=2),
+        Sample("modernbert-global", "ModernBERT global layer: fused Wqkv, bidirectional, global RoPE theta",
+               "ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT, layer=None, layer_type="full_attention"),
+        Sample("modernbert-local", "ModernBERT local layer: bidirectional sliding window, local RoPE theta",
+               "ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT, layer=None, layer_type="sliding_attention"),
         Sample("persimmon", "Persimmon: fused per-head qkv, q/k LayerNorm, partial rotary", "PersimmonConfig",
                "PersimmonForCausalLM", _decoder(num_key_value_heads=4, rope_parameters=_PARTIAL_HALF,
                                                 **NO_SPECIAL_TOKENS), layer=1),

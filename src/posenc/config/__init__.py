@@ -277,7 +277,7 @@ def from_hf_config(source: str | Path | Mapping[str, Any], layer_type: str | Non
         kv_heads = 1  # Falcon's rule: multi-query means one kv head unless the new decoder architecture
     head_dim = first("head_dim", "d_kv", "d_head")
     max_pos = first("max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", default=2048)
-    encoders = ("bert", "roberta", "deberta", "deberta-v2", "xlnet")
+    encoders = ("bert", "roberta", "deberta", "deberta-v2", "xlnet", "modernbert")
     causal = not bool(data.get("is_encoder_decoder")) and model_type not in encoders
     config = AttentionConfig(
         hidden_size=int(hidden),

@@ -192,11 +192,13 @@ def engine_profiles(
     manifest: Manifest | None, overrides: Sequence[str] | Mapping[str, DimProfile] | None = None
 ) -> dict[str, dict[str, DimProfile]]:
     """The named optimization profiles a build of this graph uses (:func:`posenc.engine.profiles.resolve_profiles`):
-    sized to the model's context, ``prefill`` then ``decode`` for a graph with a cache."""
+    sized to the model's context, ``prefill`` then ``decode`` for a graph with a cache whose block is causal (an
+    encoder's layer, bidirectional, is never stepped: ``prefill`` alone)."""
     if manifest is None:
         return resolve_profiles(None, overrides)
     context = int(manifest.attention.get("max_position_embeddings") or 0) or None
-    decoder = "past" in manifest.dynamic_dims or manifest.unit == BLOCK_INPLACE
+    cached = "past" in manifest.dynamic_dims or manifest.unit == BLOCK_INPLACE
+    decoder = cached and bool(manifest.attention.get("causal", True))
     return resolve_profiles(manifest.dynamic_dims, overrides, context=context, decoder=decoder)
 
 

@@ -289,11 +289,15 @@ class CacheFacts:
 
     @classmethod
     def of(cls, manifest: Any) -> CacheFacts | None:
-        """The facts of an in-place block's export manifest (``None`` for other graphs: their cache is concatenated,
-        and the cache passes leave them alone)."""
-        if manifest is None or getattr(manifest, "unit", None) != "block-inplace":
+        """The facts of a block's export manifest: all of them for an in-place block; for a concatenated-cache block
+        only whether it is causal (what ``prefill_over_gqa`` asks; the cache passes leave it alone); ``None`` for
+        other graphs."""
+        unit = getattr(manifest, "unit", None)
+        if manifest is None or unit not in ("block", "block-inplace"):
             return None
         config = manifest.attention_config()
+        if unit == "block":
+            return cls(in_place=False, causal=bool(config.causal))
         return cls(
             in_place=manifest.unit == "block-inplace",
             causal=config.causal,

@@ -152,7 +152,7 @@ Plan = list[tuple[str, Pass, bool, str]]
 
 
 def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> Plan:
-    """The passes of ``target`` (``facts``: what the manifest says about an in-place block's cache)."""
+    """The passes of ``target`` (``facts``: what the manifest says about the block's cache and mask)."""
     plan: Plan = [
         ("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True, ""),
         ("gathernd_to_gather", lambda m, _: gather.gathernd_to_gather(m), False, ""),
@@ -185,7 +185,7 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
         plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True, ""))
         plan.append(("guard_in_rotary", lambda m, _: guard.guard_in_rotary(m), True, ""))
     if target == "ort-cpu" and not in_place:
-        plan.append(("prefill_over_gqa", prefill.prefill_over_gqa, True, ""))
+        plan.append(("prefill_over_gqa", prefill.prefill_over_gqa, True, prefill.prefill_refusal(facts) or ""))
     if target == "ort-cpu":
         plan.append(("fuse_projections", lambda m, _: projections.fuse_projections(m), False, ""))
     if rope_mode == "fused" and target == "trt":

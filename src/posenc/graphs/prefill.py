@@ -26,7 +26,8 @@ branches. Declined (the block keeps its path, the reason recorded): whatever ONN
 refuses (:mod:`posenc.graphs.op_limits`: head sizes not a multiple of 8, head counts that do not group, a score bias
 broadcast along the queries or keys), activations other than float32 / float16 (the CPU kernel's types), a soft-cap
 together with a score bias (``GroupQueryAttention`` caps after adding the bias), a mask that is neither a boolean
-nor ``bias + Where(mask, 0, -inf)``.
+nor ``bias + Where(mask, 0, -inf)``, and a block its manifest says is bidirectional (an encoder's: the If would
+never take the causal kernel; :func:`prefill_refusal`).
 
 Attention sinks (gpt-oss): the sink fusion gave the ``Attention`` one more key and value of zeros and the sink logits
 as that key's mask column (:mod:`posenc.graphs.attention`). The ``If`` then takes the sinks as
@@ -48,7 +49,7 @@ from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
 from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
-from posenc.graphs.cache import gqa_attributes
+from posenc.graphs.cache import CacheFacts, gqa_attributes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +296,17 @@ def _present_graph(found: _Attention, moved: _Mask | None) -> ir.Graph:
     return ir.Graph([], outputs, nodes=tape.nodes, name="present_attention")
 
 
+def prefill_refusal(facts: CacheFacts | None) -> str | None:
+    """Why no prompt of this block can take ``GroupQueryAttention`` (``None``: some may; the ``If`` decides per
+    call)."""
+    if facts is not None and not facts.causal:
+        return (
+            "the block is bidirectional (an encoder's; causal false in its manifest): GroupQueryAttention attends "
+            "causally, so every prompt keeps ONNX Attention"
+        )
+    return None
+
+
 def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
     """ONNX Runtime CPU: a concatenated-cache block's first prompt through ``GroupQueryAttention``.
 
@@ -315,4 +327,4 @@ def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
     return count
 
 
-__all__ = ["prefill_over_gqa"]
+__all__ = ["prefill_over_gqa", "prefill_refusal"]

@@ -16,6 +16,7 @@ from posenc.checkpoints.families import (  # noqa: F401
     hunyuan,
     llama,
     llama4,
+    modernbert,
     mpt,
     phi,
     phi3,

@@ -10,7 +10,8 @@ a tiny seeded checkpoint per type, the block against the module and the module a
 an alias's module does differently is declared in its :class:`Variant` (which config attribute gives the biases,
 a softmax scale, interleaved pairs, layers without RoPE, q/k norms over the whole projection, attention sinks, an
 output gate and where its weights are, a position-scaled query, options the block cannot express and so refuses).
-Layers that are not softmax attention (Qwen3-Next's Gated DeltaNet ``linear_attention`` layers) are refused.
+Layers that are not softmax attention (Qwen3-Next's Gated DeltaNet ``linear_attention`` layers, LFM3's ``conv``
+layers) are refused.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class Variant:
     gate: str | None = None
     """the module gates its output before ``o_proj``: where the gate's weights are (one of
     :data:`posenc.checkpoints.rotary.GATES`)."""
+    gate_when: str | None = None
+    """config attribute that switches the gate on (LFM3's ``use_attention_gate``); None: always gated."""
     gate_activation: str = "sigmoid"
     """``sigmoid`` (Qwen3-Next, AFMoE) or ``softplus`` (Laguna)."""
     gate_per_head: str | bool = False
@@ -106,6 +109,10 @@ class Variant:
     theta_per_layer: str | None = None
     """config attribute listing each layer's RoPE theta, 0 for a layer without RoPE (Granite SWA's
     ``layer_rope_theta``; its model builds one rotary module per theta)."""
+    module_names: tuple[tuple[str, str], ...] = ()
+    """``(name in the checkpoint, name in the module)`` of tensors transformers' weight conversion renames on load
+    (LFM3 stores its gate as ``self_attn.gate_proj`` and its module calls it ``g_proj``; ``save_pretrained`` writes
+    the stored name back)."""
 
 
 CORE: Mapping[str, Variant] = {
@@ -181,6 +188,8 @@ ALIASES: Mapping[str, Variant] = {
     "afmoe": Variant("Afmoe", "afmoe", qk_norm=True, gate="gate_proj", nope="unless_local"),
     "laguna": Variant("Laguna", "laguna", qk_norm=True, gate="g_proj", gate_activation="softplus",
                       gate_per_head="gating", heads_per_layer="num_attention_heads_per_layer"),
+    "lfm3": Variant("Lfm3", "lfm3", qk_norm=True, gate="gate_proj", gate_per_head=True, gate_when="use_attention_gate",
+                    module_names=(("gate_proj.weight", "g_proj.weight"),)),
     # the query scaled by its position
     "ministral3": Variant("Ministral3", "ministral3", qkv_bias=False, out_bias=False, query_scaling=True),
 }  # fmt: skip
@@ -200,6 +209,13 @@ def _per_head(hf: Any, value: str | bool) -> bool:
     return setting is True or setting == "per-head"
 
 
+def _gate(hf: Any, variant: Variant) -> str | None:
+    """Where the layer's output gate weights are, or None for a layer without a gate."""
+    if variant.gate_when is not None and not getattr(hf, variant.gate_when, False):
+        return None
+    return variant.gate
+
+
 def _features(hf: Any, variant: Variant, layer: int) -> dict[str, Any]:
     """The block options of a layer of ``variant`` (see :class:`Variant`)."""
     features: dict[str, Any] = {"qkv_bias": _flag(hf, variant.qkv_bias), "out_bias": _flag(hf, variant.out_bias)}
@@ -209,7 +225,7 @@ def _features(hf: Any, variant: Variant, layer: int) -> dict[str, Any]:
     if variant.scale is not None:
         features["attn_scale"] = float(getattr(hf, variant.scale))
     features["attention_sinks"] = variant.sinks
-    if variant.gate is not None:
+    if _gate(hf, variant) is not None:
         features.update(output_gate=variant.gate_activation, output_gate_per_head=_per_head(hf, variant.gate_per_head))
     if variant.query_scaling:
         rope = dict(hf.rope_parameters or {})
@@ -237,7 +253,7 @@ def geometry(hf: Any, layer: int, layer_type: str | None) -> LayerPlan:
     rotary.check_layer(layer, int(hf.num_hidden_layers))
     rotary.check_attention_layer(hf, layer)
     plan = rotary.decoder_plan(hf, layer, layer_type, **_features(hf, variant, layer))
-    plan = dataclasses.replace(plan, layout=rotary.layout_tags(variant.gate, variant.norm_plus_one))
+    plan = dataclasses.replace(plan, layout=rotary.layout_tags(_gate(hf, variant), variant.norm_plus_one))
     if variant.nope is not None and NOPE_RULES[variant.nope](hf, plan.layer_type, layer):
         return dataclasses.replace(plan, scheme="nope", params={})
     theta = _layer_theta(hf, variant, layer)
@@ -327,6 +343,8 @@ def reference(
     if theta == 0:
         cls = UnrotatedReference
     config = _with_theta(hf, theta) if theta else hf
+    renamed = dict(variant.module_names)
+    tensors = {renamed.get(name, name): tensor for name, tensor in tensors.items()}
     return cls.build(config, plan, tensors, variant.module, variant.prefix, angles, dtype, None, **arguments)
 
 
