@@ -348,6 +348,20 @@ def gqa_attributes(attention: ir.Node, q: ir.Value, k: ir.Value) -> dict[str, An
     return attributes
 
 
+def attention_pattern(
+    op: Any, q: Any, keys: Any, values: Any, mask: Any, shape: Any, sink: tuple[Any, Any] | None
+) -> Any:
+    """The pattern's tail both cache fusions match (here and :mod:`posenc.graphs.prefill`): with ``sink``
+    (``(zero_k, zero_v)``) the zero slot appended to ``keys`` / ``values`` (the sink fusion's form), ``Attention``,
+    then the head merge ``Reshape(Transpose(att, [0, 2, 1, 3]), shape)``; returns the merged ``[B, S, H·D]`` value."""
+    if sink is not None:
+        keys = op.Concat(keys, sink[0], _allow_other_attributes=True, _outputs=["sink_k"])
+        values = op.Concat(values, sink[1], _allow_other_attributes=True, _outputs=["sink_v"])
+    attention = op.Attention(q, keys, values, mask, _outputs=["att"])
+    heads = op.Transpose(attention, perm=[0, 2, 1, 3])
+    return op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
+
+
 def _rotary(q: ir.Value, k: ir.Value, cache: ir.Value) -> tuple[ir.Node, ir.Node] | None:
     """The two RotaryEmbedding nodes producing q and k when GroupQueryAttention can do their rotation over
     ``cache [B, Hkv, C, D]`` (:func:`posenc.graphs.op_limits.gqa_rotary`)."""
@@ -392,12 +406,7 @@ class _GroupQueryAttention(pattern.RewriteRuleClassBase):
         present_v = op.TensorScatter(value_cache, v, past_length, _allow_other_attributes=True, _outputs=["present_v"])
         keys = op.Slice(present_k, _allow_other_inputs=True, _outputs=["k_slice"])
         values = op.Slice(present_v, _allow_other_inputs=True, _outputs=["v_slice"])
-        if self.sink:
-            keys = op.Concat(keys, zero_k, _allow_other_attributes=True, _outputs=["sink_k"])
-            values = op.Concat(values, zero_v, _allow_other_attributes=True, _outputs=["sink_v"])
-        attention = op.Attention(q, keys, values, mask, _outputs=["att"])
-        heads = op.Transpose(attention, perm=[0, 2, 1, 3])
-        merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
+        merged = attention_pattern(op, q, keys, values, mask, shape, (zero_k, zero_v) if self.sink else None)
         return merged, present_k, present_v
 
     def check(

@@ -49,7 +49,7 @@ from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
 from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
-from posenc.graphs.cache import CacheFacts, gqa_attributes
+from posenc.graphs.cache import CacheFacts, attention_pattern, gqa_attributes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,13 +109,7 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
     def pattern(self, op, q, past_k, k, past_v, v, mask, shape, zero_k, zero_v):
         present_k = op.Concat(past_k, k, _allow_other_attributes=True, _outputs=["present_k"])
         present_v = op.Concat(past_v, v, _allow_other_attributes=True, _outputs=["present_v"])
-        keys, values = present_k, present_v
-        if self.sink:
-            keys = op.Concat(present_k, zero_k, _allow_other_attributes=True, _outputs=["sink_k"])
-            values = op.Concat(present_v, zero_v, _allow_other_attributes=True, _outputs=["sink_v"])
-        attention = op.Attention(q, keys, values, mask, _outputs=["att"])
-        heads = op.Transpose(attention, perm=[0, 2, 1, 3])
-        merged = op.Reshape(heads, shape, _allow_other_attributes=True, _outputs=["merged"])
+        merged = attention_pattern(op, q, present_k, present_v, mask, shape, (zero_k, zero_v) if self.sink else None)
         return merged, present_k, present_v
 
     def _decline(self, result: Any, reason: str, where: Any) -> Any:
