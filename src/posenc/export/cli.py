@@ -100,18 +100,21 @@ def _export_traced(args: argparse.Namespace) -> Any:
     if args.unit != "block":
         raise ConfigError(f"--via trace exports the attention block; drop --unit {args.unit}.")
     return export_traced(
-        args.output,
-        args.hf_model,
-        layer=args.layer,
-        layer_type=args.layer_type,
-        table_mode=args.table_mode,
-        max_positions=args.max_positions,
-        dtype=args.dtype,
-        kv_cache=args.kv_cache,
-        opset=args.opset,
-        position_guard=args.position_guard,
-        rewrite=replace_positions,
+        args.output, args.hf_model, layer=args.layer, rewrite=replace_positions, **_checkpoint_options(args)
     )
+
+
+def _checkpoint_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of a checkpoint's export that ``--via trace`` and ``--layers`` both take from the command line."""
+    return {
+        "layer_type": args.layer_type,
+        "table_mode": args.table_mode,
+        "max_positions": args.max_positions,
+        "dtype": args.dtype,
+        "kv_cache": args.kv_cache,
+        "opset": args.opset,
+        "position_guard": args.position_guard,
+    }
 
 
 def _module(args: argparse.Namespace, kind: UnitKind) -> tuple[Exportable, WeightsSource]:
@@ -161,15 +164,9 @@ def _export_layers(args: argparse.Namespace) -> int:
         args.output,
         args.hf_model,
         args.layers,
-        layer_type=args.layer_type,
-        table_mode=args.table_mode,
-        max_positions=args.max_positions,
-        dtype=args.dtype,
-        kv_cache=args.kv_cache,
-        opset=args.opset,
         optimize=not args.no_optimize,
-        position_guard=args.position_guard,
         cache_capacity=args.cache_capacity,
+        **_checkpoint_options(args),
     )
     index = result.index
     if args.json:
