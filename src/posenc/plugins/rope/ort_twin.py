@@ -124,12 +124,17 @@ def _row_length(opset: int) -> str:
 """
 
 
-_TABLE = """
+def _table_rows(out: str) -> str:
+    """The rows of ``cos_table`` / ``sin_table`` at ``pos``, in float32, as ``cos_{out}`` / ``sin_{out}``."""
+    return f"""
     cos_rows = Gather <axis = 0> (cos_table, pos)
     sin_rows = Gather <axis = 0> (sin_table, pos)
-    cos_f = Cast <to = 1> (cos_rows)
-    sin_f = Cast <to = 1> (sin_rows)
+    cos_{out} = Cast <to = 1> (cos_rows)
+    sin_{out} = Cast <to = 1> (sin_rows)
 """
+
+
+_TABLE = _table_rows("f")
 
 _CACHE = """
     bs_1 = Concat <axis = 0> (batch1, seq1, ax1)
@@ -139,14 +144,19 @@ _CACHE = """
     sin_f = Cast <to = 1> (sin_b)
 """
 
-_FREQ = """
+# The FREQ plugins' ``turns [..., 2, r/2]`` summed over the pair axis (float64) into rows of turns ``sets [N, r/2]``.
+_TURN_SETS = """
     turns_d = Cast <to = 11> (turns)
     axm2 = Constant <value_ints: ints = [-2]> ()
     turns_sum = ReduceSum <keepdims = 0> (turns_d, axm2)
     width = Shape <start = -1> (turns_sum)
     sets_shape = Concat <axis = 0> (minus1, width)
     sets = Reshape (turns_sum, sets_shape)
-    original = Constant <value_int: int = @longrope_original> ()
+"""
+
+_FREQ = (
+    _TURN_SETS
+    + """    original = Constant <value_int: int = @longrope_original> ()
     long_row = Greater (length, original)
     switching = Greater (original, zero)
     use_long = And (long_row, switching)
@@ -154,6 +164,7 @@ _FREQ = """
     row_turns = Gather <axis = 0> (sets, set_index)
     factor_f = Constant <value_float: float = @attention_factor> ()
 """
+)
 
 
 class _Symbol:
@@ -244,11 +255,12 @@ _NTK = (
 """
 )
 
-_ANGLES_FROM_TURNS = """
-    pos_d = Cast <to = 11> (pos)
-    pos_col = Unsqueeze (pos_d, ax2)
-    turns_row = Unsqueeze (row_turns, ax1)
-    angle_turns = Mul (pos_col, turns_row)
+
+def _angles(turns: str, out: str) -> str:
+    """``cos_{out}`` / ``sin_{out}`` (float32, times ``factor_f``) of ``pos_col · turns``: the angle in turns
+    (float64) keeps its fraction only, so float32 radians stay exact at large positions."""
+    return f"""
+    angle_turns = Mul (pos_col, {turns})
     whole = Floor (angle_turns)
     frac_d = Sub (angle_turns, whole)
     frac_f = Cast <to = 1> (frac_d)
@@ -256,9 +268,16 @@ _ANGLES_FROM_TURNS = """
     radians = Mul (frac_f, two_pi)
     cos_raw = Cos (radians)
     sin_raw = Sin (radians)
-    cos_f = Mul (cos_raw, factor_f)
-    sin_f = Mul (sin_raw, factor_f)
+    cos_{out} = Mul (cos_raw, factor_f)
+    sin_{out} = Mul (sin_raw, factor_f)
 """
+
+
+_ANGLES_FROM_TURNS = """
+    pos_d = Cast <to = 11> (pos)
+    pos_col = Unsqueeze (pos_d, ax2)
+    turns_row = Unsqueeze (row_turns, ax1)
+""" + _angles("turns_row", "f")
 
 # Gather-based rotation, the same for both layouts: y = x * cos[Q] + x[P] * sin[Q] * sign, where for half
 # Q = j mod r/2, P = (j + r/2) mod r, sign = -1 for j < r/2; for interleaved Q = j // 2, P = j xor 1,
@@ -336,35 +355,17 @@ _MULTI_POSITIONS = """
     pos = Expand (pos64, abs_)
 """
 
-_MULTI_FREQ = """
-    turns_d = Cast <to = 11> (turns)
-    axm2 = Constant <value_ints: ints = [-2]> ()
-    turns_sum = ReduceSum <keepdims = 0> (turns_d, axm2)
-    width = Shape <start = -1> (turns_sum)
-    sets_shape = Concat <axis = 0> (minus1, width)
-    sets = Reshape (turns_sum, sets_shape)
-    row_turns = Gather <axis = 0> (sets, zero)
+_MULTI_FREQ = (
+    _TURN_SETS
+    + """    row_turns = Gather <axis = 0> (sets, zero)
     pos_d = Cast <to = 11> (pos)
     pos_col = Unsqueeze (pos_d, minus1)
-    angle_turns = Mul (pos_col, row_turns)
-    whole = Floor (angle_turns)
-    frac_d = Sub (angle_turns, whole)
-    frac_f = Cast <to = 1> (frac_d)
-    two_pi = Constant <value_float: float = 6.2831853071795862> ()
-    radians = Mul (frac_f, two_pi)
     factor_f = Constant <value_float: float = @attention_factor> ()
-    cos_raw = Cos (radians)
-    sin_raw = Sin (radians)
-    cos_axes = Mul (cos_raw, factor_f)
-    sin_axes = Mul (sin_raw, factor_f)
 """
+    + _angles("row_turns", "axes")
+)
 
-_MULTI_TABLE = """
-    cos_rows = Gather <axis = 0> (cos_table, pos)
-    sin_rows = Gather <axis = 0> (sin_table, pos)
-    cos_axes = Cast <to = 1> (cos_rows)
-    sin_axes = Cast <to = 1> (sin_rows)
-"""
+_MULTI_TABLE = _table_rows("axes")
 
 _SELECT_AXES = """
     three = Constant <value_int: int = 3> ()
