@@ -504,10 +504,16 @@ def gqa_over_cache(model: ir.Model, declined: list[str] | None = None) -> int:
     Returns:
         The number of attentions replaced.
     """
+    return apply_with_sink(model, _GroupQueryAttention, declined)
+
+
+def apply_with_sink(model: ir.Model, rule: Any, declined: list[str] | None) -> int:
+    """Apply a cache fusion's rule class (its ``rule(declined, sink=...)``) in both forms, plain and with the sink
+    fusion's zero slot, after a cleanup; a model it rewrote imports the ``com.microsoft`` domain. Returns the count."""
     fold.cleanup(model)
     collected = declined if declined is not None else []
-    rules = [_GroupQueryAttention.rule(collected), _GroupQueryAttention.rule(collected, sink=True)]
-    count = pattern.RewriteRuleSet(rules).apply_to_model(model)
+    rules = [rule.rule(collected), rule.rule(collected, sink=True)]
+    count = int(pattern.RewriteRuleSet(rules).apply_to_model(model))
     if count:
         model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
     return count

@@ -49,7 +49,7 @@ from posenc.graphs import fold
 from posenc.graphs import match_utils as mu
 from posenc.graphs import op_limits as limits
 from posenc.graphs.attention import SinkMask, head_sink_refusal, is_zero_slot
-from posenc.graphs.cache import CacheFacts, attention_pattern, gqa_attributes
+from posenc.graphs.cache import CacheFacts, apply_with_sink, attention_pattern, gqa_attributes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,12 +311,8 @@ def prefill_over_gqa(model: ir.Model, declined: list[str] | None = None) -> int:
     Returns:
         The number of attentions given the prefill branch.
     """
-    fold.cleanup(model)
-    collected = declined if declined is not None else []
-    rules = [_PrefillOverGQA.rule(collected), _PrefillOverGQA.rule(collected, sink=True)]
-    count = pattern.RewriteRuleSet(rules).apply_to_model(model)
+    count = apply_with_sink(model, _PrefillOverGQA, declined)
     if count:
-        model.opset_imports.setdefault(mu.MS_DOMAIN, 1)
         fold.cleanup(model)  # the head splits now rebuilt inside the branch
     return count
 
