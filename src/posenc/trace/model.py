@@ -23,8 +23,6 @@ from posenc.trace.stacks import (
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
-
-
 LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
 """``layer_types`` entries of layers without softmax attention."""
 
