@@ -98,7 +98,7 @@ def test_parity_failure_writes_nothing(exported, monkeypatch) -> None:
         return 1
 
     monkeypatch.setattr(optimize_module.rope, "fuse_partial_rope", lambda model: 0)
-    monkeypatch.setattr(optimize_module.rope, "rope_for_tensorrt", wrong)
+    monkeypatch.setattr(optimize_module.rope_layouts, "rope_for_tensorrt", wrong)
     out = exported.with_name("bad.onnx")
     with pytest.raises(ParityError, match="differs from the original"):
         optimize_file(exported, out, "trt", check=check_ort_parity)

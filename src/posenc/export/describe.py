@@ -127,7 +127,7 @@ def source_info(inner: nn.Module) -> SourceRecord:
 
     root = Path(posenc.__file__).parent
     classes = {type(m) for m in inner.modules()}
-    files = {root / "functional.py", root / "blocks.py", root / "schemes" / "base.py"}
+    files = {*(root / "functional").glob("*.py"), *(root / "blocks").glob("*.py"), root / "schemes" / "base.py"}
     for cls in classes:
         with contextlib.suppress(TypeError, OSError):
             source = Path(inspect.getsourcefile(cls) or "")

@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "ROPE_MODES": "posenc.graphs.choices",
     "TARGETS": "posenc.graphs.choices",
     "cleanup": "posenc.graphs.fold",
-    "convert_contrib_rope": "posenc.graphs.rope",
+    "convert_contrib_rope": "posenc.graphs.rope_contrib",
     "fold_causal_into_mask": "posenc.graphs.attention",
     "fold_constants": "posenc.graphs.fold",
     "fuse_attention": "posenc.graphs.attention",
@@ -44,8 +44,8 @@ _EXPORTS: dict[str, str] = {
     "load_model": "posenc.graphs.model_io",
     "optimize_file": "posenc.graphs.optimize",
     "optimize_model": "posenc.graphs.optimize",
-    "rope_for_tensorrt": "posenc.graphs.rope",
-    "rope_to_3d": "posenc.graphs.rope",
+    "rope_for_tensorrt": "posenc.graphs.rope_layouts",
+    "rope_to_3d": "posenc.graphs.rope_layouts",
     "save_model": "posenc.graphs.model_io",
 }
 

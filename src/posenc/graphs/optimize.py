@@ -52,7 +52,20 @@ from posenc.export.eager import check_graph_tables
 from posenc.export.external import link_existing
 from posenc.export.manifest import Manifest, OptimizedRecord, OutputDrift, PassRecord
 from posenc.export.screen import unknown_ops
-from posenc.graphs import attention, cache, fold, gather, guard, model_io, prefill, projected_tables, projections, rope
+from posenc.graphs import (
+    attention,
+    cache,
+    fold,
+    gather,
+    guard,
+    model_io,
+    prefill,
+    projected_tables,
+    projections,
+    rope,
+    rope_contrib,
+    rope_layouts,
+)
 from posenc.graphs import match_utils as mu
 from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
@@ -154,7 +167,7 @@ Plan = list[tuple[str, Pass, bool, str]]
 def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> Plan:
     """The passes of ``target`` (``facts``: what the manifest says about the block's cache and mask)."""
     plan: Plan = [
-        ("convert_contrib_rope", lambda m, _: rope.convert_contrib_rope(m), True, ""),
+        ("convert_contrib_rope", lambda m, _: rope_contrib.convert_contrib_rope(m), True, ""),
         ("gathernd_to_gather", lambda m, _: gather.gathernd_to_gather(m), False, ""),
         ("project_tables", lambda m, _: projected_tables.project_tables(m), False, ""),
     ]
@@ -182,14 +195,14 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
     if in_place and target == "ort-cuda":
         plan.append(("gqa_over_cache", cache.gqa_over_cache, True, gqa_refusal(facts) or ""))
     if rope_mode == "fused" and target == "ort-cpu":
-        plan.append(("rope_to_3d", lambda m, _: rope.rope_to_3d(m), True, ""))
+        plan.append(("rope_to_3d", lambda m, _: rope_layouts.rope_to_3d(m), True, ""))
         plan.append(("guard_in_rotary", lambda m, _: guard.guard_in_rotary(m), True, ""))
     if target == "ort-cpu" and not in_place:
         plan.append(("prefill_over_gqa", prefill.prefill_over_gqa, True, prefill.prefill_refusal(facts) or ""))
     if target == "ort-cpu":
         plan.append(("fuse_projections", lambda m, _: projections.fuse_projections(m), False, ""))
     if rope_mode == "fused" and target == "trt":
-        plan.append(("rope_for_tensorrt", lambda m, _: rope.rope_for_tensorrt(m), True, ""))
+        plan.append(("rope_for_tensorrt", lambda m, _: rope_layouts.rope_for_tensorrt(m), True, ""))
     if target == "trt":
         plan.append(("fold_causal_into_mask", lambda m, _: attention.fold_causal_into_mask(m), True, ""))
     if rope_mode == "plugin":

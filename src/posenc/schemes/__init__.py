@@ -44,4 +44,4 @@ __all__ = [
 ]
 
 # Family modules register their schemes on import (through posenc.schemes.registry).
-from posenc.schemes import absolute, alibi, deberta, nope, relative, rope, t5, tupe  # noqa: F401
+from posenc.schemes import absolute, alibi, deberta, nope, relative, rerope, rope, rope_linear, t5, tupe  # noqa: F401

@@ -23,8 +23,10 @@ from posenc.config import AttentionConfig, from_hf_config
 from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
-from posenc.trace.capture import Captured, build_base_model, drop_token_table, quiet_transformers
+from posenc.trace.capture import Captured
+from posenc.trace.embedding import drop_token_table
 from posenc.trace.layouts import match_layout, probe_positions
+from posenc.trace.model import build_base_model, quiet_transformers
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, ModuleRef, TracePart, TraceRecord
 from posenc.trace.stacks import stack_context, stack_of, stack_view

@@ -1,0 +1,247 @@
+"""The capture forward and what it records: every module's call, and the recipes that rebuild them.
+
+:func:`_record_calls` hooks every module of the base model (the attention's forward hook stops the forward with
+:class:`_Stop`); :func:`_run_forward` runs a short forward; :func:`_recipe`, :func:`_rotary_recipe` and
+:func:`_mask_recipe` turn the recorded calls of the attention, its rotary module and its mask into
+:class:`~posenc.trace.record.CallRecipe` / :class:`~posenc.trace.record.MaskRecipe` (every argument classified by
+:mod:`posenc.trace.arguments`). Used by :mod:`posenc.trace.capture`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.reference import attention_mask
+from posenc.errors import ExportError
+from posenc.trace.arguments import classify, keep
+from posenc.trace.record import CallRecipe, MaskRecipe
+from posenc.trace.stacks import (
+    stack_inputs,
+)
+
+CAPTURE_TOKENS = 8
+"""Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
+
+
+class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """Raised by the capture hook after the layer's attention ran: the rest of the forward is not needed."""
+
+
+@dataclasses.dataclass
+class Call:
+    """One recorded module call: its positional and keyword arguments and its output; ``later``: the module's
+    later calls in the same forward (a rotary module called once per layer type: ModernBERT, LFM3)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    output: Any = None
+    later: list[Call] = dataclasses.field(default_factory=list)
+
+    def every(self) -> list[Call]:
+        """This call and the module's later ones, in order."""
+        return [self, *self.later]
+
+
+@contextlib.contextmanager
+def _hooks(handles: list[Any]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple[dict[str, Call], list[Any]]:
+    """Hooks that record every module's call (until the attention's) and the attention's own; the attention's
+    forward hook stops the forward with :class:`_Stop`."""
+    calls: dict[str, Call] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if module is attention or not name:
+            continue
+
+        def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = name) -> None:
+            call = Call(args, dict(kwargs))
+            if name in calls:
+                calls[name].later.append(call)
+            else:
+                calls[name] = call
+
+        def post(mod: nn.Module, args: tuple, kwargs: dict, output: Any, name: str = name) -> None:
+            pending = [call for call in calls[name].every() if call.output is None] if name in calls else []
+            if pending:
+                pending[-1].output = output
+
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+
+    def attention_pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        target.args, target.kwargs = args, dict(kwargs)
+
+    def attention_post(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        target.output = output
+        raise _Stop
+
+    handles.append(attention.register_forward_pre_hook(attention_pre, with_kwargs=True))
+    handles.append(attention.register_forward_hook(attention_post, with_kwargs=True))
+    return calls, handles
+
+
+def _run_forward(
+    model: nn.Module, hf: Any, tokens: int, runner: nn.Module | None = None, cache: bool = True
+) -> torch.Tensor:
+    """Run the base model (or ``runner``, one stack of it; ``cache``: ask it for a KV cache) on ``tokens`` token
+    ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
+    vocab = int(getattr(hf, "vocab_size", None) or 32)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
+    positions = torch.arange(tokens).unsqueeze(0)
+    features = stack_inputs(runner, hf, tokens) if runner is not None else []
+    attempts = features or [
+        {"input_ids": ids, "position_ids": positions, "use_cache": True},
+        {"input_ids": ids, "use_cache": True},
+        {"input_ids": ids},
+    ]
+    if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
+        attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
+    last: Exception | None = None
+    for number, kwargs in enumerate(attempts):
+        try:
+            with torch.no_grad():
+                (runner or model)(**kwargs)
+        except _Stop:
+            return positions
+        except Exception as exc:
+            # a forward without position_ids / use_cache; a speech encoder's features in another layout
+            next_layout = bool(features) and isinstance(exc, RuntimeError) and number + 1 < len(attempts)
+            if isinstance(exc, TypeError) or next_layout:
+                last = exc
+                continue
+            raise ExportError(
+                f"the {hf.model_type} model's forward failed before layer's attention ran "
+                f"({type(exc).__name__}: {str(exc)[:300]}); posenc cannot capture how it calls its attention."
+            ) from None
+        break
+    raise ExportError(
+        f"the {hf.model_type} model's forward never called the layer's attention module"
+        + (f" ({last})" if last else "")
+        + "; posenc cannot capture how it calls it."
+    )
+
+
+def _attended_positions(target: Call, hidden_key: str | None, positions: torch.Tensor) -> torch.Tensor:
+    """The positions of the attention's input: ``positions``, or ``0 .. T - 1`` where a speech encoder's attention
+    sees ``T`` frames of its features rather than the capture's tokens."""
+    hidden = target.kwargs.get(hidden_key) if hidden_key else (target.args[0] if target.args else None)
+    if torch.is_tensor(hidden) and hidden.dim() == 3 and hidden.shape[1] != positions.shape[1]:
+        return torch.arange(hidden.shape[1]).unsqueeze(0)
+    return positions
+
+
+def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, Call] | None:
+    """The module whose output holds the tensors of ``value`` (the last-named, innermost one) and the call of it that
+    returned them (a module called several times returns other tensors each time)."""
+    found = None
+    for name, first in calls.items():
+        for call in first.every():
+            out = call.output
+            items = out if isinstance(out, (tuple, list)) else (out,)
+            if all(any(v is item for item in items) for v in value if torch.is_tensor(v)):
+                found = (name, call)
+    return found
+
+
+def _recipe(
+    call: Call,
+    positions: torch.Tensor,
+    calls: Mapping[str, Call],
+    cache_class: type,
+    hidden_key: str | None,
+    names: list[str],
+) -> tuple[CallRecipe, tuple[str, Call] | None]:
+    """The attention's :class:`CallRecipe` and the module that computed its position embeddings (its path and the
+    call that returned them); ``names``: the forward's parameter names (a positional argument is classified, and
+    named in errors, by its parameter's name: GIT's and VisualBERT's masks are passed positionally)."""
+    hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
+    rotary = None
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    positional = []
+    items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
+    for key, value in items:
+        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
+        index = int(key[1:]) if key.startswith("#") else -1
+        name = names[index] if 0 <= index < len(names) else key
+        kind = classify(name, value, positions, hidden, cache_class, producer is not None)
+        if kind == "position_embeddings":
+            rotary = producer
+        keep(constants, key, kind, value)
+        if key.startswith("#"):
+            positional.append(kind)
+        else:
+            keywords[key] = kind
+    return CallRecipe(tuple(positional), keywords, constants), rotary
+
+
+def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:
+    positional: list[str] = []
+    keywords: dict[str, str] = {}
+    constants: dict[str, Any] = {}
+    for key, value in [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items()):
+        if torch.is_tensor(value) and value.is_floating_point():
+            kind = "hidden"  # the rotary module reads only its dtype and device
+        else:
+            kind = classify(key, value, positions, None, cache_class, False)
+        keep(constants, key, kind, value)
+        (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
+    return CallRecipe(tuple(positional), keywords, constants)
+
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _mask_recipe(
+    mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor, causal_without: bool = True
+) -> MaskRecipe:
+    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not);
+    ``causal_without``: whether the attention is causal when the model passes no mask."""
+    if mask is None:
+        return MaskRecipe("none", causal=causal_without)
+    if not torch.is_tensor(mask) or mask.dim() != 4:
+        raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
+    kind = "bool" if mask.dtype == torch.bool else "additive"
+    allowed = mask if kind == "bool" else mask > torch.finfo(mask.dtype).min / 2
+    if allowed.shape[-2] == 1 and bool(allowed.all()):  # a padding mask [B, 1, 1, K] hiding no key
+        return MaskRecipe(kind, causal=False)
+    windows: list[int | None] = [None]
+    for name in ("sliding_window", "attention_window", "local_attention", "window_size"):
+        value = getattr(hf, name, None)
+        if isinstance(value, int) and value > 0:
+            windows += [value, value + 1, value // 2]
+    if layer_type is not None and "sliding" in layer_type:
+        windows = [w for w in windows if w is not None] + [None]
+    for causal in (True, False):
+        for window in windows:
+            rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : allowed.shape[-1]] == 0
+            if rebuilt.shape[-2:] == allowed.shape[-2:] and torch.equal(rebuilt.expand_as(allowed), allowed):
+                return MaskRecipe(kind, causal=causal, window=window)
+    raise ExportError(
+        f"cannot rebuild the mask this {hf.model_type} model gives layer's attention from positions (tried causal and "
+        f"bidirectional, with and without its sliding window); this model's attention cannot be traced yet."
+    )
+
+
+def _capture_tokens(hf: Any) -> int:
+    windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
+    small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
+    return max([CAPTURE_TOKENS, *[w + 3 for w in small]])
+
+
+__all__ = ["CAPTURE_TOKENS", "Call"]

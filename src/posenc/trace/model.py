@@ -1,0 +1,196 @@
+"""The base model a capture runs, and the layer's attention in it.
+
+:func:`build_base_model` builds a checkpoint's base model with transformers from its config (layers ``0 .. N`` only,
+eager attention, seeded random weights); :func:`layer_list` and :func:`attention_child` find layer N's self-attention
+module in it; :func:`default_layer` picks the layer from ``layer_types``. Used by :mod:`posenc.trace.capture`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.checkpoints.reference import import_transformers
+from posenc.errors import ConfigError
+from posenc.trace.stacks import (
+    cut_stack,
+)
+
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
+"""Child names under which decoder layers hold their attention module (tried first, in order)."""
+LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
+"""``layer_types`` entries of layers without softmax attention."""
+
+
+def class_path(module: Any) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def layer_count(hf: Any) -> int:
+    count = getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None) or getattr(hf, "num_layers", None)
+    if not isinstance(count, int) or count < 1:
+        raise ConfigError(
+            f"the {hf.model_type} config names no layer count (num_hidden_layers); posenc traces decoder layers."
+        )
+    return count
+
+
+def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention; of an
+    encoder-decoder's ``stack``, the first ``layers`` of that stack (:func:`posenc.trace.stacks.cut_stack`).
+
+    The capture runs layers ``0 .. N``; a model's later layers are never built.
+    """
+    reduced = copy.deepcopy(hf)
+    if stack is not None:
+        cut_stack(reduced, stack, layers)
+        reduced._attn_implementation = "eager"
+        return reduced
+    total = layer_count(hf)
+    if layers < total:
+        for name in ("num_hidden_layers", "n_layer", "num_layers"):
+            if isinstance(getattr(reduced, name, None), int):
+                setattr(reduced, name, layers)
+        for name, value in list(vars(reduced).items()):
+            if isinstance(value, list) and len(value) == total and not name.startswith("_"):
+                setattr(reduced, name, value[:layers])
+    reduced._attn_implementation = "eager"
+    return reduced
+
+
+def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str | None = None) -> nn.Module:
+    """The base model of ``hf`` (transformers ``AutoModel``, else the class its ``architectures`` names: a text tower
+    such as ``SiglipTextModel``; ``model_class`` alone where given: a wrapper's text tower, as the wrapper builds it)
+    with its first ``layers`` layers, seeded random weights (only the capture call runs on them), eval mode; of an
+    encoder-decoder, ``layers`` layers of ``stack``.
+
+    Raises:
+        ConfigError: transformers has no model class for this config.
+    """
+    transformers = import_transformers()
+    configs = [reduced_config(hf, layers, stack)]
+    if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
+        configs.append(copy.deepcopy(hf))
+        configs[-1]._attn_implementation = "eager"
+    if model_class is not None:
+        builders = [model_class._from_config]
+    else:
+        builders = [transformers.AutoModel.from_config]
+        for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+            found = getattr(transformers, str(name), None)
+            if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+                named: Any = found
+                builders.append(named._from_config)
+    first: Exception | None = None
+    for config in configs:
+        for build in builders:
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    return build(config, attn_implementation="eager").eval()
+            except (ValueError, KeyError, TypeError) as exc:
+                first = first or exc
+    raise ConfigError(
+        f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
+        f"({str(first)[:200]}); posenc traces models transformers can build."
+    )
+
+
+def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
+    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules)."""
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+    found.sort(key=lambda item: (item[0].split(".")[-1] not in ("layers", "h", "layer", "blocks"), len(item[0])))
+    if not found:
+        raise ConfigError(f"cannot find the {count} decoder layers of {type(model).__name__}; posenc cannot trace it.")
+    return found[0]
+
+
+def _is_attention(name: str, module: nn.Module) -> bool:
+    cls = type(module).__name__
+    if "cross" in name.lower() or "encoder_attn" in name.lower() or "Cross" in cls:
+        return False
+    after = cls.split("Attention")[-1]  # a norm after attention (AttentionNorm), not a pre-norm model's attention
+    return "Attention" in cls and "Norm" not in after and "Rotary" not in cls
+
+
+def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The layer's self-attention module ``(child name, module)``, or None (a layer without attention)."""
+    children = dict(layer_module.named_children())
+    for name in ATTENTION_NAMES:
+        if name in children and _is_attention(name, children[name]):
+            return name, children[name]
+    for name, child in children.items():
+        if _is_attention(name, child):
+            return name, child
+    return None
+
+
+def attention_layers(hf: Any) -> list[int] | None:
+    """Layers with softmax attention according to ``layer_types`` (None: the config does not say)."""
+    kinds = getattr(hf, "layer_types", None)
+    if not kinds:
+        return None
+    return [i for i, kind in enumerate(kinds) if not any(word in str(kind) for word in LINEAR_KINDS)]
+
+
+def no_attention_error(hf: Any, layer: int, layer_module: nn.Module) -> ConfigError:
+    held = ", ".join(f"{type(child).__name__} ({name})" for name, child in layer_module.named_children())
+    with_attention = attention_layers(hf)
+    where = f"; layers with attention: {with_attention[:12]}" if with_attention else ""
+    return ConfigError(
+        f"layer {layer} of this {hf.model_type} model has no softmax attention (it holds {held}){where}. "
+        f"Pass --layer N of a layer with attention."
+    )
+
+
+def default_layer(hf: Any, layer_type: str | None) -> int:
+    """The first layer of ``layer_type`` (or the first with attention when the config lists layer types)."""
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    if layer_type is not None:
+        if layer_type not in kinds:
+            raise ConfigError(
+                f"this {hf.model_type} model has no layer type {layer_type!r}"
+                + (f"; its layer types are {sorted(set(kinds))}." if kinds else "; it has one layer type.")
+            )
+        return kinds.index(layer_type)
+    with_attention = attention_layers(hf)
+    return with_attention[0] if with_attention else 0
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (config consistency notes, slow-kernel fallbacks) silenced while posenc builds and runs
+    a model it only captures a call from."""
+    import warnings
+
+    logging = import_transformers().logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(level)
+
+
+__all__ = [
+    "ATTENTION_NAMES",
+    "LINEAR_KINDS",
+    "attention_child",
+    "attention_layers",
+    "build_base_model",
+    "class_path",
+    "default_layer",
+    "layer_count",
+    "layer_list",
+    "no_attention_error",
+    "quiet_transformers",
+    "reduced_config",
+]
