@@ -1,7 +1,6 @@
 """Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
-fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph. Schemes
-outside ``tests.matrix.ONE_PER_PLACEMENT`` build only their fused fp16 block in make test; their decomposed graphs
-and their fused fp32 op in make test-slow.
+fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph; the
+decomposed graphs of schemes outside ``tests.matrix.ONE_PER_PLACEMENT`` in make test-slow.
 The other dtype of each unit is built by scripts/gpu_check.py (``--rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
@@ -53,14 +52,11 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
 
 
 def _engine_case(case: MatrixCase) -> object:
-    """The fused fp16 block (what `posenc optimize --target trt` hands TensorRT, in the unit people deploy) of every
-    scheme builds in make test. Of schemes outside :data:`ONE_PER_PLACEMENT`, make test-slow builds the decomposed
-    export (it builds the same ops as the representative of its placement, and took 70 % of this matrix's time) and
-    the fused fp32 op: its positional nodes are the ones the fused fp16 block of the same scheme builds in make test
-    (with the same ROTARY_EMBEDDING count for q/k schemes), in another dtype, and fp32 ops build for one scheme per
-    placement here."""
+    """The fused graph (what `posenc optimize --target trt` hands TensorRT) of every scheme builds in make test; the
+    decomposed export of schemes outside :data:`ONE_PER_PLACEMENT` in make test-slow (it builds the same ops as the
+    representative of its placement, and took 70 % of this matrix's time)."""
     param = slow_if_same_graph(case)
-    if case.scheme not in ONE_PER_PLACEMENT and (case.graph == "decomposed" or case.unit == "op"):
+    if case.graph == "decomposed" and case.scheme not in ONE_PER_PLACEMENT:
         return pytest.param(case, id=case.id, marks=[pytest.mark.slow])
     return param
 
