@@ -8,6 +8,7 @@ at short positions, decode steps with a cache, and positions near the context le
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -42,9 +43,45 @@ graph without the window, in the slow run (tests/checkpoints/test_modernbert.py 
 whole model)."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(SAMPLES)])
-def test_sample_layer_matches_its_transformers_module(name: str, export_cache: Path) -> None:
+BOTH_MODES = {
+    "llama",  # rope (half rotation)
+    "gptj",  # rope, interleaved partial rotation
+    "llama4-rope",  # complex rope
+    "qwen2-yarn",  # YaRN: the dynamic graph multiplies by the attention factor
+    "phi3-longrope",  # LongRoPE: short/long factors picked in the graph
+    "qwen2-vl",  # M-RoPE: sections over three position axes
+    "deepseek-v3",  # multi-head latent attention, YaRN mscale
+    "bloom",  # ALiBi slopes
+    "t5-decoder",  # T5 buckets, with a decode cache
+    "deberta-v2-shared",  # DeBERTa log buckets, c2p+p2c
+    "marian-decoder",  # sinusoidal table
+}
+"""Samples whose second table mode (``dynamic``: the graph computes its tables) runs in the default run: one per way
+of computing the tables in the graph. The other samples' second table mode computes its tables the same way as one of
+these (same scheme and rotation layout, other constants or attention options that do not depend on the table mode:
+windows, soft caps, q/k norms, biases), so it runs in the slow run only; their first table mode stays here."""
+
+
+def _cases() -> list:
+    cases = []
+    for name in sorted(SAMPLES):
+        for index, mode in enumerate(SAMPLES[name].table_modes):
+            slow = name in SLOW or (index > 0 and name not in BOTH_MODES)
+            cases.append(pytest.param(name, mode, marks=[pytest.mark.slow] if slow else [], id=f"{name}-{mode}"))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "mode"), _cases())
+def test_sample_layer_matches_its_transformers_module(name: str, mode: str, export_cache: Path) -> None:
     case = sample_case(
         name, export_cache
     )  # built and exported once per session (tests/checkpoints/test_sample_targets.py optimizes them)
+    case = dataclasses.replace(case, table_modes=(mode,))
     assert check_case(case, case.folder.parent)  # check_case asserts every claim and returns the measured errors
+
+
+def test_every_sample_and_table_mode_is_in_the_matrix() -> None:
+    assert set(SAMPLES) - SLOW >= BOTH_MODES
+    ids = {param.id for param in _cases()}
+    assert ids == {f"{name}-{mode}" for name, sample in SAMPLES.items() for mode in sample.table_modes}
+    assert {param.values[0] for param in _cases() if not param.marks} == set(SAMPLES) - SLOW
