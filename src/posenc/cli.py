@@ -26,7 +26,8 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from posenc import __version__
-from posenc.cli_args import PosencParser, add
+from posenc.cli_args import add
+from posenc.cli_parser import PosencParser
 from posenc.errors import PosencError
 
 if TYPE_CHECKING:  # annotations only: `posenc --help` loads neither onnx nor ONNX Runtime
@@ -133,7 +134,7 @@ def optimize_parity_check(before: bytes, after: bytes, info: ModelInfo) -> dict[
     Composed here because ``posenc.graphs`` sits below ``posenc.validate`` and does not import it; imported on
     use so that ``posenc --help`` does not load ONNX Runtime or polygraphy.
     """
-    from posenc.validate.compare import check_ort_parity
+    from posenc.validate.optimize_check import check_ort_parity
 
     return check_ort_parity(before, after, info)
 

@@ -23,7 +23,7 @@ Paths given on the command line are never empty (:func:`path_arg`); what they po
 ==========  ======================================================================================================
 
 Old spellings (``bench --heads``, ``validate --json FILE``, ``--shape b=4,s=128``, ...) still parse for one
-release, hidden from ``--help``, each with a deprecation note on stderr.
+release, hidden from ``--help``, each with a deprecation note on stderr (the machinery: :mod:`posenc.cli_parser`).
 
 This module imports only :mod:`posenc.errors`, :mod:`posenc.config`, :mod:`posenc.artifacts.paths` and
 :mod:`posenc.export` (the unit names; the shape type), so the ``cli.py`` of every layer may use it. Those that need
@@ -38,9 +38,10 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from posenc.artifacts.paths import input_file, output_path
+from posenc.cli_parser import deprecation_note
 from posenc.errors import ConfigError
 from posenc.export.kinds import KV_CACHES, UNITS
 from posenc.export.shapes import Shape, parse_named_shape
@@ -57,11 +58,6 @@ _DTYPE_SPELLINGS = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16"
                     "bfloat16": "bf16"}  # fmt: skip
 TABLE_MODES: tuple[str, ...] = ("precomputed", "dynamic")
 SHAPE_SYNTAX = "B,S[,P][@START]"
-
-
-def deprecation_note(text: str, prog: str = "posenc") -> None:
-    """Tell the user on stderr that an old spelling still works for now, and what to write instead."""
-    print(f"{prog}: warning: {text}", file=sys.stderr)
 
 
 def dtype_arg(text: str) -> str:
@@ -394,128 +390,18 @@ def geometry_given(args: argparse.Namespace) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-class DeprecatedAlias(argparse.Action):
-    """An old spelling hidden from ``--help``: stores like the option it stands for, after a note on stderr."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, *, use: str, append: bool = False, **kwargs: Any):
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
-        self.use = use
-        self.append = append
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        deprecation_note(f"{option_string} is deprecated and goes in the next release; use {self.use}.", parser.prog)
-        if self.append:
-            values = [*(getattr(namespace, self.dest, None) or []), values]
-        setattr(namespace, self.dest, values)
-
-
-def add_alias(
-    target: argparse._ActionsContainer, flag: str, dest: str, *, use: str, append: bool = False, **kwargs: Any
-) -> argparse.Action:
-    """Keep ``flag`` working as a hidden spelling of the option stored in ``dest`` (``use`` names the new one)."""
-    return target.add_argument(flag, dest=dest, action=DeprecatedAlias, use=use, append=append, **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class OldValueSpelling:
-    """An old ``FLAG VALUE`` pair whose new spelling argparse cannot express as an alias (rewritten before parsing).
-
-    Attributes:
-        flag: the option string, e.g. ``--json``.
-        matches: whether the value that follows is the old use (e.g. a file name after ``--json``).
-        rewrite: the new tokens for the value.
-        note: the deprecation note.
-    """
-
-    flag: str
-    matches: Callable[[str], bool]
-    rewrite: Callable[[str], list[str]]
-    note: str
-
-
-class PosencParser(argparse.ArgumentParser):
-    """argparse with posenc's conventions.
-
-    Usage errors are one line on stderr, ``posenc CMD: error: ...``, with exit status 2; old ``FLAG VALUE``
-    spellings registered with :meth:`keep_old_value_spelling` are rewritten (with a note) before parsing.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.old_value_spellings: list[OldValueSpelling] = []
-
-    def keep_old_value_spelling(self, spelling: OldValueSpelling) -> None:
-        self.old_value_spellings.append(spelling)
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-    def parse_known_args(  # type: ignore[override]  # narrower than argparse's overloads
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        if args is not None and self.old_value_spellings:
-            args = self._rewrite_old_spellings(list(args))
-        return super().parse_known_args(args, namespace)
-
-    def parse_args(  # type: ignore[override]  # narrower than argparse's overloads
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> argparse.Namespace:
-        """As argparse's, but unrecognized arguments are reported by the subcommand that was given them."""
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            self._owner(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed
-
-    def _owner(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                chosen = getattr(parsed, action.dest, None)
-                return action.choices.get(chosen, self) if isinstance(chosen, str) else self
-        return self
-
-    def _rewrite_old_spellings(self, args: list[str]) -> list[str]:
-        out: list[str] = []
-        index = 0
-        while index < len(args):
-            token = args[index]
-            if token == "--":  # the rest is positional
-                return out + args[index:]
-            flag, eq, inline = token.partition("=")
-            spelling = next((s for s in self.old_value_spellings if s.flag == flag), None)
-            value = inline if eq else (args[index + 1] if index + 1 < len(args) else None)
-            if spelling is None or value is None or not spelling.matches(value):
-                out.append(token)
-                index += 1
-                continue
-            deprecation_note(spelling.note, self.prog)
-            out += spelling.rewrite(value)
-            index += 1 if eq else 2
-        return out
-
-
 __all__ = [
     "DTYPES",
     "GEOMETRY",
     "OPTIONS",
     "SHAPE_SYNTAX",
     "TABLE_MODES",
-    "DeprecatedAlias",
-    "OldValueSpelling",
     "Option",
-    "PosencParser",
     "add",
-    "add_alias",
     "add_geometry",
     "check_input",
     "check_output",
     "config_from_args",
-    "deprecation_note",
     "dtype_arg",
     "geometry_given",
     "parse_shape",

@@ -124,7 +124,7 @@ def test_a_long_output_name_that_fits_is_written(tmp_path: Path) -> None:
 
 
 def test_demo_never_deletes_files_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from posenc.demo.pipeline import WRITTEN_NAME, clear_previous_results, record_results
+    from posenc.demo.landing import WRITTEN_NAME, clear_previous_results, record_results
 
     (tmp_path / "parity").mkdir()
     (tmp_path / "parity" / "rope.md").write_text("a previous run's table")
@@ -150,7 +150,7 @@ def test_a_demo_report_that_cannot_be_written_leaves_the_previous_one_whole(tmp_
     import types
 
     import posenc.demo.report as report_module
-    from posenc.demo.pipeline import REPORT_STAGING, RESULT_NAME, land_report
+    from posenc.demo.landing import REPORT_STAGING, RESULT_NAME, land_report
 
     (tmp_path / "report.md").write_text("previous report\n")
 

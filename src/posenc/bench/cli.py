@@ -16,9 +16,7 @@ from posenc.bench.tables import artifact_rows, markdown_table, target_rows
 from posenc.bench.timing import TimingSettings
 from posenc.cli_args import (
     TABLE_MODES,
-    OldValueSpelling,
     add,
-    add_alias,
     add_geometry,
     check_input,
     check_output,
@@ -27,6 +25,7 @@ from posenc.cli_args import (
     print_result,
     split_names,
 )
+from posenc.cli_parser import OldValueSpelling, add_alias
 from posenc.errors import ConfigError
 
 EPILOG = """\

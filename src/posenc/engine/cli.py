@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from posenc.cli_args import add, add_alias, path_arg
+from posenc.cli_args import add, path_arg
+from posenc.cli_parser import add_alias
 
 EPILOG = """\
 examples:

@@ -31,11 +31,11 @@ from posenc.validate.compare import (
     ComparisonRow,
     Reference,
     Verdict,
-    check_ort_parity,
     compare,
     eager_reference,
 )
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, fit_shapes, model_feeds, random_feed
+from posenc.validate.optimize_check import check_ort_parity
 from posenc.validate.parity import EAGER, OutputParity, ParityReport, validate_onnx
 from posenc.validate.runners import (
     REFERENCE_DESCRIPTION,

@@ -7,16 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posenc.cli_args import (
-    OldValueSpelling,
-    add,
-    add_alias,
-    check_input,
-    check_output,
-    path_arg,
-    print_result,
-    split_names,
-)
+from posenc.cli_args import add, check_input, check_output, path_arg, print_result, split_names
+from posenc.cli_parser import OldValueSpelling, add_alias
 from posenc.errors import ConfigError
 
 VALIDATE_EPILOG = """\

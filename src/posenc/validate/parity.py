@@ -26,7 +26,6 @@ from posenc.export.units import BLOCK_INPLACE
 from posenc.schemes.base import Tolerance
 from posenc.validate.compare import (
     ComparisonRow,
-    Float32Floor,
     Reference,
     Verdict,
     compare,
@@ -34,7 +33,7 @@ from posenc.validate.compare import (
     float32_floor,
 )
 from posenc.validate.feeds import DEFAULT_SHAPES, default_shapes, model_feeds
-from posenc.validate.runners import REFERENCE_NAME, ort_runner
+from posenc.validate.runners import ort_runner
 from posenc.validate.tolerance import RULE, format_margin, tolerances_for
 
 __all__ = [
@@ -217,16 +216,7 @@ def _validate_onnx(
     if not references:
         raise ConfigError(f"validate_onnx needs at least one reference; {EAGER!r} is the float64 eager one.")
     prepared = prepare_for_ort(path, model_feeds(shapes, manifest=manifest, seed=seed), check_structure=True)
-    given = [ref for ref in references if isinstance(ref, Reference)]
-    floor = next((ref.floor for ref in given if ref.floor is not None), None)
-    refs = [built for ref in references for built in _reference(ref, path, manifest, prepared.feeds[0], floor)]
-    if floor is not None:  # the float32 floor measured on the checkpoint's module holds for posenc's rendering too
-        refs = [dataclasses.replace(ref, floor=floor) if ref.name == REFERENCE_NAME else ref for ref in refs]
-    if tolerances:  # a tolerance the caller set is held as given, below float32's own error too
-        exempt = tuple(tolerances)
-        refs = [
-            dataclasses.replace(r, floor=dataclasses.replace(r.floor, exempt=exempt)) if r.floor else r for r in refs
-        ]
+    refs = _references(references, path, manifest, prepared.feeds[0], tuple(tolerances or ()))
     in_place = manifest.unit == BLOCK_INPLACE
     candidates = _candidates(runners, prepared.model, list(providers or ort_providers()), in_place)
     tols = tolerances_for(manifest.scheme, {o.name: o.dtype for o in manifest.outputs}, tolerances)
@@ -242,20 +232,39 @@ def _validate_onnx(
     )
 
 
-def _reference(
-    ref: Reference | str, path: Path, manifest: Manifest, feed: Mapping[str, Any], floor: Float32Floor | None
+def _references(
+    references: Sequence[Reference | str],
+    path: Path,
+    manifest: Manifest,
+    feed: Mapping[str, Any],
+    exempt: tuple[str, ...],
 ) -> list[Reference]:
-    """The references ``ref`` names: :data:`EAGER` of a float32 graph also brings the float32 rendering its floor
-    measures (:func:`~posenc.validate.compare.float32_floor`) unless another reference already brings a floor."""
-    if isinstance(ref, Reference):
-        return [ref]
-    if ref == EAGER:
-        module, _ = load_eager(path, manifest=manifest)
-        exact = eager_reference(module, manifest, feed)
-        if floor is not None or manifest.dtype != "float32":
-            return [exact]
-        return list(float32_floor(module, manifest, feed, exact))
-    raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
+    """The references the comparison runs, each with the float32 floor it holds float32 candidates to.
+
+    A floor a given :class:`Reference` brings (measured on the checkpoint's own module) holds for posenc's float64
+    rendering too; without one, :data:`EAGER` of a float32 graph brings its own, measured on posenc's module run
+    in float32 (:func:`~posenc.validate.compare.float32_floor`: a measuring reference joins the list). Outputs in
+    ``exempt`` (tolerances the caller set) are held to them as given, below float32's own error too.
+    """
+    floor = next((r.floor for r in references if isinstance(r, Reference) and r.floor is not None), None)
+    built: list[Reference] = []
+    for ref in references:
+        if isinstance(ref, Reference):
+            built.append(ref)
+        elif ref == EAGER:
+            module, _ = load_eager(path, manifest=manifest)
+            exact = eager_reference(module, manifest, feed)
+            if floor is not None:
+                built.append(dataclasses.replace(exact, floor=floor))
+            elif manifest.dtype == "float32":
+                built.extend(float32_floor(module, manifest, feed, exact))
+            else:
+                built.append(exact)
+        else:
+            raise ConfigError(f"unknown reference {ref!r}; use {EAGER!r} or a posenc.validate.compare.Reference.")
+    if not exempt:
+        return built
+    return [dataclasses.replace(r, floor=dataclasses.replace(r.floor, exempt=exempt)) if r.floor else r for r in built]
 
 
 def _candidates(runners: Sequence[Any], model: str | bytes, providers: Sequence[str], in_place: bool) -> list[Any]:
