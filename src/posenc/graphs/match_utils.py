@@ -11,6 +11,8 @@ import onnx_ir as ir
 INT64_MAX = 2**63 - 1
 MS_DOMAIN = "com.microsoft"
 """ONNX Runtime's contrib operator domain (``GroupQueryAttention``)."""
+FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+"""The activation dtypes the attention rewrites take."""
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:
@@ -160,3 +162,34 @@ def take_over(old: ir.Value, new: ir.Value) -> None:
     if old.type is not None:
         shaped_like(new, old)
     ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+
+
+def constant(tape: ir.tape.Tape, value: np.ndarray) -> ir.Value:
+    """A ``Constant`` node of ``value`` recorded on ``tape``; its output."""
+    return tape.op("Constant", [], attributes={"value": ir.tensor(value)})
+
+
+def int_constant(tape: ir.tape.Tape, *values: int) -> ir.Value:
+    """A 1-D int64 ``Constant`` of ``values`` recorded on ``tape``; its output."""
+    return constant(tape, np.array(values, dtype=np.int64))
+
+
+def is_slot_prefix_slice(node: ir.Node) -> bool:
+    """A ``Slice(x, [0], ends, [2], [1])`` of a 4-D ``x`` ``[B, H, C, D]`` along its slot axis (a filled prefix)."""
+    steps = node.inputs[4] if len(node.inputs) > 4 else None
+    axes = node.inputs[3] if len(node.inputs) > 3 else None
+    return (
+        len(node.inputs) >= 4
+        and rank(node.inputs[0]) == 4
+        and is_ints(node.inputs[1], [0])
+        and (is_ints(axes, [2]) or is_ints(axes, [-2]))
+        and (steps is None or is_ints(steps, [1]))
+    )
+
+
+def same_ints(a: ir.Value, b: ir.Value) -> bool:
+    """``a`` and ``b`` are one value, or constants of the same integers."""
+    if a is b:
+        return True
+    ints_a, ints_b = const_ints(a), const_ints(b)
+    return ints_a is not None and ints_a == ints_b

@@ -22,7 +22,7 @@ Every target: single-index ``GatherND`` table lookups (the score-bias tables) be
 On ``ort-cpu`` the position guard of rotary blocks is carried by ``RotaryEmbedding``'s own range check
 (:func:`posenc.graphs.guard.guard_in_rotary`): a bad position still raises, ten nodes fewer per step.
 
-In-place blocks (``--kv-cache inplace``) on ``ort-cpu`` also get :func:`posenc.graphs.cache.decode_over_cache`:
+In-place blocks (``--kv-cache inplace``) on ``ort-cpu`` also get :func:`posenc.graphs.cache_decode.decode_over_cache`:
 decode steps attend over the cache buffers without copying them.
 
 RoPE handling (``rope``): ``fused`` (standard op), ``plugin`` (posenc's TensorRT plugin node, see
@@ -55,6 +55,7 @@ from posenc.export.screen import unknown_ops
 from posenc.graphs import (
     attention,
     cache,
+    cache_decode,
     fold,
     gather,
     guard,
@@ -191,7 +192,7 @@ def _pass_plan(target: str, rope_mode: str, facts: CacheFacts | None = None) -> 
     in_place = facts is not None and facts.in_place
     if in_place and target == "ort-cpu":
         why = attention_refusal(facts) or ""
-        plan.append(("decode_over_cache", lambda m, _: cache.decode_over_cache(m), True, why))
+        plan.append(("decode_over_cache", lambda m, _: cache_decode.decode_over_cache(m), True, why))
     if in_place and target == "ort-cuda":
         plan.append(("gqa_over_cache", cache.gqa_over_cache, True, gqa_refusal(facts) or ""))
     if rope_mode == "fused" and target == "ort-cpu":
