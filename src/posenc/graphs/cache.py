@@ -1,11 +1,7 @@
 """The ``ort-cuda`` pass for the in-place KV cache (``block-inplace`` graphs): ``GroupQueryAttention`` over the cache.
 
-An exported in-place block (:mod:`posenc.export.units`) writes its new keys and values with ``TensorScatter`` and
-attends over the filled prefix of each cache, ``Slice(cache, 0, T)`` with ``T`` the longest row's
-``past_length + S``; after :func:`posenc.graphs.attention.fuse_attention` that is
-``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)``. On ONNX Runtime each ``Slice`` is a copy of the filled
-cache, and the CPU ``Attention`` kernel (like the contrib ``GroupQueryAttention`` kernel) reads the cached keys once
-per query head, a grouped-query block's cache ``H / Hkv`` times. Both are what a decode step spends its time on.
+The in-place block's attention, ``Attention(q, Slice(K, 0, T), Slice(V, 0, T), mask)`` after the attention fusion,
+copies the filled cache on every step (:mod:`posenc.graphs.cache_decode` describes the graph and its cost).
 
 :func:`gqa_over_cache` (target ``ort-cuda``; the ``ort-cpu`` rewrite is
 :func:`posenc.graphs.cache_decode.decode_over_cache`) replaces the cache writes and the attention by ONNX Runtime's
