@@ -21,11 +21,12 @@ Derived from the registry:
 
 Adding a ``rope_type``:
 
-1. Write its function beside the others in ``posenc/rope_types/builtin.py`` (or in your own module, imported
-   before use): read its keys with :func:`require`, :func:`positive`, :func:`positive_int`, :func:`finite` so
-   bad values raise :class:`~posenc.errors.ConfigError`, and check cross-parameter constraints there too. A
-   length-dependent type takes ``seq_len`` as ``None``, an int or a 0-d tensor: write it with :func:`at_least`
-   and :func:`switch_at` (or plain arithmetic) so the same definition runs eagerly and in exported graphs.
+1. Write its function beside the others (``posenc/rope_types/extension.py``, ``per_frequency.py`` or ``axes.py``;
+   or in your own module, imported before use): read its keys with :func:`require`, :func:`positive`,
+   :func:`positive_int`, :func:`finite` so bad values raise :class:`~posenc.errors.ConfigError`, and check
+   cross-parameter constraints there too. A length-dependent type takes ``seq_len`` as ``None``, an int or a 0-d
+   tensor: write it with :func:`at_least` and :func:`switch_at` (or plain arithmetic) so the same definition runs
+   eagerly and in exported graphs.
 2. :func:`register` a :class:`RopeType` with its name, scheme name, title, summary, :class:`Citation` and
    params (plus ``length_dependent``/``switch_points``/``table_modes``/``aliases``/``in_transformers``, and
    ``partial_rotary``/``claims``/``scale_rate`` as ``proportional``, ``ntk_alpha`` and ``xpos`` use them, where they
@@ -98,5 +99,9 @@ __all__ = [
     "yarn_get_mscale",
 ]
 
-# The built-in types register themselves on import; keep this import last.
-from posenc.rope_types.builtin import ROFORMER, dynamic_ntk_base, yarn_get_mscale
+# The built-in types register themselves on import, in this order (the registry's); keep these imports last.
+# isort: off
+from posenc.rope_types.extension import ROFORMER, dynamic_ntk_base, yarn_get_mscale
+from posenc.rope_types import per_frequency as _per_frequency  # noqa: F401  (registers longrope ... xpos)
+from posenc.rope_types.axes import AXIAL_COLUMNS, axial_slot_axes, mrope_slot_axes  # noqa: F401
+# isort: on
