@@ -108,21 +108,12 @@ class _HalfRotation(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, **_):
         result = pattern.MatchResult()
-        width = mu.static_dim(x, -1)
-        if mu.rank(x) != 4 or width is None or width % 2:
-            return result.fail("rotated input is not [B, H, S, r] with a known even r", x)
+        width = _rotated_width(x)
+        if width is None:
+            return result.fail(_NOT_ROTATED, x)
         half = width // 2
-        slices_ok = (
-            mu.is_last_axis(a1, 4)
-            and mu.is_last_axis(a2, 4)
-            and mu.is_ints(st1, [1])
-            and mu.is_ints(st2, [1])
-            and mu.is_ints(s1, [0])
-            and mu.is_ints(e1, [half])
-            and mu.is_ints(s2, [half])
-            and (mu.const_ints(e2) or [0])[0] >= width
-        )
-        if not slices_ok:
+        first = _last_axis_slice(a1, s1, e1, st1, begin=0, stride=1, reaches=half, exact=True)
+        if not (first and _last_axis_slice(a2, s2, e2, st2, begin=half, stride=1, reaches=width)):
             return result.fail("slices are not the two halves of the last axis")
         if not _cos_sin_ok(x, cos3, sin3, ax_c, ax_s, half):
             return result.fail("cos/sin are not [B, 1, S, r/2] of the input's dtype", cos3)
@@ -153,20 +144,11 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
 
     def check(self, context, x, s1, e1, a1, st1, s2, e2, a2, st2, cos3, sin3, ax_c, ax_s, u1, u2, out, **_):
         result = pattern.MatchResult()
-        width = mu.static_dim(x, -1)
-        if mu.rank(x) != 4 or width is None or width % 2:
-            return result.fail("rotated input is not [B, H, S, r] with a known even r", x)
-        slices_ok = (
-            mu.is_last_axis(a1, 4)
-            and mu.is_last_axis(a2, 4)
-            and mu.is_ints(st1, [2])
-            and mu.is_ints(st2, [2])
-            and mu.is_ints(s1, [0])
-            and mu.is_ints(s2, [1])
-            and (mu.const_ints(e1) or [0])[0] >= width - 1
-            and (mu.const_ints(e2) or [0])[0] >= width
-        )
-        if not slices_ok:
+        width = _rotated_width(x)
+        if width is None:
+            return result.fail(_NOT_ROTATED, x)
+        even = _last_axis_slice(a1, s1, e1, st1, begin=0, stride=2, reaches=width - 1)
+        if not (even and _last_axis_slice(a2, s2, e2, st2, begin=1, stride=2, reaches=width)):
             return result.fail("slices are not the even/odd features of the last axis")
         if not (mu.is_last_axis(u1, 5) and mu.is_last_axis(u2, 5)):
             return result.fail("rotated pairs are not stacked on a new last axis")
@@ -185,6 +167,33 @@ class _InterleavedRotation(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, cos3, sin3, **_):
         return op.RotaryEmbedding(x, *_caches(op, cos3, sin3), interleaved=1)
+
+
+_NOT_ROTATED = "rotated input is not [B, H, S, r] with a known even r"
+
+
+def _rotated_width(x: ir.Value) -> int | None:
+    """The rotated width ``r`` of a ``[B, H, S, r]`` input with a known even ``r``; ``None`` otherwise."""
+    width = mu.static_dim(x, -1)
+    return width if mu.rank(x) == 4 and width is not None and width % 2 == 0 else None
+
+
+def _last_axis_slice(
+    axes: ir.Value,
+    start: ir.Value,
+    end: ir.Value,
+    step: ir.Value,
+    *,
+    begin: int,
+    stride: int,
+    reaches: int,
+    exact: bool = False,
+) -> bool:
+    """A ``Slice`` of a 4-D input's last axis from ``begin`` with step ``stride`` whose end is ``reaches`` (``exact``)
+    or at or past it (an end past the axis is clamped to it)."""
+    if not (mu.is_last_axis(axes, 4) and mu.is_ints(step, [stride]) and mu.is_ints(start, [begin])):
+        return False
+    return mu.is_ints(end, [reaches]) if exact else (mu.const_ints(end) or [0])[0] >= reaches
 
 
 def _copy_rotary(op, rope: ir.Value, x: ir.Value, **overrides: int):
