@@ -44,6 +44,8 @@ def _sample(name: str, model_type: str, title: str, settings: Mapping[str, Any],
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "phi": ("PhiConfig", "PhiForCausalLM"),
+    "roformer": ("RoFormerConfig", "RoFormerForMaskedLM"),
+    "mpnet": ("MPNetConfig", "MPNetForMaskedLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
@@ -365,6 +367,16 @@ OTHER_ARGUMENTS: dict[str, Sample] = {
 """Models whose attention takes another argument posenc rebuilds: Gemma 4's ``shared_kv_states``, a positional
 mask."""
 
+DERIVED: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample("roformer", "roformer", "sin/cos of the positions computed once per stack by a module", _ENCODER),
+        _sample("mpnet", "mpnet", "T5's bucketed bias computed once per stack by the encoder's method", _ENCODER),
+    )
+}
+"""Models whose attention takes a positional tensor its stack computes from the sequence before the layers (RoFormer's
+``sinusoidal_pos``, MPNet's ``position_bias``): the unit calls the model's own code for it."""
+
 _GPT_NEO = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "attention_types": [[["global", "local"], 1]],
             "window_size": 4, "max_position_embeddings": 512, **_TINY_VOCAB}  # fmt: skip
 BOUNDED: dict[str, Sample] = {
@@ -404,4 +416,15 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["BOUNDED", "ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]
+__all__ = [
+    "BOUNDED",
+    "DERIVED",
+    "ENCODERS",
+    "FAR",
+    "LONG",
+    "OTHER_ARGUMENTS",
+    "ROTARY_PER_TYPE",
+    "SAMPLES",
+    "SECTIONS",
+    "build",
+]
