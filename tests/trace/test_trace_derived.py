@@ -27,6 +27,7 @@ from tests.trace.samples import DERIVED, build
 CODE = {
     "roformer": ("sinusoidal_pos", "encoder.embed_positions", "forward", None),
     "mpnet": ("position_bias", "encoder", "compute_position_bias", ("relative_attention_bias",)),
+    "beam": ("attention_scaling", None, "compute_attention_scaling", None),
 }
 """Per sample: the derived argument, the module whose code computes it, the method, the children the unit keeps."""
 
@@ -50,7 +51,7 @@ def _attention_call(model: torch.nn.Module, ids: torch.Tensor, positions: torch.
     return seen["tokens"], seen["hidden"], seen["out"]
 
 
-@pytest.mark.parametrize("name", ["mpnet", pytest.param("roformer", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["mpnet", pytest.param("roformer", marks=pytest.mark.slow)])  # beam: below
 def test_a_stack_position_tensor_is_computed_by_the_model_s_own_code(name: str, tmp_path: Path) -> None:
     """The capture finds the code that computed the argument (a module's forward, or a method of the module holding
     the layers, pruned to the submodules it read); the unit, and its rebuild from the manifest's record, match the
@@ -82,11 +83,44 @@ def test_a_stack_position_tensor_is_computed_by_the_model_s_own_code(name: str, 
 @pytest.mark.parametrize("name", sorted(DERIVED))
 def test_every_stack_position_tensor_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
     """Exported (the stack's tensor kept as traced, said so) and held to its own module by validate --against-hf."""
-    folder = build(DERIVED[name], tmp_path)
-    result = export_traced(tmp_path / f"{name}.onnx", folder, rewrite=replace_positions)
+    sample = DERIVED[name]
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
     assert result.manifest.trace is not None
     parts = {part.part: part for part in result.manifest.trace.parts}
     assert parts[DERIVED_PART].status == "kept"
-    assert CODE[name][1] in parts[DERIVED_PART].detail
-    report = validate_against_checkpoint(result.path, folder)
+    assert (CODE[name][1] or CODE[name][2]) in parts[DERIVED_PART].detail
+    report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
     assert report.passed, report.to_markdown()
+
+
+def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path: Path) -> None:
+    """Beam's NoPE layers scale the query by ``(1 + (p + 1) / 2048) ** 0.1``, computed before the layers by a
+    function of its modeling module from the position ids: the unit calls that function (it reads the positions
+    only, so a cached decoder layer takes it), and matches the model's own forward at positions 3000.. (the capture
+    ran 0 .. 7: a scale taken as a constant would be ~9 % off)."""
+    sample = DERIVED["beam"]
+    folder = build(sample, tmp_path)
+    captured = capture_layer(folder, sample.layer)
+    assert not captured.cacheless
+    recipe = captured.derived["attention_scaling"].recipe
+    assert (recipe.source, recipe.method) == (None, "transformers.models.beam.modeling_beam:compute_attention_scaling")
+    assert recipe.call.positional == ("position_ids",)
+    plan = plan_trace(captured)
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    handle = model.layers[sample.layer].self_attn.register_forward_hook(hook, with_kwargs=True)
+    positions = torch.arange(3000, 3011).expand(2, 11)
+    ids = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(5))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=positions)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        got = traced_module(plan)(seen["hidden"], positions)[0]
+    assert float((got - seen["out"]).abs().max()) <= 1e-5

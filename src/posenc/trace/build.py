@@ -347,8 +347,11 @@ def rebuild(
     return module.to(dtype).eval()
 
 
-def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.Module:
-    """The module that computes a derived argument in the rebuilt base model (pruned as at capture)."""
+def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.Module | None:
+    """The module that computes a derived argument in the rebuilt base model (pruned as at capture); None for a
+    function."""
+    if recipe.source is None:
+        return None
     owner = model.get_submodule(recipe.source.path) if recipe.source.path else model
     return source_module(owner, recipe.children)
 

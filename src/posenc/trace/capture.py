@@ -222,8 +222,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
-        if derived and cache is not None:
-            raise refuse_with_cache(next(iter(derived)))
+        if cache is not None and any(made.needs_length() for made in derived.values()):
+            raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
         else:
@@ -248,7 +248,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                                    strict=True):  # fmt: skip
                 tensors.update(load_module_weights(source, module, ref.path, names, owner))
         for made in derived.values():
-            if made.module.state_dict():
+            if made.module is not None and made.recipe.source is not None and made.module.state_dict():
                 tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
         target = with_checkpoint_tensors(target, derived, hidden, positions)
         kind_of_cache = cache_kind(cache)

@@ -28,14 +28,16 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib
 import inspect
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from posenc.errors import ExportError
+from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import call_args, classify, keep, rebuild
 from posenc.trace.record import CallRecipe, DerivedRecipe, ModuleRef, TracePart
 
@@ -45,10 +47,11 @@ DERIVED_PART = "stack position tensor"
 
 @dataclasses.dataclass
 class MethodCall:
-    """One recorded call of a stack module's method: its owner's path, the method, arguments, output and the paths of
-    the owner's children the call ran (the rest of the owner is left out of the unit)."""
+    """One recorded call of a stack module's method (``owner``: its path; ``method``: its name), or of a function of
+    the model's modeling module (``owner`` None; ``method``: ``module:name``): arguments, output and the paths of the
+    owner's children the call ran (the rest of the owner is left out of the unit)."""
 
-    owner: str
+    owner: str | None
     method: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -64,6 +67,20 @@ def _stack_owners(model: nn.Module, list_path: str) -> list[tuple[str, nn.Module
         path = ".".join(parts[: i + 1])
         owners.append((path, model.get_submodule(path)))
     return owners
+
+
+def _own_functions(model: nn.Module, owners: list[tuple[str, nn.Module]]) -> list[tuple[Any, str]]:
+    """``(python module, name)`` of the functions the modeling modules of the stack modules' classes define (Beam's
+    ``compute_attention_scaling``)."""
+    found: list[tuple[Any, str]] = []
+    for name in dict.fromkeys(type(module).__module__ for _, module in owners):
+        if not name.startswith("transformers.models."):
+            continue
+        python = sys.modules[name]
+        for attribute, value in vars(python).items():
+            if inspect.isfunction(value) and value.__module__ == name and not attribute.startswith("_"):
+                found.append((python, attribute))
+    return found
 
 
 def _own_methods(module: nn.Module) -> list[str]:
@@ -91,12 +108,14 @@ def record_methods(model: nn.Module, list_path: str) -> Iterator[list[MethodCall
 
     def on_module(module: nn.Module, args: tuple[Any, ...]) -> None:
         for call in active:
+            if call.owner is None:
+                continue
             name = names.get(id(module), "")
             prefix = f"{call.owner}." if call.owner else ""
             if name.startswith(prefix) and name != call.owner:
                 call.children.add(name[len(prefix) :].split(".")[0])
 
-    def wrap(owner: str, method: str, function: Any) -> Any:
+    def wrap(owner: str | None, method: str, function: Any) -> Any:
         @functools.wraps(function)
         def recorded(*args: Any, **kwargs: Any) -> Any:
             call = MethodCall(owner, method, args, dict(kwargs))
@@ -110,12 +129,17 @@ def record_methods(model: nn.Module, list_path: str) -> Iterator[list[MethodCall
 
         return recorded
 
-    for owner, module in _stack_owners(model, list_path):
+    owners = _stack_owners(model, list_path)
+    for owner, module in owners:
         for method in _own_methods(module):
             function = getattr(module, method, None)
             if callable(function) and not isinstance(function, nn.Module):
                 setattr(module, method, wrap(owner, method, function))
                 patched.append((module, method))
+    functions = _own_functions(model, owners)
+    originals = [getattr(python, name) for python, name in functions]
+    for (python, name), function in zip(functions, originals, strict=True):
+        setattr(python, name, wrap(None, f"{python.__name__}:{name}", function))
     hook = nn.modules.module.register_module_forward_pre_hook(on_module)
     try:
         yield calls
@@ -124,6 +148,8 @@ def record_methods(model: nn.Module, list_path: str) -> Iterator[list[MethodCall
         for module, method in patched:
             with contextlib.suppress(AttributeError):
                 delattr(module, method)
+        for (python, name), function in zip(functions, originals, strict=True):
+            setattr(python, name, function)
 
 
 def _lead(value: torch.Tensor, output: Any) -> int | None:
@@ -172,11 +198,11 @@ def _call_recipe(args: tuple[Any, ...], kwargs: Mapping[str, Any], positions: to
     return CallRecipe(tuple(positional), keywords, constants)
 
 
-def source_module(module: nn.Module, children: tuple[str, ...] | None) -> nn.Module:
+def source_module(module: nn.Module | None, children: tuple[str, ...] | None) -> nn.Module | None:
     """The module that computes a derived argument as the unit holds it: ``module`` itself (``children`` None), or a
     shallow copy of a stack module keeping only ``children`` (the submodules its method reads: MPNet's encoder without
     its layers) and its buffers, none of its own parameters."""
-    if children is None:
+    if children is None or module is None:
         return module
     clone = copy.copy(module)
     clone._modules = {name: child for name, child in module._modules.items() if name in children}
@@ -185,10 +211,30 @@ def source_module(module: nn.Module, children: tuple[str, ...] | None) -> nn.Mod
     return clone
 
 
-def compute(recipe: DerivedRecipe, source: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
+def function_of(name: str) -> Any:
+    """The function ``module:name`` of a transformers modeling module (a recipe's ``method`` for a function).
+
+    Raises:
+        ConfigError: not a function of a transformers modeling module here (an edited or foreign record).
+    """
+    module, _, attribute = name.partition(":")
+    found = None
+    if module.startswith("transformers.models."):
+        with contextlib.suppress(ImportError):
+            found = getattr(importlib.import_module(module), attribute, None)
+    if not inspect.isfunction(found):
+        raise ConfigError(f"the trace record names the function {name!r}, which the installed transformers lacks; "
+                          f"export the layer again with this transformers.")  # fmt: skip
+    return found
+
+
+def compute(recipe: DerivedRecipe, source: nn.Module | None, hidden: torch.Tensor, position_ids: torch.Tensor) -> Any:
     """The derived tensor for ``hidden [B, S, E]`` and ``position_ids [B, S]``: the model's code called with its
     arguments rebuilt from them, arranged as the model passes it."""
-    function = source if recipe.method == "forward" else getattr(source, recipe.method)
+    if recipe.source is None:
+        function = function_of(recipe.method)
+    else:
+        function = source if recipe.method == "forward" else getattr(source, recipe.method)
 
     def value(key: str, kind: str) -> Any:
         if kind == "shape":
@@ -207,7 +253,13 @@ class Derived:
     """A derived argument found at capture: its recipe and the module that computes it."""
 
     recipe: DerivedRecipe
-    module: nn.Module
+    module: nn.Module | None
+
+    def needs_length(self) -> bool:
+        """Whether its code reads the sequence's length (the hidden states' shape): an attention called with a
+        cache cannot take it (its query length is not its key length)."""
+        kinds = (*self.recipe.call.positional, *self.recipe.call.keywords.values())
+        return any(kind in ("hidden", "shape", "length") for kind in kinds)
 
 
 def derive(
@@ -230,13 +282,14 @@ def derive(
     """
     if not torch.is_tensor(value) or not value.is_floating_point():
         return None
-    candidates: list[tuple[str, str, tuple[Any, ...], dict[str, Any], Any, tuple[str, ...] | None]] = [
-        (call.owner, call.method, call.args, call.kwargs, call.output, tuple(sorted(call.children)))
+    candidates: list[tuple[str | None, str, tuple[Any, ...], dict[str, Any], Any, tuple[str, ...] | None]] = [
+        (call.owner, call.method, call.args, call.kwargs, call.output,
+         tuple(sorted(call.children)) if call.owner is not None else None)
         for call in reversed(methods)
-    ]
-    for path, first in modules.items():
+    ]  # fmt: skip
+    for name, first in modules.items():
         for call in first.every():
-            candidates.append((path, "forward", call.args, call.kwargs, call.output, None))
+            candidates.append((name, "forward", call.args, call.kwargs, call.output, None))
     for path, method, args, kwargs, output, children in candidates:
         lead = _lead(value, output)
         if lead is None:
@@ -245,15 +298,16 @@ def derive(
             recipe_call = _call_recipe(args, kwargs, positions, hidden)
         except ExportError:
             continue
-        owner = model.get_submodule(path) if path else model
-        recipe = DerivedRecipe(ModuleRef(path, class_path(owner)), method, recipe_call, lead, children)
+        owner = None if path is None else model.get_submodule(path) if path else model
+        ref = None if owner is None or path is None else ModuleRef(path, class_path(owner))
+        recipe = DerivedRecipe(ref, method, recipe_call, lead, children)
         source = source_module(owner, children)
         if _reproduces(recipe, source, value, hidden, positions):
             return Derived(recipe, source)
     return None
 
 
-def _reproduces(recipe: DerivedRecipe, source: nn.Module, value: torch.Tensor, hidden: torch.Tensor,
+def _reproduces(recipe: DerivedRecipe, source: nn.Module | None, value: torch.Tensor, hidden: torch.Tensor,
                 positions: torch.Tensor) -> bool:  # fmt: skip
     """Whether the recipe gives ``value`` again, on the capture's hidden states and on random ones of their shape."""
     fresh = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(2), dtype=hidden.dtype)
@@ -287,8 +341,11 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
     """The manifest's parts for the derived arguments: kept as traced, naming the code that computes them."""
     parts = []
     for key, recipe in recipes.items():
-        where = recipe.source.path or "the base model"
-        code = f"{where}.{recipe.method}" if recipe.method != "forward" else f"{where} ({recipe.source.cls})"
+        if recipe.source is None:
+            code = f"function {recipe.method}"
+        else:
+            where = recipe.source.path or "the base model"
+            code = f"{where}.{recipe.method}" if recipe.method != "forward" else f"{where} ({recipe.source.cls})"
         detail = (f"argument {key!r}, computed once per stack by the model's own {code} from the sequence, as the "
                   f"model computes it (posenc recomputes no stack tensor)")  # fmt: skip
         parts.append(TracePart(DERIVED_PART, "kept", detail))
@@ -296,13 +353,24 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
 
 
 def refuse_with_cache(key: str) -> ExportError:
-    """Why a derived argument of an attention called with a KV cache is refused."""
+    """Why a derived argument of an attention called with a KV cache is refused (its code reads the length)."""
     return ExportError(
-        f"the attention is called with argument {key!r}, which the model computes from the sequence before its "
-        f"layers; posenc rebuilds such a tensor only for an attention called without a KV cache (with one, the "
+        f"the attention is called with argument {key!r}, which the model computes from the sequence's length before "
+        f"its layers; posenc rebuilds such a tensor only for an attention called without a KV cache (with one, the "
         f"capture cannot tell the query length from the key length); this model's attention cannot be traced yet."
     )
 
 
-__all__ = ["DERIVED_PART", "Derived", "MethodCall", "compute", "derive", "derived_parts", "record_methods",
-           "refuse_with_cache", "source_module", "with_checkpoint_tensors"]  # fmt: skip
+__all__ = [
+    "DERIVED_PART",
+    "Derived",
+    "MethodCall",
+    "compute",
+    "derive",
+    "derived_parts",
+    "function_of",
+    "record_methods",
+    "refuse_with_cache",
+    "source_module",
+    "with_checkpoint_tensors",
+]

@@ -104,7 +104,7 @@ class TracedAttention(nn.Module):
         embeddings_module: bool = False,
         cacheless: bool = False,
         cache_kind: str = "dynamic",
-        derived: Mapping[str, tuple[DerivedRecipe, nn.Module]] | None = None,
+        derived: Mapping[str, tuple[DerivedRecipe, nn.Module | None]] | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -127,7 +127,9 @@ class TracedAttention(nn.Module):
         self.cacheless = cacheless
         self.cache_kind = cache_kind
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
-        self.derived = nn.ModuleDict({_slot(key): module for key, (_, module) in (derived or {}).items()})
+        self.derived = nn.ModuleDict(
+            {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
+        )
 
     @property
     def position_limit(self) -> int | None:
@@ -186,7 +188,8 @@ class TracedAttention(nn.Module):
             if kind == "cache":
                 return cache
             if kind == "derived":
-                return compute(self.derived_recipes[key], self.derived[_slot(key)], hidden, position_ids)
+                code = next((m for name, m in self.derived.items() if name == _slot(key)), None)  # None: a function
+                return compute(self.derived_recipes[key], code, hidden, position_ids)
             return rebuild(key, kind, recipe.constants, hidden, position_ids, past)
 
         return call_args(recipe, value)

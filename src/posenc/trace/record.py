@@ -101,15 +101,17 @@ class DerivedRecipe:
     (:mod:`posenc.trace.derived`: RoFormer's ``sinusoidal_pos``, MPNet's ``position_bias``).
 
     Attributes:
-        source: the module whose code computes it (its path in the base model, ``""`` for the base model itself).
-        method: ``forward`` (a module call) or the name of the source's method.
+        source: the module whose code computes it (its path in the base model, ``""`` for the base model itself);
+            None for a function of the model's modeling module.
+        method: ``forward`` (a module call), the name of the source's method, or ``module:name`` of a function
+            (Beam's ``compute_attention_scaling``).
         call: how the model calls it (kinds ``hidden``, ``shape``, ``length``, constants, ...).
         lead: leading unit axes the model puts before the output (RoFormer's ``[None, None]``).
         children: for a method, the source's submodules it reads (the rest of the source is left out of the unit);
             None for a module call (the whole module).
     """
 
-    source: ModuleRef
+    source: ModuleRef | None
     method: str
     call: CallRecipe
     lead: int = 0
