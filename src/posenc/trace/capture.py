@@ -31,6 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
+from posenc.trace.arguments import time_major_error
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -202,6 +203,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        layout_error = time_major_error(target.kwargs[hidden_key] if hidden_key else target.args[0], positions)
+        if layout_error is not None:
+            raise layout_error
         positions = _attended_positions(target, hidden_key, positions)
         derived: dict[str, Derived] = {}
 

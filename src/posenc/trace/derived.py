@@ -78,7 +78,7 @@ def _own_functions(model: nn.Module, owners: list[tuple[str, nn.Module]]) -> lis
             continue
         python = sys.modules[name]
         for attribute, value in vars(python).items():
-            if inspect.isfunction(value) and value.__module__ == name and not attribute.startswith("_"):
+            if inspect.isfunction(value) and value.__module__ == name and not attribute.startswith("__"):
                 found.append((python, attribute))
     return found
 
@@ -155,7 +155,7 @@ def record_methods(model: nn.Module, list_path: str) -> Iterator[list[MethodCall
 def _lead(value: torch.Tensor, output: Any) -> int | None:
     """How many leading unit axes the model put before ``output`` to pass ``value`` (0: ``value`` is it), or None
     where ``value`` is not ``output`` so arranged."""
-    if not torch.is_tensor(output) or not output.is_floating_point() or value.dtype != output.dtype:
+    if not torch.is_tensor(output) or value.dtype != output.dtype:
         return None
     lead = value.dim() - output.dim()
     if lead < 0 or tuple(value.shape) != (1,) * lead + tuple(output.shape):
@@ -176,6 +176,8 @@ def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tenso
         return "shape"
     if isinstance(value, int) and not isinstance(value, bool) and value == tokens and value > 1:
         return "length"
+    if isinstance(value, torch.device):
+        return "device"
     return classify(key, value, positions, None, _NoCache, False)
 
 
@@ -241,6 +243,8 @@ def compute(recipe: DerivedRecipe, source: nn.Module | None, hidden: torch.Tenso
             return hidden.shape[: int(recipe.call.constants[key])]
         if kind == "length":
             return hidden.shape[1]
+        if kind == "device":
+            return hidden.device
         return rebuild(key, kind, recipe.call.constants, hidden, position_ids, 0)
 
     args, kwargs = call_args(recipe.call, value)
@@ -259,7 +263,7 @@ class Derived:
         """Whether its code reads the sequence's length (the hidden states' shape): an attention called with a
         cache cannot take it (its query length is not its key length)."""
         kinds = (*self.recipe.call.positional, *self.recipe.call.keywords.values())
-        return any(kind in ("hidden", "shape", "length") for kind in kinds)
+        return any(kind in ("hidden", "shape", "length", "ones", "zeros") for kind in kinds)
 
 
 def derive(
@@ -280,7 +284,7 @@ def derive(
         methods: the stack modules' recorded method calls (:func:`record_methods`).
         class_path: ``module -> "module.QualName"``.
     """
-    if not torch.is_tensor(value) or not value.is_floating_point():
+    if not torch.is_tensor(value) or not (value.is_floating_point() or value.dtype == torch.bool):
         return None
     candidates: list[tuple[str | None, str, tuple[Any, ...], dict[str, Any], Any, tuple[str, ...] | None]] = [
         (call.owner, call.method, call.args, call.kwargs, call.output,

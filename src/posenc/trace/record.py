@@ -33,6 +33,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "derived",  # a tensor the model's own code computes from the sequence before the layers (TraceRecord.derived)
     "shape",  # the hidden states' leading shape (an argument of the code that computes a derived tensor)
     "length",  # the sequence length S (an argument of the code that computes a derived tensor)
+    "device",  # the hidden states' device (an argument of the code that computes a derived tensor)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
