@@ -47,6 +47,7 @@ _CLASSES = {
     "roformer": ("RoFormerConfig", "RoFormerForMaskedLM"),
     "mpnet": ("MPNetConfig", "MPNetForMaskedLM"),
     "beam": ("BeamConfig", "BeamForCausalLM"),
+    "xlnet": ("XLNetConfig", "XLNetLMHeadModel"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
@@ -380,6 +381,9 @@ DERIVED: dict[str, Sample] = {
         _sample("beam", "beam", "a NoPE layer's query scale computed from the positions by a function", _BEAM, 1),
     )
 }
+_XLNET = {"d_model": 64, "n_layer": 2, "n_head": 4, "d_head": 16, "d_inner": 64, "vocab_size": 96, "pad_token_id": 5}
+TIME_MAJOR = _sample("xlnet", "xlnet", "two-stream attention fed time-major hidden states [S, B, E]", _XLNET)
+"""A model whose attention takes time-major hidden states (refused by name)."""
 """Models whose attention takes a positional tensor its stack computes from the sequence before the layers (RoFormer's
 ``sinusoidal_pos``, MPNet's ``position_bias``, Beam's ``attention_scaling``): the unit calls the model's own code for
 it."""
@@ -433,5 +437,6 @@ __all__ = [
     "ROTARY_PER_TYPE",
     "SAMPLES",
     "SECTIONS",
+    "TIME_MAJOR",
     "build",
 ]
