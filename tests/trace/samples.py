@@ -44,6 +44,10 @@ def _sample(name: str, model_type: str, title: str, settings: Mapping[str, Any],
 _CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "phi": ("PhiConfig", "PhiForCausalLM"),
+    "roformer": ("RoFormerConfig", "RoFormerForMaskedLM"),
+    "mpnet": ("MPNetConfig", "MPNetForMaskedLM"),
+    "beam": ("BeamConfig", "BeamForCausalLM"),
+    "xlnet": ("XLNetConfig", "XLNetLMHeadModel"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
@@ -365,6 +369,25 @@ OTHER_ARGUMENTS: dict[str, Sample] = {
 """Models whose attention takes another argument posenc rebuilds: Gemma 4's ``shared_kv_states``, a positional
 mask."""
 
+_BEAM = {"hidden_size": 64, "intermediate_size": 64, "moe_intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "sliding_window": 8,
+         "layer_types": ["sliding_attention", "full_attention"], "mlp_layer_types": ["dense", "dense"],
+         **_TINY_VOCAB}  # fmt: skip
+DERIVED: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        _sample("roformer", "roformer", "sin/cos of the positions computed once per stack by a module", _ENCODER),
+        _sample("mpnet", "mpnet", "T5's bucketed bias computed once per stack by the encoder's method", _ENCODER),
+        _sample("beam", "beam", "a NoPE layer's query scale computed from the positions by a function", _BEAM, 1),
+    )
+}
+_XLNET = {"d_model": 64, "n_layer": 2, "n_head": 4, "d_head": 16, "d_inner": 64, "vocab_size": 96, "pad_token_id": 5}
+TIME_MAJOR = _sample("xlnet", "xlnet", "two-stream attention fed time-major hidden states [S, B, E]", _XLNET)
+"""A model whose attention takes time-major hidden states (refused by name)."""
+"""Models whose attention takes a positional tensor its stack computes from the sequence before the layers (RoFormer's
+``sinusoidal_pos``, MPNet's ``position_bias``, Beam's ``attention_scaling``): the unit calls the model's own code for
+it."""
+
 _GPT_NEO = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "attention_types": [[["global", "local"], 1]],
             "window_size": 4, "max_position_embeddings": 512, **_TINY_VOCAB}  # fmt: skip
 BOUNDED: dict[str, Sample] = {
@@ -404,4 +427,16 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
-__all__ = ["BOUNDED", "ENCODERS", "FAR", "LONG", "OTHER_ARGUMENTS", "ROTARY_PER_TYPE", "SAMPLES", "SECTIONS", "build"]
+__all__ = [
+    "BOUNDED",
+    "DERIVED",
+    "ENCODERS",
+    "FAR",
+    "LONG",
+    "OTHER_ARGUMENTS",
+    "ROTARY_PER_TYPE",
+    "SAMPLES",
+    "SECTIONS",
+    "TIME_MAJOR",
+    "build",
+]

@@ -49,6 +49,7 @@ from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
 from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
+from posenc.trace.derived import derived_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
 
@@ -183,7 +184,8 @@ def export_traced(
     else:
         model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
     captured = plan.captured
-    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside))
+    derived = derived_parts({key: found.recipe for key, found in captured.derived.items()})
+    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside), *derived)
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip

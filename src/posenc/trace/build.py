@@ -24,11 +24,12 @@ from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
 from posenc.trace.capture import Captured
+from posenc.trace.derived import source_module
 from posenc.trace.embedding import drop_token_table
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.model import build_base_model, quiet_transformers
 from posenc.trace.module import TracedAttention, scheme_cos_sin
-from posenc.trace.record import AnglesRecord, ModuleRef, TracePart, TraceRecord
+from posenc.trace.record import AnglesRecord, DerivedRecipe, ModuleRef, TracePart, TraceRecord
 from posenc.trace.stacks import stack_context, stack_of, stack_view
 
 NOPE = "nope"
@@ -257,6 +258,7 @@ def traced_module(
         embeddings_module=step is not None and step.record.tokens is not None,
         cacheless=captured.cacheless,
         cache_kind=captured.cache_kind,
+        derived={key: (found.recipe, found.module) for key, found in captured.derived.items()},
     ).eval()
 
 
@@ -279,6 +281,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         cacheless=captured.cacheless,
         tower=captured.tower,
         cache=captured.cache_kind,
+        derived={key: found.recipe for key, found in captured.derived.items()},
     )
 
 
@@ -339,8 +342,18 @@ def rebuild(
         embeddings_module=step is not None and step.tokens is not None,
         cacheless=record.cacheless,
         cache_kind=record.cache,
+        derived={key: (recipe, _derived_source(model, recipe)) for key, recipe in record.derived.items()},
     )
     return module.to(dtype).eval()
+
+
+def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.Module | None:
+    """The module that computes a derived argument in the rebuilt base model (pruned as at capture); None for a
+    function."""
+    if recipe.source is None:
+        return None
+    owner = model.get_submodule(recipe.source.path) if recipe.source.path else model
+    return source_module(owner, recipe.children)
 
 
 __all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "text_positions", "trace_record", "traced_module"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -165,10 +165,13 @@ def _recipe(
     cache_class: type,
     hidden_key: str | None,
     names: list[str],
+    fallback: Callable[[str, Any], bool] | None = None,
 ) -> tuple[CallRecipe, tuple[str, Call] | None]:
     """The attention's :class:`CallRecipe` and the module that computed its position embeddings (its path and the
     call that returned them); ``names``: the forward's parameter names (a positional argument is classified, and
-    named in errors, by its parameter's name: GIT's and VisualBERT's masks are passed positionally)."""
+    named in errors, by its parameter's name: GIT's and VisualBERT's masks are passed positionally); ``fallback(key,
+    value)``: whether an argument no kind fits is one the model derived from the sequence (kind ``derived``,
+    :mod:`posenc.trace.derived`), else it is refused."""
     hidden = call.kwargs.get(hidden_key) if hidden_key else (call.args[0] if call.args else None)
     rotary = None
     keywords: dict[str, str] = {}
@@ -179,7 +182,12 @@ def _recipe(
         producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         index = int(key[1:]) if key.startswith("#") else -1
         name = names[index] if 0 <= index < len(names) else key
-        kind = classify(name, value, positions, hidden, cache_class, producer is not None)
+        try:
+            kind = classify(name, value, positions, hidden, cache_class, producer is not None)
+        except ExportError:
+            if fallback is None or not fallback(key, value):
+                raise
+            kind = "derived"
         if kind == "position_embeddings":
             rotary = producer
         keep(constants, key, kind, value)

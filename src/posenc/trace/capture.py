@@ -31,6 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
+from posenc.trace.arguments import time_major_error
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -43,6 +44,7 @@ from posenc.trace.calls import (
     _rotary_recipe,
     _run_forward,
 )
+from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
 from posenc.trace.model import (
     attention_child,
@@ -104,6 +106,8 @@ class Captured:
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
         outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
             start from it; None otherwise.
+        derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
+            that computes them, :mod:`posenc.trace.derived`).
     """
 
     model_type: str
@@ -130,6 +134,7 @@ class Captured:
     tower: ModuleRef | None = None
     cache_kind: str = "dynamic"
     outside: str | None = None
+    derived: dict[str, Derived] = dataclasses.field(default_factory=dict)
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -192,14 +197,26 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = Call((), {})
         calls, handles = _record_calls(model, attention, target)
         settings = _settings(attention)
-        with _hooks(handles):
+        with _hooks(handles), record_methods(model, list_path) as methods:
             runner = stack_module(model, list_path) if stack else None
             positions = _run_forward(model, hf, _capture_tokens(hf), runner, cache=stack != "encoder")
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        layout_error = time_major_error(target.kwargs[hidden_key] if hidden_key else target.args[0], positions)
+        if layout_error is not None:
+            raise layout_error
         positions = _attended_positions(target, hidden_key, positions)
-        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters)
+        derived: dict[str, Derived] = {}
+
+        def stack_tensor(key: str, value: Any, base: nn.Module = model) -> bool:  # derived from the sequence
+            attended = target.kwargs[hidden_key] if hidden_key else target.args[0]
+            made = derive(key, value, positions, attended, calls, methods, base, class_path)
+            if made is not None:
+                derived[key] = made
+            return made is not None
+
+        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters, stack_tensor)
         rotary_path = producer[0] if producer is not None else None
         cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
@@ -209,6 +226,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        if cache is not None and any(made.needs_length() for made in derived.values()):
+            raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
         else:
@@ -232,6 +251,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
                 tensors.update(load_module_weights(source, module, ref.path, names, owner))
+        for made in derived.values():
+            if made.module is not None and made.recipe.source is not None and made.module.state_dict():
+                tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
+        target = with_checkpoint_tensors(target, derived, hidden, positions)
         kind_of_cache = cache_kind(cache)
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        lambda: new_cache(kind_of_cache))  # fmt: skip
@@ -261,6 +284,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             tower=tower_ref,
             cache_kind=kind_of_cache,
             outside=outside,
+            derived=derived,
         )
 
 

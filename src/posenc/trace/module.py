@@ -18,7 +18,7 @@ and returns ``(out,)``: the unit of posenc's encoder blocks fed no past.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -31,8 +31,9 @@ from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
 from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import call_args, rebuild
+from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
-from posenc.trace.record import AnglesRecord, CallRecipe, MaskRecipe
+from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import new_cache, self_attention_cache
 
 
@@ -79,6 +80,8 @@ class TracedAttention(nn.Module):
         cacheless: the model calls the attention without a cache; the unit takes no past and returns ``(out,)``.
         cache_kind: the cache the model passes (:data:`posenc.trace.stacks.CACHE_KINDS`: a decoder of an
             encoder-decoder gets an ``EncoderDecoderCache``, whose self-attention part holds the past).
+        derived: arguments the model computes from the sequence before its layers: keyword (or ``"#i"``) -> how
+            and the module whose code computes them (:mod:`posenc.trace.derived`).
     """
 
     guard_exported = True
@@ -101,6 +104,7 @@ class TracedAttention(nn.Module):
         embeddings_module: bool = False,
         cacheless: bool = False,
         cache_kind: str = "dynamic",
+        derived: Mapping[str, tuple[DerivedRecipe, nn.Module | None]] | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -122,6 +126,10 @@ class TracedAttention(nn.Module):
         self.embeddings_module = embeddings_module
         self.cacheless = cacheless
         self.cache_kind = cache_kind
+        self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
+        self.derived = nn.ModuleDict(
+            {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
+        )
 
     @property
     def position_limit(self) -> int | None:
@@ -179,6 +187,9 @@ class TracedAttention(nn.Module):
                 return mask
             if kind == "cache":
                 return cache
+            if kind == "derived":
+                code = next((m for name, m in self.derived.items() if name == _slot(key)), None)  # None: a function
+                return compute(self.derived_recipes[key], code, hidden, position_ids)
             return rebuild(key, kind, recipe.constants, hidden, position_ids, past)
 
         return call_args(recipe, value)
@@ -244,6 +255,11 @@ class TracedAttention(nn.Module):
         if not (self.guard_exported and is_tracing()):
             return position_ids, None
         return position_guard(position_ids, self.position_limit)
+
+
+def _slot(key: str) -> str:
+    """The submodule name of a derived argument's module (``"#2"`` -> ``arg2``)."""
+    return f"arg{key[1:]}" if key.startswith("#") else key
 
 
 __all__ = ["TracedAttention"]

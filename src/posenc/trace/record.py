@@ -30,6 +30,10 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "ones",  # an all-ones padding mask [B, S] (OPT's position module reads it only without position ids)
     "zeros",  # all-zero integer ids [B, S, ...] (token type ids, boxes an encoder's model makes when given none)
     "kv_sharing",  # keys and values shared between layers (Gemma 4's shared_kv_states): a fresh dict the layer writes
+    "derived",  # a tensor the model's own code computes from the sequence before the layers (TraceRecord.derived)
+    "shape",  # the hidden states' leading shape (an argument of the code that computes a derived tensor)
+    "length",  # the sequence length S (an argument of the code that computes a derived tensor)
+    "device",  # the hidden states' device (an argument of the code that computes a derived tensor)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
@@ -90,6 +94,29 @@ class AnglesRecord:
 
     layout: str
     width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DerivedRecipe:
+    """How the unit computes an argument the model derives from the sequence before its layers
+    (:mod:`posenc.trace.derived`: RoFormer's ``sinusoidal_pos``, MPNet's ``position_bias``).
+
+    Attributes:
+        source: the module whose code computes it (its path in the base model, ``""`` for the base model itself);
+            None for a function of the model's modeling module.
+        method: ``forward`` (a module call), the name of the source's method, or ``module:name`` of a function
+            (Beam's ``compute_attention_scaling``).
+        call: how the model calls it (kinds ``hidden``, ``shape``, ``length``, constants, ...).
+        lead: leading unit axes the model puts before the output (RoFormer's ``[None, None]``).
+        children: for a method, the source's submodules it reads (the rest of the source is left out of the unit);
+            None for a module call (the whole module).
+    """
+
+    source: ModuleRef | None
+    method: str
+    call: CallRecipe
+    lead: int = 0
+    children: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +192,9 @@ class TraceRecord:
     cache: str = field(optional=True, default="dynamic")
     """The cache the model calls the attention with: ``dynamic`` (``DynamicCache``) or ``encoder-decoder`` (an
     encoder-decoder's decoder: ``EncoderDecoderCache``, the past in its self-attention part)."""
+    derived: dict[str, DerivedRecipe] = field(optional=True, default_factory=dict)
+    """Arguments of kind ``derived`` (keyword, or ``"#i"``) -> how the unit computes them
+    (:mod:`posenc.trace.derived`)."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
@@ -194,6 +224,7 @@ __all__ = [
     "ROTARY_PART",
     "AnglesRecord",
     "CallRecipe",
+    "DerivedRecipe",
     "EmbeddingRecord",
     "MaskRecipe",
     "ModuleRef",

@@ -1,0 +1,135 @@
+"""Positional tensors a stack computes once from the sequence and hands every layer's attention (RoFormer's
+``sinusoidal_pos`` from its encoder's ``embed_positions`` module, MPNet's ``position_bias`` from its encoder's
+``compute_position_bias`` method): the traced unit calls the model's own code for them.
+
+References: the checkpoint's own transformers model run on its own (whole forward, hooked at the layer's attention)
+at another batch and length than the capture's, and ``validate --against-hf`` in the slow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from posenc.errors import ExportError
+from posenc.export.trace import export_traced
+from posenc.graphs.trace_rewrite import replace_positions
+from posenc.records import from_json, to_json
+from posenc.trace.build import plan_trace, rebuild, trace_record, traced_module
+from posenc.trace.capture import capture_layer
+from posenc.trace.derived import DERIVED_PART
+from posenc.trace.record import TraceRecord
+from posenc.validate.checkpoint import validate_against_checkpoint
+from tests.trace.samples import DERIVED, TIME_MAJOR, build
+
+CODE = {
+    "roformer": ("sinusoidal_pos", "encoder.embed_positions", "forward", None),
+    "mpnet": ("position_bias", "encoder", "compute_position_bias", ("relative_attention_bias",)),
+    "beam": ("attention_scaling", None, "compute_attention_scaling", None),
+}
+"""Per sample: the derived argument, the module whose code computes it, the method, the children the unit keeps."""
+
+
+def _attention_call(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(token embeddings, hidden, out)`` of layer 0's attention in the model's own forward on token ids ``ids``
+    at ``positions``."""
+    seen: dict[str, torch.Tensor] = {"tokens": model.embeddings.word_embeddings(ids)}
+    attention = model.encoder.layer[0].attention
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"] = kwargs.get("hidden_states", args[0] if args else None)
+        seen["out"] = output[0]
+
+    handle = attention.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=positions)
+    finally:
+        handle.remove()
+    return seen["tokens"], seen["hidden"], seen["out"]
+
+
+@pytest.mark.parametrize("name", ["mpnet", pytest.param("roformer", marks=pytest.mark.slow)])  # beam: below
+def test_a_stack_position_tensor_is_computed_by_the_model_s_own_code(name: str, tmp_path: Path) -> None:
+    """The capture finds the code that computed the argument (a module's forward, or a method of the module holding
+    the layers, pruned to the submodules it read); the unit, and its rebuild from the manifest's record, match the
+    model's own forward at batch 2 and 13 tokens (the capture ran 1 x 8: a length taken as a constant would not);
+    MPNet's unit starts at its token embeddings (its learned absolute positions enter there, beside the bias)."""
+    folder = build(DERIVED[name], tmp_path)
+    key, path, method, children = CODE[name]
+    captured = capture_layer(folder)
+    assert captured.call.keywords[key] == "derived"
+    recipe = captured.derived[key].recipe
+    assert (recipe.source.path, recipe.method, recipe.children) == (path, method, children)
+    plan = plan_trace(captured)  # checks the unit against the model's own call on the capture's tokens
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = torch.randint(0, 96, (2, 13), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(13).expand(2, 13)
+    tokens, hidden, want = _attention_call(model, ids, positions)
+    if captured.embedding is not None:  # MPNet's learned positions enter at its embeddings: the unit starts there
+        hidden = tokens
+    unit = traced_module(plan)
+    record = from_json(TraceRecord, to_json(trace_record(plan, ())))
+    again = rebuild(record, None, None, torch.float32)
+    again.load_state_dict(unit.state_dict())
+    with torch.no_grad():
+        for module in (unit, again):
+            assert float((module(hidden, positions)[0] - want).abs().max()) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_every_stack_position_tensor_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
+    """Exported (the stack's tensor kept as traced, said so) and held to its own module by validate --against-hf."""
+    sample = DERIVED[name]
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
+    assert result.manifest.trace is not None
+    parts = {part.part: part for part in result.manifest.trace.parts}
+    assert parts[DERIVED_PART].status == "kept"
+    assert (CODE[name][1] or CODE[name][2]) in parts[DERIVED_PART].detail
+    report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
+    assert report.passed, report.to_markdown()
+
+
+def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path: Path) -> None:
+    """Beam's NoPE layers scale the query by ``(1 + (p + 1) / 2048) ** 0.1``, computed before the layers by a
+    function of its modeling module from the position ids: the unit calls that function (it reads the positions
+    only, so a cached decoder layer takes it), and matches the model's own forward at positions 3000.. (the capture
+    ran 0 .. 7: a scale taken as a constant would be ~9 % off)."""
+    sample = DERIVED["beam"]
+    folder = build(sample, tmp_path)
+    captured = capture_layer(folder, sample.layer)
+    assert not captured.cacheless
+    recipe = captured.derived["attention_scaling"].recipe
+    assert (recipe.source, recipe.method) == (None, "transformers.models.beam.modeling_beam:compute_attention_scaling")
+    assert recipe.call.positional == ("position_ids",)
+    plan = plan_trace(captured)
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    handle = model.layers[sample.layer].self_attn.register_forward_hook(hook, with_kwargs=True)
+    positions = torch.arange(3000, 3011).expand(2, 11)
+    ids = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(5))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=positions)
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        got = traced_module(plan)(seen["hidden"], positions)[0]
+    assert float((got - seen["out"]).abs().max()) <= 1e-5
+
+
+@pytest.mark.slow
+def test_time_major_hidden_states_are_refused_by_name(tmp_path: Path) -> None:
+    """XLNet's attention takes ``h [S, B, E]``; the unit is batch-major, so the capture refuses it, saying so (not
+    with the relative encoding ``r`` it would otherwise trip on)."""
+    with pytest.raises(ExportError, match=r"time-major hidden states \[8, 1, 64\]"):
+        capture_layer(build(TIME_MAJOR, tmp_path))
