@@ -80,3 +80,16 @@ def test_an_explicit_path_field_wins(extra: dict[str, object], expected: str) ->
 )
 def test_anything_else_is_unknown_not_a_crash(manifest: dict[str, object]) -> None:
     assert classify(manifest, "llama").path == route.UNKNOWN
+
+
+def test_the_parts_of_posencs_trace_record_are_what_it_kept_and_replaced() -> None:
+    """posenc's trace record lists its positional parts with a status (TracePart): the census reads them."""
+    parts = [
+        {"part": "rotary angles", "status": "replaced", "detail": "posenc's precomputed tables"},
+        {"part": "stack position tensor", "status": "kept", "detail": "sinusoidal_pos from encoder.embed_positions"},
+        {"part": "position embeddings", "status": "absent", "detail": ""},
+    ]
+    found = classify({"trace": {"model_type": "roformer", "parts": parts}}, "roformer")
+    assert found.path == "trace"
+    assert found.kept == ("stack position tensor (sinusoidal_pos from encoder.embed_positions)",)
+    assert found.replaced == ("rotary angles (posenc's precomputed tables)",)

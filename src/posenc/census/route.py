@@ -12,7 +12,8 @@ says ``unknown`` rather than guess where nothing fits. In order:
 4. anything else: ``unknown``.
 
 A trace's ``kept`` / ``replaced`` lists (in the trace record, else at the top level) are reported as they are:
-each entry a string or an object whose ``what`` / ``name`` / ``reason`` fields are joined.
+each entry a string or an object whose ``what`` / ``name`` / ``reason`` fields are joined; so are the entries of
+the trace record's ``parts`` (posenc's own form: ``part``, ``status`` kept / replaced, ``detail``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def _entries(value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _parts(parts: Any, status: str) -> tuple[str, ...]:
+    """The ``part (detail)`` of each entry of a trace record's ``parts`` list with this ``status``
+    (:class:`posenc.trace.record.TracePart`: ``{"part", "status", "detail"}``)."""
+    if not isinstance(parts, Sequence) or isinstance(parts, str):
+        return ()
+    found = [p for p in parts if isinstance(p, Mapping) and p.get("status") == status and p.get("part")]
+    return tuple(f"{p['part']} ({p['detail']})" if p.get("detail") else str(p["part"]) for p in found)
+
+
 def _family_route(source: Mapping[str, Any], model_type: str, text_type: str) -> str:
     from posenc.checkpoints.family import all_families, family_for
     from posenc.errors import ConfigError
@@ -102,6 +112,8 @@ def classify(manifest: Mapping[str, Any], model_type: str, text_type: str | None
     family = str(source.get("family", "") or "")
     record = trace or manifest
     kept, replaced = _entries(record.get("kept", ())), _entries(record.get("replaced", ()))
+    kept += _parts(record.get("parts"), "kept")
+    replaced += _parts(record.get("parts"), "replaced")
     explicit = _explicit(manifest, source, trace)
     if explicit:
         return Route(explicit, family, kept, replaced)
