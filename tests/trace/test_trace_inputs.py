@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.errors import ExportError
+from posenc.errors import ConfigError, ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace import inputs
@@ -57,6 +57,32 @@ def test_an_argument_computed_from_boxes_is_refused_saying_what_it_is(tmp_path: 
         capture_layer(folder, 0)
 
 
+def test_a_wrapper_with_a_tower_per_stack_traces_its_encoder(tmp_path: Path) -> None:
+    """T5Gemma holds a ``t5_gemma_module`` as its encoder and as its decoder: the capture takes the encoder's (the
+    default stack), and refuses the decoder's with the reason."""
+    import torch
+    import transformers
+
+    module = {
+        **_SMALL,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "pad_token_id": 63,
+        "layer_types": ["full_attention"],
+        "hidden_size": 32,
+    }  # pad: an id the capture's tokens do not hold (a padding mask hides no key)
+    config = transformers.T5GemmaConfig(encoder=dict(module), decoder=dict(module), vocab_size=64, pad_token_id=63)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        transformers.T5GemmaForConditionalGeneration(config).save_pretrained(tmp_path / "t5gemma")
+    captured = capture_layer(tmp_path / "t5gemma", 0)
+    assert captured.tower is not None
+    assert captured.tower.path == "model.encoder"
+    assert captured.cacheless
+    with pytest.raises(ConfigError, match="not its decoder's yet"):
+        capture_layer(tmp_path / "t5gemma", 0, "decoder")
+
+
 def test_ids_per_codebook() -> None:
     class Config:
         model_type = "musicgen_decoder"
@@ -67,7 +93,17 @@ def test_ids_per_codebook() -> None:
     assert inputs.capture_inputs(Config(), 8) == ((1, 8), {})
 
 
-PASS = ("xmod", "musicgen_decoder", "musicgen_melody_decoder", "step3p5", "step3p7", "hunyuan_vl", "hunyuan_vl_text")
+PASS = (
+    "xmod",
+    "musicgen_decoder",
+    "musicgen_melody_decoder",
+    "step3p5",
+    "step3p7",
+    "hunyuan_vl",
+    "hunyuan_vl_text",
+    "kyutai_speech_to_text",
+    "t5gemma",
+)
 """Census types that trace and match their own module once the capture has their inputs (or the tiny config the
 fields their model needs)."""
 REFUSED = {
@@ -75,8 +111,11 @@ REFUSED = {
     "layoutlmv3": "'rel_pos'",
     "lilt": "'layout_inputs'",
     "t5gemma2": "'encoder_hidden_states'",
+    "clvp_encoder": "'rotary_pos_emb'",
+    "bailing_hybrid": "layer 0 of this bailing_hybrid model has no softmax attention",
 }
-"""Census types whose forward now runs, refused with the attention argument the unit cannot rebuild."""
+"""Census types whose forward now runs, refused with the attention argument the unit cannot rebuild (or, for a
+linear-attention layer, as having no softmax attention)."""
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ _INTERMEDIATE = re.compile(
 _EXPERTS = re.compile(r"^(num|n)_(local_|routed_)?experts$|^moe_num_experts$|^num_experts_total$")
 _PER_TOKEN = re.compile(r"experts_per_tok(en)?$|^moe_topk$|^moe_top_k$|^top_k$|^moe_k$|^num_selected_experts$")
 _SHARED = re.compile(r"shared_experts$")
-_GROUPS = re.compile(r"^n_group$|^topk_group$")
+_GROUPS = re.compile(r"^n_group$|^topk_group$|^num_expert_group$")  # Bailing hybrid: num_expert_group
 _WIDTH = re.compile(
     r"hidden_size$|hidden_dim$|^d_model$|^n_embd$|embed_dim$|embedding_dim$|embedding_size$|^emb_dim$|"
     r"projection_dim$|proj_dim$|^model_dim$|^dim$|(^|_)width$|output_dim$|bottleneck_size$|^attention_hidden_size$"
@@ -414,6 +414,8 @@ TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
     # BROS's box-embedding widths are computed from the hidden width, but its default's dict carries the computed
     # values of hidden 768 back into the class: the tiny ones (hidden // 4, that // dim_bbox, hidden // heads).
     "bros": {"dim_bbox_sinusoid_emb_2d": 16, "dim_bbox_sinusoid_emb_1d": 2, "dim_bbox_projection": 16},
+    # CLVP rotates max(projection_dim // (2 heads), 32) channels of each head: heads of 64 (as released: half of each).
+    "clvp_encoder": {"hidden_size": 128, "num_attention_heads": 2},
 }
 """Top-level fields of a ``model_type`` set after shrinking, where its config ties sizes the rules do not know."""
 

@@ -46,6 +46,7 @@ from posenc.trace.calls import (
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
 from posenc.trace.model import (
     attention_child,
+    attention_layers,
     build_base_model,
     class_path,
     default_layer,
@@ -66,6 +67,7 @@ from posenc.trace.stacks import (
     stack_layers,
     stack_module,
     stack_of,
+    tower_stack,
 )
 from posenc.trace.weights import load_attention_weights, load_module_weights
 
@@ -164,7 +166,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
         outer = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
-        tower = base_tower(outer, source.config, source.hf_model)  # a wrapper: its text tower is traced
+        tower = base_tower(outer, source.config, source.hf_model, tower_stack(outer, layer_type))  # a wrapper
         hf = tower.config if tower is not None else outer
         names = tower.checkpoint_names if tower is not None else None
         stack = stack_of(hf, layer_type)
@@ -185,7 +187,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
             found = attention_child(layers[index]) or nested_self_attention(layers[index])
-        if found is None:
+        softmax = attention_layers(hf) if stack is None else None  # layer_types: linear attention is not softmax
+        if found is None or (softmax is not None and index not in softmax):
             raise no_attention_error(hf, index, layers[index])
         child, attention = found
         attention_path = f"{list_path}.{index}.{child}"

@@ -65,6 +65,10 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         {"encoder_hidden_states": lambda hf, tokens: torch.zeros(1, tokens, int(hf.hidden_size))},
         why="T5Gemma 2's decoder refuses to run without encoder states (its attention merges them with its own)",
     ),
+    "kyutai_speech_to_text": CaptureInputs(
+        ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),
+        why="Kyutai STT reads one text id and one id per audio codebook at each step, [B, S, 1 + num_codebooks]",
+    ),
     "musicgen_decoder": CaptureInputs(
         ids=_codebook_rows, why="a MusicGen decoder reads one row of ids per codebook, [B * num_codebooks, S]"
     ),
@@ -83,6 +87,8 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "(UDOP's encoder: T5's bucketed bias plus a 2-D bias from the boxes)",
     "layout_inputs": "the layout stream's states, computed from the boxes, a second input of every attention (LiLT)",
     "bbox_pos_emb": "relative box embeddings [S, S, B, D] computed from the boxes (BROS)",
+    "rotary_pos_emb": "rotation angles of positions 0 .. S - 1, which its model computes from the sequence length "
+    "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
 }

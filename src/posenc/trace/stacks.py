@@ -148,6 +148,25 @@ def stack_of(hf: Any, layer_type: str | None) -> str | None:
     return layer_type
 
 
+def tower_stack(hf: Any, layer_type: str | None) -> str | None:
+    """The stack of an encoder-decoder wrapper whose text tower's type is each stack's (T5Gemma: ``model.encoder``
+    and ``model.decoder`` are both ``t5_gemma_module``): its encoder, as the BART family's default; None for any
+    other config.
+
+    Raises:
+        ConfigError: ``--layer-type decoder``: the tower's layers are picked by their own layer types, and the
+            decoder tower cannot be recorded apart from the encoder one yet.
+    """
+    if not getattr(hf, "is_encoder_decoder", False):
+        return None
+    if layer_type == "decoder":
+        raise ConfigError(
+            f"the {hf.model_type} model's text tower is a submodel per stack; posenc traces the encoder's "
+            f"(--layer-type picks one of its own layer types), not its decoder's yet."
+        )
+    return DEFAULT_STACK
+
+
 def _count_field(hf: Any, stack: str) -> str | None:
     for name in COUNT_FIELDS[stack]:
         value = getattr(hf, name, None)
@@ -285,4 +304,5 @@ __all__ = [
     "stack_module",
     "stack_of",
     "stack_view",
+    "tower_stack",
 ]
