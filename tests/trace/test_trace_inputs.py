@@ -83,14 +83,17 @@ def test_a_wrapper_with_a_tower_per_stack_traces_its_encoder(tmp_path: Path) -> 
         capture_layer(tmp_path / "t5gemma", 0, "decoder")
 
 
-def test_ids_per_codebook() -> None:
+def test_ids_per_codebook_and_one_stream_refusals() -> None:
     class Config:
         model_type = "musicgen_decoder"
         num_codebooks = 4
 
     assert inputs.capture_inputs(Config(), 8) == ((4, 8), {})
+    assert inputs.capture_refusal(Config()) is None
     Config.model_type = "llama"
     assert inputs.capture_inputs(Config(), 8) == ((1, 8), {})
+    Config.model_type = "vilt"  # text and image patches in one sequence: refused before any forward runs
+    assert "posenc's unit takes text tokens and their positions only" in (inputs.capture_refusal(Config()) or "")
 
 
 PASS = (
@@ -113,6 +116,8 @@ REFUSED = {
     "t5gemma2": "'encoder_hidden_states'",
     "clvp_encoder": "'rotary_pos_emb'",
     "bailing_hybrid": "layer 0 of this bailing_hybrid model has no softmax attention",
+    "vilt": "concatenate the text tokens and the image patches into one sequence",
+    "tvp": "concatenate a text prompt, the text tokens and the video frames' patches",
 }
 """Census types whose forward now runs, refused with the attention argument the unit cannot rebuild (or, for a
 linear-attention layer, as having no softmax attention)."""

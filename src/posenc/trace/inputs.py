@@ -65,6 +65,14 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         {"encoder_hidden_states": lambda hf, tokens: torch.zeros(1, tokens, int(hf.hidden_size))},
         why="T5Gemma 2's decoder refuses to run without encoder states (its attention merges them with its own)",
     ),
+    "idefics": CaptureInputs(
+        {
+            "image_encoder_embeddings": lambda hf, tokens: torch.zeros(1, 1, 1, int(hf.vision_config.embed_dim)),
+            "image_attention_mask": lambda hf, tokens: torch.ones(1, tokens, 1, dtype=torch.int64),
+        },
+        why="IDEFICS refuses to run without images; one zero image state (its gated cross-attention layers read it, "
+        "its self-attention does not)",
+    ),
     "kyutai_speech_to_text": CaptureInputs(
         ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),
         why="Kyutai STT reads one text id and one id per audio codebook at each step, [B, S, 1 + num_codebooks]",
@@ -77,6 +85,27 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
     ),
 }
 """Extra capture inputs per ``model_type`` (see the module docstring)."""
+
+
+ONE_STREAM: dict[str, str] = {
+    "vilt": "ViLT's embeddings concatenate the text tokens and the image patches into one sequence",
+    "tvp": "TVP's embeddings concatenate a text prompt, the text tokens and the video frames' patches into one "
+    "sequence",
+}
+"""Models whose layers attend over text and another modality in one sequence: the layer's input is not the text's
+embeddings, and a unit fed text alone would not be what the model computes; refused before the capture with the
+reason (:func:`capture_refusal`)."""
+
+
+def capture_refusal(hf: Any) -> str | None:
+    """Why a ``hf`` model's attention cannot be captured on text (:data:`ONE_STREAM`), or None."""
+    reason = ONE_STREAM.get(str(getattr(hf, "model_type", "")))
+    if reason is None:
+        return None
+    return (
+        f"{reason}, which every layer's attention reads; posenc's unit takes text tokens and their positions only, "
+        f"so the {hf.model_type} model's attention cannot be traced."
+    )
 
 
 ARGUMENT_MEANINGS: dict[str, str] = {
@@ -113,4 +142,12 @@ def capture_inputs(hf: Any, tokens: int) -> tuple[tuple[int, ...], dict[str, Any
     return shape, {key: make(hf, tokens) for key, make in entry.extra.items()}
 
 
-__all__ = ["ARGUMENT_MEANINGS", "CAPTURE_INPUTS", "CaptureInputs", "argument_meaning", "capture_inputs"]
+__all__ = [
+    "ARGUMENT_MEANINGS",
+    "CAPTURE_INPUTS",
+    "ONE_STREAM",
+    "CaptureInputs",
+    "argument_meaning",
+    "capture_inputs",
+    "capture_refusal",
+]
