@@ -59,6 +59,7 @@ from posenc.trace.probe import _check_settings, _module_causal, _probe, _setting
 from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
 from posenc.trace.stacks import (
     cache_kind,
+    check_tower_stack,
     nested_self_attention,
     new_cache,
     positions_outside,
@@ -166,7 +167,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
         outer = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
-        tower = base_tower(outer, source.config, source.hf_model, tower_stack(outer, layer_type))  # a wrapper
+        picked = tower_stack(outer, layer_type)  # a wrapper: its text tower is traced (T5Gemma: one per stack)
+        tower = base_tower(outer, source.config, source.hf_model, picked)
+        check_tower_stack(outer, picked, tower)
         hf = tower.config if tower is not None else outer
         names = tower.checkpoint_names if tower is not None else None
         stack = stack_of(hf, layer_type)
