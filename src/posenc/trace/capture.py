@@ -105,8 +105,8 @@ class Captured:
             wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
-        outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
-            start from it; None otherwise.
+        outside: the module of a stack's (or a model's) embeddings that adds its positions before layer 0, where
+            the unit does not start from it; None otherwise.
     """
 
     model_type: str
@@ -231,7 +231,13 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
+        # positions added before layer 0 where the unit does not start (a stack's embeddings; MusicGen's sinusoids,
+        # computed from the length, not from position ids): said so in the manifest
+        outside = (
+            positions_outside(list(calls), list_path)
+            if step is None and index == 0 and (stack or rotary_path is None)
+            else None
+        )
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
