@@ -132,3 +132,18 @@ def test_a_type_whose_default_config_does_not_build_is_told_apart_from_a_shrinki
 
     assert "does not build DbrxForCausalLM either" in _default_builds(model_type_info("dbrx"))
     assert "default config builds LlamaForCausalLM" in _default_builds(model_type_info("llama"))
+
+
+def test_fields_a_model_needs_are_set_where_the_default_leaves_them_unset() -> None:
+    """Step 3.5's model always builds a sliding-window mask, HunYuan-VL's rotary module splits heads by
+    ``mrope_section``: the default configs leave both unset (``TYPE_DEFAULTS``), the tiny ones carry them shrunk.
+    LayoutLMv3 concatenates 4 coordinate and 2 shape embeddings into the hidden width (``TYPE_OVERRIDES``)."""
+    step = tiny_config("step3p5").config
+    assert _default("step3p5").sliding_window is None
+    assert step.sliding_window == tiny.WINDOW
+    hunyuan = tiny_config("hunyuan_vl_text").config
+    section = hunyuan.rope_parameters["mrope_section"]
+    assert len(section) == 4
+    assert sum(section) == hunyuan.head_dim // 2
+    layout = tiny_config("layoutlmv3").config
+    assert 4 * layout.coordinate_size + 2 * layout.shape_size == layout.hidden_size

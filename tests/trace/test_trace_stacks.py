@@ -104,10 +104,11 @@ DECODER_ONLY = {
     "led": "argument 'attention_mask'",
     "longt5": "argument 'mask'",
     "pegasus_x": "argument 'token_hidden_states'",
-    "udop": "Bbox is required",
+    "udop": "argument 'position_bias'",
 }
 """Types whose decoder traces and whose encoder is refused, with the reason's words: an attention posenc cannot
-call from positions alone (local/global windows, block-sparse, a layout's boxes)."""
+call from positions alone (local/global windows, block-sparse, a bias computed before the layers from positions
+and boxes)."""
 
 
 def _tiny(name: str, root: Path) -> Path:

@@ -70,7 +70,7 @@ _INTERMEDIATE = re.compile(
 _EXPERTS = re.compile(r"^(num|n)_(local_|routed_)?experts$|^moe_num_experts$|^num_experts_total$")
 _PER_TOKEN = re.compile(r"experts_per_tok(en)?$|^moe_topk$|^moe_top_k$|^top_k$|^moe_k$|^num_selected_experts$")
 _SHARED = re.compile(r"shared_experts$")
-_GROUPS = re.compile(r"^n_group$|^topk_group$")
+_GROUPS = re.compile(r"^n_group$|^topk_group$|^num_expert_group$")  # Bailing hybrid: num_expert_group
 _WIDTH = re.compile(
     r"hidden_size$|hidden_dim$|^d_model$|^n_embd$|embed_dim$|embedding_dim$|embedding_size$|^emb_dim$|"
     r"projection_dim$|proj_dim$|^model_dim$|^dim$|(^|_)width$|output_dim$|bottleneck_size$|^attention_hidden_size$"
@@ -395,6 +395,40 @@ def _even_rotary_head(head: int, factor: float) -> int:
     return head
 
 
+TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Step 3.5's model builds a sliding-window mask for every forward, but its default config (all layers full
+    # attention) sets no window: the released checkpoints do (512); shrunk to the tiny window like any window.
+    "step3p5": {"sliding_window": 512},
+    # HunYuan-VL's rotary module splits the head into XD-RoPE sections (its config's ``xdrope_section``, renamed
+    # ``mrope_section``), which the default config leaves unset; the released checkpoints' four equal sections,
+    # rescaled to the tiny head like any ``mrope_section``.
+    "hunyuan_vl_text": {"rope_parameters": {"mrope_section": [16, 16, 16, 16]}},
+}
+"""Fields the released checkpoints of a text ``model_type`` set and its default config leaves unset, though its model
+cannot run without them; written into the default's text config before shrinking (dicts merged)."""
+TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
+    # LayoutLMv3 concatenates four coordinate and two shape embeddings into the hidden width (4 c + 2 s = hidden);
+    # LiLT splits its layout stream into six box embeddings of hidden // 6: a width of 96 serves both.
+    "layoutlmv3": {"hidden_size": 96, "coordinate_size": 16, "shape_size": 16},
+    "lilt": {"hidden_size": 96},
+    # BROS's box-embedding widths are computed from the hidden width, but its default's dict carries the computed
+    # values of hidden 768 back into the class: the tiny ones (hidden // 4, that // dim_bbox, hidden // heads).
+    "bros": {"dim_bbox_sinusoid_emb_2d": 16, "dim_bbox_sinusoid_emb_1d": 2, "dim_bbox_projection": 16},
+    # CLVP rotates max(projection_dim // (2 heads), 32) channels of each head: heads of 64 (as released: half of each).
+    "clvp_encoder": {"hidden_size": 128, "num_attention_heads": 2},
+}
+"""Top-level fields of a ``model_type`` set after shrinking, where its config ties sizes the rules do not know."""
+
+
+def _type_defaults(text: dict[str, Any], text_type: str) -> None:
+    """Write :data:`TYPE_DEFAULTS` of ``text_type`` into its text config dict (nested dicts merged)."""
+    for key, value in TYPE_DEFAULTS.get(text_type, {}).items():
+        if isinstance(value, dict) and isinstance(text.get(key), dict):
+            text[key] = {**text[key], **value}
+        elif text.get(key) is None:
+            text[key] = copy.deepcopy(value)
+
+
 _MODULE_DEFAULT = re.compile(r'rope_parameters\.get\("mrope_section", (\[[0-9, ]+\])\)')
 
 
@@ -510,6 +544,8 @@ def tiny_configs(
     data = default.to_dict()
     path = _text_path(data, text_type) or ()
     _module_defaults(_at(data, path), type(text))
+    _type_defaults(_at(data, path), text_type)
+    overrides = {**TYPE_OVERRIDES.get(model_type, {}), **(overrides or {})}
     wanted = set(layer_kinds(text))
     original = _layer_count(_at(data, path)) or 2
     rejected: list[str] = []
@@ -566,4 +602,14 @@ def save_tiny_model(config: Any, model_class: str, folder: Any, *, seed: int = 0
     return save_seeded(cls, config, folder, seed=seed, shard=None)
 
 
-__all__ = ["VARIANTS", "Targets", "TinyConfig", "layer_kinds", "save_tiny_model", "tiny_config", "tiny_configs"]
+__all__ = [
+    "TYPE_DEFAULTS",
+    "TYPE_OVERRIDES",
+    "VARIANTS",
+    "Targets",
+    "TinyConfig",
+    "layer_kinds",
+    "save_tiny_model",
+    "tiny_config",
+    "tiny_configs",
+]

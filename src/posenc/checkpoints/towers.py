@@ -102,7 +102,7 @@ class BaseTower:
         return tuple(dict.fromkeys((str(saved), inner)))
 
 
-def base_tower(hf: Any, config: dict[str, Any], model: Any) -> BaseTower | None:
+def base_tower(hf: Any, config: dict[str, Any], model: Any, stack: str | None = None) -> BaseTower | None:
     """The base model of the text tower of a wrapper checkpoint (see the module docstring), or None when its config
     is its own text config.
 
@@ -110,16 +110,19 @@ def base_tower(hf: Any, config: dict[str, Any], model: Any) -> BaseTower | None:
         hf: the checkpoint's transformers config.
         config: its ``config.json`` (for ``architectures``).
         model: the in-memory transformers model, or None for a folder (the wrapper is built on the meta device).
+        stack: where the wrapper holds a submodel of its tower's type per stack (T5Gemma's ``model.encoder`` and
+            ``model.decoder``), the one whose name ends with it.
 
     Raises:
-        ConfigError: the wrapper does not build, or holds several submodels of its tower's model_type.
+        ConfigError: the wrapper does not build, or holds several submodels of its tower's model_type (and
+            ``stack`` names none of them).
         BackendUnavailable: the wrapper's model class needs a package that is missing here.
     """
     tower_type = text_model_type(hf)
     if tower_type is None:
         return None
     built = model if model is not None else _meta_model(hf, config)
-    name, tower = _tower_module(built, tower_type, hf.model_type)
+    name, tower = _tower_module(built, tower_type, hf.model_type, stack)
     base = getattr(tower, "base_model", tower)
     prefix = getattr(tower, "base_model_prefix", "")
     if base is not tower and prefix and getattr(tower, prefix, None) is base:
@@ -205,8 +208,9 @@ def _meta_model(hf: Any, config: dict[str, Any]) -> Any:
         ) from None
 
 
-def _tower_module(model: Any, tower_type: str, wrapper: str) -> tuple[str, Any]:
-    """``(name, module)`` of the outermost submodel of ``model`` whose config has ``model_type == tower_type``."""
+def _tower_module(model: Any, tower_type: str, wrapper: str, stack: str | None = None) -> tuple[str, Any]:
+    """``(name, module)`` of the outermost submodel of ``model`` whose config has ``model_type == tower_type``; of
+    several, the one whose name ends with ``stack`` where one does."""
     transformers = import_transformers()
     found: list[tuple[str, Any]] = []
     for name, module in model.named_modules():
@@ -216,6 +220,8 @@ def _tower_module(model: Any, tower_type: str, wrapper: str) -> tuple[str, Any]:
             continue
         if not any(name.startswith(outer + ".") for outer, _ in found):
             found.append((name, module))
+    picked = [(n, m) for n, m in found if stack and n.rsplit(".", 1)[-1] == stack]
+    found = picked if len(found) > 1 and len(picked) == 1 else found
     if len(found) != 1:
         raise ConfigError(
             f"the {wrapper} model holds {len(found)} submodels of its text tower's model_type {tower_type!r} "

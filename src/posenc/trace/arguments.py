@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ExportError
+from posenc.trace.inputs import argument_meaning
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
@@ -108,8 +109,8 @@ def classify(
             return "zeros"
     shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
     raise ExportError(
-        f"the attention is called with argument {key!r} ({shape}), which posenc cannot rebuild from the hidden "
-        f"states, positions and cache; this model's attention cannot be traced yet."
+        f"the attention is called with argument {key!r} ({shape}){argument_meaning(key)}, which posenc cannot "
+        f"rebuild from the hidden states, positions and cache; this model's attention cannot be traced yet."
     )
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from posenc.checkpoints.reference import attention_mask
 from posenc.errors import ExportError
 from posenc.trace.arguments import classify, keep
+from posenc.trace.inputs import capture_inputs, capture_refusal
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
     stack_inputs,
@@ -101,7 +102,11 @@ def _run_forward(
     ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
     vocab = int(getattr(hf, "vocab_size", None) or 32)
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
+    refusal = capture_refusal(hf)
+    if refusal is not None:
+        raise ExportError(refusal)
+    shape, extra = capture_inputs(hf, tokens)  # boxes, a language, ids per codebook: posenc.trace.inputs
+    ids = torch.randint(0, max(vocab, 2), shape, generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
     features = stack_inputs(runner, hf, tokens) if runner is not None else []
     attempts = features or [
@@ -111,6 +116,7 @@ def _run_forward(
     ]
     if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
+    attempts = [{**attempt, **extra} for attempt in attempts]
     last: Exception | None = None
     for number, kwargs in enumerate(attempts):
         try:

@@ -48,6 +48,7 @@ from posenc.trace.derived import Derived, derive, record_methods, refuse_with_ca
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
 from posenc.trace.model import (
     attention_child,
+    attention_layers,
     build_base_model,
     class_path,
     default_layer,
@@ -60,6 +61,7 @@ from posenc.trace.probe import _check_settings, _module_causal, _probe, _setting
 from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
 from posenc.trace.stacks import (
     cache_kind,
+    check_tower_stack,
     nested_self_attention,
     new_cache,
     positions_outside,
@@ -68,6 +70,7 @@ from posenc.trace.stacks import (
     stack_layers,
     stack_module,
     stack_of,
+    tower_stack,
 )
 from posenc.trace.weights import load_attention_weights, load_module_weights
 
@@ -104,8 +107,8 @@ class Captured:
             wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
-        outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
-            start from it; None otherwise.
+        outside: the module of a stack's (or a model's) embeddings that adds its positions before layer 0, where
+            the unit does not start from it; None otherwise.
         derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
             that computes them, :mod:`posenc.trace.derived`).
     """
@@ -169,7 +172,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
         outer = source.hf_model.config if source.hf_model is not None else hf_config(source.config)
-        tower = base_tower(outer, source.config, source.hf_model)  # a wrapper: its text tower is traced
+        picked = tower_stack(outer, layer_type)  # a wrapper: its text tower is traced (T5Gemma: one per stack)
+        tower = base_tower(outer, source.config, source.hf_model, picked)
+        check_tower_stack(outer, picked, tower)
         hf = tower.config if tower is not None else outer
         names = tower.checkpoint_names if tower is not None else None
         stack = stack_of(hf, layer_type)
@@ -190,7 +195,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
             found = attention_child(layers[index]) or nested_self_attention(layers[index])
-        if found is None:
+        softmax = attention_layers(hf) if stack is None else None  # layer_types: linear attention is not softmax
+        if found is None or (softmax is not None and index not in softmax):
             raise no_attention_error(hf, index, layers[index])
         child, attention = found
         attention_path = f"{list_path}.{index}.{child}"
@@ -244,7 +250,13 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
+        # positions added before layer 0 where the unit does not start (a stack's embeddings; MusicGen's sinusoids,
+        # computed from the length, not from position ids): said so in the manifest
+        outside = (
+            positions_outside(list(calls), list_path)
+            if step is None and index == 0 and (stack or rotary_path is None)
+            else None
+        )
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:

@@ -148,6 +148,30 @@ def stack_of(hf: Any, layer_type: str | None) -> str | None:
     return layer_type
 
 
+def tower_stack(hf: Any, layer_type: str | None) -> str | None:
+    """The stack whose text tower a wrapper holding one per stack is traced in (T5Gemma: ``model.encoder`` and
+    ``model.decoder`` are both ``t5_gemma_module``): ``layer_type`` where it names a stack, else the encoder, as the
+    BART family's default; None for a config that is not an encoder-decoder."""
+    if not getattr(hf, "is_encoder_decoder", False):
+        return None
+    return layer_type if layer_type in STACKS else DEFAULT_STACK
+
+
+def check_tower_stack(hf: Any, picked: str | None, tower: Any) -> None:
+    """Refuse the decoder's tower of a wrapper holding one per stack (``picked``: :func:`tower_stack`; ``tower``:
+    the :class:`~posenc.checkpoints.towers.BaseTower` found, or None).
+
+    Raises:
+        ConfigError: the tower's layers are picked by their own layer types, and a decoder tower cannot be recorded
+            apart from the encoder's yet.
+    """
+    if picked == "decoder" and tower is not None and not getattr(tower.config, "is_encoder_decoder", False):
+        raise ConfigError(
+            f"the {hf.model_type} model's text tower is a submodel per stack; posenc traces the encoder's "
+            f"(--layer-type picks one of its own layer types), not its decoder's ({tower.path}) yet."
+        )
+
+
 def _count_field(hf: Any, stack: str) -> str | None:
     for name in COUNT_FIELDS[stack]:
         value = getattr(hf, name, None)
@@ -272,6 +296,7 @@ __all__ = [
     "STACKS",
     "bias_parts",
     "cache_kind",
+    "check_tower_stack",
     "cut_stack",
     "nested_self_attention",
     "new_cache",
@@ -285,4 +310,5 @@ __all__ = [
     "stack_module",
     "stack_of",
     "stack_view",
+    "tower_stack",
 ]

@@ -1,0 +1,144 @@
+"""Models whose forward needs more than token ids to reach the layer's attention (``posenc.trace.inputs``).
+
+The capture passes what :data:`posenc.trace.inputs.CAPTURE_INPUTS` declares (a language, boxes, ids per codebook);
+an argument of the attention computed from those inputs is refused, saying what it is. References: the checkpoint's
+own transformers attention module called as its model calls it (``hf-fp32``, ``hf-fp64``) and posenc's float64
+rebuild of the traced graph (``eager-fp64``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posenc.errors import ConfigError, ExportError
+from posenc.export.trace import export_traced
+from posenc.graphs.trace_rewrite import replace_positions
+from posenc.trace import inputs
+from posenc.trace.capture import capture_layer
+from posenc.validate.checkpoint import validate_against_checkpoint
+
+_SMALL = { "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+          "vocab_size": 64, "max_position_embeddings": 40}  # fmt: skip
+
+
+def _save(config_class: str, model_class: str, folder: Path, **settings: object) -> Path:
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_class)(**{"hidden_size": 32, **_SMALL, **settings})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        getattr(transformers, model_class)(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_model_that_needs_a_language_is_captured_with_its_declared_input(tmp_path: Path) -> None:
+    """X-MOD refuses to run without a language; with the table's ``lang_ids`` its first layer's call is captured
+    (its embedding step and attention; the slow sweep below exports it and holds it to its own module). Without the
+    entry the capture fails."""
+    folder = _save("XmodConfig", "XmodModel", tmp_path / "xmod", languages=["en_XX", "de_DE"])
+    captured = capture_layer(folder, 0)
+    assert captured.attention_ref.path == "encoder.layer.0.attention"
+    assert captured.embedding is not None
+    assert captured.embedding.record.position.path == "embeddings"
+    table = {k: v for k, v in inputs.CAPTURE_INPUTS.items() if k != "xmod"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inputs, "CAPTURE_INPUTS", table)
+        with pytest.raises(ExportError, match="Input language unknown"):
+            capture_layer(folder, 0)
+
+
+def test_an_argument_computed_from_boxes_is_refused_saying_what_it_is(tmp_path: Path) -> None:
+    """LiLT runs on the table's zero boxes, but its attention takes the layout stream's states: refused by name."""
+    folder = _save("LiltConfig", "LiltModel", tmp_path / "lilt", hidden_size=48, channel_shrink_ratio=2)
+    with pytest.raises(ExportError, match=r"'layout_inputs' \(\[1, 8, 24\]\), the layout stream's states"):
+        capture_layer(folder, 0)
+
+
+def test_a_wrapper_with_a_tower_per_stack_traces_its_encoder(tmp_path: Path) -> None:
+    """T5Gemma holds a ``t5_gemma_module`` as its encoder and as its decoder: the capture takes the encoder's (the
+    default stack), and refuses the decoder's with the reason."""
+    import torch
+    import transformers
+
+    module = {
+        **_SMALL,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "pad_token_id": 63,
+        "layer_types": ["full_attention"],
+        "hidden_size": 32,
+    }  # pad: an id the capture's tokens do not hold (a padding mask hides no key)
+    config = transformers.T5GemmaConfig(encoder=dict(module), decoder=dict(module), vocab_size=64, pad_token_id=63)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        transformers.T5GemmaForConditionalGeneration(config).save_pretrained(tmp_path / "t5gemma")
+    captured = capture_layer(tmp_path / "t5gemma", 0)
+    assert captured.tower is not None
+    assert captured.tower.path == "model.encoder"
+    assert captured.cacheless
+    with pytest.raises(ConfigError, match=r"not its decoder's \(model.decoder\) yet"):
+        capture_layer(tmp_path / "t5gemma", 0, "decoder")
+
+
+def test_ids_per_codebook_and_one_stream_refusals() -> None:
+    class Config:
+        model_type = "musicgen_decoder"
+        num_codebooks = 4
+
+    assert inputs.capture_inputs(Config(), 8) == ((4, 8), {})
+    assert inputs.capture_refusal(Config()) is None
+    Config.model_type = "llama"
+    assert inputs.capture_inputs(Config(), 8) == ((1, 8), {})
+    Config.model_type = "vilt"  # text and image patches in one sequence: refused before any forward runs
+    assert "posenc's unit takes text tokens and their positions only" in (inputs.capture_refusal(Config()) or "")
+
+
+PASS = (
+    "xmod",
+    "musicgen_decoder",
+    "musicgen_melody_decoder",
+    "step3p5",
+    "step3p7",
+    "hunyuan_vl",
+    "hunyuan_vl_text",
+    "kyutai_speech_to_text",
+    "t5gemma",
+    "idefics",
+)
+"""Census types that trace and match their own module once the capture has their inputs (or the tiny config the
+fields their model needs)."""
+REFUSED = {
+    "bros": "'bbox_pos_emb'",
+    "layoutlmv3": "'rel_pos'",
+    "lilt": "'layout_inputs'",
+    "t5gemma2": "'encoder_hidden_states'",
+    "clvp_encoder": "'rotary_pos_emb'",
+    "bailing_hybrid": "layer 0 of this bailing_hybrid model has no softmax attention",
+    "vilt": "concatenate the text tokens and the image patches into one sequence",
+    "tvp": "concatenate a text prompt, the text tokens and the video frames' patches",
+}
+"""Census types whose forward now runs, refused with the attention argument the unit cannot rebuild (or, for a
+linear-attention layer, as having no softmax attention)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*PASS, *REFUSED])
+def test_every_type_with_declared_inputs_traces_or_is_refused_by_name(name: str, tmp_path: Path) -> None:
+    from posenc.census.tiny import save_tiny_model, tiny_config
+    from posenc.census.types import model_type_info
+
+    folder = tmp_path / name
+    save_tiny_model(tiny_config(name).config, model_type_info(name).model_class, folder)  # type: ignore[union-attr]
+    if name in REFUSED:
+        with pytest.raises((ConfigError, ExportError), match=REFUSED[name]):
+            export_traced(tmp_path / f"{name}.onnx", folder, layer=0)
+        return
+    result = export_traced(tmp_path / f"{name}.onnx", folder, layer=0, rewrite=replace_positions)
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    if name.startswith("musicgen"):  # sinusoids from the length, added before layer 0: outside the unit, said so
+        assert parts["stack embeddings"] == "absent"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, f"{name}\n{report.to_markdown()}"
