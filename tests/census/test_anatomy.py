@@ -52,6 +52,9 @@ def test_layer_kinds_of_a_hybrid_and_of_an_encoder_decoder() -> None:
     assert [k.layer for k in gemma3] == [0, 5]
     assert ["sliding_attention" in gemma3[0].label, "full_attention" in gemma3[1].label] == [True, True]
     assert [k.count for k in gemma3] == [5, 1]
+    minimax = _anatomy("minimax").kinds  # lightning attention is linear: its layer_types entry says so
+    found = [(k.layer, k.attention, "linear_attention" in k.label) for k in minimax]
+    assert found == [(0, True, False), (1, False, True)]
 
 
 def test_a_multimodal_types_text_part_excludes_its_vision_tower() -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from torch import nn
 
 from posenc.census.tiny import layer_kinds
+from posenc.trace.model import attention_layers
 
 SCHEMES = (
     "RoPE",
@@ -72,7 +73,8 @@ class LayerKind:
         stack: ``encoder`` / ``decoder`` for an encoder-decoder's stacks, else None.
         layer: the index of the first layer of this kind in its stack.
         label: what makes the kind (layer class, attention classes, per-layer config entries).
-        attention: whether the layer holds an attention module (a kind without one is not exported).
+        attention: whether the layer holds a softmax attention module (a kind without one is not exported: no
+            attention module, or a linear-attention / state-space layer by the config's ``layer_types``).
         count: how many layers of the stack are of this kind.
     """
 
@@ -303,6 +305,12 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
     kinds = layer_stacks(model, text_config)
     if scheme == "none (no attention)":  # RWKV's "RwkvSelfAttention" mixes time without attention heads
         kinds = [dataclasses.replace(kind, attention=False) for kind in kinds]
+    softmax = attention_layers(text_config)  # layer_types: linear-attention and state-space layers (MiniMax's)
+    if softmax is not None:
+        kinds = [
+            dataclasses.replace(kind, attention=False) if kind.stack is None and kind.layer not in softmax else kind
+            for kind in kinds
+        ]
     return Anatomy(scheme, tuple(dict.fromkeys(evidence))[:6], tuple(kinds))
 
 

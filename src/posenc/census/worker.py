@@ -156,7 +156,7 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
     exported = 0
     for kind in kinds:
         if not kind["attention"]:
-            kind.update(path="skipped", reason="no attention module in this layer")
+            kind.update(path="skipped", reason="no softmax attention in this layer (none, or linear by layer_types)")
             continue
         if exported == MAX_KINDS:
             kind.update(path="skipped", reason=f"more than {MAX_KINDS} layer kinds: not exported")
