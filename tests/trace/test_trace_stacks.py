@@ -76,11 +76,48 @@ def test_the_stack_a_layer_type_picks() -> None:
     assert stack_of(composite, None) is None
 
 
+_FORMULA = {"d_model": 64, "encoder_layers": 1, "decoder_layers": 2, "decoder_attention_heads": 4,
+            "encoder_attention_heads": 4, "decoder_ffn_dim": 64, "encoder_ffn_dim": 64, "vocab_size": 96,
+            "max_position_embeddings": 64}  # fmt: skip
+FORMULA = Sample("pp_formulanet_text", "PP-FormulaNet's text model: the decoder stack alone",
+                 "PPFormulaNetTextConfig", "PPFormulaNetTextModel", _FORMULA, layer=1)  # fmt: skip
+
+
+def test_a_decoder_alone_whose_config_says_encoder_decoder_traces_its_one_stack(tmp_path: Path) -> None:
+    """PP-FormulaNet's text model is the decoder stack alone, its config an encoder-decoder's (``encoder_layers``
+    1, ``decoder_layers`` 2): layer 1 is the decoder's, found in the model's own list, called with the decoder's
+    cache; the encoder stack it lacks is refused by name. (Parity with the checkpoint's module: the slow
+    ``test_every_one_stack_text_model_traces_its_decoder``.)"""
+    folder = FORMULA.build(tmp_path / "checkpoint", shard=None)
+    captured = capture_layer(folder, 1)
+    assert (captured.layer, captured.layer_type, captured.attention_ref.path) == (1, "decoder", "layers.1.self_attn")
+    assert not captured.cacheless
+    assert captured.cache_kind == "encoder-decoder"
+    with pytest.raises(ConfigError, match=r"its decoder stack alone .* pass --layer-type decoder"):
+        capture_layer(folder, 0, "encoder")
+
+
+def test_a_stack_counted_in_its_own_sub_config() -> None:
+    """ASR models count their encoder's layers in ``encoder_config`` (Parakeet's RNN-T: no top-level count; Cohere
+    ASR: a top-level ``num_hidden_layers`` that is its decoder's); the stack's cut sets that field."""
+    import transformers
+
+    from posenc.trace.stacks import cut_stack, stack_layer_count
+
+    rnnt = transformers.ParakeetRNNTConfig(encoder_config={"num_hidden_layers": 3}, num_decoder_layers=2)
+    assert stack_layer_count(rnnt, "encoder") == 3
+    cohere = transformers.CohereAsrConfig(encoder_config={"num_hidden_layers": 5}, num_hidden_layers=4)
+    assert (stack_layer_count(cohere, "encoder"), stack_layer_count(cohere, "decoder")) == (5, 4)
+    cut_stack(cohere, "encoder", 2)
+    assert (cohere.encoder_config.num_hidden_layers, cohere.num_hidden_layers) == (2, 1)
+
+
 # --------------------------------------------------------------------------------------------------
 # Every encoder-decoder type of transformers, on the census's tiny checkpoint (slow)
 # --------------------------------------------------------------------------------------------------
 
 BOTH = (
+    "bigbird_pegasus",  # in its full-attention mode (the census's tiny config: posenc.census.tiny.MODES)
     "blenderbot",
     "blenderbot-small",
     "m2m_100",
@@ -100,7 +137,6 @@ BOTH = (
 )
 """Types both of whose stacks trace and match."""
 DECODER_ONLY = {
-    "bigbird_pegasus": "attention_type from 'block_sparse' to 'original_full'",
     "led": "argument 'attention_mask'",
     "longt5": "argument 'mask'",
     "pegasus_x": "argument 'token_hidden_states'",
@@ -143,6 +179,24 @@ def test_every_encoder_decoder_stack_traces_or_is_refused_by_name(name: str, tmp
             assert (parts["rotary angles"], parts["rotation"]) == ("replaced", "replaced")
         report = validate_against_checkpoint(result.path, folder)
         assert report.passed, f"{name} {stack}\n{report.to_markdown()}"
+
+
+ONE_STACK = ("canary", "dia", "pix2struct", "pp_formulanet", "pp_formulanet_text")
+"""Types whose text model (a wrapper's tower, or the type itself) is a decoder stack alone under an encoder-decoder
+config (Dia's reads token ids ``[B, S, channels]``: posenc.trace.stacks.TOKEN_AXES)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ONE_STACK)
+def test_every_one_stack_text_model_traces_its_decoder(name: str, tmp_path: Path) -> None:
+    folder = _tiny(name, tmp_path)
+    result = export_traced(tmp_path / "layer0.onnx", folder, layer=0, rewrite=replace_positions)
+    record = result.manifest.trace
+    assert record is not None
+    assert record.layer_type == "decoder"
+    assert not record.cacheless
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, f"{name}\n{report.to_markdown()}"
 
 
 @pytest.mark.slow

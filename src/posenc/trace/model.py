@@ -17,9 +17,7 @@ from torch import nn
 
 from posenc.checkpoints.reference import import_transformers
 from posenc.errors import ConfigError
-from posenc.trace.stacks import (
-    cut_stack,
-)
+from posenc.trace.stacks import check_lone, cut_stack, lone_config, lone_stack
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
@@ -78,15 +76,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
         configs[-1]._attn_implementation = "eager"
-    if model_class is not None:
-        builders = [model_class._from_config]
-    else:
-        builders = [transformers.AutoModel.from_config]
-        for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
-            found = getattr(transformers, str(name), None)
-            if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-                named: Any = found
-                builders.append(named._from_config)
+    builders = _builders(hf, model_class)
     first: Exception | None = None
     for config in configs:
         for build in builders:
@@ -100,6 +90,41 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
     )
+
+
+def _builders(hf: Any, model_class: Any) -> list[Any]:
+    """The ``_from_config`` builders :func:`build_base_model` tries, in order."""
+    transformers = import_transformers()
+    if model_class is not None:
+        return [model_class._from_config]
+    builders = [transformers.AutoModel.from_config]
+    for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+        found = getattr(transformers, str(name), None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            named: Any = found
+            builders.append(named._from_config)
+    return builders
+
+
+def one_stack(hf: Any, stack: str, layer_type: str | None, model_class: Any = None) -> str:
+    """The stack a layer of an encoder-decoder config is in: ``stack``, or the one stack the model transformers
+    builds from ``hf`` is (a decoder tower whose config says encoder-decoder: :func:`posenc.trace.stacks.lone_stack`,
+    on a model built on the meta device from a config with distinct stack counts: no memory, no weights).
+
+    Raises:
+        ConfigError: ``layer_type`` names the stack a one-stack model is not.
+    """
+    probe = lone_config(hf)
+    probe._attn_implementation = "eager"
+    for build in _builders(hf, model_class):
+        try:
+            with torch.device("meta"):
+                model = build(probe, attn_implementation="eager")
+        except (ValueError, KeyError, TypeError, RuntimeError, NotImplementedError):
+            continue  # the capture's own build reports a config it cannot build
+        lone = lone_stack(model)
+        return stack if lone is None else check_lone(hf, lone, layer_type)
+    return stack
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
@@ -191,6 +216,7 @@ __all__ = [
     "layer_count",
     "layer_list",
     "no_attention_error",
+    "one_stack",
     "quiet_transformers",
     "reduced_config",
 ]
