@@ -132,3 +132,16 @@ def test_a_type_whose_default_config_does_not_build_is_told_apart_from_a_shrinki
 
     assert "does not build DbrxForCausalLM either" in _default_builds(model_type_info("dbrx"))
     assert "default config builds LlamaForCausalLM" in _default_builds(model_type_info("llama"))
+
+
+def test_a_type_whose_default_mode_cannot_be_captured_takes_a_named_mode() -> None:
+    """BigBird's block-sparse default turns to full attention on short inputs; its tiny config chooses the model's
+    full-attention mode (``posenc.census.tiny.MODES``), and the census's notes say so."""
+    from posenc.census.report import _notes
+
+    made = tiny_config("big_bird")
+    assert made.config.attention_type == "original_full"
+    assert made.mode == {"attention_type": "original_full"}
+    assert tiny_config("bert").mode == {}
+    note = _notes({"build": {"layers": 2, "kinds_kept": True, "mode": made.mode}, "layers": []})
+    assert "mode attention_type='original_full'" in note
