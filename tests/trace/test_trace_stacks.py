@@ -112,6 +112,56 @@ def test_a_stack_counted_in_its_own_sub_config() -> None:
     assert (cohere.encoder_config.num_hidden_layers, cohere.num_hidden_layers) == (2, 1)
 
 
+_RNNT = {"encoder_config": {"hidden_size": 32, "intermediate_size": 32, "num_attention_heads": 2,
+                            "num_key_value_heads": 2, "num_hidden_layers": 1, "num_mel_bins": 16,
+                            "subsampling_conv_channels": 8, "max_position_embeddings": 512},
+         "num_decoder_layers": 1, "decoder_hidden_size": 32, "vocab_size": 32, "pad_token_id": 2,
+         "blank_token_id": 31}  # fmt: skip
+RNNT = Sample("parakeet_rnnt", "Parakeet RNN-T: a conformer encoder with Transformer-XL relative encodings",
+              "ParakeetRNNTConfig", "ParakeetForRNNT", _RNNT, layer_type="encoder")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rnnt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return RNNT.build(tmp_path_factory.mktemp("rnnt") / "checkpoint", shard=None)
+
+
+def test_relative_encodings_a_module_computes_are_called_again_by_the_unit(rnnt: Path) -> None:
+    """Parakeet's encoder attention reads one tensor of sinusoidal relative encodings ``[B, 2T - 1, E]`` that its
+    ``encode_positions`` module computes from the length (its encoder's layer count and mel bins in
+    ``encoder_config``): the capture names that module, and the unit that calls it again on the attention's input
+    reproduces the model's own call (the plan's wrapper check; the relative part is named)."""
+    from posenc.trace.build import plan_trace, relative_parts
+
+    plan = plan_trace(capture_layer(rnnt, 0, "encoder"))
+    captured = plan.captured
+    assert captured.cacheless
+    assert captured.rotary_ref is not None
+    assert captured.rotary_ref.path == "encoder.encode_positions"
+    assert "position_embeddings" in captured.call.keywords.values() or "position_embeddings" in captured.call.positional
+    (part,) = relative_parts(captured)
+    assert (part.part, part.status) == ("relative position encodings", "kept")
+    assert "[1, 7, 32] for 4 tokens" in part.detail
+
+
+@pytest.mark.slow
+def test_relative_encodings_a_module_computes_are_traced_with_the_attention(rnnt: Path, tmp_path: Path) -> None:
+    """The exported unit: the relative shift exports for every length (torch.export's guards deferred) and the
+    graph matches the checkpoint's own ``ParakeetEncoderAttention`` (``hf-fp32``) at lengths 1 and 5."""
+    folder = rnnt
+    result = export_traced(tmp_path / "encoder0.onnx", folder, layer=0, layer_type="encoder", rewrite=replace_positions)
+    record = result.manifest.trace
+    assert record is not None
+    assert record.cacheless
+    assert record.rotary is not None
+    assert record.rotary.path == "encoder.encode_positions"
+    assert {part.part: part.status for part in record.parts}["relative position encodings"] == "kept"
+    shapes = [FeedShape(1, 1, 0), FeedShape(2, 5, 0)]
+    report = validate_against_checkpoint(result.path, folder, shapes=shapes, long_positions=False)
+    assert report.passed, report.to_markdown()
+    assert "hf-fp32" in {row.reference for row in report.rows}
+
+
 # --------------------------------------------------------------------------------------------------
 # Every encoder-decoder type of transformers, on the census's tiny checkpoint (slow)
 # --------------------------------------------------------------------------------------------------

@@ -176,9 +176,11 @@ def _recipe(
     positional = []
     items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
     for key, value in items:
-        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         index = int(key[1:]) if key.startswith("#") else -1
         name = names[index] if 0 <= index < len(names) else key
+        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
+        if producer is None and relative_embeddings(name, value, hidden):
+            producer = _producer(calls, (value,))
         kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         if kind == "position_embeddings":
             rotary = producer
@@ -188,6 +190,14 @@ def _recipe(
         else:
             keywords[key] = kind
     return CallRecipe(tuple(positional), keywords, constants), rotary
+
+
+def relative_embeddings(name: str, value: Any, hidden: Any) -> bool:
+    """Whether an argument may be one tensor of position embeddings a module of the model computed (a conformer's
+    sinusoidal relative encodings ``[B, 2T - 1, E]`` of Transformer-XL, Parakeet's ``position_embeddings``): a
+    floating tensor, not the hidden states, passed under a parameter naming positions. Its producer is looked up and
+    called again as the rotary module is."""
+    return torch.is_tensor(value) and value.is_floating_point() and value is not hidden and "pos" in name.lower()
 
 
 def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:

@@ -335,9 +335,11 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
         return [{"input_ids": ids, "use_cache": True, **cached}, {"input_ids": ids}]
     frames = 16 * tokens
     if "input_features" in accepts:
-        channels = int(getattr(hf, "input_channels", 1) or 1)
-        per_channel = getattr(hf, "input_feat_per_channel", None)
-        bins = int(getattr(hf, "num_mel_bins", None) or (per_channel and per_channel * channels) or 80)
+        own = getattr(runner, "config", None)  # the stack's own config (Parakeet's encoder_config holds its bins)
+        source = own if own is not None and hasattr(own, "num_mel_bins") else hf
+        channels = int(getattr(source, "input_channels", 1) or 1)
+        per_channel = getattr(source, "input_feat_per_channel", None)
+        bins = int(getattr(source, "num_mel_bins", None) or (per_channel and per_channel * channels) or 80)
         shapes = [(1, bins, frames), (1, frames, bins)]
         fixed = int(getattr(hf, "max_source_positions", 0) or 0) * 2
         if 0 < fixed <= 4096:
