@@ -170,6 +170,7 @@ BOTH = (
     "bigbird_pegasus",  # in its full-attention mode (the census's tiny config: posenc.census.tiny.MODES)
     "blenderbot",
     "blenderbot-small",
+    "cohere_asr",  # encoder: relative encodings; decoder: fed seeded encoder states (its cross-attention needs them)
     "m2m_100",
     "mbart",
     "moonshine",
@@ -247,6 +248,46 @@ def test_every_one_stack_text_model_traces_its_decoder(name: str, tmp_path: Path
     assert not record.cacheless
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, f"{name}\n{report.to_markdown()}"
+
+
+ENCODER_ONLY = ("parakeet_rnnt", "parakeet_tdt")
+"""ASR types whose one attention stack is the conformer encoder (the RNN-T / TDT decoder is an LSTM)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ENCODER_ONLY)
+def test_every_conformer_encoder_traces_with_its_relative_encodings(name: str, tmp_path: Path) -> None:
+    folder = _tiny(name, tmp_path)
+    result = export_traced(tmp_path / "encoder.onnx", folder, layer=0, layer_type="encoder", rewrite=replace_positions)
+    record = result.manifest.trace
+    assert record is not None
+    assert {part.part: part.status for part in record.parts}["relative position encodings"] == "kept"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, f"{name}\n{report.to_markdown()}"
+
+
+def test_a_decoder_whose_cross_attention_runs_regardless_is_fed_seeded_encoder_states() -> None:
+    """The encoder states a decoder stack's capture forward may take: the encoder's width, seeded; none for a stack
+    that takes none."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from posenc.trace.stacks import encoder_states
+
+    class Decoder(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None) -> None:
+            return None
+
+    class Encoder(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor) -> None:
+            return None
+
+    config = SimpleNamespace(encoder_config=SimpleNamespace(hidden_size=24), hidden_size=32)  # Cohere ASR's fields
+    states = encoder_states(Decoder(), config, 5)["encoder_hidden_states"]
+    assert states.shape == (1, 5, 24)
+    assert torch.equal(states, encoder_states(Decoder(), config, 5)["encoder_hidden_states"])  # seeded
+    assert encoder_states(Encoder(), config, 5) == {}
 
 
 @pytest.mark.slow

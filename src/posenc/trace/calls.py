@@ -23,6 +23,7 @@ from posenc.errors import ExportError
 from posenc.trace.arguments import classify, keep
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
+    encoder_states,
     stack_inputs,
 )
 
@@ -111,6 +112,9 @@ def _run_forward(
     ]
     if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
+    states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
+    if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
+        attempts += [{**kwargs, **states} for kwargs in attempts]
     last: Exception | None = None
     for number, kwargs in enumerate(attempts):
         try:

@@ -311,6 +311,21 @@ def stack_module(model: nn.Module, list_path: str) -> nn.Module:
     return model.get_submodule(parent) if parent else model
 
 
+def encoder_states(runner: nn.Module, hf: Any, tokens: int) -> dict[str, torch.Tensor]:
+    """Seeded encoder states ``[1, tokens, width]`` for a decoder stack whose cross-attention runs even without
+    them (Cohere ASR's: it projects ``encoder_hidden_states`` unconditionally); empty where the stack takes none.
+    The width is the encoder's (``encoder_config.hidden_size``, else ``d_model`` / ``hidden_size``). Only the
+    cross-attention reads them; the self-attention the capture records is called as without them."""
+    if "encoder_hidden_states" not in inspect.signature(runner.forward).parameters:
+        return {}
+    encoder = getattr(hf, "encoder_config", None)
+    width = getattr(encoder, "hidden_size", None) or getattr(hf, "d_model", None) or getattr(hf, "hidden_size", None)
+    if not isinstance(width, int):
+        return {}
+    generator = torch.Generator().manual_seed(1)
+    return {"encoder_hidden_states": torch.randn(1, tokens, width, generator=generator)}
+
+
 TOKEN_AXES: dict[str, str] = {
     "dia_decoder": "num_channels",  # Dia's decoder reads one audio code per codebook channel: ids [B, S, channels]
 }
@@ -363,6 +378,7 @@ __all__ = [
     "cache_kind",
     "check_lone",
     "cut_stack",
+    "encoder_states",
     "lone_config",
     "lone_stack",
     "nested_self_attention",
