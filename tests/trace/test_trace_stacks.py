@@ -296,3 +296,28 @@ def test_decode_steps_carry_an_encoder_decoder_cache(mbart: Path, tmp_path: Path
     result = export_traced(tmp_path / "decoder0.onnx", mbart, layer=0, layer_type="decoder", rewrite=replace_positions)
     report = decode_against_checkpoint(result.path, mbart)
     assert report.passed, report.to_markdown()
+
+
+def test_a_model_whose_layer_list_counts_by_its_own_field() -> None:
+    """HRM's two recurrent stacks hold ``num_layers_per_stack`` layers each; ``num_hidden_layers`` counts its cache
+    slots (layers x cycles). Its tiny config keeps both consistent, and the capture counts and cuts the stack's
+    field, leaving the slots."""
+    from posenc.census.tiny import tiny_config
+    from posenc.trace.model import layer_count, reduced_config
+
+    hf = tiny_config("hrm_text").config
+    slots = hf.num_layers_per_stack * hf.H_cycles * (hf.L_cycles + 1)
+    assert (layer_count(hf), hf.num_hidden_layers) == (hf.num_layers_per_stack, slots)
+    cut = reduced_config(hf, 1)
+    assert (cut.num_layers_per_stack, cut.num_hidden_layers) == (1, slots)
+
+
+@pytest.mark.slow
+def test_a_recurrent_stack_layer_traces_and_matches_its_module(tmp_path: Path) -> None:
+    folder = _tiny("hrm_text", tmp_path)
+    result = export_traced(tmp_path / "layer0.onnx", folder, layer=0, rewrite=replace_positions)
+    record = result.manifest.trace
+    assert record is not None
+    assert record.attention.path == "L_module.layers.0.self_attn"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()

@@ -104,6 +104,15 @@ MODES: dict[str, dict[str, Any]] = {
 mode cannot be captured on a short forward; the census's notes name them."""
 
 
+FIELDS: dict[str, dict[str, Any]] = {
+    # HRM's config keeps num_layers_per_stack once set and derives num_hidden_layers (its cache slots) from it;
+    # unset, it takes the shrunk num_hidden_layers as the per-stack count and derives the slots from that.
+    "hrm_text": {"num_layers_per_stack": None},
+}
+"""Per-type config fields a tiny config sets so that the shrunk sizes stay consistent (fields the rules do not
+shrink, derived by the config class)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Targets:
     """The sizes the rules shrink to (one :data:`VARIANTS` entry changes some, where a config's validation ties
@@ -514,7 +523,7 @@ def tiny_configs(
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     mode = dict(MODES.get(model_type, {}))
-    overrides = {**mode, **(overrides or {})}
+    overrides = {**FIELDS.get(model_type, {}), **mode, **(overrides or {})}
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
     try:
@@ -582,6 +591,7 @@ def save_tiny_model(config: Any, model_class: str, folder: Any, *, seed: int = 0
 
 
 __all__ = [
+    "FIELDS",
     "MODES",
     "VARIANTS",
     "Targets",

@@ -30,8 +30,19 @@ def class_path(module: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+STACK_COUNTS: dict[str, str] = {
+    # HRM runs two stacks of num_layers_per_stack layers (L_module, H_module) in cycles; num_hidden_layers counts
+    # its cache slots (layers x cycles). Layer N is layer N of the first stack, called first at cycle offset 0.
+    "hrm_text": "num_layers_per_stack",
+}
+"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+
+
 def layer_count(hf: Any) -> int:
-    count = getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None) or getattr(hf, "num_layers", None)
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    count = getattr(hf, field, None) if field else None
+    count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
+    count = count or getattr(hf, "num_layers", None)
     if not isinstance(count, int) or count < 1:
         raise ConfigError(
             f"the {hf.model_type} config names no layer count (num_hidden_layers); posenc traces decoder layers."
@@ -51,7 +62,10 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
         reduced._attn_implementation = "eager"
         return reduced
     total = layer_count(hf)
-    if layers < total:
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
+        setattr(reduced, field, layers)
+    elif layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
                 setattr(reduced, name, layers)
@@ -208,6 +222,7 @@ def quiet_transformers() -> Iterator[None]:
 __all__ = [
     "ATTENTION_NAMES",
     "LINEAR_KINDS",
+    "STACK_COUNTS",
     "attention_child",
     "attention_layers",
     "build_base_model",
