@@ -182,6 +182,7 @@ BOTH = (
     "seamless_m4t",
     "seamless_m4t_v2",
     "speech_to_text",
+    "speecht5",  # both stacks fed hidden states (their prenets sit outside them); the encoder's relative encodings
     "switch_transformers",
     "umt5",
     "whisper",
@@ -321,3 +322,29 @@ def test_a_recurrent_stack_layer_traces_and_matches_its_module(tmp_path: Path) -
     assert record.attention.path == "L_module.layers.0.self_attn"
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
+
+
+def test_a_stack_fed_hidden_states_or_multi_channel_ids_gets_seeded_inputs() -> None:
+    """The capture's main input of a stack that takes no plain token ids: seeded hidden states of the model's width
+    (SpeechT5's stacks, their prenets outside), or ids ``[1, S, channels]`` (Dia's decoder: ``TOKEN_AXES``)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from posenc.trace.stacks import stack_inputs
+
+    class Stack(torch.nn.Module):
+        def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> None:
+            return None
+
+    class Codes(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, past_key_values: object = None) -> None:
+            return None
+
+    (first, plain) = stack_inputs(Stack(), SimpleNamespace(hidden_size=24), 5)
+    assert first["hidden_states"].shape == plain["hidden_states"].shape == (1, 5, 24)
+    dia = SimpleNamespace(model_type="dia_decoder", num_channels=3, vocab_size=40)
+    ids = stack_inputs(Codes(), dia, 5)[0]["input_ids"]
+    assert ids.shape == (1, 5, 3)
+    assert int(ids.max()) < 40
+    assert stack_inputs(Codes(), SimpleNamespace(model_type="bart", vocab_size=40), 5) == []

@@ -162,6 +162,14 @@ def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, C
     return found
 
 
+def _outer_producer(calls: Mapping[str, Call], value: torch.Tensor) -> tuple[str, Call] | None:
+    """The outermost module (shortest name) that returned ``value`` itself, and that call: the module that computes
+    relative encodings from the hidden states (SpeechT5's ``embed_positions``), not a table inside it (its ``pe_k``,
+    fed index offsets)."""
+    found = [(name, call) for name, first in calls.items() for call in first.every() if call.output is value]
+    return min(found, key=lambda item: item[0].count(".")) if found else None
+
+
 def _recipe(
     call: Call,
     positions: torch.Tensor,
@@ -184,7 +192,7 @@ def _recipe(
         name = names[index] if 0 <= index < len(names) else key
         producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         if producer is None and relative_embeddings(name, value, hidden):
-            producer = _producer(calls, (value,))
+            producer = _outer_producer(calls, value)
         kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         if kind == "position_embeddings":
             rotary = producer

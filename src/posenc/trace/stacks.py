@@ -362,6 +362,10 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
         return [{"input_features": torch.randn(shape, generator=generator)} for shape in shapes]
     if "input_values" in accepts:
         return [{"input_values": torch.randn(1, 400 * tokens, generator=generator)}]
+    width = getattr(hf, "hidden_size", None) or getattr(hf, "d_model", None)
+    if "hidden_states" in accepts and isinstance(width, int):  # a stack whose prenets sit outside it (SpeechT5's)
+        return [{"hidden_states": torch.randn(1, tokens, width, generator=generator), "use_cache": True},
+                {"hidden_states": torch.randn(1, tokens, width, generator=generator)}]  # fmt: skip
     return []
 
 
