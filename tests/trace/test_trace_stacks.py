@@ -83,18 +83,26 @@ FORMULA = Sample("pp_formulanet_text", "PP-FormulaNet's text model: the decoder 
                  "PPFormulaNetTextConfig", "PPFormulaNetTextModel", _FORMULA, layer=1)  # fmt: skip
 
 
-def test_a_decoder_alone_whose_config_says_encoder_decoder_traces_its_one_stack(tmp_path: Path) -> None:
+def test_a_decoder_alone_whose_config_says_encoder_decoder_traces_its_one_stack() -> None:
     """PP-FormulaNet's text model is the decoder stack alone, its config an encoder-decoder's (``encoder_layers``
-    1, ``decoder_layers`` 2): layer 1 is the decoder's, found in the model's own list, called with the decoder's
-    cache; the encoder stack it lacks is refused by name. (Parity with the checkpoint's module: the slow
-    ``test_every_one_stack_text_model_traces_its_decoder``.)"""
-    folder = FORMULA.build(tmp_path / "checkpoint", shard=None)
-    captured = capture_layer(folder, 1)
-    assert (captured.layer, captured.layer_type, captured.attention_ref.path) == (1, "decoder", "layers.1.self_attn")
-    assert not captured.cacheless
-    assert captured.cache_kind == "encoder-decoder"
+    1, ``decoder_layers`` 2): the model built on the meta device says it is the decoder, whose layer list the stack
+    search finds at the model's root; the encoder stack it lacks is refused by name. (Capture and parity with the
+    checkpoint's module: the slow ``test_every_one_stack_text_model_traces_its_decoder``.)"""
+    import torch
+    import transformers
+
+    from posenc.trace.model import one_stack
+    from posenc.trace.stacks import stack_layers
+
+    hf, cls = FORMULA.config(), transformers.PPFormulaNetTextModel  # the class its config.json's architectures name
+    assert one_stack(hf, "encoder", None, cls) == "decoder"
+    with torch.device("meta"):
+        model = cls(hf)
+    assert stack_layers(model, "decoder", 2)[0] == "layers"
     with pytest.raises(ConfigError, match=r"its decoder stack alone .* pass --layer-type decoder"):
-        capture_layer(folder, 0, "encoder")
+        one_stack(hf, "encoder", "encoder", cls)
+    mbart = MBART.config()
+    assert one_stack(mbart, "encoder", None, transformers.MBartModel) == "encoder"  # both stacks, named: as asked
 
 
 def test_a_stack_counted_in_its_own_sub_config() -> None:
