@@ -147,3 +147,16 @@ def test_fields_a_model_needs_are_set_where_the_default_leaves_them_unset() -> N
     assert sum(section) == hunyuan.head_dim // 2
     layout = tiny_config("layoutlmv3").config
     assert 4 * layout.coordinate_size + 2 * layout.shape_size == layout.hidden_size
+
+
+def test_a_type_whose_default_mode_cannot_be_captured_takes_a_named_mode() -> None:
+    """BigBird's block-sparse default turns to full attention on short inputs; its tiny config chooses the model's
+    full-attention mode (``posenc.census.tiny.MODES``), and the census's notes say so."""
+    from posenc.census.report import _notes
+
+    made = tiny_config("big_bird")
+    assert made.config.attention_type == "original_full"
+    assert made.mode == {"attention_type": "original_full"}
+    assert tiny_config("bert").mode == {}
+    note = _notes({"build": {"layers": 2, "kinds_kept": True, "mode": made.mode}, "layers": []})
+    assert "mode attention_type='original_full'" in note

@@ -96,6 +96,9 @@ def _notes(entry: Mapping[str, Any]) -> str:
         labels = [_kind_name(k) + (f" ({k.get('path')})" if len(paths) > 1 else "") for k in kinds]
         notes.append(f"{len(kinds)} layer kinds: " + ", ".join(labels))
     build = entry.get("build") or {}
+    if build.get("mode"):
+        chosen = ", ".join(f"{key}={value!r}" for key, value in build["mode"].items())
+        notes.append(f"the tiny config chooses the model's mode {chosen} (its default mode is not captured)")
     if build and not build.get("kinds_kept", True):
         notes.append(f"the tiny config ({build.get('layers')} layers) lacks some of the default's layer kinds")
     return _escape("; ".join(n for n in notes if n))

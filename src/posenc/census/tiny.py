@@ -93,6 +93,26 @@ SKIP_DICTS = frozenset({"rope_parameters", "rope_scaling", "label2id", "id2label
 """Nested dicts the rules never enter (``rope_parameters`` only for ``mrope_section``)."""
 
 
+MODES: dict[str, dict[str, Any]] = {
+    # BigBird's block-sparse attention needs sequences of at least (5 + 2 * num_random_blocks) blocks and turns to
+    # full attention (with a warning, changing the module's setting) on anything shorter; 'original_full' is the
+    # model's full-attention mode, chosen in config.json, whose module the capture can then call as the model does.
+    "big_bird": {"attention_type": "original_full"},
+    "bigbird_pegasus": {"attention_type": "original_full"},
+}
+"""Per-type settings a tiny config takes (each a real mode of the model, set in its config.json), where the default
+mode cannot be captured on a short forward; the census's notes name them."""
+
+
+FIELDS: dict[str, dict[str, Any]] = {
+    # HRM's config keeps num_layers_per_stack once set and derives num_hidden_layers (its cache slots) from it;
+    # unset, it takes the shrunk num_hidden_layers as the per-stack count and derives the slots from that.
+    "hrm_text": {"num_layers_per_stack": None},
+}
+"""Per-type config fields a tiny config sets so that the shrunk sizes stay consistent (fields the rules do not
+shrink, derived by the config class)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Targets:
     """The sizes the rules shrink to (one :data:`VARIANTS` entry changes some, where a config's validation ties
@@ -140,6 +160,8 @@ class TinyConfig:
     kinds_kept: bool
     targets: Targets
     rejected: list[str] = dataclasses.field(default_factory=list)
+    mode: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The :data:`MODES` settings it took."""
 
 
 def _text_path(data: Mapping[str, Any], text_type: str) -> tuple[str, ...] | None:
@@ -534,6 +556,8 @@ def tiny_configs(
     import_transformers()
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    mode = dict(MODES.get(model_type, {}))
+    overrides = {**FIELDS.get(model_type, {}), **mode, **(overrides or {})}
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
     try:
@@ -577,7 +601,7 @@ def tiny_configs(
             key = json.dumps(candidate.config.to_dict(), sort_keys=True, default=str)
             if key not in seen:  # a variant that changed nothing here is not tried twice
                 seen.add(key)
-                yield dataclasses.replace(candidate, rejected=list(rejected))
+                yield dataclasses.replace(candidate, rejected=list(rejected), mode=mode)
     if not seen:
         assert last is not None  # at least one attempt ran
         raise last
@@ -603,6 +627,8 @@ def save_tiny_model(config: Any, model_class: str, folder: Any, *, seed: int = 0
 
 
 __all__ = [
+    "FIELDS",
+    "MODES",
     "TYPE_DEFAULTS",
     "TYPE_OVERRIDES",
     "VARIANTS",

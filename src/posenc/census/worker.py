@@ -233,7 +233,8 @@ def _try_build(model_class: str, tiny: Any, checkpoint: Path, seed: int, save: A
 
     from posenc.census.tiny import save_tiny_model
 
-    save(stage="model", build={"layers": tiny.layers, "kinds_kept": tiny.kinds_kept, "targets": str(tiny.targets)})
+    build = {"layers": tiny.layers, "kinds_kept": tiny.kinds_kept, "targets": str(tiny.targets)}
+    save(stage="model", build={**build, "mode": tiny.mode} if tiny.mode else build)
     for _ in range(3):
         try:
             return save_tiny_model(tiny.config, model_class, checkpoint, seed=seed)

@@ -143,6 +143,7 @@ def to_onnx_model(
     dim_names: Sequence[Mapping[int, str]] | None = None,
     opset: int = DEFAULT_OPSET,
     optimize: bool = True,
+    deferred_guards: bool = False,
 ) -> tuple[Any, list[str]]:
     """Export ``module`` to an in-memory ``onnx.ModelProto`` (no files written).
 
@@ -154,6 +155,8 @@ def to_onnx_model(
         dim_names: per input ``{axis: name}``: the dim names written into the graph.
         opset: 23, 18 or 17.
         optimize: run the onnxscript optimizer (constant folding, dead code removal).
+        deferred_guards: torch.export's ``prefer_deferred_runtime_asserts_over_guards``: a guard on the dynamic
+            lengths it cannot prove becomes a runtime assert instead of a refusal (the traced path's last resort).
 
     Returns:
         ``(model proto, notes)``; graph inputs that no node reads are removed.
@@ -168,7 +171,13 @@ def to_onnx_model(
     shapes = tuple(dynamic_shapes) if dynamic_shapes is not None else None
     with quiet_exporter(), torch.no_grad():
         try:
-            program = torch.export.export(module, tuple(args), dynamic_shapes=shapes, strict=False)
+            program = torch.export.export(
+                module,
+                tuple(args),
+                dynamic_shapes=shapes,
+                strict=False,
+                prefer_deferred_runtime_asserts_over_guards=deferred_guards,
+            )
         except PosencError:
             raise
         except Exception as exc:

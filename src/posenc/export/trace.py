@@ -42,12 +42,12 @@ from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
-from posenc.export.trace_bounds import bounded_export, slot_shapes
+from posenc.export.trace_bounds import bounded_export, deferrable, deferred_note, export_dims, slot_shapes
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.build import NOPE, TracePlan, plan_trace, trace_record, traced_module
+from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.trace.derived import derived_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
@@ -161,7 +161,7 @@ def export_traced(
     unit = _unit(module, plan.config, plan.captured.cacheless)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
 
-    def export(dims: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    def export(dims: Mapping[str, Any], deferred: bool = False) -> tuple[Any, list[str]]:
         return to_onnx_model(
             module,
             sample,
@@ -171,11 +171,18 @@ def export_traced(
             dim_names=unit.dynamic_shapes(names=True),
             opset=TRACE_OPSET,
             optimize=False,
+            deferred_guards=deferred,
         )
 
     ranges = _dim_ranges(limit, plan.captured.cacheless)
     served = limit if limit is not None else plan.config.max_position_embeddings  # the model's context, unguarded
-    (model, notes), ranges, bounds = bounded_export(export, ranges, served, type(plan.captured.attention).__name__)
+    name = type(plan.captured.attention).__name__
+    try:
+        (model, notes), ranges, bounds = bounded_export(export, ranges, served, name)
+    except ExportError as exc:
+        if not deferrable(plan, exc):
+            raise
+        (model, notes), bounds = export(export_dims(ranges), deferred=True), [deferred_note(exc)]
     notes = [*notes, *bounds]
     with quiet_exporter():
         model = _optimize_without_fusions(model)
@@ -186,6 +193,7 @@ def export_traced(
     captured = plan.captured
     derived = derived_parts({key: found.recipe for key, found in captured.derived.items()})
     parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside), *derived)
+    parts = (*parts, *relative_parts(captured))
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip

@@ -122,6 +122,24 @@ def bounded_export(
     raise ExportError(f"torch.export kept refusing the lengths of {module_name} after {ATTEMPTS} bounds.")
 
 
+def deferrable(plan: Any, exc: ExportError) -> bool:
+    """Whether a refusal of :func:`bounded_export` may be retried with torch.export's guards deferred to runtime
+    asserts: the lengths were specialised (no bound fixes them) in an attention its model calls without a cache,
+    fed relative position encodings a module computes from the sequence length (a conformer's Transformer-XL
+    relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
+    for symbolic ``S``). The retried graph is held to the model's module at several lengths by ``validate``."""
+    captured = plan.captured
+    relative = captured.rotary is not None and captured.rotary_call is not None and captured.cacheless
+    return relative and "specialises the lengths" in str(exc)
+
+
+def deferred_note(exc: ExportError) -> str:
+    """The manifest note of an export whose length guards were deferred (:func:`deferrable`)."""
+    message = _violation(exc) or str(exc)
+    return (f"torch.export's guards on the lengths ({_guards(message)}) deferred to runtime asserts, which the ONNX "
+            f"graph does not carry: the module's relative shift is exported for every length")  # fmt: skip
+
+
 def _notes(used: Mapping[str, DimRange], declared: Mapping[str, DimRange], attempt: int) -> list[str]:
     changed = [f"{name} <= {r.max}" for name, r in used.items() if r.max != declared[name].max]
     if attempt == 0 or not changed:
@@ -137,4 +155,12 @@ def slot_shapes(slots: Sequence[Any], dims: Mapping[str, Any]) -> tuple[dict[int
     return tuple({axis: dims[size] for axis, size in enumerate(s.shape) if isinstance(size, str)} for s in slots)
 
 
-__all__ = ["ATTEMPTS", "bounded_export", "export_dims", "narrowed", "slot_shapes"]
+__all__ = [
+    "ATTEMPTS",
+    "bounded_export",
+    "deferrable",
+    "deferred_note",
+    "export_dims",
+    "narrowed",
+    "slot_shapes",
+]

@@ -79,7 +79,8 @@ def classify(
         positions: the capture's position ids ``[B, S]``.
         hidden: the layer's hidden states (an argument that *is* them is ``hidden``), or None.
         cache_class: transformers' ``Cache``.
-        produced: ``value`` is a tuple another module of the model returned (the rotary module's cos/sin).
+        produced: ``value`` is a tuple another module of the model returned (the rotary module's cos/sin), or one
+            tensor of position embeddings it returned (a conformer's relative encodings).
 
     Raises:
         ExportError: posenc cannot rebuild the argument from the hidden states, positions and cache (named).
@@ -90,8 +91,8 @@ def classify(
         return "cache"
     if isinstance(value, UserDict):
         return "kv_sharing"
-    if isinstance(value, (tuple, list)) and produced:
-        return "position_embeddings"
+    if produced and (isinstance(value, (tuple, list)) or torch.is_tensor(value)):
+        return "position_embeddings"  # cos/sin, or one tensor of relative encodings a module computed
     if torch.is_tensor(value):
         if hidden is not None and value is hidden:
             return "hidden"

@@ -110,9 +110,32 @@ def _rotary_values(captured: Captured, positions: torch.Tensor) -> tuple[torch.T
     hidden = torch.zeros(*positions.shape, captured.hidden_size)
     with torch.no_grad():
         out = dummy.position_embeddings(hidden, positions)
-    if len(out) != 2 or not all(torch.is_tensor(t) and t.dim() == 3 for t in out):
+    if torch.is_tensor(out) or len(out) != 2 or not all(torch.is_tensor(t) and t.dim() == 3 for t in out):
         return None
     return out[0].reshape(-1, out[0].shape[-1]), out[1].reshape(-1, out[1].shape[-1])
+
+
+RELATIVE_PART = "relative position encodings"
+"""One tensor of position encodings a module of the model computes from the sequence length and the attention
+reads (a conformer's Transformer-XL relative encodings ``[B, 2S - 1, E]``: Parakeet, Nemotron ASR), kept as traced."""
+
+
+def relative_parts(captured: Captured) -> tuple[TracePart, ...]:
+    """The manifest's part for relative position encodings the model's module computes (one tensor, not cos/sin),
+    kept as traced; none otherwise."""
+    if captured.rotary is None or captured.rotary_call is None or captured.rotary_ref is None:
+        return ()
+    dummy = TracedAttention(
+        captured.attention, captured.rotary, captured.layer, captured.call, captured.rotary_call, captured.mask
+    )
+    with torch.no_grad():
+        out = dummy.position_embeddings(torch.zeros(1, 4, captured.hidden_size), torch.arange(4).unsqueeze(0))
+    if not torch.is_tensor(out):
+        return ()
+    detail = (f"{captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]}) computes them from the "
+              f"sequence length ({list(out.shape)} for 4 tokens), as the model computes them in float32; posenc "
+              f"has no scheme for them")  # fmt: skip
+    return (TracePart(RELATIVE_PART, "kept", detail),)
 
 
 LEARNED = "learned"
@@ -356,4 +379,14 @@ def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.M
     return source_module(owner, recipe.children)
 
 
-__all__ = ["TracePlan", "geometry", "plan_trace", "rebuild", "text_positions", "trace_record", "traced_module"]
+__all__ = [
+    "RELATIVE_PART",
+    "TracePlan",
+    "geometry",
+    "plan_trace",
+    "rebuild",
+    "relative_parts",
+    "text_positions",
+    "trace_record",
+    "traced_module",
+]

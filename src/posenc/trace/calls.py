@@ -24,6 +24,7 @@ from posenc.trace.arguments import classify, keep
 from posenc.trace.inputs import capture_inputs, capture_refusal
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
+    encoder_states,
     stack_inputs,
 )
 
@@ -117,6 +118,9 @@ def _run_forward(
     if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
     attempts = [{**attempt, **extra} for attempt in attempts]
+    states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
+    if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
+        attempts += [{**kwargs, **states} for kwargs in attempts]
     last: Exception | None = None
     for number, kwargs in enumerate(attempts):
         try:
@@ -164,6 +168,14 @@ def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, C
     return found
 
 
+def _outer_producer(calls: Mapping[str, Call], value: torch.Tensor) -> tuple[str, Call] | None:
+    """The outermost module (shortest name) that returned ``value`` itself, and that call: the module that computes
+    relative encodings from the hidden states (SpeechT5's ``embed_positions``), not a table inside it (its ``pe_k``,
+    fed index offsets)."""
+    found = [(name, call) for name, first in calls.items() for call in first.every() if call.output is value]
+    return min(found, key=lambda item: item[0].count(".")) if found else None
+
+
 def _recipe(
     call: Call,
     positions: torch.Tensor,
@@ -185,9 +197,11 @@ def _recipe(
     positional = []
     items = [(f"#{i}", v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
     for key, value in items:
-        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         index = int(key[1:]) if key.startswith("#") else -1
         name = names[index] if 0 <= index < len(names) else key
+        producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
+        if producer is None and relative_embeddings(name, value, hidden):
+            producer = _outer_producer(calls, value)
         try:
             kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         except ExportError:
@@ -202,6 +216,14 @@ def _recipe(
         else:
             keywords[key] = kind
     return CallRecipe(tuple(positional), keywords, constants), rotary
+
+
+def relative_embeddings(name: str, value: Any, hidden: Any) -> bool:
+    """Whether an argument may be one tensor of position embeddings a module of the model computed (a conformer's
+    sinusoidal relative encodings ``[B, 2T - 1, E]`` of Transformer-XL, Parakeet's ``position_embeddings``): a
+    floating tensor, not the hidden states, passed under a parameter naming positions. Its producer is looked up and
+    called again as the rotary module is."""
+    return torch.is_tensor(value) and value.is_floating_point() and value is not hidden and "pos" in name.lower()
 
 
 def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> CallRecipe:

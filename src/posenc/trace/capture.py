@@ -55,6 +55,7 @@ from posenc.trace.model import (
     layer_count,
     layer_list,
     no_attention_error,
+    one_stack,
     quiet_transformers,
 )
 from posenc.trace.probe import _check_settings, _module_causal, _probe, _settings, cacheless_heads
@@ -178,6 +179,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         hf = tower.config if tower is not None else outer
         names = tower.checkpoint_names if tower is not None else None
         stack = stack_of(hf, layer_type)
+        if stack is not None:  # a decoder tower whose config says encoder-decoder is its one stack
+            stack = one_stack(hf, stack, layer_type, tower.model_class if tower is not None else None)
         total = layer_count(hf) if stack is None else stack_layer_count(hf, stack)
         index = (default_layer(hf, layer_type) if stack is None else 0) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
@@ -224,7 +227,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
 
         call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters, stack_tensor)
         rotary_path = producer[0] if producer is not None else None
-        cache = next((v for v in target.kwargs.values() if isinstance(v, transformers.Cache)), None)
+        passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
+        cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         mask_value = masks[0] if masks else None

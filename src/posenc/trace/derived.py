@@ -6,7 +6,8 @@ Some models compute a positional tensor once, before their layers, and hand it t
 unit cannot rebuild these from the hidden states and positions by kind (:mod:`posenc.trace.arguments`); instead
 it calls the **model's own code that computed them**, recorded at capture: a module's forward (recorded by the
 capture's hooks) or a method of a module that holds the layer list (recorded here, :func:`record_methods`), whose own
-arguments are of plain kinds (the hidden states for their shape, the shape itself, the sequence length, constants).
+arguments are of plain kinds (the hidden states for their shape, the shape itself, the sequence length, constants;
+never an input the capture filled in for the model, :data:`posenc.trace.inputs.SUBSTITUTED`).
 The argument's kind is then ``derived`` and :class:`~posenc.trace.record.DerivedRecipe` says which code and how it is
 called. The unit computes it from its inputs as the model does, so the graph holds it (kept as traced, the part
 :data:`DERIVED_PART`); the capture checks the rebuild equal to what the model passed, on the capture's hidden states
@@ -39,6 +40,7 @@ from torch import nn
 
 from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import call_args, classify, keep, rebuild
+from posenc.trace.inputs import SUBSTITUTED
 from posenc.trace.record import CallRecipe, DerivedRecipe, ModuleRef, TracePart
 
 DERIVED_PART = "stack position tensor"
@@ -168,6 +170,8 @@ def _lead(value: torch.Tensor, output: Any) -> int | None:
 def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tensor) -> str:
     """The kind of an argument of the code that derives a tensor: the hidden states (a float tensor of their shape,
     read for its shape: checked), their shape, the sequence length, or a plain kind."""
+    if key in SUBSTITUTED:  # LiLT's layout stream from the capture's zero boxes: the user's data, not positions
+        raise ExportError(f"{key!r} is an input the capture filled in (posenc.trace.inputs), not a position")
     tokens = int(positions.shape[-1])
     if torch.is_tensor(value) and value.is_floating_point() and value.shape == hidden.shape:
         return "hidden"

@@ -132,6 +132,11 @@ def argument_meaning(key: str) -> str:
     return f", {meaning}" if meaning else ""
 
 
+SUBSTITUTED: frozenset[str] = frozenset(name for entry in CAPTURE_INPUTS.values() for name in entry.extra)
+"""The inputs the capture fills in for a model (boxes, images, a language): data of the user's, not positions. A
+tensor the model derives from one of them is not something the unit may compute from the sequence alone."""
+
+
 def capture_inputs(hf: Any, tokens: int) -> tuple[tuple[int, ...], dict[str, Any]]:
     """``(shape of the token ids, extra keyword inputs)`` of the capture forward of a ``hf`` model on ``tokens``
     tokens (:data:`CAPTURE_INPUTS`; ``(1, tokens)`` and none for any other type)."""
@@ -146,6 +151,7 @@ __all__ = [
     "ARGUMENT_MEANINGS",
     "CAPTURE_INPUTS",
     "ONE_STREAM",
+    "SUBSTITUTED",
     "CaptureInputs",
     "argument_meaning",
     "capture_inputs",

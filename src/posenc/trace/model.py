@@ -17,9 +17,7 @@ from torch import nn
 
 from posenc.checkpoints.reference import import_transformers
 from posenc.errors import ConfigError
-from posenc.trace.stacks import (
-    cut_stack,
-)
+from posenc.trace.stacks import check_lone, cut_stack, lone_config, lone_stack
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
@@ -32,8 +30,19 @@ def class_path(module: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+STACK_COUNTS: dict[str, str] = {
+    # HRM runs two stacks of num_layers_per_stack layers (L_module, H_module) in cycles; num_hidden_layers counts
+    # its cache slots (layers x cycles). Layer N is layer N of the first stack, called first at cycle offset 0.
+    "hrm_text": "num_layers_per_stack",
+}
+"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+
+
 def layer_count(hf: Any) -> int:
-    count = getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None) or getattr(hf, "num_layers", None)
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    count = getattr(hf, field, None) if field else None
+    count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
+    count = count or getattr(hf, "num_layers", None)
     if not isinstance(count, int) or count < 1:
         raise ConfigError(
             f"the {hf.model_type} config names no layer count (num_hidden_layers); posenc traces decoder layers."
@@ -53,7 +62,10 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
         reduced._attn_implementation = "eager"
         return reduced
     total = layer_count(hf)
-    if layers < total:
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
+        setattr(reduced, field, layers)
+    elif layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
                 setattr(reduced, name, layers)
@@ -78,15 +90,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
         configs[-1]._attn_implementation = "eager"
-    if model_class is not None:
-        builders = [model_class._from_config]
-    else:
-        builders = [transformers.AutoModel.from_config]
-        for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
-            found = getattr(transformers, str(name), None)
-            if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
-                named: Any = found
-                builders.append(named._from_config)
+    builders = _builders(hf, model_class)
     first: Exception | None = None
     for config in configs:
         for build in builders:
@@ -100,6 +104,41 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
     )
+
+
+def _builders(hf: Any, model_class: Any) -> list[Any]:
+    """The ``_from_config`` builders :func:`build_base_model` tries, in order."""
+    transformers = import_transformers()
+    if model_class is not None:
+        return [model_class._from_config]
+    builders = [transformers.AutoModel.from_config]
+    for name in getattr(hf, "architectures", None) or []:  # a text tower AutoModel does not map (SiglipTextModel)
+        found = getattr(transformers, str(name), None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            named: Any = found
+            builders.append(named._from_config)
+    return builders
+
+
+def one_stack(hf: Any, stack: str, layer_type: str | None, model_class: Any = None) -> str:
+    """The stack a layer of an encoder-decoder config is in: ``stack``, or the one stack the model transformers
+    builds from ``hf`` is (a decoder tower whose config says encoder-decoder: :func:`posenc.trace.stacks.lone_stack`,
+    on a model built on the meta device from a config with distinct stack counts: no memory, no weights).
+
+    Raises:
+        ConfigError: ``layer_type`` names the stack a one-stack model is not.
+    """
+    probe = lone_config(hf)
+    probe._attn_implementation = "eager"
+    for build in _builders(hf, model_class):
+        try:
+            with torch.device("meta"):
+                model = build(probe, attn_implementation="eager")
+        except (ValueError, KeyError, TypeError, RuntimeError, NotImplementedError):
+            continue  # the capture's own build reports a config it cannot build
+        lone = lone_stack(model)
+        return stack if lone is None else check_lone(hf, lone, layer_type)
+    return stack
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
@@ -183,6 +222,7 @@ def quiet_transformers() -> Iterator[None]:
 __all__ = [
     "ATTENTION_NAMES",
     "LINEAR_KINDS",
+    "STACK_COUNTS",
     "attention_child",
     "attention_layers",
     "build_base_model",
@@ -191,6 +231,7 @@ __all__ = [
     "layer_count",
     "layer_list",
     "no_attention_error",
+    "one_stack",
     "quiet_transformers",
     "reduced_config",
 ]

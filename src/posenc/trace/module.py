@@ -143,8 +143,11 @@ class TracedAttention(nn.Module):
 
     # -- the arguments of the model's call --------------------------------------------------------
 
-    def position_embeddings(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """What the model's rotary module returns for ``position_ids [B, S]`` (cos, sin in its layout)."""
+    def position_embeddings(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        """What the model's rotary module returns for ``position_ids [B, S]`` (cos, sin in its layout; or the one
+        tensor a module of relative encodings returns, e.g. ``[B, 2S - 1, E]``)."""
         if self.exact is not None and self.angles_layout is not None:
             cos, sin = scheme_cos_sin(self.exact, position_ids)
             layout = self.angles_layout.layout
@@ -152,7 +155,8 @@ class TracedAttention(nn.Module):
         if self.rotary is None or self.rotary_call is None:
             raise ExportError("the model's call takes position embeddings, but no rotary module was captured.")
         args, kwargs = self._fill(self.rotary_call, hidden, position_ids, None, None, 0)
-        return tuple(self.rotary(*args, **kwargs))
+        out = self.rotary(*args, **kwargs)
+        return out if torch.is_tensor(out) else tuple(out)
 
     def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
         """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean

@@ -118,12 +118,14 @@ def _module_causal(attention: nn.Module) -> bool:
 
 def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[int, int]:
     """``(kv heads, head width)`` of an attention called without a cache: the module's own counts (BERT's
-    ``num_attention_heads`` and ``attention_head_size``, ``head_dim``, ``num_key_value_heads``), else the config's.
+    ``num_attention_heads`` and ``attention_head_size``, ``head_dim``, ``num_key_value_heads``), else its own config's
+    (a stack's sub-config), else the model config's.
 
     Raises:
         ConfigError: neither names the heads.
     """
-    sources = [*attention.modules(), hf]
+    own = getattr(attention, "config", None)  # the module's own config: a stack's sub-config (Parakeet's encoder's)
+    sources = [*attention.modules(), *([own] if own is not None and own is not hf else []), hf]
 
     def first(*names: str) -> int | None:
         for source in sources:

@@ -172,12 +172,30 @@ def check_tower_stack(hf: Any, picked: str | None, tower: Any) -> None:
         )
 
 
-def _count_field(hf: Any, stack: str) -> str | None:
-    for name in COUNT_FIELDS[stack]:
-        value = getattr(hf, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return name
+_GENERIC_COUNTS = ("num_layers", "num_hidden_layers")
+"""The count fields of :data:`COUNT_FIELDS` that name no stack: read after a ``<stack>_config`` sub-config's."""
+
+
+def _count_at(hf: Any, stack: str) -> tuple[Any, str] | None:
+    """``(config, field)`` holding ``stack``'s layer count: a field naming the stack, else the count of the stack's
+    own sub-config (``encoder_config.num_hidden_layers``: Parakeet's RNN-T and TDT, Cohere ASR, Nemotron ASR, whose
+    top-level ``num_hidden_layers`` is the decoder's or absent), else a generic field; None where none is set."""
+    sub = getattr(hf, f"{stack}_config", None)
+    owners = [(hf, [n for n in COUNT_FIELDS[stack] if n not in _GENERIC_COUNTS])]
+    if sub is not None and not isinstance(sub, dict):
+        owners.append((sub, list(COUNT_FIELDS[stack])))
+    owners.append((hf, [n for n in COUNT_FIELDS[stack] if n in _GENERIC_COUNTS]))
+    for owner, names in owners:
+        for name in names:
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return owner, name
     return None
+
+
+def _count_field(hf: Any, stack: str) -> str | None:
+    found = _count_at(hf, stack)
+    return found[1] if found is not None else None
 
 
 def stack_layer_count(hf: Any, stack: str) -> int:
@@ -186,13 +204,13 @@ def stack_layer_count(hf: Any, stack: str) -> int:
     Raises:
         ConfigError: the config names none (:data:`COUNT_FIELDS`).
     """
-    name = _count_field(hf, stack)
-    if name is None:
+    found = _count_at(hf, stack)
+    if found is None:
         raise ConfigError(
-            f"the {hf.model_type} config names no {stack} layer count ({' / '.join(COUNT_FIELDS[stack])}); "
-            f"posenc cannot pick a layer of its {stack}."
+            f"the {hf.model_type} config names no {stack} layer count ({' / '.join(COUNT_FIELDS[stack])}, also in "
+            f"its {stack}_config); posenc cannot pick a layer of its {stack}."
         )
-    return int(getattr(hf, name))
+    return int(getattr(*found))
 
 
 def stack_context(hf: Any, stack: str | None) -> int | None:
@@ -207,12 +225,12 @@ def stack_context(hf: Any, stack: str | None) -> int | None:
 
 def cut_stack(config: Any, stack: str, layers: int) -> None:
     """Cut ``config`` (a copy) to ``layers`` layers of ``stack`` and one layer of the other stack (never run)."""
-    own = _count_field(config, stack)
-    other = _count_field(config, STACKS[1 - STACKS.index(stack)])
-    if own is not None and layers < int(getattr(config, own)):
-        setattr(config, own, layers)
-    if other is not None and other != own:
-        setattr(config, other, 1)
+    own = _count_at(config, stack)
+    other = _count_at(config, STACKS[1 - STACKS.index(stack)])
+    if own is not None and layers < int(getattr(*own)):
+        setattr(*own, layers)
+    if other is not None and (own is None or other[0] is not own[0] or other[1] != own[1]):
+        setattr(*other, 1)
 
 
 def stack_layers(model: nn.Module, stack: str, count: int) -> tuple[str, nn.ModuleList]:
@@ -231,10 +249,64 @@ def stack_layers(model: nn.Module, stack: str, count: int) -> tuple[str, nn.Modu
         and any(stack in part for part in name.split(".")[:-1])
         and not any(other in part for part in name.split(".") for other in STACKS if other != stack)
     ]
+    if not found and not _names_stacks(model):  # the model is one stack alone (CanaryDecoder): its own list
+        found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) >= count]
     found.sort(key=lambda item: len(item[0]))
     if not found:
         raise ConfigError(f"cannot find the {count} {stack} layers of {type(model).__name__}; posenc cannot trace it.")
     return found[0]
+
+
+def _names_stacks(model: nn.Module) -> bool:
+    """Whether a module of ``model`` holding a layer list is named after a stack (``encoder``, ``decoder``)."""
+    return any(
+        isinstance(module, nn.ModuleList) and any(s in part for part in name.split(".")[:-1] for s in STACKS)
+        for name, module in model.named_modules()
+    )
+
+
+LONE_COUNTS = {"encoder": 2, "decoder": 3}
+"""Layer counts a probe config gives each stack, so that the length of the layer list of a model built from it says
+which stack's count it follows (:func:`lone_stack`)."""
+
+
+def lone_config(hf: Any) -> Any:
+    """A copy of ``hf`` with each stack's count set to :data:`LONE_COUNTS` (where one field counts both stacks, it
+    holds the decoder's)."""
+    import copy
+
+    probe = copy.deepcopy(hf)
+    for stack, number in LONE_COUNTS.items():
+        found = _count_at(probe, stack)
+        if found is not None:
+            setattr(*found, number)
+    return probe
+
+
+def lone_stack(model: nn.Module) -> str | None:
+    """The stack a model built from :func:`lone_config` is, where it is one stack alone: an encoder-decoder config
+    whose model transformers builds as a single layer stack (the decoder towers of Canary, Dia, Pix2Struct,
+    PP-FormulaNet; ``is_encoder_decoder`` copied from their composite); None where the model holds stacks named
+    ``encoder`` / ``decoder`` or its layer list follows neither count."""
+    if _names_stacks(model):
+        return None
+    lengths = {len(m) for m in model.modules() if isinstance(m, nn.ModuleList)}
+    found = [stack for stack, number in LONE_COUNTS.items() if number in lengths]
+    return found[0] if len(found) == 1 else None
+
+
+def check_lone(hf: Any, lone: str, layer_type: str | None) -> str:
+    """The stack a layer of a one-stack model is in: ``lone``, where ``layer_type`` names no stack or that one.
+
+    Raises:
+        ConfigError: ``layer_type`` names the other stack.
+    """
+    if layer_type in STACKS and layer_type != lone:
+        raise ConfigError(
+            f"this {hf.model_type} model is its {lone} stack alone (its config says encoder-decoder, but the model "
+            f"transformers builds from it holds one layer stack); pass --layer-type {lone}, or none."
+        )
+    return lone
 
 
 def nested_self_attention(layer: nn.Module) -> tuple[str, nn.Module] | None:
@@ -263,20 +335,50 @@ def stack_module(model: nn.Module, list_path: str) -> nn.Module:
     return model.get_submodule(parent) if parent else model
 
 
+def encoder_states(runner: nn.Module, hf: Any, tokens: int) -> dict[str, torch.Tensor]:
+    """Seeded encoder states ``[1, tokens, width]`` for a decoder stack whose cross-attention runs even without
+    them (Cohere ASR's: it projects ``encoder_hidden_states`` unconditionally); empty where the stack takes none.
+    The width is the encoder's (``encoder_config.hidden_size``, else ``d_model`` / ``hidden_size``). Only the
+    cross-attention reads them; the self-attention the capture records is called as without them."""
+    if "encoder_hidden_states" not in inspect.signature(runner.forward).parameters:
+        return {}
+    encoder = getattr(hf, "encoder_config", None)
+    width = getattr(encoder, "hidden_size", None) or getattr(hf, "d_model", None) or getattr(hf, "hidden_size", None)
+    if not isinstance(width, int):
+        return {}
+    generator = torch.Generator().manual_seed(1)
+    return {"encoder_hidden_states": torch.randn(1, tokens, width, generator=generator)}
+
+
+TOKEN_AXES: dict[str, str] = {
+    "dia_decoder": "num_channels",  # Dia's decoder reads one audio code per codebook channel: ids [B, S, channels]
+}
+"""Model types whose stack reads several token ids per position, ``[B, S, C]``: the config field holding ``C``."""
+
+
 def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]]:
     """Candidate main inputs of a stack's forward that takes no token ids: a speech encoder's features, seeded, in
     the layouts speech encoders use (``input_features [1, bins, frames]`` at Whisper's fixed length ``2 ·
     max_source_positions``, ``[1, bins, 16·tokens]``, ``[1, 16·tokens, bins]``; ``input_values [1, 400·tokens]``);
-    empty where it takes token ids (the caller tries those)."""
+    token ids ``[1, tokens, C]`` of a type in :data:`TOKEN_AXES`; empty where it takes plain token ids (the caller
+    tries those)."""
     accepts = inspect.signature(runner.forward).parameters
-    if "input_ids" in accepts:
-        return []
     generator = torch.Generator().manual_seed(0)
+    if "input_ids" in accepts:
+        axis = TOKEN_AXES.get(str(getattr(hf, "model_type", "")))
+        if axis is None:
+            return []
+        vocab, codes = int(getattr(hf, "vocab_size", 32) or 32), int(getattr(hf, axis))
+        ids = torch.randint(0, max(vocab, 2), (1, tokens, codes), generator=generator)
+        cached = {"past_key_values": new_cache("encoder-decoder")} if "past_key_values" in accepts else {}
+        return [{"input_ids": ids, "use_cache": True, **cached}, {"input_ids": ids}]
     frames = 16 * tokens
     if "input_features" in accepts:
-        channels = int(getattr(hf, "input_channels", 1) or 1)
-        per_channel = getattr(hf, "input_feat_per_channel", None)
-        bins = int(getattr(hf, "num_mel_bins", None) or (per_channel and per_channel * channels) or 80)
+        own = getattr(runner, "config", None)  # the stack's own config (Parakeet's encoder_config holds its bins)
+        source = own if own is not None and hasattr(own, "num_mel_bins") else hf
+        channels = int(getattr(source, "input_channels", 1) or 1)
+        per_channel = getattr(source, "input_feat_per_channel", None)
+        bins = int(getattr(source, "num_mel_bins", None) or (per_channel and per_channel * channels) or 80)
         shapes = [(1, bins, frames), (1, frames, bins)]
         fixed = int(getattr(hf, "max_source_positions", 0) or 0) * 2
         if 0 < fixed <= 4096:
@@ -284,6 +386,10 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
         return [{"input_features": torch.randn(shape, generator=generator)} for shape in shapes]
     if "input_values" in accepts:
         return [{"input_values": torch.randn(1, 400 * tokens, generator=generator)}]
+    width = getattr(hf, "hidden_size", None) or getattr(hf, "d_model", None)
+    if "hidden_states" in accepts and isinstance(width, int):  # a stack whose prenets sit outside it (SpeechT5's)
+        return [{"hidden_states": torch.randn(1, tokens, width, generator=generator), "use_cache": True},
+                {"hidden_states": torch.randn(1, tokens, width, generator=generator)}]  # fmt: skip
     return []
 
 
@@ -292,12 +398,18 @@ __all__ = [
     "CACHE_KINDS",
     "COUNT_FIELDS",
     "DEFAULT_STACK",
+    "LONE_COUNTS",
     "OUTSIDE_PART",
     "STACKS",
+    "TOKEN_AXES",
     "bias_parts",
     "cache_kind",
+    "check_lone",
     "check_tower_stack",
     "cut_stack",
+    "encoder_states",
+    "lone_config",
+    "lone_stack",
     "nested_self_attention",
     "new_cache",
     "outside_parts",
