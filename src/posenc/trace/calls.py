@@ -28,6 +28,11 @@ from posenc.trace.stacks import (
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
+CODEBOOK_IDS: dict[str, str] = {
+    # Dia's decoder reads one token per audio codebook and step: input_ids [B, S, num_channels].
+    "dia_decoder": "num_channels",
+}
+"""Model types whose forward takes token ids with a trailing codebook axis, and the config field of its size."""
 
 
 class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -101,7 +106,9 @@ def _run_forward(
     ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
     vocab = int(getattr(hf, "vocab_size", None) or 32)
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, max(vocab, 2), (1, tokens), generator=generator)
+    codebooks = CODEBOOK_IDS.get(str(getattr(hf, "model_type", "")))
+    shape = (1, tokens, int(getattr(hf, codebooks))) if codebooks else (1, tokens)
+    ids = torch.randint(0, max(vocab, 2), shape, generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
     features = stack_inputs(runner, hf, tokens) if runner is not None else []
     attempts = features or [

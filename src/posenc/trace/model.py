@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,9 +44,10 @@ def layer_count(hf: Any) -> int:
     return count
 
 
-def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
-    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention; of an
-    encoder-decoder's ``stack``, the first ``layers`` of that stack (:func:`posenc.trace.stacks.cut_stack`).
+def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: bool = True) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match, unless ``lists`` is
+    False), eager attention; of an encoder-decoder's ``stack``, the first ``layers`` of that stack
+    (:func:`posenc.trace.stacks.cut_stack`).
 
     The capture runs layers ``0 .. N``; a model's later layers are never built.
     """
@@ -58,7 +62,7 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
             if isinstance(getattr(reduced, name, None), int):
                 setattr(reduced, name, layers)
         for name, value in list(vars(reduced).items()):
-            if isinstance(value, list) and len(value) == total and not name.startswith("_"):
+            if lists and isinstance(value, list) and len(value) == total and not name.startswith("_"):
                 setattr(reduced, name, value[:layers])
     reduced._attn_implementation = "eager"
     return reduced
@@ -78,6 +82,8 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
         configs[-1]._attn_implementation = "eager"
+    else:  # a list as long as the layers but not per layer (Falcon-H1's two mlp_multipliers at 2 layers): uncut
+        configs.append(reduced_config(hf, layers, lists=False))
     if model_class is not None:
         builders = [model_class._from_config]
     else:
@@ -87,6 +93,10 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
             if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
                 named: Any = found
                 builders.append(named._from_config)
+        # A text tower transformers neither maps nor exports (AltRobertaModel, Kosmos2TextModel, DiaDecoder): the
+        # model classes its config's own modeling package declares for that config, base models first.
+        own: list[Any] = base_classes_first(module_classes(type(hf)))
+        builders += [cls._from_config for cls in own]
     first: Exception | None = None
     for config in configs:
         for build in builders:
@@ -100,6 +110,37 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
     )
+
+
+def module_classes(config_class: type) -> list[type]:
+    """``PreTrainedModel`` classes of the config's model package (every ``modeling_*`` module: BLIP's text model
+    lives in ``modeling_blip_text``) whose ``config_class`` is ``config_class``, in definition order."""
+    transformers = import_transformers()
+    package = importlib.import_module(config_class.__module__.rpartition(".")[0])
+    found = []
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        if not info.name.startswith("modeling_"):
+            continue
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        except ImportError:  # a backend this environment lacks (tf, flax, ...)
+            continue
+        for value in vars(module).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, transformers.PreTrainedModel)
+                and value.__module__ == module.__name__
+                and getattr(value, "config_class", None) is config_class
+            ):
+                found.append(value)
+    return found
+
+
+def base_classes_first(classes: list[type]) -> list[type]:
+    """``classes`` without the abstract ``*PreTrainedModel`` ones, those without a head (no ``For`` in the name:
+    ``Kosmos2TextModel``, ``DiaDecoder``) before the heads."""
+    concrete = [c for c in classes if "PreTrained" not in c.__name__]
+    return sorted(concrete, key=lambda c: "For" in c.__name__)
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
@@ -185,11 +226,13 @@ __all__ = [
     "LINEAR_KINDS",
     "attention_child",
     "attention_layers",
+    "base_classes_first",
     "build_base_model",
     "class_path",
     "default_layer",
     "layer_count",
     "layer_list",
+    "module_classes",
     "no_attention_error",
     "quiet_transformers",
     "reduced_config",

@@ -134,7 +134,7 @@ def stack_of(hf: Any, layer_type: str | None) -> str | None:
     Raises:
         ConfigError: an encoder-decoder model and a layer type that is neither a stack nor one of its layer types.
     """
-    if not getattr(hf, "is_encoder_decoder", False):
+    if not getattr(hf, "is_encoder_decoder", False) or stack_config(type(hf)) is not None:
         return None
     if layer_type is not None and layer_type in (getattr(hf, "layer_types", None) or []):
         return None
@@ -146,6 +146,22 @@ def stack_of(hf: Any, layer_type: str | None) -> str | None:
             f"not {layer_type!r}."
         )
     return layer_type
+
+
+def stack_config(config_class: type) -> str | None:
+    """The ``sub_configs`` key under which a config of its own package holds ``config_class`` as one stack
+    (``decoder_config``: Dia's and Canary's decoder configs, which transformers marks ``is_encoder_decoder`` as parts of
+    an encoder-decoder, though their model is the one stack), or None."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(config_class.__module__)
+    for value in vars(module).values():
+        subs = getattr(value, "sub_configs", None) if inspect.isclass(value) and value is not config_class else None
+        for key, sub in (subs or {}).items():
+            if sub is config_class and any(name in key for name in STACKS):
+                return str(key)
+    return None
 
 
 def _count_field(hf: Any, stack: str) -> str | None:
@@ -278,6 +294,7 @@ __all__ = [
     "outside_parts",
     "positions_outside",
     "self_attention_cache",
+    "stack_config",
     "stack_context",
     "stack_inputs",
     "stack_layer_count",
