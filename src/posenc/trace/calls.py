@@ -28,11 +28,15 @@ from posenc.trace.stacks import (
 
 CAPTURE_TOKENS = 8
 """Tokens of the capture forward (more when a small sliding window must be seen to be told apart)."""
-CODEBOOK_IDS: dict[str, str] = {
+CODEBOOK_IDS: dict[str, tuple[str, bool]] = {
     # Dia's decoder reads one token per audio codebook and step: input_ids [B, S, num_channels].
-    "dia_decoder": "num_channels",
+    "dia_decoder": ("num_channels", True),
+    # MusicGen's decoders read one row of tokens per codebook: input_ids [B * num_codebooks, S].
+    "musicgen_decoder": ("num_codebooks", False),
+    "musicgen_melody_decoder": ("num_codebooks", False),
 }
-"""Model types whose forward takes token ids with a trailing codebook axis, and the config field of its size."""
+"""Model types whose forward takes token ids with a codebook axis: the config field of its size, and whether it is
+a trailing axis (else the codebooks are rows of the batch)."""
 
 
 class _Stop(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -106,8 +110,9 @@ def _run_forward(
     ids (position ids ``0 .. tokens - 1``; a speech encoder on seeded features instead) until the hook stops it."""
     vocab = int(getattr(hf, "vocab_size", None) or 32)
     generator = torch.Generator().manual_seed(0)
-    codebooks = CODEBOOK_IDS.get(str(getattr(hf, "model_type", "")))
-    shape = (1, tokens, int(getattr(hf, codebooks))) if codebooks else (1, tokens)
+    field, trailing = CODEBOOK_IDS.get(str(getattr(hf, "model_type", "")), ("", False))
+    codebooks = int(getattr(hf, field)) if field else 1
+    shape = (1, tokens, codebooks) if trailing else (codebooks, tokens)
     ids = torch.randint(0, max(vocab, 2), shape, generator=generator)
     positions = torch.arange(tokens).unsqueeze(0)
     features = stack_inputs(runner, hf, tokens) if runner is not None else []

@@ -102,8 +102,8 @@ class Captured:
             wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
-        outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
-            start from it; None otherwise.
+        outside: the module of a stack's (or a one-stack model's) embeddings that adds its positions before layer 0,
+            where the unit does not start from it; None otherwise.
     """
 
     model_type: str
@@ -225,7 +225,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
+        # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
+        # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
+        first = step is None and index == 0 and (stack is not None or rotary_path is None)
+        outside = positions_outside(list(calls), list_path) if first else None
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:

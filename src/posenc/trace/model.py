@@ -26,6 +26,9 @@ from posenc.trace.stacks import (
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
+TRAILING_COUNTS = ("num_kv_shared_layers",)
+"""Config fields counting the model's *last* layers (Gemma 3n: the last ``num_kv_shared_layers`` reuse an earlier
+layer's cache): cut with the layers so that each of layers ``0 .. N`` keeps its role."""
 LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
 """``layer_types`` entries of layers without softmax attention."""
 
@@ -61,6 +64,10 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
                 setattr(reduced, name, layers)
+        for name in TRAILING_COUNTS:
+            value = getattr(reduced, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(reduced, name, max(0, layers - (total - value)))
         for name, value in list(vars(reduced).items()):
             if lists and isinstance(value, list) and len(value) == total and not name.startswith("_"):
                 setattr(reduced, name, value[:layers])
@@ -224,6 +231,7 @@ def quiet_transformers() -> Iterator[None]:
 __all__ = [
     "ATTENTION_NAMES",
     "LINEAR_KINDS",
+    "TRAILING_COUNTS",
     "attention_child",
     "attention_layers",
     "base_classes_first",
