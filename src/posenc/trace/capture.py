@@ -209,6 +209,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
         else:
@@ -228,7 +229,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
         first = step is None and index == 0 and (stack is not None or rotary_path is None)
-        outside = positions_outside(list(calls), list_path) if first else None
+        outside = positions_outside(list(calls), list_path, anywhere=stack is None) if first else None
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
@@ -265,6 +266,23 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
         )
+
+
+def _check_layout(hf: Any, hidden: Any, model_type: str) -> None:
+    """Refuse hidden states the attention takes channels first, ``[B, E, S]`` (SqueezeBERT's grouped 1-D
+    convolutions): the traced unit's interface is ``[B, S, E]``.
+
+    Raises:
+        ExportError: naming the layout.
+    """
+    width = getattr(hf, "hidden_size", None)
+    if torch.is_tensor(hidden) and hidden.dim() == 3 and isinstance(width, int):
+        if hidden.shape[-1] != width and hidden.shape[1] == width:
+            raise ExportError(
+                f"the attention of this {model_type} model takes its hidden states channels first [B, E, S] "
+                f"({list(hidden.shape)}, hidden size {width}: its projections are 1-D convolutions); posenc's traced "
+                f"unit takes [B, S, E] and does not export this layout."
+            )
 
 
 __all__ = [
