@@ -47,6 +47,7 @@ from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_ta
 from posenc.trace.model import (
     attention_child,
     build_base_model,
+    built_layers,
     class_path,
     default_layer,
     layer_count,
@@ -180,7 +181,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None, stack)
         tower_ref = ModuleRef(tower.path, class_path(model)) if tower is not None else None
         if stack is None:
-            list_path, layers = layer_list(model, index + 1)
+            list_path, layers = layer_list(model, built_layers(hf, index + 1))
             found = attention_child(layers[index])
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
@@ -276,13 +277,13 @@ def _check_layout(hf: Any, hidden: Any, model_type: str) -> None:
         ExportError: naming the layout.
     """
     width = getattr(hf, "hidden_size", None)
-    if torch.is_tensor(hidden) and hidden.dim() == 3 and isinstance(width, int):
-        if hidden.shape[-1] != width and hidden.shape[1] == width:
-            raise ExportError(
-                f"the attention of this {model_type} model takes its hidden states channels first [B, E, S] "
-                f"({list(hidden.shape)}, hidden size {width}: its projections are 1-D convolutions); posenc's traced "
-                f"unit takes [B, S, E] and does not export this layout."
-            )
+    shape = list(hidden.shape) if torch.is_tensor(hidden) and hidden.dim() == 3 else None
+    if shape is not None and isinstance(width, int) and shape[-1] != width and shape[1] == width:
+        raise ExportError(
+            f"the attention of this {model_type} model takes its hidden states channels first [B, E, S] "
+            f"({shape}, hidden size {width}: its projections are 1-D convolutions); posenc's traced "
+            f"unit takes [B, S, E] and does not export this layout."
+        )
 
 
 __all__ = [

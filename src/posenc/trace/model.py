@@ -29,6 +29,10 @@ ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 TRAILING_COUNTS = ("num_kv_shared_layers",)
 """Config fields counting the model's *last* layers (Gemma 3n: the last ``num_kv_shared_layers`` reuse an earlier
 layer's cache): cut with the layers so that each of layers ``0 .. N`` keeps its role."""
+LAST_LAYER_DIFFERS = frozenset({"gpt_neox_japanese"})
+"""Model types whose last layer is built unlike the others (GPT-NeoX-Japanese: only the last attention has its
+``dense_bias``): the capture builds one layer past layer N where the checkpoint has one, so that layer N is built as
+the checkpoint's layer N."""
 LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
 """``layer_types`` entries of layers without softmax attention."""
 
@@ -45,6 +49,14 @@ def layer_count(hf: Any) -> int:
             f"the {hf.model_type} config names no layer count (num_hidden_layers); posenc traces decoder layers."
         )
     return count
+
+
+def built_layers(hf: Any, layers: int) -> int:
+    """How many layers :func:`build_base_model` builds to reach layers ``0 .. layers - 1``: one more where the last
+    layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one."""
+    if getattr(hf, "model_type", None) in LAST_LAYER_DIFFERS:
+        return min(layers + 1, layer_count(hf))
+    return layers
 
 
 def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: bool = True) -> Any:
@@ -85,6 +97,8 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
+    if stack is None:
+        layers = built_layers(hf, layers)
     configs = [reduced_config(hf, layers, stack)]
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
@@ -230,12 +244,14 @@ def quiet_transformers() -> Iterator[None]:
 
 __all__ = [
     "ATTENTION_NAMES",
+    "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
     "TRAILING_COUNTS",
     "attention_child",
     "attention_layers",
     "base_classes_first",
     "build_base_model",
+    "built_layers",
     "class_path",
     "default_layer",
     "layer_count",
