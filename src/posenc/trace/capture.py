@@ -50,6 +50,7 @@ from posenc.trace.model import (
     built_layers,
     class_path,
     default_layer,
+    layer_config,
     layer_count,
     layer_list,
     no_attention_error,
@@ -195,7 +196,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         settings = _settings(attention)
         with _hooks(handles):
             runner = stack_module(model, list_path) if stack else None
-            positions = _run_forward(model, hf, _capture_tokens(hf), runner, cache=stack != "encoder")
+            positions = _run_forward(
+                model, hf, _capture_tokens(layer_config(hf, index)), runner, cache=stack != "encoder"
+            )
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
@@ -206,13 +209,14 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         mask_value = masks[0] if masks else None
-        mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
+        causal = cache is not None or _module_causal(attention)
+        mask = _mask_recipe(mask_value, layer_config(hf, index), kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
-            kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
+            kv_heads, head_dim = cacheless_heads(layer_config(hf, index), attention, int(hidden.shape[-1]))
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             keys, values = own.layers[index].keys, own.layers[index].values

@@ -51,6 +51,14 @@ def layer_count(hf: Any) -> int:
     return count
 
 
+def layer_config(hf: Any, layer: int) -> Any:
+    """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (EmbeddingGemma 2's and
+    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), else ``hf``."""
+    if getattr(hf, "is_heterogeneous", False):
+        return hf.per_layer_config[layer]
+    return hf
+
+
 def built_layers(hf: Any, layers: int) -> int:
     """How many layers :func:`build_base_model` builds to reach layers ``0 .. layers - 1``: one more where the last
     layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one."""
@@ -125,7 +133,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(0)
                     return build(config, attn_implementation="eager").eval()
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, IndexError) as exc:  # IndexError: NeoMME's first full layer
                 first = first or exc
     raise ConfigError(
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
@@ -254,6 +262,7 @@ __all__ = [
     "built_layers",
     "class_path",
     "default_layer",
+    "layer_config",
     "layer_count",
     "layer_list",
     "module_classes",
