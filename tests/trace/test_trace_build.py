@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-
 from posenc.checkpoints.reference import hf_config
 from posenc.checkpoints.towers import text_config
 from posenc.cli import main
@@ -31,6 +29,8 @@ from posenc.trace.arguments import attention_output
 from posenc.trace.capture import _check_layout
 from posenc.trace.model import build_base_model, built_layers, layer_config, layer_list, reduced_config
 from posenc.trace.stacks import stack_config, stack_of
+
+transformers = pytest.importorskip("transformers")
 
 _SMALL = {"hidden_size": 32, "intermediate_size": 32, "num_attention_heads": 2, "vocab_size": 64}
 
@@ -70,7 +70,7 @@ def test_a_wrappers_top_level_field_is_checked_where_its_text_config_sets_it() -
     check_config({**wrapper, "text_config": {"model_type": "qwen2", "max_position_embeddings": 4096}})
     with pytest.raises(ConfigError, match=r"text_config\.max_position_embeddings is 4096\.5"):
         check_config({**wrapper, "text_config": {"model_type": "qwen2", "max_position_embeddings": 4096.5}})
-    with pytest.raises(ConfigError, match="max_position_embeddings is 1200.0"):  # no text_config: the model's own
+    with pytest.raises(ConfigError, match=r"max_position_embeddings is 1200\.0"):  # no text_config: the model's own
         check_config(wrapper)
 
 
@@ -94,6 +94,12 @@ def test_a_count_of_the_last_layers_is_cut_with_the_layers() -> None:
         assert reduced.num_kv_shared_layers == shared
         reuses = [mode == "reuse" for mode in reduced.kv_sharing_modes]
         assert reuses == [mode == "reuse" for mode in config.kv_sharing_modes[:layers]]  # each layer keeps its role
+
+
+def test_a_layer_count_computed_from_stages_is_refused_by_name() -> None:
+    config = transformers.FunnelConfig(block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=32)
+    with pytest.raises(ConfigError, match=r"computes num_hidden_layers from per-stage sizes .*block_sizes"):
+        reduced_config(config, 1)
 
 
 def test_the_last_layer_that_differs_is_built_past_layer_n() -> None:

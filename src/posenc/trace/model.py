@@ -83,7 +83,13 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
     if layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
-                setattr(reduced, name, layers)
+                try:
+                    setattr(reduced, name, layers)
+                except NotImplementedError as exc:  # a count computed from per-stage sizes (Funnel's block_sizes)
+                    raise ConfigError(
+                        f"the {hf.model_type} config computes {name} from per-stage sizes and cannot be cut to "
+                        f"layers 0 .. {layers - 1} ({exc}); posenc does not trace models with per-stage layer lists."
+                    ) from None
         for name in TRAILING_COUNTS:
             value = getattr(reduced, name, None)
             if isinstance(value, int) and not isinstance(value, bool):
