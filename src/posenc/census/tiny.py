@@ -13,6 +13,7 @@ every nested config (text, vision, audio, ...), never inside ``rope_parameters``
   ``rotary_dim`` keeps its fraction of the head, ``mrope_section`` its proportions;
 - feed-forward widths (``intermediate_size``, ``ffn_dim``, ``d_ff``, ``*_intermediate_size``, ...): 64;
 - experts (``num_experts``, ``n_routed_experts``, ...): 4; per token 2; shared 1; expert groups 1;
+- audio codecs' first convolution width (``num_filters``, doubled at every downsampling stage): 8;
 - vocabularies (``vocab_size``, ``*_vocab_size``): 128, and token ids beyond it become the last ids of it;
 - windows (``sliding_window``, ``attention_chunk_size``, ``local_attention``, ...): 8, in text configs;
 - context (``max_position_embeddings``): 32768 (or the rope's ``original_max_position_embeddings``);
@@ -54,6 +55,7 @@ EXPERTS_PER_TOKEN = 2
 WINDOW = 8
 CONTEXT = 32768
 OTHER_LAYERS = 2
+FILTERS = 8
 MLA = {"kv_lora_rank": 32, "q_lora_rank": 24, "o_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16}
 
 _NOT_A_SIZE = re.compile(
@@ -350,6 +352,8 @@ class _Shrink:
         t = self.t
         if key in MLA:
             return min(value, MLA[key])
+        if key == "num_filters":  # an audio codec's first convolution width, doubled per stage (VibeVoice: 32 -> 2048)
+            return min(value, FILTERS)
         if key == "rotary_dim" and head_dim:
             return max(2, round(t.head_dim * value / head_dim) // 2 * 2)
         if _LAYERS.search(key):

@@ -88,32 +88,6 @@ def _first_class_name(value: Any) -> str:
     return str(value[0] if isinstance(value, (list, tuple)) else value)
 
 
-def _module_classes(config_class: type) -> list[type]:
-    """``PreTrainedModel`` classes of the config's model package (every ``modeling_*`` module: BLIP's text model
-    lives in ``modeling_blip_text``) whose ``config_class`` is ``config_class``."""
-    import pkgutil
-
-    transformers = import_transformers()
-    package = importlib.import_module(config_class.__module__.rpartition(".")[0])
-    found = []
-    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
-        if not info.name.startswith("modeling_"):
-            continue
-        try:
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
-        except ImportError:  # a backend this environment lacks (tf, flax, ...)
-            continue
-        for value in vars(module).values():
-            if (
-                inspect.isclass(value)
-                and issubclass(value, transformers.PreTrainedModel)
-                and value.__module__ == module.__name__
-                and getattr(value, "config_class", None) is config_class
-            ):
-                found.append(value)
-    return found
-
-
 def model_classes_for(
     model_type: str, config_class: type | None = None, encoder_decoder: bool = False, composite: bool = False
 ) -> list[type]:
@@ -142,7 +116,9 @@ def model_classes_for(
         if cls is not None and not (foreign and not issubclass(config_class, declared)):  # type: ignore[arg-type]
             found.append(cls)
     if config_class is not None:
-        own = [c for c in _module_classes(config_class) if "PreTrained" not in c.__name__]
+        from posenc.trace.model import module_classes
+
+        own = [c for c in module_classes(config_class) if "PreTrained" not in c.__name__]
         for suffix in ("ForCausalLM", "ForConditionalGeneration", "Model", ""):  # "": T5Gemma2TextEncoder, ...
             found += [c for c in own if c.__name__.endswith(suffix)]
     return list(dict.fromkeys(found))

@@ -273,7 +273,7 @@ def _family_of(model_type: str, hf: Any) -> tuple[Family, Any]:
             f"trace the checkpoint's own attention module (posenc export --hf-model DIR --via trace), or export a "
             f"scheme by hand (posenc export --scheme ...)."
         )
-    return family_for(str(tower_type)), hf.get_text_config()
+    return family_for(str(tower_type)), towers.text_config(hf)
 
 
 def _naming(

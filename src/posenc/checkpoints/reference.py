@@ -72,7 +72,9 @@ def hf_config(config: Mapping[str, Any] | Any) -> Any:
                 f"transformers {transformers.__version__} does not know model_type {model_type!r}; upgrade "
                 f"transformers or pass a checkpoint of a supported family."
             ) from None
-        config = config_class.from_dict(dict(config))
+        # As transformers reads a config.json (``_dict_from_json_file``): its own tags for the floats JSON lacks
+        # (Falcon-H1's ``time_step_limit: [0.0, {"__float__": "Infinity"}]``) decoded before the strict fields see them.
+        config = config_class.from_dict(config_class._decode_special_floats(dict(config)))
     config._attn_implementation = "eager"
     return config
 

@@ -134,11 +134,22 @@ def base_tower(hf: Any, config: dict[str, Any], model: Any, stack: str | None = 
     return BaseTower(hf.model_type, tower_type, name, type(base), text, built, model is not None)
 
 
-def text_model_type(hf: Any) -> str | None:
-    """The ``model_type`` of the text tower ``hf.get_text_config()`` describes, or None when the config is its own
-    text config (no tower)."""
+def text_config(hf: Any) -> Any:
+    """``hf.get_text_config()``; where that is ambiguous (MusicGen holds a T5 ``text_encoder`` and its own
+    ``decoder``), transformers' text stack that generates, ``get_text_config(decoder=True)``."""
     getter = getattr(hf, "get_text_config", None)
-    text = getter() if getter is not None else hf
+    if getter is None:
+        return hf
+    try:
+        return getter()
+    except ValueError:  # "Multiple valid text configs were found"
+        return getter(decoder=True)
+
+
+def text_model_type(hf: Any) -> str | None:
+    """The ``model_type`` of the text tower :func:`text_config` describes, or None when the config is its own
+    text config (no tower)."""
+    text = text_config(hf)
     if text is hf or getattr(text, "model_type", None) in (None, "", hf.model_type):
         return None
     return str(text.model_type)
@@ -257,4 +268,4 @@ def _saved_root(saved: Mapping[str, str], suffix: str) -> str | None:
     return None
 
 
-__all__ = ["BaseTower", "Tower", "base_tower", "locate", "text_model_type"]
+__all__ = ["BaseTower", "Tower", "base_tower", "locate", "text_config", "text_model_type"]

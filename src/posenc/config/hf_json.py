@@ -22,7 +22,8 @@ with it:
   ``0 ** -0.5``) must be positive, or null for "none".
 
 Fields a config does not carry, or carries as ``null``, are left to the model's defaults. The checks apply to the
-top level, to a wrapper's ``text_config`` and to each entry of ``per_layer_config``.
+top level, to a wrapper's ``text_config`` and to each entry of ``per_layer_config``; a wrapper's top-level field
+that its ``text_config`` sets too is checked there only (the top-level one describes another part of the model).
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def check_config(data: Mapping[str, Any], where: str = "") -> Mapping[str, Any]:
     """
     if not isinstance(data, Mapping):
         raise _refuse(where.rstrip(".") or "(the whole file)", data, "an object")
-    _check_fields(data, FIELDS, where)
+    _check_fields(data, _own_fields(data, where), where)
     heads = _first(data, "num_attention_heads", "n_head", "num_heads", "n_heads")
     kv_heads = _first(data, "num_key_value_heads", "num_kv_heads", "n_head_kv")
     if heads is not None and kv_heads is not None and heads % kv_heads:
@@ -294,6 +295,16 @@ def check_config(data: Mapping[str, Any], where: str = "") -> Mapping[str, Any]:
             raise _refuse("text_config", text_config, "an object (the text model's config)")
         check_config(text_config, "text_config.")
     return data
+
+
+def _own_fields(data: Mapping[str, Any], where: str) -> Mapping[str, Rule]:
+    """The rules of :data:`FIELDS` for ``data``; at a wrapper's top level, without the fields its ``text_config``
+    sets too: posenc reads the text model's value there (checked), and the wrapper's own one belongs to another of
+    its parts (MusicFlamingo sets its top-level ``max_position_embeddings`` to its audio rotary's theta, 1200.0)."""
+    text_config = data.get("text_config")
+    if where or not isinstance(text_config, Mapping):
+        return FIELDS
+    return {name: rule for name, rule in FIELDS.items() if text_config.get(name) is None}
 
 
 def _check_layer_types(data: Mapping[str, Any], where: str) -> None:

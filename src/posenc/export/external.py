@@ -43,7 +43,9 @@ LEGACY_WEIGHTS_FORMAT = "torch.save(state_dict)"
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    # flattened first: a "contiguous" tensor with a size-1 dim may keep a last stride other than 1 (the transpose
+    # of a [1, N] int64 position buffer, CLAP's), which view(uint8) refuses
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _initializer_bytes(init: Any) -> bytes | None:

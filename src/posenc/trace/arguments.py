@@ -24,7 +24,7 @@ own).
 from __future__ import annotations
 
 from collections import UserDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -174,4 +174,23 @@ def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[lis
     return args, {key: value(key, kind) for key, kind in recipe.keywords.items()}
 
 
-__all__ = ["PLAIN_KINDS", "call_args", "classify", "is_sections", "keep", "rebuild", "same_tensor", "time_major_error"]
+def attention_output(output: Any) -> Any:
+    """The attention's output states in what its forward returns: the value itself, the first entry of a tuple (the
+    usual ``(out, weights)``), recursively (I-BERT's ``((out,), (scaling,))``), or the first value of a dict
+    (SqueezeBERT's ``{"context_layer": out}``)."""
+    while isinstance(output, (tuple, list, Mapping)) and output:
+        output = next(iter(output.values())) if isinstance(output, Mapping) else output[0]
+    return output
+
+
+__all__ = [
+    "PLAIN_KINDS",
+    "attention_output",
+    "call_args",
+    "classify",
+    "is_sections",
+    "keep",
+    "rebuild",
+    "same_tensor",
+    "time_major_error",
+]

@@ -50,8 +50,10 @@ from posenc.trace.model import (
     attention_child,
     attention_layers,
     build_base_model,
+    built_layers,
     class_path,
     default_layer,
+    layer_config,
     layer_count,
     layer_list,
     no_attention_error,
@@ -193,7 +195,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None, stack)
         tower_ref = ModuleRef(tower.path, class_path(model)) if tower is not None else None
         if stack is None:
-            list_path, layers = layer_list(model, index + 1)
+            list_path, layers = layer_list(model, built_layers(hf, index + 1))
             found = attention_child(layers[index])
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
@@ -208,7 +210,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         settings = _settings(attention)
         with _hooks(handles), record_methods(model, list_path) as methods:
             runner = stack_module(model, list_path) if stack else None
-            positions = _run_forward(model, hf, _capture_tokens(hf), runner, cache=stack != "encoder")
+            positions = _run_forward(
+                model, hf, _capture_tokens(layer_config(hf, index)), runner, cache=stack != "encoder"
+            )
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
@@ -232,14 +236,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         mask_value = masks[0] if masks else None
-        mask = _mask_recipe(mask_value, hf, kind, positions, cache is not None or _module_causal(attention))
+        causal = cache is not None or _module_causal(attention)
+        mask = _mask_recipe(mask_value, layer_config(hf, index), kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
+        _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
-            kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
+            kv_heads, head_dim = cacheless_heads(layer_config(hf, index), attention, int(hidden.shape[-1]))
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             keys, values = own.layers[index].keys, own.layers[index].values
@@ -254,13 +260,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
-        # positions added before layer 0 where the unit does not start (a stack's embeddings; MusicGen's sinusoids,
-        # computed from the length, not from position ids): said so in the manifest
-        outside = (
-            positions_outside(list(calls), list_path)
-            if step is None and index == 0 and (stack or rotary_path is None)
-            else None
-        )
+        # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
+        # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
+        first = step is None and index == 0 and (stack is not None or rotary_path is None)
+        outside = positions_outside(list(calls), list_path, anywhere=stack is None) if first else None
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
@@ -301,6 +304,23 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
+        )
+
+
+def _check_layout(hf: Any, hidden: Any, model_type: str) -> None:
+    """Refuse hidden states the attention takes channels first, ``[B, E, S]`` (SqueezeBERT's grouped 1-D
+    convolutions): the traced unit's interface is ``[B, S, E]``.
+
+    Raises:
+        ExportError: naming the layout.
+    """
+    width = getattr(hf, "hidden_size", None)
+    shape = list(hidden.shape) if torch.is_tensor(hidden) and hidden.dim() == 3 else None
+    if shape is not None and isinstance(width, int) and shape[-1] != width and shape[1] == width:
+        raise ExportError(
+            f"the attention of this {model_type} model takes its hidden states channels first [B, E, S] "
+            f"({shape}, hidden size {width}: its projections are 1-D convolutions); posenc's traced "
+            f"unit takes [B, S, E] and does not export this layout."
         )
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +24,13 @@ from posenc.trace.stacks import check_lone, cut_stack, lone_config, lone_stack
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
+TRAILING_COUNTS = ("num_kv_shared_layers",)
+"""Config fields counting the model's *last* layers (Gemma 3n: the last ``num_kv_shared_layers`` reuse an earlier
+layer's cache): cut with the layers so that each of layers ``0 .. N`` keeps its role."""
+LAST_LAYER_DIFFERS = frozenset({"gpt_neox_japanese"})
+"""Model types whose last layer is built unlike the others (GPT-NeoX-Japanese: only the last attention has its
+``dense_bias``): the capture builds one layer past layer N where the checkpoint has one, so that layer N is built as
+the checkpoint's layer N."""
 LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
 """``layer_types`` entries of layers without softmax attention."""
 
@@ -50,9 +60,26 @@ def layer_count(hf: Any) -> int:
     return count
 
 
-def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
-    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match), eager attention; of an
-    encoder-decoder's ``stack``, the first ``layers`` of that stack (:func:`posenc.trace.stacks.cut_stack`).
+def layer_config(hf: Any, layer: int) -> Any:
+    """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (EmbeddingGemma 2's and
+    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), else ``hf``."""
+    if getattr(hf, "is_heterogeneous", False):
+        return hf.per_layer_config[layer]
+    return hf
+
+
+def built_layers(hf: Any, layers: int) -> int:
+    """How many layers :func:`build_base_model` builds to reach layers ``0 .. layers - 1``: one more where the last
+    layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one."""
+    if getattr(hf, "model_type", None) in LAST_LAYER_DIFFERS:
+        return min(layers + 1, layer_count(hf))
+    return layers
+
+
+def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: bool = True) -> Any:
+    """A copy of ``hf`` with only the first ``layers`` layers (per-layer lists cut to match, unless ``lists`` is
+    False), eager attention; of an encoder-decoder's ``stack``, the first ``layers`` of that stack
+    (:func:`posenc.trace.stacks.cut_stack`).
 
     The capture runs layers ``0 .. N``; a model's later layers are never built.
     """
@@ -68,9 +95,19 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None) -> Any:
     elif layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
-                setattr(reduced, name, layers)
+                try:
+                    setattr(reduced, name, layers)
+                except NotImplementedError as exc:  # a count computed from per-stage sizes (Funnel's block_sizes)
+                    raise ConfigError(
+                        f"the {hf.model_type} config computes {name} from per-stage sizes and cannot be cut to "
+                        f"layers 0 .. {layers - 1} ({exc}); posenc does not trace models with per-stage layer lists."
+                    ) from None
+        for name in TRAILING_COUNTS:
+            value = getattr(reduced, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(reduced, name, max(0, layers - (total - value)))
         for name, value in list(vars(reduced).items()):
-            if isinstance(value, list) and len(value) == total and not name.startswith("_"):
+            if lists and isinstance(value, list) and len(value) == total and not name.startswith("_"):
                 setattr(reduced, name, value[:layers])
     reduced._attn_implementation = "eager"
     return reduced
@@ -86,10 +123,14 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
         ConfigError: transformers has no model class for this config.
     """
     transformers = import_transformers()
+    if stack is None:
+        layers = built_layers(hf, layers)
     configs = [reduced_config(hf, layers, stack)]
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
         configs[-1]._attn_implementation = "eager"
+    else:  # a list as long as the layers but not per layer (Falcon-H1's two mlp_multipliers at 2 layers): uncut
+        configs.append(reduced_config(hf, layers, lists=False))
     builders = _builders(hf, model_class)
     first: Exception | None = None
     for config in configs:
@@ -98,7 +139,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(0)
                     return build(config, attn_implementation="eager").eval()
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, IndexError) as exc:  # IndexError: NeoMME's first full layer
                 first = first or exc
     raise ConfigError(
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
@@ -117,6 +158,10 @@ def _builders(hf: Any, model_class: Any) -> list[Any]:
         if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
             named: Any = found
             builders.append(named._from_config)
+    # A text tower transformers neither maps nor exports (AltRobertaModel, Kosmos2TextModel, DiaDecoder): the
+    # model classes its config's own modeling package declares for that config, base models first.
+    own: list[Any] = base_classes_first(module_classes(type(hf)))
+    builders += [cls._from_config for cls in own]
     return builders
 
 
@@ -139,6 +184,37 @@ def one_stack(hf: Any, stack: str, layer_type: str | None, model_class: Any = No
         lone = lone_stack(model)
         return stack if lone is None else check_lone(hf, lone, layer_type)
     return stack
+
+
+def module_classes(config_class: type) -> list[type]:
+    """``PreTrainedModel`` classes of the config's model package (every ``modeling_*`` module: BLIP's text model
+    lives in ``modeling_blip_text``) whose ``config_class`` is ``config_class``, in definition order."""
+    transformers = import_transformers()
+    package = importlib.import_module(config_class.__module__.rpartition(".")[0])
+    found = []
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        if not info.name.startswith("modeling_"):
+            continue
+        try:
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        except ImportError:  # a backend this environment lacks (tf, flax, ...)
+            continue
+        for value in vars(module).values():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, transformers.PreTrainedModel)
+                and value.__module__ == module.__name__
+                and getattr(value, "config_class", None) is config_class
+            ):
+                found.append(value)
+    return found
+
+
+def base_classes_first(classes: list[type]) -> list[type]:
+    """``classes`` without the abstract ``*PreTrainedModel`` ones, those without a head (no ``For`` in the name:
+    ``Kosmos2TextModel``, ``DiaDecoder``) before the heads."""
+    concrete = [c for c in classes if "PreTrained" not in c.__name__]
+    return sorted(concrete, key=lambda c: "For" in c.__name__)
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
@@ -221,15 +297,21 @@ def quiet_transformers() -> Iterator[None]:
 
 __all__ = [
     "ATTENTION_NAMES",
+    "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
     "STACK_COUNTS",
+    "TRAILING_COUNTS",
     "attention_child",
     "attention_layers",
+    "base_classes_first",
     "build_base_model",
+    "built_layers",
     "class_path",
     "default_layer",
+    "layer_config",
     "layer_count",
     "layer_list",
+    "module_classes",
     "no_attention_error",
     "one_stack",
     "quiet_transformers",

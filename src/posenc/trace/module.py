@@ -30,7 +30,7 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
 from posenc.schemes.rope import Rotary
-from posenc.trace.arguments import call_args, rebuild
+from posenc.trace.arguments import attention_output, call_args, rebuild
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
@@ -235,7 +235,7 @@ class TracedAttention(nn.Module):
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
         with default_dtype(hidden.dtype):
             output = self.attention(*args, **kwargs)
-        out = output[0] if isinstance(output, (tuple, list)) else output
+        out = attention_output(output)
         if cache is None:
             return (out,)
         entry = own.layers[self.layer]

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError, ExportError
+from posenc.trace.arguments import attention_output
 from posenc.trace.calls import CAPTURE_TOKENS, Call
 from posenc.trace.embedding import EmbeddingStep, _step_args
 
@@ -62,7 +63,7 @@ def _probe(
             output = attention(*args, **kwargs)
         except Exception as exc:
             raise _probe_error(exc, target, cache_class, layer) from None
-    out = output[0] if isinstance(output, (tuple, list)) else output
+    out = attention_output(output)
     return fresh, positions, out.detach().clone()
 
 

@@ -79,10 +79,10 @@ OUTSIDE_PART = "stack embeddings"
 _POSITION_MODULE = re.compile(r"(embed_positions|position_embeddings?|pos_emb\w*|positional_encoding|wpe)$")
 
 
-def positions_outside(called: list[str], list_path: str) -> str | None:
-    """The module (of those ``called`` before the layer, outside the layer list at ``list_path``) that embeds
-    positions by its name, or None."""
-    stack = list_path.rsplit(".", 1)[0] + "." if "." in list_path else ""
+def positions_outside(called: list[str], list_path: str, *, anywhere: bool = False) -> str | None:
+    """The module (of those ``called`` before the layer, outside the layer list at ``list_path``; in the stack that
+    holds it, or ``anywhere`` in the model) that embeds positions by its name, or None."""
+    stack = list_path.rsplit(".", 1)[0] + "." if "." in list_path and not anywhere else ""
     for name in called:
         if name.startswith(stack) and not name.startswith(list_path + ".") and _POSITION_MODULE.search(name):
             return name
