@@ -38,6 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
+from posenc.export.feeds import Slot
 from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
@@ -157,7 +158,7 @@ def export_traced(
     limit = _guard_limit(plan, exact)
     module = traced_module(plan, angles="native", position_limit=limit)
     module.guard_exported = position_guard
-    unit = _unit(module, plan.config, plan.captured.cacheless)
+    unit = _unit(module, plan.config, plan.captured.cacheless, plan.captured.value_dim)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
 
     def export(dims: Mapping[str, Any]) -> tuple[Any, list[str]]:
@@ -197,12 +198,21 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
     return (TracePart(ROTARY_PART, "kept", "exported without posenc's graph rewrite (rewrite=None)"),)
 
 
-def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool) -> ExportUnit:
-    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``."""
+def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool, value_dim: int | None) -> ExportUnit:
+    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``; with values of
+    another width than the keys (``value_dim``, :mod:`posenc.trace.caches`), ``past_value [B, Hkv, P, Dv]``."""
     slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
     if cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
+    elif value_dim is not None:
+        slots = [_value_width(slot, value_dim) if slot.name == "past_value" else slot for slot in slots]
+        outputs = [(name, "[B, Hkv, P+S, Dv]" if name == "present_value" else layout) for name, layout in outputs]
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
+
+
+def _value_width(slot: Slot, value_dim: int) -> Slot:
+    """``past_value`` with its last axis ``value_dim`` wide (the cache's values differ from its keys in width)."""
+    return dataclasses.replace(slot, shape=(*slot.shape[:-1], value_dim), layout="[B, Hkv, P, Dv]")
 
 
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:

@@ -29,8 +29,9 @@ from torch import nn
 from posenc.checkpoints.reference import hf_config, import_transformers
 from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
-from posenc.errors import ConfigError, ExportError
+from posenc.errors import ConfigError
 from posenc.provenance import CheckpointWeights, Quantization
+from posenc.trace.caches import cache_widths
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -87,7 +88,9 @@ class Captured:
         rotary_ref: its path and class.
         call: how the model calls the attention; ``rotary_call``: how it calls the rotary module.
         mask: the mask the model gives the layer.
-        kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``.
+        kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``; ``value_dim``: the width of its values
+            where it differs from the keys' (``[B, Hkv, P, Dv]``: a latent MLA cache, a ``v_head_dim``), else None
+            (:mod:`posenc.trace.caches`).
         hidden_size: E.
         tensors: full checkpoint name -> sha256 of the tensors read.
         location: the checkpoint folder (or ``<in-memory ...>``).
@@ -130,6 +133,7 @@ class Captured:
     tower: ModuleRef | None = None
     cache_kind: str = "dynamic"
     outside: str | None = None
+    value_dim: int | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -211,15 +215,11 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
+            value_dim = head_dim
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
-            keys, values = own.layers[index].keys, own.layers[index].values
-            if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
-                raise ExportError(
-                    f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
-                    f"[B, Hkv, P, D]; the traced path exports that cache layout only."
-                )
-            kv_heads, head_dim = int(keys.shape[1]), int(keys.shape[3])
+            widths = cache_widths(own.layers[index], index, str(model_type))
+            kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
@@ -250,6 +250,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             mask=mask,
             kv_heads=kv_heads,
             head_dim=head_dim,
+            value_dim=value_dim if value_dim != head_dim else None,
             hidden_size=int(hidden.shape[-1]),
             tensors=tensors,
             location=source.location,

@@ -1,0 +1,84 @@
+"""What a traced layer's KV cache holds: the widths of its keys and values, or why the traced unit cannot carry it.
+
+The traced unit feeds the model's own cache back as two inputs, ``past_key [B, Hkv, P, Dk]`` and ``past_value
+[B, Hkv, P, Dv]`` (the layer's ``DynamicLayer.keys`` / ``.values``), and returns them grown by the new tokens. Most
+models cache up-to-date keys and values of one width (``Dk == Dv``). Two layouts differ and are carried as they are:
+
+- values narrower or wider than keys (MiMo-V2-Flash's ``v_head_dim``);
+- multi-head latent attention (MLA: DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
+  Language Model", 2024, https://arxiv.org/abs/2405.04434), whose transformers modules cache the compressed latent
+  ``[B, 1, P, kv_lora_rank]`` as "keys" and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]`` as
+  "values", and up-project them at every call (MiniCPM3, GLM-4-MoE-Lite, Youtu, AXK1).
+
+A cache layer that holds more than keys and values (the lightning indexer's keys of DeepSeek sparse attention,
+``DynamicIndexedLayer.indexer_keys``: DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language
+Models", 2025, https://arxiv.org/abs/2512.02556), or keys and values of other ranks, is refused by name: the unit's
+interface has no input for that state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc.errors import ExportError
+
+INDEXER_STATE = ("indexer_keys",)
+"""Attributes of transformers' cache layers that hold state beyond keys and values (DSA's ``DynamicIndexedLayer``):
+a layer that fills one is refused (the unit carries keys and values only)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWidths:
+    """The layout of a layer's cache ``keys [B, Hkv, P, key_dim]``, ``values [B, Hkv, P, value_dim]``."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+
+    @property
+    def same(self) -> bool:
+        """Whether keys and values have one width (the layout of posenc's own blocks)."""
+        return self.key_dim == self.value_dim
+
+
+def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
+    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it.
+
+    Args:
+        layer: ``cache.layers[index]`` (a ``DynamicLayer`` or a subclass).
+        index: the layer index (for messages).
+        model_type: the model's type (for messages).
+
+    Raises:
+        ExportError: the layer also caches other state, or its keys and values are not 4-D tensors with one batch,
+            head count and length.
+    """
+    extra = [name for name in INDEXER_STATE if _filled(getattr(layer, name, None))]
+    if extra:
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model holds {', '.join(extra)} beside its keys and values "
+            f"(the lightning indexer of DeepSeek sparse attention, {type(layer).__name__}); the traced unit carries "
+            f"keys and values only (past_key, past_value), so this attention cannot be traced yet."
+        )
+    keys: Any = getattr(layer, "keys", None)
+    values: Any = getattr(layer, "values", None)
+    if not (_filled(keys) and _filled(values) and keys.dim() == 4 and values.dim() == 4
+            and keys.shape[:3] == values.shape[:3]):  # fmt: skip
+        got = f"keys {_shape(keys)}, values {_shape(values)}"
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) does not hold keys "
+            f"[B, Hkv, P, Dk] and values [B, Hkv, P, Dv] ({got}); the traced path exports that cache layout only."
+        )
+    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]))
+
+
+def _filled(value: Any) -> bool:
+    return hasattr(value, "dim") and value.numel() > 0
+
+
+def _shape(value: Any) -> str:
+    return str(list(value.shape)) if hasattr(value, "shape") else repr(value)
+
+
+__all__ = ["INDEXER_STATE", "CacheWidths", "cache_widths"]

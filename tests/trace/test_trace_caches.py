@@ -1,0 +1,123 @@
+"""Traced layers whose KV cache holds keys and values of different widths (:mod:`posenc.trace.caches`).
+
+Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
+Language Model", 2024, https://arxiv.org/abs/2405.04434) as transformers 5.23 runs it caches the compressed latent
+``[B, 1, P, kv_lora_rank]`` and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]``; MiMo-V2-Flash caches
+values narrower than its keys (``v_head_dim``). DeepSeek sparse attention's cache also holds its indexer's keys:
+refused.
+
+References: the checkpoint's own transformers model run on its own (a prompt, then a decode step with its
+``DynamicCache``, hooked at the layer's attention), and ``validate --against-hf`` (the checkpoint's attention module,
+float32 and float64 angles) for every sample in the slow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.errors import ExportError
+from posenc.export.trace import export_traced
+from posenc.graphs.trace_rewrite import replace_positions
+from posenc.trace.build import plan_trace, traced_module
+from posenc.trace.capture import capture_layer
+from posenc.validate.checkpoint import validate_against_checkpoint
+from tests.trace.samples import build
+
+_MLA = {**TINY, **NO_SPECIAL_TOKENS, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8}  # fmt: skip
+_MOE = {"n_routed_experts": 4, "moe_intermediate_size": 32, "num_experts_per_tok": 2}
+_MIMO = {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 2, "head_dim": 32, "v_head_dim": 16, "sliding_window": 8,
+         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "dense"],
+         **_MOE}  # fmt: skip
+
+CACHES: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        Sample("minicpm3", "MLA: latent and rotated key slice", "MiniCPM3Config", "MiniCPM3ForCausalLM",
+               {**_MLA, "num_hidden_layers": 1}),
+        Sample("glm4_moe_lite", "MLA, no head_dim in the config", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+               {**{k: v for k, v in _MLA.items() if k != "head_dim"}, **_MOE, "num_hidden_layers": 1}),
+        Sample("youtu", "MLA", "YoutuConfig", "YoutuForCausalLM", {**_MLA, "num_hidden_layers": 1}),
+        Sample("axk1", "MLA, MoE", "AXK1Config", "AXK1ForCausalLM", {**_MLA, **_MOE, "num_hidden_layers": 1}),
+        Sample("mimo_v2_flash", "values narrower than keys", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO),
+        Sample("mimo_v2_flash-sliding", "values narrower than keys, sliding window, partial 0.334",
+               "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO, layer=1),
+    )
+}  # fmt: skip
+"""Model types whose cache's values differ from its keys in width."""
+
+DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
+             "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
+                                        "first_k_dense_replace": 1})  # fmt: skip
+
+
+def _decode_step(folder: Path) -> dict[str, Any]:
+    """Layer 0's attention in the model's own forward: a 5-token prompt, then one token with the model's cache:
+    the step's hidden input and output, and the cache's keys and values before and after the step."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    attention = model.model.layers[0].self_attn
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+        seen["past"] = (cache.layers[0].keys.clone(), cache.layers[0].values.clone())
+        handle = attention.register_forward_hook(hook, with_kwargs=True)
+        try:
+            model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True)
+        finally:
+            handle.remove()
+    seen["present"] = (cache.layers[0].keys, cache.layers[0].values)
+    return seen
+
+
+def test_a_latent_cache_of_two_widths_is_carried_and_a_decode_step_matches_the_model(tmp_path: Path) -> None:
+    """MiniCPM3 caches the latent (32 wide) and the rotated key slice (8 wide): the unit takes and returns both as they
+    are, its angles are posenc's RoPE over the 8-wide slice (matched on probe positions), and a decode step with the
+    model's own cache matches the model's own forward within 1e-5 (posenc's float64 angles)."""
+    folder = build(CACHES["minicpm3"], tmp_path)
+    captured = capture_layer(folder)
+    assert (captured.kv_heads, captured.head_dim, captured.value_dim) == (1, 32, 8)
+    plan = plan_trace(captured)
+    assert plan.angles is not None, plan.note
+    assert plan.params["partial_rotary_factor"] == 8 / 32  # the rotary width as a share of the cache's key width
+    unit = traced_module(plan, angles="exact", max_positions=64)
+    seen = _decode_step(folder)
+    with torch.no_grad():
+        out, key, value = unit(seen["hidden"], torch.tensor([[5]]), *seen["past"])
+    assert key.shape == (1, 1, 6, 32)
+    assert value.shape == (1, 1, 6, 8)
+    for got, want in ((out, seen["out"]), (key, seen["present"][0]), (value, seen["present"][1])):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), float((got - want).abs().max())
+
+
+def test_a_cache_holding_indexer_keys_is_refused_by_name(tmp_path: Path) -> None:
+    """DeepSeek-V3.2's cache layer also holds its lightning indexer's keys: the unit has no input for them."""
+    folder = build(DSA, tmp_path)
+    with pytest.raises(ExportError, match=r"indexer_keys .*DynamicIndexedLayer.*keys and values only"):
+        capture_layer(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CACHES))
+def test_every_cache_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
+    """Exported with posenc's rewrite (its angles replaced) and held to its own module by validate --against-hf."""
+    sample = CACHES[name]
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
+    assert result.manifest.input("past_key").shape[3] != result.manifest.input("past_value").shape[3]
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["rotary angles"] == "replaced"
+    report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
+    assert report.passed, report.to_markdown()
+    assert {"hf-fp32", "hf-fp64, fp64 angles"} <= {row.reference for row in report.rows}
