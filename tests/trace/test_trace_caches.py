@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
-from posenc.errors import ExportError
+from posenc.errors import ConfigError, ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.build import plan_trace, traced_module
@@ -55,6 +55,20 @@ CACHES: dict[str, Sample] = {
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
                                         "first_k_dense_replace": 1})  # fmt: skip
+
+RUNTIME: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        Sample("codegen", "a sinusoid table read by position inside the attention", "CodeGenConfig",
+               "CodeGenForCausalLM", {"n_embd": 64, "n_head": 4, "n_layer": 1, "rotary_dim": 8, "n_positions": 2048,
+                                      "vocab_size": 96, **NO_SPECIAL_TOKENS}),
+        Sample("ctrl", "v, k, q all the hidden states; sinusoid positions before layer 0", "CTRLConfig",
+               "CTRLLMHeadModel", {"n_embd": 64, "n_head": 4, "n_layer": 1, "dff": 64, "n_positions": 256,
+                                   "vocab_size": 96}),
+    )
+}  # fmt: skip
+"""Types whose traced export failed at run time: CodeGen's probe read its table past its rows (the rewrite now probes
+within the model's context), CTRL's self-check fed the probe to one of its three hidden-state arguments."""
 
 
 def _decode_step(folder: Path) -> dict[str, Any]:
@@ -104,7 +118,7 @@ def test_a_latent_cache_of_two_widths_is_carried_and_a_decode_step_matches_the_m
 def test_a_cache_holding_indexer_keys_is_refused_by_name(tmp_path: Path) -> None:
     """DeepSeek-V3.2's cache layer also holds its lightning indexer's keys: the unit has no input for them."""
     folder = build(DSA, tmp_path)
-    with pytest.raises(ExportError, match=r"indexer_keys .*DynamicIndexedLayer.*keys and values only"):
+    with pytest.raises(ExportError, match=r"\(DynamicIndexedLayer\) holds indexer_keys .*keys and values only"):
         capture_layer(folder)
 
 
@@ -121,3 +135,45 @@ def test_every_cache_sample_exports_and_matches_its_own_module(name: str, tmp_pa
     report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
     assert report.passed, report.to_markdown()
     assert {"hf-fp32", "hf-fp64, fp64 angles"} <= {row.reference for row in report.rows}
+
+
+def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
+    """CTRL calls its attention ``(v, k, q)`` with the layer's normed states three times: the wrapper's self-check
+    feeds the probe's states to every one of them (it differed from the model's call by 6e-2 when only the first
+    was), and the wrapper matches the module called with one state for all three."""
+    captured = capture_layer(build(RUNTIME["ctrl"], tmp_path))
+    assert captured.call.positional == ("hidden", "hidden", "hidden")
+    plan = plan_trace(captured)  # raises where the wrapper and the model's own call differ
+    hidden = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = traced_module(plan)(hidden, torch.arange(4)[None])[0]
+        causal = torch.full((4, 4), torch.finfo(torch.float32).min).triu(1)[None, None]  # the model's additive mask
+        want = captured.attention(hidden, hidden, hidden, layer_past=None, attention_mask=causal)[0]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert captured.outside == "pos_encoding"  # its sinusoid positions enter before layer 0, outside the unit
+
+
+def test_a_linear_attention_layer_is_refused_as_not_softmax_attention(tmp_path: Path) -> None:
+    """MiniMax's ``linear_attention`` layers hold MiniMaxLightningAttention (linear attention, no softmax): refused
+    by name, pointing at the layers with softmax attention."""
+    sample = Sample("minimax", "lightning attention layers", "MiniMaxConfig", "MiniMaxForCausalLM",
+                    {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 2, "head_dim": 16, "num_local_experts": 4,
+                     "num_experts_per_tok": 2, "layer_types": ["full_attention", "linear_attention"]})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"layer 1 .* no softmax attention .*MiniMaxLightningAttention.*: \[0\]"):
+        capture_layer(build(sample, tmp_path), layer=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNTIME))
+def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path: Path) -> None:
+    """Exported with posenc's rewrite and held to its own module by validate --against-hf; what stays as traced is
+    said so (CodeGen's angles from its table: kept; CTRL's positions before layer 0: absent from the unit)."""
+    sample = RUNTIME[name]
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{name}.onnx", folder, rewrite=replace_positions)
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["rotary angles"] == ("kept" if name == "codegen" else "absent")
+    if name == "ctrl":
+        assert parts["stack embeddings"] == "absent"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()

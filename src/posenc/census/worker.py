@@ -156,7 +156,7 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
     exported = 0
     for kind in kinds:
         if not kind["attention"]:
-            kind.update(path="skipped", reason="no attention module in this layer")
+            kind.update(path="skipped", reason=_skipped(kind["label"]))
             continue
         if exported == MAX_KINDS:
             kind.update(path="skipped", reason=f"more than {MAX_KINDS} layer kinds: not exported")
@@ -170,6 +170,14 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
         built = f" (it builds {anatomy.evidence[0]})" if anatomy.evidence else ""
         return _finish(result, save, "ok", f"no layer of the default config holds attention{built}")
     return _finish(result, save, "ok", "")
+
+
+def _skipped(label: str) -> str:
+    """Why a layer kind without self-attention is not exported (its ``label`` names its attention classes)."""
+    if "CrossAttention" in label:
+        return ("cross-attention only: it attends to another model's states (an image encoder's), not a "
+                "self-attention layer of the text model")  # fmt: skip
+    return "no attention module in this layer"
 
 
 class _NotBuiltError(Exception):

@@ -36,7 +36,9 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     return {
         "hidden": rng.standard_normal((PROBE_BATCH, seq, config.hidden_size)).astype(np.float32),
-        "position_ids": probe_positions(PROBE_BATCH, seq, request.position_limit),
+        # within the model's context where the graph guards none: a table the module reads by position (CodeGen's
+        # embed_positions) has that many rows
+        "position_ids": probe_positions(PROBE_BATCH, seq, request.position_limit or config.max_position_embeddings),
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
     }

@@ -10,10 +10,11 @@ models cache up-to-date keys and values of one width (``Dk == Dv``). Two layouts
   ``[B, 1, P, kv_lora_rank]`` as "keys" and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]`` as
   "values", and up-project them at every call (MiniCPM3, GLM-4-MoE-Lite, Youtu, AXK1).
 
-A cache layer that holds more than keys and values (the lightning indexer's keys of DeepSeek sparse attention,
-``DynamicIndexedLayer.indexer_keys``: DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language
-Models", 2025, https://arxiv.org/abs/2512.02556), or keys and values of other ranks, is refused by name: the unit's
-interface has no input for that state.
+A cache layer that holds more than keys and values (:data:`EXTRA_STATE`: the lightning indexer's keys of DeepSeek
+sparse attention, ``DynamicIndexedLayer.indexer_keys``: DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open
+Large Language Models", 2025, https://arxiv.org/abs/2512.02556; the prompt's keys kept apart from a sliding window of
+decoded ones), or keys and values of other ranks, is refused by name: the unit's interface has no input for that
+state.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ from typing import Any
 
 from posenc.errors import ExportError
 
-INDEXER_STATE = ("indexer_keys",)
-"""Attributes of transformers' cache layers that hold state beyond keys and values (DSA's ``DynamicIndexedLayer``):
-a layer that fills one is refused (the unit carries keys and values only)."""
+EXTRA_STATE: dict[str, str] = {
+    "indexer_keys": "the lightning indexer's keys of DeepSeek sparse attention",
+    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+}
+"""Attributes of transformers' cache layers that hold state beyond keys and values (DSA's ``DynamicIndexedLayer``,
+Unlimited-OCR's reference sliding window), and what they hold: a layer that fills one is refused (the unit carries
+keys and values only)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +59,12 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         ExportError: the layer also caches other state, or its keys and values are not 4-D tensors with one batch,
             head count and length.
     """
-    extra = [name for name in INDEXER_STATE if _filled(getattr(layer, name, None))]
+    extra = [name for name in EXTRA_STATE if _filled(getattr(layer, name, None))]
     if extra:
         raise ExportError(
-            f"layer {index}'s cache of this {model_type} model holds {', '.join(extra)} beside its keys and values "
-            f"(the lightning indexer of DeepSeek sparse attention, {type(layer).__name__}); the traced unit carries "
-            f"keys and values only (past_key, past_value), so this attention cannot be traced yet."
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
+            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys and values only (past_key, "
+            f"past_value), so this attention cannot be traced yet."
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
@@ -81,4 +86,4 @@ def _shape(value: Any) -> str:
     return str(list(value.shape)) if hasattr(value, "shape") else repr(value)
 
 
-__all__ = ["INDEXER_STATE", "CacheWidths", "cache_widths"]
+__all__ = ["EXTRA_STATE", "CacheWidths", "cache_widths"]

@@ -47,6 +47,7 @@ from posenc.trace.calls import (
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
 from posenc.trace.model import (
     attention_child,
+    attention_layers,
     build_base_model,
     class_path,
     default_layer,
@@ -61,6 +62,7 @@ from posenc.trace.stacks import (
     cache_kind,
     nested_self_attention,
     new_cache,
+    position_buffer,
     positions_outside,
     self_attention_cache,
     stack_layer_count,
@@ -106,7 +108,7 @@ class Captured:
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
         outside: the module of a stack's embeddings that adds its positions before layer 0, where the unit does not
-            start from it; None otherwise.
+            start from it (or a decoder's position buffer its forward reads, CTRL's ``pos_encoding``); None otherwise.
     """
 
     model_type: str
@@ -189,8 +191,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
             found = attention_child(layers[index]) or nested_self_attention(layers[index])
-        if found is None:
-            raise no_attention_error(hf, index, layers[index])
+        if found is None or (stack is None and index not in (attention_layers(hf) or [index])):
+            raise no_attention_error(hf, index, layers[index])  # none, or linear attention (MiniMax's lightning)
         child, attention = found
         attention_path = f"{list_path}.{index}.{child}"
         target = Call((), {})
@@ -226,6 +228,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if step is not None:
             drop_token_table(step.position, step.record)
         outside = positions_outside(list(calls), list_path) if stack and step is None and index == 0 else None
+        if stack is None and step is None and rotary_path is None and index == 0:
+            outside = position_buffer(model, list_path)  # positions added from a buffer, outside any module
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:

@@ -89,6 +89,19 @@ def positions_outside(called: list[str], list_path: str) -> str | None:
     return None
 
 
+_POSITION_BUFFER = re.compile(r"(^|\.)(pos_encoding|positional_encoding|pos_emb\w*|position_embeddings?)$")
+
+
+def position_buffer(model: Any, list_path: str) -> str | None:
+    """A buffer of ``model`` outside the layer list at ``list_path`` named as a position table, or None: CTRL's
+    ``pos_encoding``, whose rows (read by the position ids) its forward adds to the embeddings itself, with no module
+    posenc could call as the unit's embedding step."""
+    for name, _ in model.named_buffers():
+        if not name.startswith(list_path + ".") and _POSITION_BUFFER.search(name):
+            return name
+    return None
+
+
 def outside_parts(outside: str | None) -> tuple[TracePart, ...]:
     """The manifest's part for positions added at a stack's embeddings outside the unit (``outside``: the module),
     or none."""
@@ -276,6 +289,7 @@ __all__ = [
     "nested_self_attention",
     "new_cache",
     "outside_parts",
+    "position_buffer",
     "positions_outside",
     "self_attention_cache",
     "stack_context",
