@@ -54,7 +54,7 @@ CACHES: dict[str, Sample] = {
 
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
-                                        "first_k_dense_replace": 1})  # fmt: skip
+                                        "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
 
 RUNTIME: dict[str, Sample] = {
     s.name: s
@@ -83,15 +83,16 @@ def _decode_step(folder: Path) -> dict[str, Any]:
 
     ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(3))
     cache = transformers.DynamicCache(config=model.config)
+    names = ("keys", "values", "indexer_keys") if hasattr(cache.layers[0], "indexer_keys") else ("keys", "values")
     with torch.no_grad():
         model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
-        seen["past"] = (cache.layers[0].keys.clone(), cache.layers[0].values.clone())
+        seen["past"] = tuple(getattr(cache.layers[0], name).clone() for name in names)
         handle = attention.register_forward_hook(hook, with_kwargs=True)
         try:
             model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True)
         finally:
             handle.remove()
-    seen["present"] = (cache.layers[0].keys, cache.layers[0].values)
+    seen["present"] = tuple(getattr(cache.layers[0], name) for name in names)
     return seen
 
 
@@ -115,26 +116,21 @@ def test_a_latent_cache_of_two_widths_is_carried_and_a_decode_step_matches_the_m
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), float((got - want).abs().max())
 
 
-def test_a_cache_holding_indexer_keys_is_refused_by_name(tmp_path: Path) -> None:
-    """DeepSeek-V3.2's cache layer also holds its lightning indexer's keys: the unit has no input for them."""
+def test_a_dsa_layer_carries_its_indexer_keys_as_a_third_cache(tmp_path: Path) -> None:
+    """DeepSeek-V3.2's cache layer also holds its lightning indexer's keys ``[B, P, 16]``: the unit takes and returns
+    them beside the latent and the rotated key slice, and a decode step over 6 keys with index_topk 3 (the sparse
+    selection at work) matches the model's own forward."""
     folder = build(DSA, tmp_path)
-    with pytest.raises(ExportError, match=r"\(DynamicIndexedLayer\) holds indexer_keys .*keys and values only"):
-        capture_layer(folder)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CACHES))
-def test_every_cache_sample_exports_and_matches_its_own_module(name: str, tmp_path: Path) -> None:
-    """Exported with posenc's rewrite (its angles replaced) and held to its own module by validate --against-hf."""
-    sample = CACHES[name]
-    folder = build(sample, tmp_path)
-    result = export_traced(tmp_path / f"{name}.onnx", folder, layer=sample.layer, rewrite=replace_positions)
-    assert result.manifest.input("past_key").shape[3] != result.manifest.input("past_value").shape[3]
-    parts = {part.part: part.status for part in result.manifest.trace.parts}
-    assert parts["rotary angles"] == "replaced"
-    report = validate_against_checkpoint(result.path, folder, layer=sample.layer)
-    assert report.passed, report.to_markdown()
-    assert {"hf-fp32", "hf-fp64, fp64 angles"} <= {row.reference for row in report.rows}
+    captured = capture_layer(folder)
+    assert (captured.head_dim, captured.value_dim, captured.indexer_dim, captured.cache_kind) == (32, 8, 16, "indexed")
+    unit = traced_module(plan_trace(captured), angles="exact", max_positions=64)
+    seen = _decode_step(folder)
+    with torch.no_grad():
+        got = unit(seen["hidden"], torch.tensor([[5]]), *seen["past"])
+    assert len(got) == 4
+    assert got[3].shape == (1, 6, 16)
+    for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+        assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
 def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
@@ -177,3 +173,34 @@ def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path:
         assert parts["stack embeddings"] == "absent"
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 with index_topk 3: the graph carries the indexer keys, serves positions below 3 (guarded: there
+    the selection keeps every key, whatever the order of ties), says so, and matches its own module there."""
+    folder = build(DSA, tmp_path)
+    result = export_traced(tmp_path / "dsa.onnx", folder, rewrite=replace_positions)
+    assert result.manifest.max_positions == 3
+    assert result.manifest.input("past_indexer_key").shape[2] == 16
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["sparse top-k selection"] == "kept"
+    assert parts["rotary angles"] == "replaced"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+
+
+def test_a_cache_layer_holding_other_state_is_refused_by_name() -> None:
+    """Unlimited-OCR's reference sliding-window cache keeps the prompt's keys apart (``prefill_keys``): its state
+    depends on which call was the prompt, which past_key / past_value cannot carry; refused naming it. Keys and values
+    of other batch or length are refused too."""
+    from types import SimpleNamespace
+
+    from posenc.trace.caches import cache_widths
+
+    keys, values = torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 4)
+    assert cache_widths(SimpleNamespace(keys=keys, values=values), 0, "m").value_dim == 4
+    with pytest.raises(ExportError, match=r"holds prefill_keys beside its keys and values"):
+        cache_widths(SimpleNamespace(keys=keys, values=values, prefill_keys=keys), 0, "m")
+    with pytest.raises(ExportError, match=r"does not hold keys \[B, Hkv, P, Dk\]"):
+        cache_widths(SimpleNamespace(keys=keys, values=torch.zeros(1, 2, 4, 8)), 0, "m")

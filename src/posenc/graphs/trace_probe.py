@@ -41,6 +41,7 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
         "position_ids": probe_positions(PROBE_BATCH, seq, request.position_limit or config.max_position_embeddings),
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
+        "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
     }
 
 

@@ -10,11 +10,12 @@ models cache up-to-date keys and values of one width (``Dk == Dv``). Two layouts
   ``[B, 1, P, kv_lora_rank]`` as "keys" and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]`` as
   "values", and up-project them at every call (MiniCPM3, GLM-4-MoE-Lite, Youtu, AXK1).
 
-A cache layer that holds more than keys and values (:data:`EXTRA_STATE`: the lightning indexer's keys of DeepSeek
-sparse attention, ``DynamicIndexedLayer.indexer_keys``: DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open
-Large Language Models", 2025, https://arxiv.org/abs/2512.02556; the prompt's keys kept apart from a sliding window of
-decoded ones), or keys and values of other ranks, is refused by name: the unit's interface has no input for that
-state.
+DeepSeek sparse attention (DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models", 2025,
+https://arxiv.org/abs/2512.02556) also caches its lightning indexer's keys ``[B, P, Di]``
+(``DynamicIndexedLayer.indexer_keys``): the unit carries them as a third cache, ``past_indexer_key`` ->
+``present_indexer_key``. A cache layer that holds other state (:data:`EXTRA_STATE`: the prompt's keys kept apart
+from a sliding window of decoded ones), or keys and values of other ranks, is refused by name: the unit's interface
+has no input for that state.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from typing import Any
 
 from posenc.errors import ExportError
 
+INDEXER = "indexer_keys"
+"""The attribute of DSA's ``DynamicIndexedLayer`` holding the lightning indexer's keys ``[B, P, Di]``: carried as a
+third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
-    "indexer_keys": "the lightning indexer's keys of DeepSeek sparse attention",
+    "indexer_position_ids": "the indexer's multi-axis positions",
     "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
 }
-"""Attributes of transformers' cache layers that hold state beyond keys and values (DSA's ``DynamicIndexedLayer``,
-Unlimited-OCR's reference sliding window), and what they hold: a layer that fills one is refused (the unit carries
-keys and values only)."""
+"""Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
+reference sliding window), and what they hold: a layer that fills one is refused (the unit does not carry it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,8 @@ class CacheWidths:
     kv_heads: int
     key_dim: int
     value_dim: int
+    indexer_dim: int | None = None
+    """The width of the lightning indexer's keys ``[B, P, Di]`` the layer also caches (DSA), else None."""
 
     @property
     def same(self) -> bool:
@@ -63,8 +68,8 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
     if extra:
         raise ExportError(
             f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
-            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys and values only (past_key, "
-            f"past_value), so this attention cannot be traced yet."
+            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys, values and indexer keys only "
+            f"(past_key, past_value, past_indexer_key), so this attention cannot be traced yet."
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
@@ -75,7 +80,14 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
             f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) does not hold keys "
             f"[B, Hkv, P, Dk] and values [B, Hkv, P, Dv] ({got}); the traced path exports that cache layout only."
         )
-    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]))
+    indexer: Any = getattr(layer, INDEXER, None)
+    if _filled(indexer) and not (indexer.dim() == 3 and indexer.shape[:2] == (keys.shape[0], keys.shape[2])):
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds indexer keys "
+            f"{_shape(indexer)}, not [B, P, Di] beside keys {_shape(keys)}; the traced path carries that layout only."
+        )
+    width = int(indexer.shape[2]) if _filled(indexer) else None
+    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]), width)
 
 
 def _filled(value: Any) -> bool:
@@ -86,4 +98,4 @@ def _shape(value: Any) -> str:
     return str(list(value.shape)) if hasattr(value, "shape") else repr(value)
 
 
-__all__ = ["EXTRA_STATE", "CacheWidths", "cache_widths"]
+__all__ = ["EXTRA_STATE", "INDEXER", "CacheWidths", "cache_widths"]

@@ -92,7 +92,8 @@ class Captured:
         mask: the mask the model gives the layer.
         kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``; ``value_dim``: the width of its values
             where it differs from the keys' (``[B, Hkv, P, Dv]``: a latent MLA cache, a ``v_head_dim``), else None
-            (:mod:`posenc.trace.caches`).
+            (:mod:`posenc.trace.caches`). ``indexer_dim``: the width of the indexer keys ``[B, P, Di]`` a DSA layer
+            also caches, else None.
         hidden_size: E.
         tensors: full checkpoint name -> sha256 of the tensors read.
         location: the checkpoint folder (or ``<in-memory ...>``).
@@ -136,6 +137,7 @@ class Captured:
     cache_kind: str = "dynamic"
     outside: str | None = None
     value_dim: int | None = None
+    indexer_dim: int | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -217,11 +219,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(hf, attention, int(hidden.shape[-1]))
-            value_dim = head_dim
+            value_dim, indexer_dim = head_dim, None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             widths = cache_widths(own.layers[index], index, str(model_type))
             kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
+            indexer_dim = widths.indexer_dim
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
@@ -238,7 +241,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                 tensors.update(load_module_weights(source, module, ref.path, names, owner))
         kind_of_cache = cache_kind(cache)
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache))  # fmt: skip
+                       lambda: new_cache(kind_of_cache, index + 1))  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -255,6 +258,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             kv_heads=kv_heads,
             head_dim=head_dim,
             value_dim=value_dim if value_dim != head_dim else None,
+            indexer_dim=indexer_dim,
             hidden_size=int(hidden.shape[-1]),
             tensors=tensors,
             location=source.location,

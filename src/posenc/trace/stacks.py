@@ -44,27 +44,37 @@ _CROSS = re.compile(r"cross|encoder_attn|encdec", re.IGNORECASE)
 _ATTENTION = re.compile(r"Attention")
 
 
-CACHE_KINDS = ("dynamic", "encoder-decoder")
-"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, or the ``EncoderDecoderCache``
+CACHE_KINDS = ("dynamic", "encoder-decoder", "indexed")
+"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, the ``EncoderDecoderCache``
 of an encoder-decoder's decoder (its self-attention part holds the layer's keys and values; Moonshine's attention
-reads its ``is_updated``)."""
+reads its ``is_updated``), or a ``DynamicCache`` of ``DynamicIndexedLayer`` s (DeepSeek sparse attention: each layer
+also holds its lightning indexer's keys, :mod:`posenc.trace.caches`)."""
 
 
 def cache_kind(cache: Any) -> str:
     """The :data:`CACHE_KINDS` entry of a captured cache."""
-    return "encoder-decoder" if hasattr(cache, "self_attention_cache") else "dynamic"
+    if hasattr(cache, "self_attention_cache"):
+        return "encoder-decoder"
+    return "indexed" if any(hasattr(layer, "update_indexer") for layer in cache.layers) else "dynamic"
 
 
-def new_cache(kind: str) -> Any:
-    """An empty cache of ``kind`` (:data:`CACHE_KINDS`)."""
+def new_cache(kind: str, layers: int = 0) -> Any:
+    """An empty cache of ``kind`` (:data:`CACHE_KINDS`); an ``indexed`` one holds ``layers`` indexed layers (the
+    indexer's keys are written before the layer's keys and values, so its layer must exist)."""
     from posenc.checkpoints.reference import import_transformers
 
     transformers = import_transformers()
     if kind == "encoder-decoder":
         return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
-    if kind != "dynamic":
+    if kind not in ("dynamic", "indexed"):
         raise ConfigError(f"unknown cache kind {kind!r} in a trace record (one of {list(CACHE_KINDS)}); re-export.")
-    return transformers.DynamicCache()
+    cache = transformers.DynamicCache()
+    if kind == "indexed":
+        from transformers.cache_utils import DynamicIndexedLayer
+
+        cache.layer_class_to_replicate = DynamicIndexedLayer
+        cache.layers.extend(DynamicIndexedLayer() for _ in range(layers))
+    return cache
 
 
 def self_attention_cache(cache: Any) -> Any:

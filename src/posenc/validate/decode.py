@@ -155,6 +155,14 @@ class OrtDecodeRunner(BaseRunner):
         super().__init__(name=name, prefix="ort-decode")
         if manifest.unit not in ("block", BLOCK_INPLACE):
             raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
+        carried = {"hidden", "position_ids", "past_key", "past_value", "key_cache", "value_cache", "past_length"}
+        extra = [name for name in manifest.input_names if name not in carried]
+        if extra:
+            raise ConfigError(
+                f"this graph takes the cache input {extra[0]!r} beside past_key and past_value (a traced DSA layer's "
+                f"indexer keys); decode steps carry keys and values only. Validate it with single calls "
+                f"(posenc validate, --against-hf), which feed every cache."
+            )
         self.model = model if isinstance(model, bytes) else str(model)
         self.manifest = manifest
         self.batch = batch
