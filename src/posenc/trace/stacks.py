@@ -55,7 +55,8 @@ def cache_kind(cache: Any) -> str:
     """The :data:`CACHE_KINDS` entry of a captured cache."""
     if hasattr(cache, "self_attention_cache"):
         return "encoder-decoder"
-    return "indexed" if any(hasattr(layer, "update_indexer") for layer in cache.layers) else "dynamic"
+    layers = getattr(cache, "layers", ())  # None: an attention called without a cache
+    return "indexed" if any(hasattr(layer, "update_indexer") for layer in layers) else "dynamic"
 
 
 def new_cache(kind: str, layers: int = 0) -> Any:
