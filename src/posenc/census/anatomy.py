@@ -73,8 +73,8 @@ class LayerKind:
         stack: ``encoder`` / ``decoder`` for an encoder-decoder's stacks, else None.
         layer: the index of the first layer of this kind in its stack.
         label: what makes the kind (layer class, attention classes, per-layer config entries).
-        attention: whether the layer holds a softmax attention module (a kind without one is not exported: no
-            attention module, or a linear-attention / state-space layer by the config's ``layer_types``).
+        attention: whether the layer holds a softmax self-attention module (a kind without one is not exported: no
+            attention module, cross-attention alone, or a linear-attention / state-space layer by ``layer_types``).
         count: how many layers of the stack are of this kind.
     """
 
@@ -175,6 +175,15 @@ def _attention_classes(layer: nn.Module) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+_CROSS = re.compile(r"Cross", re.IGNORECASE)
+
+
+def cross_only(classes: tuple[str, ...]) -> bool:
+    """Whether a layer's attention modules are all cross-attention (Mllama's ``MllamaTextCrossAttention`` layers attend
+    to the vision encoder's states): not a self-attention layer of the text model, so not exported."""
+    return bool(classes) and all(_CROSS.search(name) for name in classes)
+
+
 def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
     """The layer kinds of the text part (see the module docstring)."""
     _, root = text_part(model, text_config)
@@ -199,7 +208,7 @@ def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
             key = (type(layer).__name__, _attention_classes(layer), *entries)
             seen.setdefault(key, []).append(index)
         for key, indices in seen.items():
-            attention = bool(key[1])
+            attention = bool(key[1]) and not cross_only(key[1])
             label = ", ".join([key[0], *key[1], *(str(e) for e in key[2:])])
             kinds.append(LayerKind(stack, indices[0], label, attention, len(indices)))
     return kinds
@@ -314,4 +323,4 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
     return Anatomy(scheme, tuple(dict.fromkeys(evidence))[:6], tuple(kinds))
 
 
-__all__ = ["SCHEMES", "Anatomy", "LayerKind", "layer_stacks", "read_anatomy", "text_part"]
+__all__ = ["SCHEMES", "Anatomy", "LayerKind", "cross_only", "layer_stacks", "read_anatomy", "text_part"]

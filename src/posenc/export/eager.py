@@ -244,6 +244,10 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
         else:
             shape = [d if isinstance(d, int) else sizes.get(d, 0 if d == "past" else 1) for d in slot.shape]
             tensors.append(torch.zeros(shape, dtype=dtype))
+    named = {slot.name for slot in slots}
+    for spec in manifest.inputs:  # after the unit's: a traced DSA layer's past_indexer_key
+        if spec.name not in named and spec.name in arrays:
+            tensors.append(torch.from_numpy(np.array(arrays[spec.name], dtype=np.float64)).to(dtype))
     return tensors
 
 

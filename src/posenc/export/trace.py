@@ -38,6 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
+from posenc.export.feeds import Slot
 from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
@@ -48,7 +49,7 @@ from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
-from posenc.trace.capture import capture_layer
+from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
@@ -105,10 +106,39 @@ def _check_options(dtype: str, kv_cache: str, opset: int | None) -> None:
 
 
 def _guard_limit(plan: TracePlan, exact: PositionalScheme | None) -> int | None:
-    """The positions the graph serves: posenc's table's, a learned table's rows, else any position >= 0."""
+    """The positions the graph serves: posenc's table's, a learned table's rows, else any position >= 0; at most a
+    DSA layer's ``index_topk`` (:func:`_selection_limit`)."""
     if exact is not None:
-        return exact.position_limit
-    return plan.config.max_position_embeddings if plan.captured.embedding is not None else None
+        limit = exact.position_limit
+    else:
+        limit = plan.config.max_position_embeddings if plan.captured.embedding is not None else None
+    topk = _selection_limit(plan)
+    return limit if topk is None else topk if limit is None else min(limit, topk)
+
+
+SELECTION_PART = "sparse top-k selection"
+"""The positional part of a DSA layer: its lightning indexer keeps the ``index_topk`` keys of highest score."""
+
+
+def _selection_limit(plan: TracePlan) -> int | None:
+    """A DSA layer's ``index_topk`` (its cache holds indexer keys), else None. Its index scores tie exactly (a sum of
+    ReLUs: keys every head scores at or below 0 tie at 0), and ONNX Runtime's TopK and PyTorch's topk break ties
+    differently (on DeepSeek-V3.2's tiny layer with index_topk 3, 0.17 apart on two of six seeded feeds), so the
+    graph serves positions below ``index_topk``: every cached key is then kept, whatever the order of ties."""
+    if plan.captured.indexer_dim is None:
+        return None
+    topk = getattr(plan.captured.hf, "index_topk", None)
+    return int(topk) if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0 else None
+
+
+def _selection_parts(plan: TracePlan) -> tuple[TracePart, ...]:
+    topk = _selection_limit(plan)
+    if topk is None:
+        return ()
+    detail = (f"the lightning indexer keeps the {topk} keys of highest index score; scores tie exactly and ONNX "
+              f"Runtime and PyTorch break ties differently, so the graph serves positions below {topk} (guarded), "
+              f"where it keeps every key")  # fmt: skip
+    return (TracePart(SELECTION_PART, "kept", detail),)
 
 
 def export_traced(
@@ -146,6 +176,14 @@ def export_traced(
         raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
     path = output_path(path, "ONNX model")
     plan = plan_trace(capture_layer(checkpoint, layer, layer_type))
+    topk = _selection_limit(plan)
+    if topk is not None and plan.angles is not None:  # posenc's tables serve what the graph serves
+        if max_positions is not None and max_positions > topk:
+            raise ConfigError(
+                f"--max-positions {max_positions} is beyond this DSA layer's index_topk {topk}: the graph serves "
+                f"positions below {topk} only ({SELECTION_PART}: ties break differently beyond); drop it."
+            )
+        max_positions = min(topk, plan.config.max_position_embeddings) if max_positions is None else max_positions
     exact = None
     if plan.angles is not None:
         mode = table_mode if table_mode is not None else None
@@ -158,7 +196,7 @@ def export_traced(
     limit = _guard_limit(plan, exact)
     module = traced_module(plan, angles="native", position_limit=limit)
     module.guard_exported = position_guard
-    unit = _unit(module, plan.config, plan.captured.cacheless)
+    unit = _unit(module, plan.config, plan.captured)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
 
     def export(dims: Mapping[str, Any], deferred: bool = False) -> tuple[Any, list[str]]:
@@ -194,6 +232,7 @@ def export_traced(
     derived = derived_parts({key: found.recipe for key, found in captured.derived.items()})
     parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside), *derived)
     parts = (*parts, *relative_parts(captured))
+    parts = (*parts, *_selection_parts(plan))
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip
@@ -207,12 +246,25 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
     return (TracePart(ROTARY_PART, "kept", "exported without posenc's graph rewrite (rewrite=None)"),)
 
 
-def _unit(module: torch.nn.Module, config: AttentionConfig, cacheless: bool) -> ExportUnit:
-    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``."""
+def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) -> ExportUnit:
+    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``; with values of
+    another width than the keys (``value_dim``, :mod:`posenc.trace.caches`), ``past_value [B, Hkv, P, Dv]``; with
+    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``."""
     slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
-    if cacheless:
+    if captured.cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
+    elif captured.value_dim is not None:
+        slots = [_value_width(slot, captured.value_dim) if slot.name == "past_value" else slot for slot in slots]
+        outputs = [(name, "[B, Hkv, P+S, Dv]" if name == "present_value" else layout) for name, layout in outputs]
+    if not captured.cacheless and captured.indexer_dim is not None:
+        slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
+        outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
+
+
+def _value_width(slot: Slot, value_dim: int) -> Slot:
+    """``past_value`` with its last axis ``value_dim`` wide (the cache's values differ from its keys in width)."""
+    return dataclasses.replace(slot, shape=(*slot.shape[:-1], value_dim), layout="[B, Hkv, P, Dv]")
 
 
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:

@@ -32,12 +32,16 @@ def _probe_seq(frontier: list[ir.Value]) -> int:
 def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
     """Random hidden states, probe position ids ``[2, seq]`` and an empty cache."""
     config = request.plan.config
+    value_dim = request.plan.captured.value_dim or config.head_dim  # a cache's values may differ from its keys
     rng = np.random.default_rng(0)
     return {
         "hidden": rng.standard_normal((PROBE_BATCH, seq, config.hidden_size)).astype(np.float32),
-        "position_ids": probe_positions(PROBE_BATCH, seq, request.position_limit),
+        # within the model's context where the graph guards none: a table the module reads by position (CodeGen's
+        # embed_positions) has that many rows
+        "position_ids": probe_positions(PROBE_BATCH, seq, request.position_limit or config.max_position_embeddings),
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
-        "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
+        "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
+        "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
     }
 
 

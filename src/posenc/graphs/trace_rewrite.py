@@ -47,6 +47,8 @@ from posenc.graphs.trace_region import (
 )
 from posenc.graphs.trace_rules import MASK_RULES, rotation_rules
 from posenc.graphs.trace_splice import Replacement, _arranged, _Builder, splice_scheme
+from posenc.schemes import get_spec, scheme_names
+from posenc.schemes.base import Placement
 from posenc.trace.module import scheme_cos_sin
 from posenc.trace.record import ROTARY_PART, TracePart
 
@@ -99,6 +101,11 @@ def _replace_angles(request: RewriteRequest, model: ir.Model, matched: list[tupl
                                                                   rotation)]  # fmt: skip
 
 
+def _rotates(request: RewriteRequest) -> bool:
+    """Whether the layer's config names a scheme that rotates q and k."""
+    return get_spec(request.plan.scheme).placement is Placement.QK if request.plan.scheme in scheme_names() else False
+
+
 def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ...]]:
     """The rewrite of a traced export (see the module docstring): ``(model proto, parts)``."""
     model = ir.serde.deserialize_model(request.model)
@@ -118,7 +125,12 @@ def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ..
         detail = (f"Gather of the model's table {table.name if table else '?'} {shape} by the guarded position ids: "
                   f"its own learned values, read as traced (posenc recomputes no learned table)")  # fmt: skip
         kept.append(TracePart(TABLE_PART, "kept", detail))
-    if not region.cos_sin and not any(part.part == TABLE_PART for part in kept):
+    if not region.cos_sin and others and _rotates(request):
+        inside = ("the config's scheme rotates q and k, but the module computes its angles without Cos/Sin (a "
+                  "sinusoid table it reads by position: CodeGen's embed_positions); they stay as traced, among the "
+                  "position-dependent values")  # fmt: skip
+        parts.append(TracePart(ROTARY_PART, "kept", inside))
+    elif not region.cos_sin and not any(part.part == TABLE_PART for part in kept):
         absent = "the traced graph computes no cos/sin of the positions: the layer does not rotate q and k"
         parts.append(TracePart(ROTARY_PART, "absent", absent))
     elif not region.cos_sin:

@@ -187,19 +187,20 @@ def _plan(captured: Captured) -> TracePlan:
     values = _rotary_values(captured, positions)
     if values is None:
         return TracePlan(captured, config, scheme, params, None, "the layer takes no (cos, sin) from a rotary module")
-    try:
-        exact = build_scheme(scheme, config, params, _exact_mode(scheme), config.max_position_embeddings, torch.float64)
-        cos, sin = (t.reshape(-1, t.shape[-1]).numpy() for t in scheme_cos_sin(exact, positions))
-    except PosencError as exc:
-        return TracePlan(captured, config, scheme, params, None, f"posenc cannot build {scheme!r} for it: {exc}")
-    found = [match_layout(v.double().numpy(), cos, sin) for v in values]
-    cos_found, sin_found = found
-    if (
-        cos_found is None
-        or sin_found is None
-        or (cos_found[0], sin_found[0]) != ("cos", "sin")
-        or (cos_found[1] != sin_found[1])
-    ):
+    layout: str | None = None
+    for candidate in _rotary_widths(params, config, imported.config, int(values[0].shape[-1])):
+        try:
+            exact = build_scheme(scheme, config, candidate, _exact_mode(scheme), config.max_position_embeddings,
+                                 torch.float64)  # fmt: skip
+            cos, sin = (t.reshape(-1, t.shape[-1]).numpy() for t in scheme_cos_sin(exact, positions))
+        except PosencError as exc:
+            return TracePlan(captured, config, scheme, params, None, f"posenc cannot build {scheme!r} for it: {exc}")
+        cos_found, sin_found = (match_layout(v.double().numpy(), cos, sin) for v in values)
+        if cos_found is not None and sin_found is not None and (cos_found[0], sin_found[0]) == ("cos", "sin") \
+                and cos_found[1] == sin_found[1]:  # fmt: skip
+            layout, params = cos_found[1], candidate
+            break
+    if layout is None:
         return TracePlan(
             captured,
             config,
@@ -208,10 +209,31 @@ def _plan(captured: Captured) -> TracePlan:
             None,
             f"the rotary module's cos/sin are not {scheme!r}'s (from the config's rope parameters) in any layout",
         )
-    layout = cos_found[1]
     if layout == "interleaved":
         params["layout"] = "interleaved"  # the config does not say; the module's cos/sin do
     return TracePlan(captured, config, scheme, params, AnglesRecord(layout, int(values[0].shape[-1])))
+
+
+PARTIAL = "partial_rotary_factor"
+
+
+def _rotary_widths(
+    params: dict[str, Any], cached: AttentionConfig, config: AttentionConfig, width: int
+) -> list[dict[str, Any]]:
+    """The scheme parameters to try against the rotary module: the config's; then, where the cache's key width
+    ``D`` is not the config's ``head_dim`` (a multi-head latent attention's cache holds the latent, of
+    ``kv_lora_rank`` features, :mod:`posenc.trace.caches`), a rotary width as a share of ``D``: the config's
+    (``head_dim`` times its partial factor), or the rotary module's output width ``width`` (``cat(c, c)``) or twice
+    it (``c`` alone), which is what the module computes its angles over. Which one is right, the match on probe
+    positions decides."""
+    candidates = [params]
+    if config.head_dim == cached.head_dim:
+        return candidates
+    for rotary in (config.head_dim * float(params.get(PARTIAL, 1.0)), width, 2 * width):
+        share = {**params, PARTIAL: rotary / cached.head_dim}
+        if 0 < rotary <= cached.head_dim and share not in candidates:
+            candidates.append(share)
+    return candidates
 
 
 SINGLE_AXIS = "rope"

@@ -32,6 +32,7 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import time_major_error
+from posenc.trace.caches import cache_widths
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -67,6 +68,7 @@ from posenc.trace.stacks import (
     check_tower_stack,
     nested_self_attention,
     new_cache,
+    position_buffer,
     positions_outside,
     self_attention_cache,
     stack_layer_count,
@@ -95,7 +97,10 @@ class Captured:
         rotary_ref: its path and class.
         call: how the model calls the attention; ``rotary_call``: how it calls the rotary module.
         mask: the mask the model gives the layer.
-        kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``.
+        kv_heads, head_dim: the layer's cache layout ``[B, Hkv, P, D]``; ``value_dim``: the width of its values
+            where it differs from the keys' (``[B, Hkv, P, Dv]``: a latent MLA cache, a ``v_head_dim``), else None
+            (:mod:`posenc.trace.caches`). ``indexer_dim``: the width of the indexer keys ``[B, P, Di]`` a DSA layer
+            also caches, else None.
         hidden_size: E.
         tensors: full checkpoint name -> sha256 of the tensors read.
         location: the checkpoint folder (or ``<in-memory ...>``).
@@ -111,7 +116,8 @@ class Captured:
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
         cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
         outside: the module of a stack's (or a model's) embeddings that adds its positions before layer 0, where
-            the unit does not start from it; None otherwise.
+            the unit does not start from it (or a position buffer the forward reads, CTRL's ``pos_encoding``); None
+            otherwise.
         derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
             that computes them, :mod:`posenc.trace.derived`).
     """
@@ -141,6 +147,8 @@ class Captured:
     cache_kind: str = "dynamic"
     outside: str | None = None
     derived: dict[str, Derived] = dataclasses.field(default_factory=dict)
+    value_dim: int | None = None
+    indexer_dim: int | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -246,15 +254,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(layer_config(hf, index), attention, int(hidden.shape[-1]))
+            value_dim, indexer_dim = head_dim, None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
-            keys, values = own.layers[index].keys, own.layers[index].values
-            if keys is None or keys.dim() != 4 or values is None or keys.shape != values.shape:
-                raise ExportError(
-                    f"layer {index}'s cache of this {model_type} model does not hold keys and values of one shape "
-                    f"[B, Hkv, P, D]; the traced path exports that cache layout only."
-                )
-            kv_heads, head_dim = int(keys.shape[1]), int(keys.shape[3])
+            widths = cache_widths(own.layers[index], index, str(model_type))
+            kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
+            indexer_dim = widths.indexer_dim
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
@@ -264,6 +269,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
         first = step is None and index == 0 and (stack is not None or rotary_path is None)
         outside = positions_outside(list(calls), list_path, anywhere=stack is None) if first else None
+        if outside is None and first and stack is None and rotary_path is None:
+            outside = position_buffer(model, list_path)  # positions added from a buffer, outside any module (CTRL)
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")
         tensors = load_module_weights(source, attention, attention_path, names, owner)
         if step is not None:
@@ -276,7 +283,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = with_checkpoint_tensors(target, derived, hidden, positions)
         kind_of_cache = cache_kind(cache)
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache))  # fmt: skip
+                       lambda: new_cache(kind_of_cache, index + 1))  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -292,6 +299,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             mask=mask,
             kv_heads=kv_heads,
             head_dim=head_dim,
+            value_dim=value_dim if value_dim != head_dim else None,
+            indexer_dim=indexer_dim,
             hidden_size=int(hidden.shape[-1]),
             tensors=tensors,
             location=source.location,

@@ -206,9 +206,12 @@ class TracedAttention(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
+        past_indexer_key: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention; ``(out,)``
-        for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty)."""
+        for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty); with
+        an ``indexed`` cache (DeepSeek sparse attention) also ``present_indexer_key [B, P + S, Di]``, the indexer's
+        keys after ``past_indexer_key [B, P, Di]``."""
         b, s = hidden.shape[0], hidden.shape[1]
         past = 0 if past_key is None else past_key.shape[2]
         if self.cacheless:
@@ -226,10 +229,12 @@ class TracedAttention(nn.Module):
             raise ConfigError("pass both past_key and past_value, or neither.")
         position_ids, poison = self._guard(position_ids.to(torch.int64))
         hidden = poisoned(hidden, poison, 1)
-        cache = None if self.cacheless else new_cache(self.cache_kind)
+        cache = None if self.cacheless else new_cache(self.cache_kind, self.layer + 1)
         own = self_attention_cache(cache)
         if own is not None and past_key is not None and past_value is not None:
             own.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
+        if own is not None and past_indexer_key is not None:
+            own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
@@ -239,6 +244,8 @@ class TracedAttention(nn.Module):
         if cache is None:
             return (out,)
         entry = own.layers[self.layer]
+        if self.cache_kind == "indexed":
+            return out, entry.keys, entry.values, entry.indexer_keys
         return out, entry.keys, entry.values
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:

@@ -52,8 +52,9 @@ def _probe(
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
         return fresh_cache() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
-    kwargs = {k: fresh_state(v) for k, v in target.kwargs.items()}
-    args = [fresh_state(v) for v in target.args]
+    # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
+    kwargs = {k: inputs if v is hidden else fresh_state(v) for k, v in target.kwargs.items()}
+    args = [inputs if v is hidden else fresh_state(v) for v in target.args]
     if "hidden_states" in kwargs:
         kwargs["hidden_states"] = inputs
     else:

@@ -58,10 +58,11 @@ class TracedReference(nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
+        past_indexer_key: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        cast = [None if t is None else t.to(self.dtype) for t in (hidden, past_key, past_value)]
+        cast = [None if t is None else t.to(self.dtype) for t in (hidden, past_key, past_value, past_indexer_key)]
         with torch.no_grad():
-            return self.module(cast[0], position_ids, cast[1], cast[2])
+            return self.module(cast[0], position_ids, *cast[1:])
 
 
 @dataclasses.dataclass

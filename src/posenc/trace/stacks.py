@@ -44,27 +44,38 @@ _CROSS = re.compile(r"cross|encoder_attn|encdec", re.IGNORECASE)
 _ATTENTION = re.compile(r"Attention")
 
 
-CACHE_KINDS = ("dynamic", "encoder-decoder")
-"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, or the ``EncoderDecoderCache``
+CACHE_KINDS = ("dynamic", "encoder-decoder", "indexed")
+"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, the ``EncoderDecoderCache``
 of an encoder-decoder's decoder (its self-attention part holds the layer's keys and values; Moonshine's attention
-reads its ``is_updated``)."""
+reads its ``is_updated``), or a ``DynamicCache`` of ``DynamicIndexedLayer`` s (DeepSeek sparse attention: each layer
+also holds its lightning indexer's keys, :mod:`posenc.trace.caches`)."""
 
 
 def cache_kind(cache: Any) -> str:
     """The :data:`CACHE_KINDS` entry of a captured cache."""
-    return "encoder-decoder" if hasattr(cache, "self_attention_cache") else "dynamic"
+    if hasattr(cache, "self_attention_cache"):
+        return "encoder-decoder"
+    layers = getattr(cache, "layers", ())  # None: an attention called without a cache
+    return "indexed" if any(hasattr(layer, "update_indexer") for layer in layers) else "dynamic"
 
 
-def new_cache(kind: str) -> Any:
-    """An empty cache of ``kind`` (:data:`CACHE_KINDS`)."""
+def new_cache(kind: str, layers: int = 0) -> Any:
+    """An empty cache of ``kind`` (:data:`CACHE_KINDS`); an ``indexed`` one holds ``layers`` indexed layers (the
+    indexer's keys are written before the layer's keys and values, so its layer must exist)."""
     from posenc.checkpoints.reference import import_transformers
 
     transformers = import_transformers()
     if kind == "encoder-decoder":
         return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
-    if kind != "dynamic":
+    if kind not in ("dynamic", "indexed"):
         raise ConfigError(f"unknown cache kind {kind!r} in a trace record (one of {list(CACHE_KINDS)}); re-export.")
-    return transformers.DynamicCache()
+    cache = transformers.DynamicCache()
+    if kind == "indexed":
+        from transformers.cache_utils import DynamicIndexedLayer
+
+        cache.layer_class_to_replicate = DynamicIndexedLayer
+        cache.layers.extend(DynamicIndexedLayer() for _ in range(layers))
+    return cache
 
 
 def self_attention_cache(cache: Any) -> Any:
@@ -85,6 +96,19 @@ def positions_outside(called: list[str], list_path: str, *, anywhere: bool = Fal
     stack = list_path.rsplit(".", 1)[0] + "." if "." in list_path and not anywhere else ""
     for name in called:
         if name.startswith(stack) and not name.startswith(list_path + ".") and _POSITION_MODULE.search(name):
+            return name
+    return None
+
+
+_POSITION_BUFFER = re.compile(r"(^|\.)(pos_encoding|positional_encoding|pos_emb\w*|position_embeddings?)$")
+
+
+def position_buffer(model: Any, list_path: str) -> str | None:
+    """A buffer of ``model`` outside the layer list at ``list_path`` named as a position table, or None: CTRL's
+    ``pos_encoding``, whose rows (read by the position ids) its forward adds to the embeddings itself, with no module
+    posenc could call as the unit's embedding step."""
+    for name, _ in model.named_buffers():
+        if not name.startswith(list_path + ".") and _POSITION_BUFFER.search(name):
             return name
     return None
 
@@ -413,6 +437,7 @@ __all__ = [
     "nested_self_attention",
     "new_cache",
     "outside_parts",
+    "position_buffer",
     "positions_outside",
     "self_attention_cache",
     "stack_context",

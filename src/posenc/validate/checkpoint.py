@@ -49,7 +49,8 @@ FP32_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
 """Float32 graphs against transformers' float32 module."""
 LONG_TOKENS = 4
 """New tokens of the feed that ends at the context length."""
-_INPUTS = ("hidden", "position_ids", "past_key", "past_value")
+_INPUTS = ("hidden", "position_ids", "past_key", "past_value", "past_indexer_key")
+"""The inputs a reference module takes, in order (``past_indexer_key``: a traced DSA layer's indexer keys)."""
 
 
 RunnerFactory = Callable[[Any, str, Sequence[str]], TorchModuleRunner]
@@ -60,6 +61,8 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
     def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         hidden = torch.from_numpy(feed["hidden"].copy()).float()
         rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
+        while rest and rest[-1] is None:  # inputs the graph lacks (a family block takes no indexer keys)
+            rest.pop()
         return dict(zip(outputs, module(hidden, *rest), strict=True))
 
     return TorchModuleRunner(run, name, list(outputs))

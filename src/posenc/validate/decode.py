@@ -155,6 +155,14 @@ class OrtDecodeRunner(BaseRunner):
         super().__init__(name=name, prefix="ort-decode")
         if manifest.unit not in ("block", BLOCK_INPLACE):
             raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
+        carried = {"hidden", "position_ids", "past_key", "past_value", "key_cache", "value_cache", "past_length"}
+        extra = [name for name in manifest.input_names if name not in carried]
+        if extra:
+            raise ConfigError(
+                f"this graph takes the cache input {extra[0]!r} beside past_key and past_value (a traced DSA layer's "
+                f"indexer keys); decode steps carry keys and values only. Validate it with single calls "
+                f"(posenc validate, --against-hf), which feed every cache."
+            )
         self.model = model if isinstance(model, bytes) else str(model)
         self.manifest = manifest
         self.batch = batch
@@ -188,9 +196,13 @@ class OrtDecodeRunner(BaseRunner):
             shape = (self.batch, config.num_kv_heads, slots, config.head_dim)
             self.buffers = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for _ in range(2)]
             self.caches = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.buffers]  # shares memory
-        else:
-            empty = np.zeros((self.batch, config.num_kv_heads, 0, config.head_dim), dtype=dtype)
-            self.presents = [empty, empty.copy()]
+        else:  # each cache's own heads and width (a traced layer's values may differ from its keys in width)
+            self.presents = [self._empty_past(name, dtype) for name in ("past_key", "past_value")]
+
+    def _empty_past(self, name: str, dtype: Any) -> np.ndarray:
+        """The cache input ``name`` before the first step: ``[B, heads, 0, width]`` as the manifest records it."""
+        shape = self.manifest.input(name).shape
+        return np.zeros((self.batch, int(shape[1]), 0, int(shape[3])), dtype=dtype)
 
     def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
         start = time.perf_counter()

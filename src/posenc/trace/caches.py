@@ -1,0 +1,101 @@
+"""What a traced layer's KV cache holds: the widths of its keys and values, or why the traced unit cannot carry it.
+
+The traced unit feeds the model's own cache back as two inputs, ``past_key [B, Hkv, P, Dk]`` and ``past_value
+[B, Hkv, P, Dv]`` (the layer's ``DynamicLayer.keys`` / ``.values``), and returns them grown by the new tokens. Most
+models cache up-to-date keys and values of one width (``Dk == Dv``). Two layouts differ and are carried as they are:
+
+- values narrower or wider than keys (MiMo-V2-Flash's ``v_head_dim``);
+- multi-head latent attention (MLA: DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
+  Language Model", 2024, https://arxiv.org/abs/2405.04434), whose transformers modules cache the compressed latent
+  ``[B, 1, P, kv_lora_rank]`` as "keys" and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]`` as
+  "values", and up-project them at every call (MiniCPM3, GLM-4-MoE-Lite, Youtu, AXK1).
+
+DeepSeek sparse attention (DeepSeek-AI, "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models", 2025,
+https://arxiv.org/abs/2512.02556) also caches its lightning indexer's keys ``[B, P, Di]``
+(``DynamicIndexedLayer.indexer_keys``): the unit carries them as a third cache, ``past_indexer_key`` ->
+``present_indexer_key``. A cache layer that holds other state (:data:`EXTRA_STATE`: the prompt's keys kept apart
+from a sliding window of decoded ones), or keys and values of other ranks, is refused by name: the unit's interface
+has no input for that state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc.errors import ExportError
+
+INDEXER = "indexer_keys"
+"""The attribute of DSA's ``DynamicIndexedLayer`` holding the lightning indexer's keys ``[B, P, Di]``: carried as a
+third cache (``past_indexer_key``)."""
+EXTRA_STATE: dict[str, str] = {
+    "indexer_position_ids": "the indexer's multi-axis positions",
+    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+}
+"""Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
+reference sliding window), and what they hold: a layer that fills one is refused (the unit does not carry it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWidths:
+    """The layout of a layer's cache ``keys [B, Hkv, P, key_dim]``, ``values [B, Hkv, P, value_dim]``."""
+
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    indexer_dim: int | None = None
+    """The width of the lightning indexer's keys ``[B, P, Di]`` the layer also caches (DSA), else None."""
+
+    @property
+    def same(self) -> bool:
+        """Whether keys and values have one width (the layout of posenc's own blocks)."""
+        return self.key_dim == self.value_dim
+
+
+def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
+    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it.
+
+    Args:
+        layer: ``cache.layers[index]`` (a ``DynamicLayer`` or a subclass).
+        index: the layer index (for messages).
+        model_type: the model's type (for messages).
+
+    Raises:
+        ExportError: the layer also caches other state, or its keys and values are not 4-D tensors with one batch,
+            head count and length.
+    """
+    extra = [name for name in EXTRA_STATE if _filled(getattr(layer, name, None))]
+    if extra:
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
+            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys, values and indexer keys only "
+            f"(past_key, past_value, past_indexer_key), so this attention cannot be traced yet."
+        )
+    keys: Any = getattr(layer, "keys", None)
+    values: Any = getattr(layer, "values", None)
+    if not (_filled(keys) and _filled(values) and keys.dim() == 4 and values.dim() == 4
+            and keys.shape[:3] == values.shape[:3]):  # fmt: skip
+        got = f"keys {_shape(keys)}, values {_shape(values)}"
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) does not hold keys "
+            f"[B, Hkv, P, Dk] and values [B, Hkv, P, Dv] ({got}); the traced path exports that cache layout only."
+        )
+    indexer: Any = getattr(layer, INDEXER, None)
+    if _filled(indexer) and not (indexer.dim() == 3 and indexer.shape[:2] == (keys.shape[0], keys.shape[2])):
+        raise ExportError(
+            f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds indexer keys "
+            f"{_shape(indexer)}, not [B, P, Di] beside keys {_shape(keys)}; the traced path carries that layout only."
+        )
+    width = int(indexer.shape[2]) if _filled(indexer) else None
+    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]), width)
+
+
+def _filled(value: Any) -> bool:
+    return hasattr(value, "dim") and value.numel() > 0
+
+
+def _shape(value: Any) -> str:
+    return str(list(value.shape)) if hasattr(value, "shape") else repr(value)
+
+
+__all__ = ["EXTRA_STATE", "INDEXER", "CacheWidths", "cache_widths"]

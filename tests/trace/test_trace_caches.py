@@ -1,0 +1,206 @@
+"""Traced layers whose KV cache holds keys and values of different widths (:mod:`posenc.trace.caches`).
+
+Multi-head latent attention (DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
+Language Model", 2024, https://arxiv.org/abs/2405.04434) as transformers 5.23 runs it caches the compressed latent
+``[B, 1, P, kv_lora_rank]`` and the rotated shared key slice ``[B, 1, P, qk_rope_head_dim]``; MiMo-V2-Flash caches
+values narrower than its keys (``v_head_dim``). DeepSeek sparse attention's cache also holds its indexer's keys:
+refused.
+
+References: the checkpoint's own transformers model run on its own (a prompt, then a decode step with its
+``DynamicCache``, hooked at the layer's attention), and ``validate --against-hf`` (the checkpoint's attention module,
+float32 and float64 angles) for every sample in the slow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.errors import ConfigError, ExportError
+from posenc.export.trace import export_traced
+from posenc.graphs.trace_rewrite import replace_positions
+from posenc.trace.build import plan_trace, traced_module
+from posenc.trace.capture import capture_layer
+from posenc.validate.checkpoint import validate_against_checkpoint
+from tests.trace.samples import build
+
+_MLA = {**TINY, **NO_SPECIAL_TOKENS, "num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8}  # fmt: skip
+_MOE = {"n_routed_experts": 4, "moe_intermediate_size": 32, "num_experts_per_tok": 2}
+_MIMO = {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 2, "head_dim": 32, "v_head_dim": 16, "sliding_window": 8,
+         "layer_types": ["full_attention", "sliding_attention"], "mlp_layer_types": ["dense", "dense"],
+         **_MOE}  # fmt: skip
+
+CACHES: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        Sample("minicpm3", "MLA: latent and rotated key slice", "MiniCPM3Config", "MiniCPM3ForCausalLM",
+               {**_MLA, "num_hidden_layers": 1}),
+        Sample("glm4_moe_lite", "MLA, no head_dim in the config", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+               {**{k: v for k, v in _MLA.items() if k != "head_dim"}, **_MOE, "num_hidden_layers": 1}),
+        Sample("youtu", "MLA", "YoutuConfig", "YoutuForCausalLM", {**_MLA, "num_hidden_layers": 1}),
+        Sample("axk1", "MLA, MoE", "AXK1Config", "AXK1ForCausalLM", {**_MLA, **_MOE, "num_hidden_layers": 1}),
+        Sample("mimo_v2_flash", "values narrower than keys", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO),
+        Sample("mimo_v2_flash-sliding", "values narrower than keys, sliding window, partial 0.334",
+               "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO, layer=1),
+    )
+}  # fmt: skip
+"""Model types whose cache's values differ from its keys in width."""
+
+DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
+             "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
+                                        "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
+
+RUNTIME: dict[str, Sample] = {
+    s.name: s
+    for s in (
+        Sample("codegen", "a sinusoid table read by position inside the attention", "CodeGenConfig",
+               "CodeGenForCausalLM", {"n_embd": 64, "n_head": 4, "n_layer": 1, "rotary_dim": 8, "n_positions": 2048,
+                                      "vocab_size": 96, **NO_SPECIAL_TOKENS}),
+        Sample("ctrl", "v, k, q all the hidden states; sinusoid positions before layer 0", "CTRLConfig",
+               "CTRLLMHeadModel", {"n_embd": 64, "n_head": 4, "n_layer": 1, "dff": 64, "n_positions": 256,
+                                   "vocab_size": 96}),
+    )
+}  # fmt: skip
+"""Types whose traced export failed at run time: CodeGen's probe read its table past its rows (the rewrite now probes
+within the model's context), CTRL's self-check fed the probe to one of its three hidden-state arguments."""
+
+
+def _decode_step(folder: Path) -> dict[str, Any]:
+    """Layer 0's attention in the model's own forward: a 5-token prompt, then one token with the model's cache:
+    the step's hidden input and output, and the cache's keys and values before and after the step."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    attention = model.model.layers[0].self_attn
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    cache = transformers.DynamicCache(config=model.config)
+    names = ("keys", "values", "indexer_keys") if hasattr(cache.layers[0], "indexer_keys") else ("keys", "values")
+    with torch.no_grad():
+        model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+        seen["past"] = tuple(getattr(cache.layers[0], name).clone() for name in names)
+        handle = attention.register_forward_hook(hook, with_kwargs=True)
+        try:
+            model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True)
+        finally:
+            handle.remove()
+    seen["present"] = tuple(getattr(cache.layers[0], name) for name in names)
+    return seen
+
+
+def test_a_latent_cache_of_two_widths_is_carried_and_a_decode_step_matches_the_model(tmp_path: Path) -> None:
+    """MiniCPM3 caches the latent (32 wide) and the rotated key slice (8 wide): the unit takes and returns both as they
+    are, its angles are posenc's RoPE over the 8-wide slice (matched on probe positions), and a decode step with the
+    model's own cache matches the model's own forward within 1e-5 (posenc's float64 angles)."""
+    folder = build(CACHES["minicpm3"], tmp_path)
+    captured = capture_layer(folder)
+    assert (captured.kv_heads, captured.head_dim, captured.value_dim) == (1, 32, 8)
+    plan = plan_trace(captured)
+    assert plan.angles is not None, plan.note
+    assert plan.params["partial_rotary_factor"] == 8 / 32  # the rotary width as a share of the cache's key width
+    unit = traced_module(plan, angles="exact", max_positions=64)
+    seen = _decode_step(folder)
+    with torch.no_grad():
+        out, key, value = unit(seen["hidden"], torch.tensor([[5]]), *seen["past"])
+    assert key.shape == (1, 1, 6, 32)
+    assert value.shape == (1, 1, 6, 8)
+    for got, want in ((out, seen["out"]), (key, seen["present"][0]), (value, seen["present"][1])):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), float((got - want).abs().max())
+
+
+def test_a_dsa_layer_carries_its_indexer_keys_as_a_third_cache(tmp_path: Path) -> None:
+    """DeepSeek-V3.2's cache layer also holds its lightning indexer's keys ``[B, P, 16]``: the unit takes and returns
+    them beside the latent and the rotated key slice, and a decode step over 6 keys with index_topk 3 (the sparse
+    selection at work) matches the model's own forward."""
+    folder = build(DSA, tmp_path)
+    captured = capture_layer(folder)
+    assert (captured.head_dim, captured.value_dim, captured.indexer_dim, captured.cache_kind) == (32, 8, 16, "indexed")
+    unit = traced_module(plan_trace(captured), angles="exact", max_positions=64)
+    seen = _decode_step(folder)
+    with torch.no_grad():
+        got = unit(seen["hidden"], torch.tensor([[5]]), *seen["past"])
+    assert len(got) == 4
+    assert got[3].shape == (1, 6, 16)
+    for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+        assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+
+
+def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
+    """CTRL calls its attention ``(v, k, q)`` with the layer's normed states three times: the wrapper's self-check
+    feeds the probe's states to every one of them (it differed from the model's call by 6e-2 when only the first
+    was), and the wrapper matches the module called with one state for all three."""
+    captured = capture_layer(build(RUNTIME["ctrl"], tmp_path))
+    assert captured.call.positional == ("hidden", "hidden", "hidden")
+    plan = plan_trace(captured)  # raises where the wrapper and the model's own call differ
+    hidden = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = traced_module(plan)(hidden, torch.arange(4)[None])[0]
+        causal = torch.full((4, 4), torch.finfo(torch.float32).min).triu(1)[None, None]  # the model's additive mask
+        want = captured.attention(hidden, hidden, hidden, layer_past=None, attention_mask=causal)[0]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert captured.outside == "pos_encoding"  # its sinusoid positions enter before layer 0, outside the unit
+
+
+def test_a_linear_attention_layer_is_refused_as_not_softmax_attention(tmp_path: Path) -> None:
+    """MiniMax's ``linear_attention`` layers hold MiniMaxLightningAttention (linear attention, no softmax): refused
+    by name, pointing at the layers with softmax attention."""
+    sample = Sample("minimax", "lightning attention layers", "MiniMaxConfig", "MiniMaxForCausalLM",
+                    {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 2, "head_dim": 16, "num_local_experts": 4,
+                     "num_experts_per_tok": 2, "layer_types": ["full_attention", "linear_attention"]})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"layer 1 .* no softmax attention .*MiniMaxLightningAttention.*: \[0\]"):
+        capture_layer(build(sample, tmp_path), layer=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNTIME))
+def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path: Path) -> None:
+    """Exported with posenc's rewrite and held to its own module by validate --against-hf; what stays as traced is
+    said so (CodeGen's angles from its table: kept; CTRL's positions before layer 0: absent from the unit)."""
+    sample = RUNTIME[name]
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{name}.onnx", folder, rewrite=replace_positions)
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["rotary angles"] == ("kept" if name == "codegen" else "absent")
+    if name == "ctrl":
+        assert parts["stack embeddings"] == "absent"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 with index_topk 3: the graph carries the indexer keys, serves positions below 3 (guarded: there
+    the selection keeps every key, whatever the order of ties), says so, and matches its own module there."""
+    folder = build(DSA, tmp_path)
+    result = export_traced(tmp_path / "dsa.onnx", folder, rewrite=replace_positions)
+    assert result.manifest.max_positions == 3
+    assert result.manifest.input("past_indexer_key").shape[2] == 16
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["sparse top-k selection"] == "kept"
+    assert parts["rotary angles"] == "replaced"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+
+
+def test_a_cache_layer_holding_other_state_is_refused_by_name() -> None:
+    """Unlimited-OCR's reference sliding-window cache keeps the prompt's keys apart (``prefill_keys``): its state
+    depends on which call was the prompt, which past_key / past_value cannot carry; refused naming it. Keys and values
+    of other batch or length are refused too."""
+    from types import SimpleNamespace
+
+    from posenc.trace.caches import cache_widths
+
+    keys, values = torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 4)
+    assert cache_widths(SimpleNamespace(keys=keys, values=values), 0, "m").value_dim == 4
+    with pytest.raises(ExportError, match=r"holds prefill_keys beside its keys and values"):
+        cache_widths(SimpleNamespace(keys=keys, values=values, prefill_keys=keys), 0, "m")
+    with pytest.raises(ExportError, match=r"does not hold keys \[B, Hkv, P, Dk\]"):
+        cache_widths(SimpleNamespace(keys=keys, values=torch.zeros(1, 2, 4, 8)), 0, "m")
