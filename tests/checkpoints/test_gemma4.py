@@ -97,6 +97,7 @@ def test_a_released_config_json_plans_every_layer() -> None:
         geometry(_text_config(use_bidirectional_attention="all"), 0, None)
 
 
+@pytest.mark.slow  # exports the sample through the CLI; tests/features.py's gemma4 block fuses in the default run
 @pytest.mark.parametrize("target", ["ort-cpu", "trt"], ids=["ort-cpu", "tensorrt-graph"])  # a graph rewrite: no GPU
 def test_rotation_and_attention_fuse(export_cache: Path, target: str) -> None:
     """The full layer's proportional rotation (zero-frequency pairs: cos 1, sin 0) fuses for q and k, and its
