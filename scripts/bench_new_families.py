@@ -50,6 +50,8 @@ CHECKPOINTS = {
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
     "llama-4x256-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 4,
                                                               "num_key_value_heads": 2, "head_dim": 256}),
+    "llama-4x512-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 4,
+                                                              "num_key_value_heads": 2, "head_dim": 512}),
 }  # fmt: skip
 LAYERS = {
     "modernbert-global": ("modernbert", 0),
@@ -61,6 +63,7 @@ LAYERS = {
     "gemma4-sliding": ("gemma4", 0),
     "gemma4-full": ("gemma4", 1),
     "llama-4x256-gqa2": ("llama-4x256-gqa2", 1),
+    "llama-4x512-gqa2": ("llama-4x512-gqa2", 1),
 }
 """graph name -> (checkpoint, layer)."""
 

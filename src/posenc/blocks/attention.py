@@ -33,12 +33,13 @@ from posenc.schemes.base import (
 
 
 class HeadRMSNorm(nn.Module):
-    """RMSNorm over the last axis (``head_dim``) of q or k (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``).
+    """RMSNorm over the last axis (``head_dim``) of q or k (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``), or v.
 
     ``x · rsqrt(mean(x²) + eps) · weight`` computed in float32 (float64 for float64 input) and cast back to the
     input's dtype. ``weight [D]`` starts at ones. Gemma's ``(1 + w)`` form is stored as ``1 + w`` (the checkpoint
-    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm). Shapes: ``[..., D] -> [..., D]``; the
-    same module normalises a whole projection ``[..., H·D]`` when built with ``dim = H·D`` (OLMo 2).
+    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm, Gemma 4's ``v_norm``). Shapes:
+    ``[..., D] -> [..., D]``; the same module normalises a whole projection ``[..., H·D]`` when built with
+    ``dim = H·D`` (OLMo 2).
     """
 
     def __init__(self, dim: int, eps: float, learned: bool = True) -> None:

@@ -7,7 +7,7 @@ What transformers' ``Gemma4TextAttention`` computes, and how the block holds it:
 
 - ``layer_types``: ``sliding_attention`` layers see the last ``sliding_window`` keys and rotate with default RoPE
   (``rope_parameters["sliding_attention"]``); ``full_attention`` layers see every key and rotate with
-  proportional RoPE (``rope_type: proportional``, ``partial_rotary_factor`` 0.25 in the released models:
+  proportional RoPE (``rope_type: proportional``, ``partial_rotary_factor`` 0.25 in transformers' default:
   frequencies over the whole head width, the trailing pairs unrotated; posenc's ``rope_proportional``);
 - per layer type geometry (transformers' ``per_layer_config``, from ``global_head_dim`` and, with
   ``attention_k_eq_v``, ``num_global_key_value_heads``): full layers have their own head width and kv heads, read
@@ -17,8 +17,8 @@ What transformers' ``Gemma4TextAttention`` computes, and how the block holds it:
 - scores ``q·kᵀ`` unscaled (``self.scaling = 1.0``: the q norm sets the scale), no soft-cap;
 - ``attention_k_eq_v`` full layers have no ``v_proj``: the value is the key projection's output before ``k_norm``
   and the rotation (the block's ``values_from_keys``: no ``v_proj`` either, one projection for both);
-- KV sharing (``num_kv_shared_layers``, 0 in the default config and in the dense 31B model, 20 in the E2B model):
-  the last ``num_kv_shared_layers`` layers have no key or value projections and attend over the keys and values an
+- KV sharing (``num_kv_shared_layers``; 0, no sharing, in transformers' default config and the tiny samples): the
+  last ``num_kv_shared_layers`` layers have no key or value projections and attend over the keys and values an
   earlier layer of their type computed from that layer's input. One layer's block cannot take another layer's
   input, so such a layer is refused, naming the layer whose keys it reads (export that one; its cache is the one
   the shared layers read). The producer layers (``store``) compute like any other layer;
