@@ -4,12 +4,14 @@
 Builds seeded checkpoints (transformers ``save_pretrained``, random initialisation) of each new family at its real
 geometry ratios scaled to hidden 1024 (ModernBERT-base: 64-wide heads, multi-head, a ±64-token local window; LFM3:
 128-wide heads, 4 query heads per kv head, a 256-token window, proportional half-rotary full layers, the per-head
-gate) and of a Llama with each geometry, exports one layer of each kind (``posenc export --hf-model``), optimizes it
-for ONNX Runtime CPU (``posenc optimize --target ort-cpu``), and times every graph in one ``posenc bench`` run, so
-the ratios compare graphs measured in the same rounds on the same machine. Optionally builds TensorRT-RTX engines
+gate; Gemma 4's default text config: 256-wide heads, 2 query heads per kv head, 512-wide full-layer heads with
+proportional RoPE, a 512-token window) and of a Llama with each geometry, exports one layer of each kind
+(``posenc export --hf-model``), optimizes it for ONNX Runtime CPU (``posenc optimize --target ort-cpu``), and times
+every graph in one ``posenc bench`` run, so the ratios compare graphs measured in the same rounds on the same
+machine. Optionally builds TensorRT-RTX engines
 ahead of time (``posenc optimize --target trt``, ``posenc build --engine-target sm89``) in both table modes.
 
-    python scripts/bench_new_families.py --workdir /tmp/bench22 [--engines]
+    python scripts/bench_new_families.py --workdir /tmp/bench22 [--engines] [--layers gemma4-full,llama-4x256-gqa2]
 
 This is a benchmark, not a test: its numbers go into notes, never into assertions.
 """
@@ -31,6 +33,11 @@ LFM3 = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
         "intermediate_size": 1024, "num_hidden_layers": 3, "vocab_size": 128, "max_position_embeddings": CONTEXT,
         "sliding_window": 256, "layer_types": ["conv", "sliding_attention", "full_attention"],
         "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # fmt: skip
+GEMMA4 = {"hidden_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256,
+          "global_head_dim": 512, "intermediate_size": 1024, "num_hidden_layers": 2, "vocab_size": 128,
+          "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 64, "max_position_embeddings": CONTEXT,
+          "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+          "bos_token_id": 1, "eos_token_id": 1}  # fmt: skip
 LLAMA = {"intermediate_size": 1024, "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": CONTEXT}
 
 CHECKPOINTS = {
@@ -40,6 +47,11 @@ CHECKPOINTS = {
                                                          "num_key_value_heads": 16}),
     "llama-8x128-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 8,
                                                               "num_key_value_heads": 2}),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
+    "llama-4x256-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 4,
+                                                              "num_key_value_heads": 2, "head_dim": 256}),
+    "llama-4x512-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 4,
+                                                              "num_key_value_heads": 2, "head_dim": 512}),
 }  # fmt: skip
 LAYERS = {
     "modernbert-global": ("modernbert", 0),
@@ -48,6 +60,10 @@ LAYERS = {
     "lfm3-full": ("lfm3", 2),
     "llama-16x64": ("llama-16x64", 1),
     "llama-8x128-gqa2": ("llama-8x128-gqa2", 1),
+    "gemma4-sliding": ("gemma4", 0),
+    "gemma4-full": ("gemma4", 1),
+    "llama-4x256-gqa2": ("llama-4x256-gqa2", 1),
+    "llama-4x512-gqa2": ("llama-4x512-gqa2", 1),
 }
 """graph name -> (checkpoint, layer)."""
 
@@ -56,12 +72,14 @@ def posenc(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "posenc.cli", *args], check=True)
 
 
-def build(workdir: Path) -> None:
+def build(workdir: Path, names: set[str]) -> None:
     import transformers
 
     from posenc.checkpoints.samples import save_seeded
 
     for name, (config_class, model_class, settings) in CHECKPOINTS.items():
+        if name not in names:
+            continue
         folder = workdir / "ckpt" / name
         if not (folder / "config.json").exists():
             config = getattr(transformers, config_class)(**settings)
@@ -74,10 +92,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--engines", action="store_true", help="also build sm89 engines with TensorRT-RTX")
+    parser.add_argument("--layers", default=",".join(LAYERS), help="comma-separated graph names (default: all)")
     args = parser.parse_args()
-    build(args.workdir)
+    chosen = {name: LAYERS[name] for name in args.layers.split(",")}
+    build(args.workdir, {checkpoint for checkpoint, _ in chosen.values()})
     graphs = []
-    for name, (checkpoint, layer) in LAYERS.items():
+    for name, (checkpoint, layer) in chosen.items():
         for mode in ("precomputed", "dynamic") if args.engines else ("precomputed",):
             exported = args.workdir / "onnx" / f"{name}-{mode}.onnx"
             if not exported.exists():

@@ -39,6 +39,8 @@ LAGUNA = dataclasses.replace(_DECODER, qk_norm="rms", output_gate="softplus", ou
 OLMO2 = dataclasses.replace(_DECODER, qk_norm="rms", qk_norm_full_width=True)
 MINISTRAL3 = dataclasses.replace(_DECODER, temperature_floor_scale=8, temperature_scale=0.1, temperature_offset=0)
 PHI = dataclasses.replace(_DECODER, num_kv_heads=4, qkv_bias=True, out_bias=True, qk_norm="layer", qk_norm_eps=1e-5)
+GEMMA4_FULL = dataclasses.replace(_DECODER, num_kv_heads=1, head_dim=32, attn_scale=1.0, qk_norm="rms", v_norm=True,
+                                  values_from_keys=True)  # fmt: skip
 _YARN = {"factor": 4.0, "original_max_position_embeddings": 16, "truncate": False}
 
 
@@ -113,13 +115,22 @@ FEATURE_CASES = [
     FeatureCase("olmo2_full_width_norm", "rope", OLMO2, {}, "precomputed", "float16"),
     FeatureCase("ministral3_scaled_query", "rope_yarn", MINISTRAL3, _YARN, "precomputed", "float16"),
     FeatureCase("phi_layernorm", "rope", PHI, {"partial_rotary_factor": 0.5}, "precomputed", "float32"),
+    FeatureCase(
+        "gemma4_keys_as_values",
+        "rope_proportional",
+        GEMMA4_FULL,
+        {"partial_rotary_factor": 0.25},
+        "precomputed",
+        "float16",
+    ),
 ]
 """Every option in fp32 and fp16 and in both table modes where its scheme has them."""
 
 ENGINE_CASES = [c for c in FEATURE_CASES if c.dtype == "float16" and c.scheme != "rerope"]
 """One engine per option: q/k norm, soft-cap, window, biases (gemma2); scaled ALiBi; BERT embeddings; odd
 sinusoids; shared DeBERTa projections; Llama 4's chunks, L2 norm after RoPE and temperature tuning; gpt-oss's
-sinks (the zero-key Attention), Qwen3-Next's gate, OLMo 2's full-width norm, Ministral 3's scaled query.
+sinks (the zero-key Attention), Qwen3-Next's gate, OLMo 2's full-width norm, Ministral 3's scaled query, Gemma 4's
+full layer (proportional RoPE, values from the key projection, value norm, scale 1).
 (TensorRT-RTX has no fp16 fused-attention kernel for head_dim 8, so the blocks keep head_dim >= 16.)"""
 FUSION_CASES = [
     c for c in FEATURE_CASES

@@ -333,9 +333,39 @@ def test_qk_layernorm_equals_phi() -> None:
     assert _changed(block, x, want, {"partial_rotary_factor": 0.5}, qk_norm="rms") > 1e-3  # mean removed, bias added
 
 
+def test_value_norm_and_values_from_keys_equal_gemma4_and_every_cache_path() -> None:
+    """Gemma 4's attention_k_eq_v layer: the values are k_proj's output before k_norm and the rotation, normalised by
+    an RMSNorm without weights; scale 1. The block (no v_proj) equals the module, decode in steps and the in-place
+    cache alike, and without the value norm it does not."""
+    hf = transformers.Gemma4TextConfig(**_TINY, global_head_dim=16, attention_k_eq_v=True,
+                                       layer_types=["sliding_attention", "full_attention"],
+                                       vocab_size_per_layer_input=96, hidden_size_per_layer_input=16)  # fmt: skip
+    gemma4 = _module("gemma4.modeling_gemma4.Gemma4TextAttention", hf, layer=1)
+    assert gemma4.v_proj is None
+    config = dataclasses.replace(BASE, attn_scale=1.0, qk_norm="rms", qk_norm_eps=hf.rms_norm_eps, v_norm=True,
+                                 values_from_keys=True)  # fmt: skip
+    block = _block(config, gemma4.state_dict())
+    assert "v_proj.weight" not in block.state_dict()
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = gemma4(x, _embeddings(positions), _mask(positions, positions, None), shared_kv_states={})[0]
+        got = block(x)[0]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)  # transformers: the norms in float32
+    torch.testing.assert_close(decode_in_steps(block, x, 4), got, atol=1e-10, rtol=1e-10)
+    cache = torch.zeros(2, 2, 9, 16, dtype=torch.float64)
+    with torch.no_grad():
+        first, keys, values = block.forward_in_place(x[:, :4], None, cache, cache.clone(), torch.tensor([0, 0]))
+        rest, _, _ = block.forward_in_place(x[:, 4:], None, keys, values, torch.tensor([4, 4]))
+    torch.testing.assert_close(torch.cat((first, rest), 1), got, atol=1e-10, rtol=1e-10)
+    assert _changed(block, x, want, v_norm=False) > 1e-2
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
+        ({"v_norm": 1}, r"v_norm must be True or False"),
+        ({"values_from_keys": "yes"}, r"values_from_keys must be True or False"),
         ({"output_gate": "tanh"}, r"output_gate must be one of \['none', 'sigmoid', 'softplus'\]"),
         ({"output_gate_per_head": True}, r"output_gate_per_head needs an output_gate"),
         ({"qk_norm": "l2", "qk_norm_full_width": True}, r"qk_norm_full_width .* needs qk_norm='rms'"),

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posenc.blocks import AttentionBlock
 from posenc.checkpoints import load_layer
+from posenc.checkpoints.load import load_state
 from posenc.checkpoints.samples import get_sample
 from posenc.cli import main
 from posenc.export import FeedShape, load_manifest, make_feed, ort_session, run_onnx
@@ -163,3 +165,19 @@ def block_errors(loaded, seed: int = 1) -> dict[str, float]:
         theirs = reference(*feed)
         errors[name] = max(float((a.double() - b.double()).abs().max()) for a, b in zip(ours, theirs, strict=True))
     return errors
+
+
+def changed_block_error(loaded, **changes) -> float:
+    """Max |block - module| of the output at positions 100..106, the block built with ``changes`` to its scheme
+    params (``rope_theta``) or geometry (``sliding_window``, ``v_norm``, ...): how far a block that left a feature out
+    (or got it wrong) is from the layer's own module, so a test can show its parity check would catch that."""
+    plan = loaded.plan
+    params = {**plan.params, **{k: v for k, v in changes.items() if k in plan.params}}
+    config = dataclasses.replace(plan.attention, **{k: v for k, v in changes.items() if k not in plan.params})
+    block = AttentionBlock(config, plan.scheme, params).eval()
+    load_state(block, loaded.state, loaded.location)
+    hidden = torch.randn(2, 7, config.hidden_size, generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(100, 107).expand(2, 7)
+    with torch.no_grad():
+        got = block(hidden, positions)[0]
+    return float((got - loaded.reference()(hidden, positions)[0]).abs().max())

@@ -31,6 +31,8 @@ SLOW = {
     "persimmon",
     "modernbert-global",
     "lfm3",
+    "gemma4-sliding",
+    "gemma4-full",
 }
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
@@ -40,7 +42,9 @@ default run (tests/checkpoints/test_aliases.py, test_families_modern.py) and exp
 options (tests/features.py); their CLI export through ONNX Runtime runs here in the slow run. ModernBERT's local
 layer is exported here in the default run (bidirectional window, fused Wqkv, local theta); its global layer, the same
 graph without the window, in the slow run (tests/checkpoints/test_modernbert.py proves both against their module and
-whole model)."""
+whole model). Gemma 4's layers are proven in eager PyTorch against their module and whole model in the default run
+(tests/checkpoints/test_gemma4.py, which also exports and fuses the full layer); their CLI export runs here in the
+slow run."""
 
 
 BOTH_MODES = {

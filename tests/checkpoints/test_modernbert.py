@@ -18,17 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.blocks import AttentionBlock
-from posenc.checkpoints import LoadedLayer, load_layer
+from posenc.checkpoints import load_layer
 from posenc.checkpoints.families.modernbert import geometry
-from posenc.checkpoints.load import load_state
 from posenc.checkpoints.reference import hf_config
 from posenc.engine.build import engine_profiles
 from posenc.errors import ConfigError
 from posenc.export import load_manifest
 from posenc.graphs import load_model, optimize_model
 from posenc.graphs.cache import CacheFacts
-from tests.checkpoints.parity import ATOL, block_errors, export_layer, sample_case
+from tests.checkpoints.parity import ATOL, block_errors, changed_block_error, export_layer, sample_case
 from tests.checkpoints.whole_model import model_steps, reference_error
 
 transformers = pytest.importorskip("transformers")
@@ -56,29 +54,14 @@ def test_layer_is_its_own_module(checkpoint: Path, kind: str) -> None:
     assert reference_error(loaded.reference(), model_steps(checkpoint, layer, None)) <= ATOL
 
 
-def _block_error(loaded: LoadedLayer, **changes: object) -> float:
-    """Max |block - module| of the output at positions 100..106, the block built with ``changes`` to its params
-    (``rope_theta``) or geometry (``sliding_window``)."""
-    plan = loaded.plan
-    params = {**plan.params, **{k: v for k, v in changes.items() if k in plan.params}}
-    config = dataclasses.replace(plan.attention, **{k: v for k, v in changes.items() if k not in plan.params})
-    block = AttentionBlock(config, plan.scheme, params).eval()
-    load_state(block, loaded.state, loaded.location)
-    hidden = torch.randn(2, 7, config.hidden_size, generator=torch.Generator().manual_seed(3))
-    positions = torch.arange(100, 107).expand(2, 7)
-    with torch.no_grad():
-        got = block(hidden, positions)[0]
-    return float((got - loaded.reference()(hidden, positions)[0]).abs().max())
-
-
 def test_the_other_kinds_theta_and_an_exclusive_half_window_are_caught(checkpoint: Path) -> None:
     full = load_layer(checkpoint, None, "full_attention")
-    assert _block_error(full) <= ATOL
-    assert _block_error(full, rope_theta=10000.0) > 100 * ATOL
+    assert changed_block_error(full) <= ATOL
+    assert changed_block_error(full, rope_theta=10000.0) > 100 * ATOL
     local = load_layer(checkpoint, None, "sliding_attention")
-    assert _block_error(local) <= ATOL
-    assert _block_error(local, rope_theta=160000.0) > 100 * ATOL
-    assert _block_error(local, sliding_window=2) > 100 * ATOL
+    assert changed_block_error(local) <= ATOL
+    assert changed_block_error(local, rope_theta=160000.0) > 100 * ATOL
+    assert changed_block_error(local, sliding_window=2) > 100 * ATOL
     # the window as the model masks it, not only as posenc's reference does
     half = dataclasses.replace(local.plan, config=dataclasses.replace(local.plan.attention, sliding_window=2))
     steps = model_steps(checkpoint, 1, None)

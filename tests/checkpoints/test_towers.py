@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from posenc.checkpoints import load_layer
-from posenc.checkpoints.samples import _DEEPSEEK, _DEEPSEEK_YARN, NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.checkpoints.samples import _DEEPSEEK, _DEEPSEEK_YARN, _GEMMA4, NO_SPECIAL_TOKENS, TINY, Sample
 from posenc.cli import main
 from posenc.errors import ConfigError
 from tests.checkpoints.parity import ATOL, block_errors
@@ -83,16 +83,26 @@ WRAPPERS: dict[str, Wrapper] = {
                           {"model_type": "cohere2", **_TEXT, "sliding_window": 4,
                            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
                           _LM, layers=(0, 1)),
+    "gemma4": Wrapper("Gemma4ForConditionalGeneration", {"model_type": "gemma4_text", **_GEMMA4}, _LM, layers=(1, 2)),
     "kimi_k25": Wrapper("Kimi_K25ForConditionalGeneration",
                         {"model_type": "deepseek_v3", **_TEXT, **_DEEPSEEK, "head_dim": 8, "q_lora_rank": 24,
                          "n_group": 1, "topk_group": 1, "rope_parameters": _DEEPSEEK_YARN}, _LM),
 }  # fmt: skip
 """Wrapper checkpoints, their text towers (Llama, Mistral with a window, Gemma, Gemma 3's layer types, Llama 4's
 RoPE and NoPE layers, Cohere 2 — an alias — under Aya Vision, DeepSeek-V3's multi-head latent attention under Kimi
-K2.5, which transformers 5.23 saves as ``language_model.model.blocks.N``) and where their base models keep the layer."""
+K2.5, which transformers 5.23 saves as ``language_model.model.blocks.N``, Gemma 4's sliding and full layers under its
+vision and audio wrapper) and where their base models keep the layer."""
 
 
-@pytest.mark.parametrize("model_type", sorted(WRAPPERS))
+SLOW_WRAPPERS = {"gemma4"}
+"""Wrappers whose tower's family is proven in the default run elsewhere (tests/checkpoints/test_gemma4.py); the way
+to their tower is the other wrappers' (each ~8 s: the wrapper's vision and audio towers are built and saved too)."""
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [pytest.param(t, marks=[pytest.mark.slow] if t in SLOW_WRAPPERS else []) for t in sorted(WRAPPERS)],
+)
 def test_text_tower_layer_is_its_own_module(model_type: str, tmp_path: Path) -> None:
     case = WRAPPERS[model_type]
     folder = case.sample(model_type).build(tmp_path / "ckpt")

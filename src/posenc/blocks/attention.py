@@ -33,12 +33,13 @@ from posenc.schemes.base import (
 
 
 class HeadRMSNorm(nn.Module):
-    """RMSNorm over the last axis (``head_dim``) of q or k (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``).
+    """RMSNorm over the last axis (``head_dim``) of q or k (Qwen3 / Gemma 3 ``q_norm`` / ``k_norm``), or v.
 
     ``x · rsqrt(mean(x²) + eps) · weight`` computed in float32 (float64 for float64 input) and cast back to the
     input's dtype. ``weight [D]`` starts at ones. Gemma's ``(1 + w)`` form is stored as ``1 + w`` (the checkpoint
-    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm). Shapes: ``[..., D] -> [..., D]``; the
-    same module normalises a whole projection ``[..., H·D]`` when built with ``dim = H·D`` (OLMo 2).
+    loader adds the one). ``learned=False``: no weight (Llama 4's L2 norm, Gemma 4's ``v_norm``). Shapes:
+    ``[..., D] -> [..., D]``; the same module normalises a whole projection ``[..., H·D]`` when built with
+    ``dim = H·D`` (OLMo 2).
     """
 
     def __init__(self, dim: int, eps: float, learned: bool = True) -> None:
@@ -181,8 +182,9 @@ class AttentionBlock(nn.Module):
 
     Computation: ``q, k, v`` from ``q_proj``/``k_proj``/``v_proj`` (bias when ``config.qkv_bias``), then
     ``q_norm``/``k_norm`` (``config.qk_norm``; after the rotation with ``config.qk_norm_after_rope``; over the whole
-    projection with ``config.qk_norm_full_width``), then the scheme; q's temperature
-    (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
+    projection with ``config.qk_norm_full_width``) and ``v_norm`` (``config.v_norm``, no weights; the values are
+    ``k_proj``'s output before its norm with ``config.values_from_keys``, which has no ``v_proj``), then the scheme;
+    q's temperature (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
     scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality,
     ``config.sliding_window`` and ``config.attention_chunk_size``, softmax in float32, ``@ v``, heads merged,
     ``o_proj`` (bias when ``config.out_bias``). Multi-axis schemes take position ids ``[A, B, S]`` and mask in
@@ -192,7 +194,8 @@ class AttentionBlock(nn.Module):
     ``config.output_gate`` the merged heads are multiplied by ``sigmoid`` / ``softplus`` of ``gate_proj(hidden)``
     before ``o_proj`` (:func:`gated`).
 
-    State dict keys: ``q_proj.*``, ``k_proj.*``, ``v_proj.*``, ``o_proj.*`` (``.bias`` as configured),
+    State dict keys: ``q_proj.*``, ``k_proj.*``, ``v_proj.*`` (none with ``values_from_keys``), ``o_proj.*``
+    (``.bias`` as configured),
     ``q_norm.weight`` / ``k_norm.weight`` (``[D]``; ``[H·D]`` / ``[Hkv·D]`` with ``qk_norm_full_width``; and
     ``.bias`` for ``qk_norm="layer"``), ``sinks [H]``,
     ``gate_proj.*``, and ``scheme.*``. A DeBERTa scheme with
@@ -221,9 +224,10 @@ class AttentionBlock(nn.Module):
         self.scheme = block_scheme(config, scheme, params, table_mode, max_positions, table_dtype)
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
+        self.v_proj = None if config.values_from_keys else nn.Linear(e, hkv * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(h * d, e, bias=config.out_bias)
         self.q_norm, self.k_norm = qk_norms(config)
+        self.v_norm = HeadRMSNorm(d, config.qk_norm_eps, learned=False) if config.v_norm else None
         # sinks drawn like the projections' seeded weights (a checkpoint's replace them), so that they show
         self.sinks = nn.Parameter(torch.randn(h)) if config.attention_sinks else None
         gate_width = h if config.output_gate_per_head else h * d
@@ -309,6 +313,7 @@ class AttentionBlock(nn.Module):
         placement = self.scheme.placement
         x = self.scheme.embed(hidden, position_ids) if placement is Placement.EMBEDDING else hidden
         q, k = self.q_proj(x), self.k_proj(x)
+        v = k if self.v_proj is None else self.v_proj(x)  # values_from_keys: the keys before their norm and rotation
         norms = self.q_norm is not None and self.k_norm is not None
         if norms and cfg.qk_norm_full_width:  # over the whole projection [B, S, H·D], before the head split
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
@@ -317,7 +322,10 @@ class AttentionBlock(nn.Module):
         if norms and not cfg.qk_norm_after_rope and not cfg.qk_norm_full_width:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        v = v.transpose(1, 2)
         if placement is Placement.QK:
             q, k = self.scheme.rotate(q, k, position_ids)
         if norms and cfg.qk_norm_after_rope:

@@ -191,6 +191,13 @@ _MODERNBERT = {**_ENCODER, "num_hidden_layers": 3, "max_position_embeddings": 32
                "sep_token_id": 2}  # fmt: skip
 """ModernBERT-base's pattern (a global layer, then two local ones) and RoPE thetas; local_attention 4 (±2 tokens;
 128 in the released models) so a 7-token feed crosses the window."""
+_GEMMA4 = {**TINY, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+           "sliding_window": 4, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+           "vocab_size_per_layer_input": 96, "hidden_size_per_layer_input": 16, "pad_token_id": 0,
+           "bos_token_id": 1, "eos_token_id": 1}  # fmt: skip
+"""Gemma 4's pattern shortened (two sliding layers, then a full one) with its default RoPE per kind (proportional,
+0.25, theta 1e6 on the full layer: 4 of its 16 pairs rotate); the full layer 32 wide with one kv head whose values are
+its keys (``attention_k_eq_v``, as the 31B model), the sliding layers 16 wide with two; window 4."""
 
 SAMPLES: dict[str, Sample] = {
     sample.name: sample
@@ -355,6 +362,10 @@ SAMPLES: dict[str, Sample] = {
                _decoder(rope_parameters=_PARTIAL_HALF, **NO_SPECIAL_TOKENS), layer=1),
         Sample("lfm3", "LFM3: per-head sigmoid gate (gate_proj), q/k norms, proportional partial RoPE on full layers",
                "Lfm3Config", "Lfm3ForCausalLM", _LFM3, layer=2),
+        Sample("gemma4-sliding", "Gemma 4 sliding layer: q/k/v norms, score scale 1, window, default RoPE",
+               "Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, layer=1),
+        Sample("gemma4-full", "Gemma 4 full layer: p-RoPE, wider heads, keys as values, v norm",
+               "Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, layer=2),
         Sample("modernbert-global", "ModernBERT global layer: fused Wqkv, bidirectional, global RoPE theta",
                "ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT, layer=None, layer_type="full_attention"),
         Sample("modernbert-local", "ModernBERT local layer: bidirectional sliding window, local RoPE theta",

@@ -72,6 +72,10 @@ class AttentionConfig:
             offset 0, ``original_max_position_embeddings`` as the floor scale and ``llama_4_scaling_beta``.
         temperature_scale: the ``attn_scale`` of that temperature (Llama 4: 0.1).
         temperature_offset: added to the position before the floor division (Llama 4: 1, Ministral 3: 0).
+        v_norm: an RMSNorm without weights over ``head_dim`` on the values right after their projection, with
+            ``qk_norm_eps`` (Gemma 4's ``v_norm``); the cache holds the normalised values.
+        values_from_keys: no ``v_proj``: the values are the key projection's output before the k norm and the
+            rotation (Gemma 4's ``attention_k_eq_v`` layers), then ``v_norm`` if set.
     """
 
     hidden_size: int = 256
@@ -98,10 +102,12 @@ class AttentionConfig:
     attention_sinks: bool = False
     output_gate: str = "none"
     output_gate_per_head: bool = False
+    v_norm: bool = False
+    values_from_keys: bool = False
 
     def __post_init__(self) -> None:
         flags = ("causal", "qkv_bias", "out_bias", "qk_norm_after_rope", "qk_norm_full_width", "attention_sinks",
-                 "output_gate_per_head")  # fmt: skip
+                 "output_gate_per_head", "v_norm", "values_from_keys")  # fmt: skip
         for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}.")

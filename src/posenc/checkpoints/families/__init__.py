@@ -11,6 +11,7 @@ from posenc.checkpoints.families import (  # noqa: F401
     deepseek,
     falcon,
     gemma,
+    gemma4,
     gpt_neox,
     gptj,
     hunyuan,
