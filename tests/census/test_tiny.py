@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from posenc.census import tiny
+from posenc.census import shrink
 from posenc.census.tiny import layer_kinds, tiny_config
 
 
@@ -23,12 +23,12 @@ def test_a_decoder_gets_the_asked_sizes_and_keeps_grouped_query_attention() -> N
     assert (config.hidden_size, config.num_attention_heads, config.intermediate_size) == (64, 4, 64)
     assert config.num_key_value_heads == 4  # Llama's default is multi-head (kv == heads): kept so
     assert (config.num_hidden_layers, config.vocab_size) == (2, 128)
-    assert config.max_position_embeddings <= tiny.CONTEXT
+    assert config.max_position_embeddings <= shrink.CONTEXT
     assert built.kinds_kept
 
 
 def test_grouped_and_multi_query_kv_heads_keep_their_kind() -> None:
-    assert tiny_config("mistral").config.num_key_value_heads == tiny.KV_HEADS  # 32 / 8 in the default
+    assert tiny_config("mistral").config.num_key_value_heads == shrink.KV_HEADS  # 32 / 8 in the default
     falcon = tiny_config("falcon").config  # multi-query by default: one kv head stays one
     assert falcon.multi_query
     assert falcon.num_attention_heads == 4
@@ -43,7 +43,7 @@ def test_layer_kinds_survive_the_shrink() -> None:
     assert len(kinds) == 2
     assert built.layers == built.config.num_hidden_layers == 6
     assert built.config.layer_types[:6] == default.layer_types[:6]
-    assert built.config.sliding_window == tiny.WINDOW
+    assert built.config.sliding_window == shrink.WINDOW
 
 
 def test_per_layer_overrides_stay_different_from_the_global_value() -> None:
@@ -74,7 +74,7 @@ def test_composite_configs_shrink_their_text_config_and_keep_mrope_consistent() 
     section = text.rope_parameters["mrope_section"]
     assert sum(section) == (text.hidden_size // text.num_attention_heads) // 2
     assert len(section) == 3
-    assert built.vision_config.depth == tiny.OTHER_LAYERS
+    assert built.vision_config.depth == shrink.OTHER_LAYERS
 
 
 def test_a_partial_rotary_head_keeps_a_frequency_for_every_mrope_section() -> None:
@@ -95,8 +95,8 @@ def test_a_partial_rotary_factor_keeps_an_even_rotary_width() -> None:
         width = int(config.head_dim * params["partial_rotary_factor"])
         assert width >= 2, (config.head_dim, params)
         assert width % 2 == 0, (config.head_dim, params)
-    assert tiny._even_rotary_head(16, 0.334) == 32
-    assert tiny._even_rotary_head(16, 0.5) == 16
+    assert shrink.even_rotary_head(16, 0.334) == 32
+    assert shrink.even_rotary_head(16, 0.5) == 16
 
 
 def test_encoder_decoder_stacks_and_token_ids_fit_the_tiny_vocabulary() -> None:
@@ -140,7 +140,7 @@ def test_fields_a_model_needs_are_set_where_the_default_leaves_them_unset() -> N
     LayoutLMv3 concatenates 4 coordinate and 2 shape embeddings into the hidden width (``TYPE_OVERRIDES``)."""
     step = tiny_config("step3p5").config
     assert _default("step3p5").sliding_window is None
-    assert step.sliding_window == tiny.WINDOW
+    assert step.sliding_window == shrink.WINDOW
     hunyuan = tiny_config("hunyuan_vl_text").config
     section = hunyuan.rope_parameters["mrope_section"]
     assert len(section) == 4
