@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from posenc.config import AttentionConfig
+
+if TYPE_CHECKING:
+    from posenc.export import ExportResult
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)
@@ -26,6 +30,20 @@ def copy_export(result, folder: Path) -> Path:
     for source in (result.path, result.manifest_path, result.weights_path):
         (folder / source.name).write_bytes(source.read_bytes())
     return folder / result.path.name
+
+
+def private_export(model: Path, folder: Path | None) -> ExportResult:
+    """The export ``model`` (model, manifest, weights) copied into ``folder``, so that a test that changes or corrupts
+    its files leaves the shared export (the session's ``export_cache``, a module fixture's) intact; ``None``: the
+    export itself, to read only."""
+    from posenc.artifacts.files import manifest_path_for, weights_path_for
+    from posenc.export import ExportResult, load_manifest
+
+    if folder is not None:
+        for source in (model, manifest_path_for(model), weights_path_for(model)):
+            (folder / source.name).write_bytes(source.read_bytes())
+        model = folder / model.name
+    return ExportResult(model, load_manifest(model), manifest_path_for(model), weights_path_for(model))
 
 
 def covers(*schemes: str) -> pytest.MarkDecorator:
@@ -87,6 +105,21 @@ def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = root / "posenc-exports"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@pytest.fixture(scope="session")
+def rope_op16(export_cache: Path) -> ExportResult:
+    """The RoPE op of :data:`SMALL` with a 16-row table (position guard on: the export default), exported once for
+    the session and shared by the xdist workers. Tests read it; one that changes its files changes a copy
+    (:func:`private_export`)."""
+    from posenc.export import export_scheme
+    from tests.matrix import locked
+
+    path = export_cache / "rope_op_rows16" / "m.onnx"  # the manifest names its weights file: m.weights.safetensors
+    with locked(path):
+        if not path.exists():
+            export_scheme("rope", path, unit="op", config=SMALL, max_positions=16)
+    return private_export(path, None)
 
 
 @pytest.fixture(autouse=True)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from posenc.cli import main
 from posenc.config import AttentionConfig
-from posenc.export import export_scheme
-from tests.conftest import SMALL
+from posenc.export import ExportResult, export_scheme
+from tests.conftest import SMALL, private_export
+from tests.matrix import MatrixCase, exported
 
 
 @pytest.fixture
-def t5_op(tmp_path):
-    return export_scheme("t5", tmp_path / "t5.onnx", unit="op", config=SMALL, table_mode="precomputed")
+def t5_op(export_cache: Path, tmp_path: Path) -> ExportResult:
+    """The T5 op of the parity matrix (the session's shared export); each test gets its own copy (some change or
+    truncate it)."""
+    return private_export(exported(MatrixCase("t5", "precomputed", "float32", "op"), export_cache, SMALL), tmp_path)
 
 
 def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:
@@ -97,10 +101,16 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["sweep.json", "sweep.md"]
 
 
-@pytest.fixture
-def rope_in_place(tmp_path):
+@pytest.fixture(scope="module")
+def rope_in_place_once(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
-    return export_scheme("rope", tmp_path / "rope.onnx", kv_cache="inplace", config=config)
+    return export_scheme("rope", tmp_path_factory.mktemp("rope") / "rope.onnx", kv_cache="inplace", config=config)
+
+
+@pytest.fixture
+def rope_in_place(rope_in_place_once: ExportResult, tmp_path) -> ExportResult:
+    """The in-place RoPE block, exported once for the module; each test gets its own copy (one changes it)."""
+    return private_export(rope_in_place_once.path, tmp_path)
 
 
 def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:
