@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -107,19 +107,34 @@ def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def rope_op16(export_cache: Path) -> ExportResult:
-    """The RoPE op of :data:`SMALL` with a 16-row table (position guard on: the export default), exported once for
-    the session and shared by the xdist workers. Tests read it; one that changes its files changes a copy
-    (:func:`private_export`)."""
+def shared_export(export_cache: Path, name: str, scheme: str, **keywords: Any) -> ExportResult:
+    """``export_scheme(scheme, **keywords)`` exported once for the session as ``<export_cache>/<name>/m.onnx`` and
+    shared by the xdist workers (``name`` must say everything ``keywords`` choose). Tests read it; one that changes
+    its files changes a copy (:func:`private_export`)."""
     from posenc.export import export_scheme
     from tests.matrix import locked
 
-    path = export_cache / "rope_op_rows16" / "m.onnx"  # the manifest names its weights file: m.weights.safetensors
+    path = export_cache / name / "m.onnx"  # the manifest names its weights file: m.weights.safetensors
     with locked(path):
         if not path.exists():
-            export_scheme("rope", path, unit="op", config=SMALL, max_positions=16)
+            export_scheme(scheme, path, **keywords)
     return private_export(path, None)
+
+
+DECODE = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
+"""Geometry of the decode tests: 96 positions, room for a prefill, 64 single steps and a jump."""
+
+
+@pytest.fixture(scope="session")
+def rope_op16(export_cache: Path) -> ExportResult:
+    """The RoPE op of :data:`SMALL` with a 16-row table (position guard on: the export default)."""
+    return shared_export(export_cache, "rope_op_rows16", "rope", unit="op", config=SMALL, max_positions=16)
+
+
+@pytest.fixture(scope="session")
+def rope_inplace96(export_cache: Path) -> ExportResult:
+    """The RoPE block with an in-place cache, :data:`DECODE` geometry."""
+    return shared_export(export_cache, "rope_inplace96", "rope", kv_cache="inplace", config=DECODE)
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-from posenc.config import AttentionConfig
-from posenc.export import ExportResult, export_scheme
+from posenc.export import ExportResult
 from tests.conftest import SMALL, private_export
 from tests.matrix import MatrixCase, exported
 
@@ -101,16 +100,10 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["sweep.json", "sweep.md"]
 
 
-@pytest.fixture(scope="module")
-def rope_in_place_once(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
-    return export_scheme("rope", tmp_path_factory.mktemp("rope") / "rope.onnx", kv_cache="inplace", config=config)
-
-
 @pytest.fixture
-def rope_in_place(rope_in_place_once: ExportResult, tmp_path) -> ExportResult:
-    """The in-place RoPE block, exported once for the module; each test gets its own copy (one changes it)."""
-    return private_export(rope_in_place_once.path, tmp_path)
+def rope_in_place(rope_inplace96: ExportResult, tmp_path) -> ExportResult:
+    """The session's in-place RoPE block (tests/conftest.py); each test gets its own copy (one changes it)."""
+    return private_export(rope_inplace96.path, tmp_path)
 
 
 def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:
