@@ -37,13 +37,13 @@ def private_export(model: Path, folder: Path | None) -> ExportResult:
     its files leaves the shared export (the session's ``export_cache``, a module fixture's) intact; ``None``: the
     export itself, to read only."""
     from posenc.artifacts.files import manifest_path_for, weights_path_for
-    from posenc.export import ExportResult, load_manifest
+    from tests.matrix import result_of
 
     if folder is not None:
         for source in (model, manifest_path_for(model), weights_path_for(model)):
             (folder / source.name).write_bytes(source.read_bytes())
         model = folder / model.name
-    return ExportResult(model, load_manifest(model), manifest_path_for(model), weights_path_for(model))
+    return result_of(model)
 
 
 def covers(*schemes: str) -> pytest.MarkDecorator:

@@ -154,15 +154,19 @@ def exported(case: MatrixCase, folder: str | os.PathLike[str], config: Attention
     return path
 
 
-def exported_result(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig) -> ExportResult:
-    """:func:`exported` as an :class:`posenc.export.ExportResult` (its manifest read back), for tests that read an
-    export of the matrix instead of making their own. The files are shared: a test that changes them works on a copy
-    (``tests.conftest.private_export``)."""
+def result_of(path: Path) -> ExportResult:
+    """The :class:`posenc.export.ExportResult` of the export at ``path`` (its manifest read back and verified)."""
     from posenc.artifacts.files import manifest_path_for, weights_path_for
     from posenc.export import ExportResult, load_manifest
 
-    path = exported(case, folder, config)
     return ExportResult(path, load_manifest(path), manifest_path_for(path), weights_path_for(path))
+
+
+def exported_result(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig) -> ExportResult:
+    """:func:`exported` as an :class:`posenc.export.ExportResult`, for tests that read an export of the matrix instead
+    of making their own. The files are shared: a test that changes them works on a copy
+    (``tests.conftest.private_export``)."""
+    return result_of(exported(case, folder, config))
 
 
 def graph_for(
