@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from posenc.config import AttentionConfig
+
+if TYPE_CHECKING:
+    from posenc.export import ExportResult
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)
@@ -26,6 +30,20 @@ def copy_export(result, folder: Path) -> Path:
     for source in (result.path, result.manifest_path, result.weights_path):
         (folder / source.name).write_bytes(source.read_bytes())
     return folder / result.path.name
+
+
+def private_export(model: Path, folder: Path | None) -> ExportResult:
+    """The export ``model`` (model, manifest, weights) copied into ``folder``, so that a test that changes or corrupts
+    its files leaves the shared export (the session's ``export_cache``, a module fixture's) intact; ``None``: the
+    export itself, to read only."""
+    from posenc.artifacts.files import manifest_path_for, weights_path_for
+    from tests.matrix import result_of
+
+    if folder is not None:
+        for source in (model, manifest_path_for(model), weights_path_for(model)):
+            (folder / source.name).write_bytes(source.read_bytes())
+        model = folder / model.name
+    return result_of(model)
 
 
 def covers(*schemes: str) -> pytest.MarkDecorator:
@@ -87,6 +105,36 @@ def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = root / "posenc-exports"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def shared_export(export_cache: Path, name: str, scheme: str, **keywords: Any) -> ExportResult:
+    """``export_scheme(scheme, **keywords)`` exported once for the session as ``<export_cache>/<name>/m.onnx`` and
+    shared by the xdist workers (``name`` must say everything ``keywords`` choose). Tests read it; one that changes
+    its files changes a copy (:func:`private_export`)."""
+    from posenc.export import export_scheme
+    from tests.matrix import locked
+
+    path = export_cache / name / "m.onnx"  # the manifest names its weights file: m.weights.safetensors
+    with locked(path):
+        if not path.exists():
+            export_scheme(scheme, path, **keywords)
+    return private_export(path, None)
+
+
+DECODE = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
+"""Geometry of the decode tests: 96 positions, room for a prefill, 64 single steps and a jump."""
+
+
+@pytest.fixture(scope="session")
+def rope_op16(export_cache: Path) -> ExportResult:
+    """The RoPE op of :data:`SMALL` with a 16-row table (position guard on: the export default)."""
+    return shared_export(export_cache, "rope_op_rows16", "rope", unit="op", config=SMALL, max_positions=16)
+
+
+@pytest.fixture(scope="session")
+def rope_inplace96(export_cache: Path) -> ExportResult:
+    """The RoPE block with an in-place cache, :data:`DECODE` geometry."""
+    return shared_export(export_cache, "rope_inplace96", "rope", kv_cache="inplace", config=DECODE)
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from posenc.config import AttentionConfig
 from posenc.schemes import Placement, get_spec, specs
 
 if TYPE_CHECKING:
+    from posenc.export import ExportResult
     from posenc.graphs.optimize import ParityCheck
 
 GRAPHS: tuple[str, ...] = ("decomposed", "fused")
@@ -54,7 +55,7 @@ def same_graph_as(scheme: str, table_mode: str, dtype: str, unit: str) -> str | 
 
 ONE_PER_PLACEMENT = ("rope", "rope_dynamic", "alibi", "sinusoidal", "shaw", "nope")
 """Embedding, rotary, score, attention and no placement, one scheme each, and a scheme with only dynamic tables: the
-schemes whose repeated variants (the demo's run, the decomposed engine builds) stay in ``make test``."""
+schemes whose decomposed engine builds stay in ``make test``."""
 
 
 def slow_if_same_graph(case: MatrixCase, case_id: str | None = None) -> object:
@@ -151,6 +152,21 @@ def exported(case: MatrixCase, folder: str | os.PathLike[str], config: Attention
                 dtype=case.dtype,
             )
     return path
+
+
+def result_of(path: Path) -> ExportResult:
+    """The :class:`posenc.export.ExportResult` of the export at ``path`` (its manifest read back and verified)."""
+    from posenc.artifacts.files import manifest_path_for, weights_path_for
+    from posenc.export import ExportResult, load_manifest
+
+    return ExportResult(path, load_manifest(path), manifest_path_for(path), weights_path_for(path))
+
+
+def exported_result(case: MatrixCase, folder: str | os.PathLike[str], config: AttentionConfig) -> ExportResult:
+    """:func:`exported` as an :class:`posenc.export.ExportResult`, for tests that read an export of the matrix instead
+    of making their own. The files are shared: a test that changes them works on a copy
+    (``tests.conftest.private_export``)."""
+    return result_of(exported(case, folder, config))
 
 
 def graph_for(

@@ -28,6 +28,7 @@ from posenc.export import (
 from posenc.export import exporter as exporter_module
 from posenc.validate import validate_onnx
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, exported_result
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +108,8 @@ def test_weights_rebuild_the_exported_module(tmp_path) -> None:
     assert validate_onnx(result.path).passed
 
 
-def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:
-    result = export_scheme("alibi", tmp_path / "alibi.onnx", unit="op", config=SMALL, table_mode="dynamic")
+def test_position_only_bias_op_has_only_position_inputs(export_cache) -> None:
+    result = exported_result(MatrixCase("alibi", "dynamic", "float32", "op"), export_cache, SMALL)
     model = onnx.load(str(result.path))
     assert [v.name for v in model.graph.input] == ["q_pos", "k_pos"] == result.manifest.input_names
     assert result.manifest.max_positions is None
@@ -116,8 +117,8 @@ def test_position_only_bias_op_has_only_position_inputs(tmp_path) -> None:
     assert validate_onnx(result.path).passed
 
 
-def test_fp16_graph_keeps_float32_tables(tmp_path) -> None:
-    result = export_scheme("rope", tmp_path / "rope16.onnx", unit="op", config=SMALL, dtype="fp16")
+def test_fp16_graph_keeps_float32_tables(export_cache) -> None:
+    result = exported_result(MatrixCase("rope", "precomputed", "float16", "op"), export_cache, SMALL)
     model = onnx.load(str(result.path))
     assert {v.type.tensor_type.elem_type for v in model.graph.input if v.name != "position_ids"} == {
         onnx.TensorProto.FLOAT16
@@ -254,8 +255,8 @@ def test_feed_errors_name_the_input(rope_block) -> None:
         check_feed(manifest, {**feed, "hidden": np.zeros((2, 3, 65), np.float32)})
 
 
-def test_dynamic_mode_has_no_position_limit(tmp_path) -> None:
-    result = export_scheme("rope", tmp_path / "dyn.onnx", unit="op", config=SMALL, table_mode="dynamic")
+def test_dynamic_mode_has_no_position_limit(export_cache) -> None:
+    result = exported_result(MatrixCase("rope", "dynamic", "float32", "op"), export_cache, SMALL)
     manifest = result.manifest
     assert manifest.max_positions is None
     assert manifest.dynamic_dims["seq"].max is None

@@ -14,6 +14,7 @@ import torch
 from posenc import functional
 from posenc.export import FeedShape, export_scheme, load_eager, make_feed, reference_inputs, run_onnx
 from tests.conftest import SMALL
+from tests.matrix import MatrixCase, exported_result
 
 ROTARY = SMALL.head_dim  # 16
 
@@ -45,8 +46,8 @@ def _check_lengths(path, hf_params: dict, shapes: list[FeedShape]) -> dict[int, 
     return produced
 
 
-def test_dynamic_ntk_recomputes_its_base_inside_the_graph(tmp_path) -> None:
-    result = export_scheme("rope_dynamic", tmp_path / "ntk.onnx", unit="op", config=SMALL, table_mode="dynamic")
+def test_dynamic_ntk_recomputes_its_base_inside_the_graph(export_cache) -> None:
+    result = exported_result(MatrixCase("rope_dynamic", "dynamic", "float32", "op"), export_cache, SMALL)
     hf = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0, "max_position_embeddings": 64}
     # L = 10 and 64 (at the limit): plain RoPE frequencies; L = 107 and 1001: the base grows with L
     # ... and at L = 131072 the float64 constants of the in-graph math must stay exact (2π, factor)

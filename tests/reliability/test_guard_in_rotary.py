@@ -7,6 +7,8 @@ cover keep the guard, and other targets always keep it."""
 from __future__ import annotations
 
 import collections
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,10 @@ import onnxruntime as ort
 import pytest
 
 from posenc.config import AttentionConfig
-from posenc.export import export_scheme
+from posenc.export import ExportResult, export_scheme
 from posenc.export.feeds import make_feed
 from posenc.export.shapes import FeedShape
-from posenc.graphs import optimize_file
+from posenc.graphs import OptimizeResult, optimize_file
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=32)
 
@@ -27,10 +29,29 @@ def _ops(path: Path) -> collections.Counter[str]:
     return collections.Counter(node.op_type for node in onnx.load(str(path)).graph.node)
 
 
-def _optimized(folder: Path, scheme: str, kv_cache: str, guard: bool, target: str = "ort-cpu") -> tuple[Path, object]:
-    name = f"{scheme}-{kv_cache}-{guard}"
-    exported = export_scheme(scheme, folder / f"{name}.onnx", config=CONFIG, kv_cache=kv_cache, position_guard=guard)
-    target_path = folder / f"{name}.{target}.onnx"
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str, bool], ExportResult]:
+    """The module's exports, each made once (the guarded RoPE block is optimized for two targets)."""
+    folder = tmp_path_factory.mktemp("guard-in-rotary")
+
+    @functools.cache
+    def export(scheme: str, kv_cache: str, guard: bool) -> ExportResult:
+        path = folder / f"{scheme}-{kv_cache}-{guard}.onnx"
+        return export_scheme(scheme, path, config=CONFIG, kv_cache=kv_cache, position_guard=guard)
+
+    return export
+
+
+def _optimized(
+    exports: Callable[[str, str, bool], ExportResult],
+    folder: Path,
+    scheme: str,
+    kv_cache: str,
+    guard: bool,
+    target: str = "ort-cpu",
+) -> tuple[Path, OptimizeResult, ExportResult]:
+    exported = exports(scheme, kv_cache, guard)
+    target_path = folder / f"{scheme}-{kv_cache}-{guard}.{target}.onnx"
     return target_path, optimize_file(exported.path, target_path, target), exported
 
 
@@ -42,10 +63,12 @@ def _run(path: Path, manifest, position: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("kv_cache", ["concat", "inplace"])
-def test_rotary_blocks_hand_the_guard_to_rotary_embedding_and_still_raise(tmp_path: Path, kv_cache: str) -> None:
-    path, result, exported = _optimized(tmp_path, "rope", kv_cache, guard=True)
+def test_rotary_blocks_hand_the_guard_to_rotary_embedding_and_still_raise(
+    exports, tmp_path: Path, kv_cache: str
+) -> None:
+    path, result, exported = _optimized(exports, tmp_path, "rope", kv_cache, guard=True)
     assert result.counts["guard_in_rotary"] == 1
-    bare, _, _ = _optimized(tmp_path, "rope", kv_cache, guard=False)
+    bare, _, _ = _optimized(exports, tmp_path, "rope", kv_cache, guard=False)
     assert sum(_ops(path).values()) == sum(_ops(bare).values())  # no node of the guard is left
     limit = exported.manifest.max_positions
     assert np.isfinite(_run(path, exported.manifest, limit - 1)[0]).all()
@@ -55,16 +78,16 @@ def test_rotary_blocks_hand_the_guard_to_rotary_embedding_and_still_raise(tmp_pa
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "learned", "t5"])
-def test_guards_the_kernel_does_not_cover_stay(tmp_path: Path, scheme: str) -> None:
-    path, result, exported = _optimized(tmp_path, scheme, "concat", guard=True)
+def test_guards_the_kernel_does_not_cover_stay(exports, tmp_path: Path, scheme: str) -> None:
+    path, result, exported = _optimized(exports, tmp_path, scheme, "concat", guard=True)
     assert result.counts.get("guard_in_rotary", 0) == 0
     assert _ops(path)["Where"] >= 3  # safe ids, tripwire row, poison
     with pytest.raises(Exception, match=r"out of data bounds|out of range"):
         _run(path, exported.manifest, -1)
 
 
-def test_other_targets_keep_the_guard(tmp_path: Path) -> None:
-    path, result, _ = _optimized(tmp_path, "rope", "concat", guard=True, target="ort-cuda")
+def test_other_targets_keep_the_guard(exports, tmp_path: Path) -> None:
+    path, result, _ = _optimized(exports, tmp_path, "rope", "concat", guard=True, target="ort-cuda")
     assert "guard_in_rotary" not in result.counts
     assert _ops(path)["GreaterOrEqual"] == 1
 

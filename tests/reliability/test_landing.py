@@ -20,19 +20,17 @@ import numpy as np
 import pytest
 
 from posenc.artifacts import files
-from posenc.export import export_scheme
+from posenc.export import ExportResult
 from posenc.export.manifest import Manifest, load_manifest
-from tests.conftest import SMALL
+from tests.conftest import private_export
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
 
 
 @pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, Manifest]:
+def template(rope_op16: ExportResult) -> tuple[bytes, bytes, Manifest]:
     """The bytes of a real export (model, weights) and its manifest."""
-    out = tmp_path_factory.mktemp("template") / "m.onnx"
-    result = export_scheme("rope", out, unit="op", config=SMALL, max_positions=16)
-    return out.read_bytes(), result.weights_path.read_bytes(), result.manifest
+    return rope_op16.path.read_bytes(), rope_op16.weights_path.read_bytes(), rope_op16.manifest
 
 
 def write_generation(model: Path, template: tuple[bytes, bytes, Manifest], generation: int) -> None:
@@ -192,7 +190,7 @@ def test_a_reader_refuses_a_model_its_manifest_does_not_describe(template, tmp_p
         load_manifest(model)
 
 
-def test_a_validation_keeps_writers_out_until_it_has_read_everything(tmp_path) -> None:
+def test_a_validation_keeps_writers_out_until_it_has_read_everything(rope_op16, tmp_path) -> None:
     """validate checks the hashes and then reads the files again (ONNX Runtime, the eager rebuild): a writer landing
     in between made it report MISMATCH. The folder's shared lock is now held for the whole comparison, so a writer's
     exclusive lock is refused while a reference runs, and granted after."""
@@ -202,8 +200,8 @@ def test_a_validation_keeps_writers_out_until_it_has_read_everything(tmp_path) -
     from posenc.validate import Reference, TorchModuleRunner, validate_onnx
     from posenc.validate.parity import EAGER
 
-    model = tmp_path / "m.onnx"
-    manifest = export_scheme("rope", model, unit="op", config=SMALL, max_positions=16).manifest
+    copy = private_export(rope_op16.path, tmp_path)
+    model, manifest = copy.path, copy.manifest
     seen: list[bool] = []
 
     def writer_can_lock() -> bool:

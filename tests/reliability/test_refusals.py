@@ -98,17 +98,17 @@ def test_sweep_refuses_bad_values(tmp_path, capsys, argv, words) -> None:
     refused([*argv, "-o", tmp_path / "s"], capsys, *words)
 
 
-def test_optimize_refuses_a_negative_fold_limit(tmp_path) -> None:
+def test_optimize_refuses_a_negative_fold_limit(rope_op16, tmp_path) -> None:
     from posenc.graphs import optimize_file
 
-    model = export_scheme("rope", tmp_path / "m.onnx", unit="op", config=SMALL, max_positions=16).path
+    model = rope_op16.path
     with pytest.raises(ConfigError, match="fold_limit"):
         optimize_file(model, tmp_path / "o.onnx", "trt", fold_limit=-1)
     assert not (tmp_path / "o.onnx").exists()
 
 
-def test_build_refuses_a_negative_workspace(tmp_path, capsys) -> None:
-    model = export_scheme("rope", tmp_path / "m.onnx", unit="op", config=SMALL, max_positions=16).path
+def test_build_refuses_a_negative_workspace(rope_op16, tmp_path, capsys) -> None:
+    model = rope_op16.path
     refused(["build", model, "--workspace-mib", "-1", "-o", tmp_path / "e.engine"], capsys, "workspace")
     assert not (tmp_path / "e.engine").exists()
 

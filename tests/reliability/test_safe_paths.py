@@ -19,18 +19,17 @@ from onnx import helper, numpy_helper
 from posenc.artifacts.files import manifest_path_for
 from posenc.artifacts.paths import member, umask
 from posenc.errors import ModelFileError
-from posenc.export import export_scheme
 from posenc.export.manifest import load_manifest
 from posenc.export.runtime import check_model_file
 from posenc.graphs import optimize_file
-from tests.conftest import SMALL, copy_export
+from tests.conftest import copy_export
 
 SECRET = b"secret bytes outside the model's folder"
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory):
-    return export_scheme("rope", tmp_path_factory.mktemp("src") / "m.onnx", unit="op", config=SMALL, max_positions=16)
+@pytest.fixture
+def exported(rope_op16):
+    return rope_op16  # each test copies it (copy_model)
 
 
 def copy_model(exported, tmp_path: Path) -> Path:

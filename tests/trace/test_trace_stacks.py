@@ -213,7 +213,7 @@ def _tiny(name: str, root: Path) -> Path:
 
     info = model_type_info(name)
     folder = root / name
-    save_tiny_model(tiny_config(name).config, info.model_class, folder)  # type: ignore[union-attr]
+    save_tiny_model(tiny_config(name).config, info.model_class, folder)
     return folder
 
 

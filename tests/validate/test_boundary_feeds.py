@@ -28,6 +28,12 @@ def _export(folder: Path, scheme: str, params: Mapping[str, object], **kwargs: o
     return export_scheme(scheme, folder / f"{scheme}.onnx", params=dict(params), config=CONFIG, **kwargs).path
 
 
+@pytest.fixture(scope="module")
+def longrope_op(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The LongRoPE op of :data:`LONGROPE`, exported once for the module's two tests of it."""
+    return _export(tmp_path_factory.mktemp("longrope"), "rope_longrope", LONGROPE, unit="op")
+
+
 @pytest.mark.parametrize(
     ("scheme", "params", "points"),
     [
@@ -37,8 +43,15 @@ def _export(folder: Path, scheme: str, params: Mapping[str, object], **kwargs: o
         ("rope", {}, [256]),
     ],
 )
-def test_boundaries_of_each_rope_type(scheme: str, params: dict, points: list[int], tmp_path: Path) -> None:
-    manifest = load_manifest(_export(tmp_path, scheme, params, unit="op"))
+def test_boundaries_of_each_rope_type(
+    scheme: str, params: dict, points: list[int], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if scheme == "rope_longrope":  # the module's LongRoPE op (its own test below crosses the switch)
+        assert params == LONGROPE
+        path = request.getfixturevalue("longrope_op")
+    else:
+        path = _export(tmp_path, scheme, params, unit="op")
+    manifest = load_manifest(path)
     assert scheme_boundaries(manifest) == points
     windows = [(s.first, s.last) for s in boundary_shapes(manifest)]
     assert windows == [(min(p - 2, 252), min(p + 1, 255)) for p in points]
@@ -51,10 +64,10 @@ def test_a_sliding_window_block_gets_a_step_across_its_edge(tmp_path: Path) -> N
     assert FeedShape(1, 1, 16) in boundary_shapes(load_manifest(path))
 
 
-def test_the_switch_of_longrope_is_crossed_by_default(tmp_path: Path) -> None:
+def test_the_switch_of_longrope_is_crossed_by_default(longrope_op: Path, tmp_path: Path) -> None:
     """A candidate that uses the short factors everywhere agrees with the graph below the switch (64) and not
     beyond: the old default shapes (positions below 23) pass it; the default shapes now fail it."""
-    path = _export(tmp_path, "rope_longrope", LONGROPE, unit="op")
+    path = longrope_op
     short_only = _export(tmp_path / "short", "rope_longrope", {**LONGROPE, "long_factor": [1.0] * 8}, unit="op")
     module, manifest = load_eager(short_only)
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from posenc.cli import main
-from posenc.config import AttentionConfig
-from posenc.export import export_scheme
-from tests.conftest import SMALL
+from posenc.export import ExportResult
+from tests.conftest import SMALL, private_export
+from tests.matrix import MatrixCase, exported
 
 
 @pytest.fixture
-def t5_op(tmp_path):
-    return export_scheme("t5", tmp_path / "t5.onnx", unit="op", config=SMALL, table_mode="precomputed")
+def t5_op(export_cache: Path, tmp_path: Path) -> ExportResult:
+    """The T5 op of the parity matrix (the session's shared export); each test gets its own copy (some change or
+    truncate it)."""
+    return private_export(exported(MatrixCase("t5", "precomputed", "float32", "op"), export_cache, SMALL), tmp_path)
 
 
 def test_validate_passes_and_writes_reports(t5_op, tmp_path, capsys) -> None:
@@ -98,9 +101,9 @@ def test_sweep_into_a_folder(tmp_path, capsys) -> None:
 
 
 @pytest.fixture
-def rope_in_place(tmp_path):
-    config = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
-    return export_scheme("rope", tmp_path / "rope.onnx", kv_cache="inplace", config=config)
+def rope_in_place(rope_inplace96: ExportResult, tmp_path) -> ExportResult:
+    """The session's in-place RoPE block (tests/conftest.py); each test gets its own copy (one changes it)."""
+    return private_export(rope_inplace96.path, tmp_path)
 
 
 def test_validate_decode_steps_the_in_place_graph(rope_in_place, tmp_path, capsys) -> None:

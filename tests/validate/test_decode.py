@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.export import FeedShape, export_scheme
 from posenc.graphs import optimize_file
 from posenc.schemes import scheme_names
 from posenc.validate.decode import DECODE_STEPS, decode_schedule, validate_decode
+from tests.conftest import DECODE
 
-CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=96)
+CONFIG = DECODE
 CONTIGUOUS = {"transformer_xl"}
 """Schemes that need contiguous key positions (rel_shift): their long jump fills the cache instead."""
 QUICK = ("rope",)
@@ -47,11 +47,16 @@ def _check(scheme: str, paths: list[Path]) -> None:
 
 
 @pytest.mark.parametrize("scheme", QUICK)
-def test_decode_parity_exported_and_optimized(scheme: str, tmp_path: Path) -> None:
-    paths = _export_both(scheme, tmp_path)
+def test_decode_parity_exported_and_optimized(scheme: str, rope_inplace96, tmp_path: Path) -> None:
+    concat, inplace = (tmp_path / f"{scheme}-{layout}.onnx" for layout in ("concat", "inplace"))
+    paths = [export_scheme(scheme, concat, kv_cache="concat", config=CONFIG).path]
+    if scheme == "rope":  # the session's in-place block (tests/conftest.py, the same geometry)
+        paths.append(rope_inplace96.path)
+    else:
+        paths.append(export_scheme(scheme, inplace, kv_cache="inplace", config=CONFIG).path)
     optimized = []
     for path in paths:
-        target = path.with_suffix(".ort-cpu.onnx")
+        target = tmp_path / f"{path.stem}.ort-cpu.onnx"
         optimize_file(path, target, "ort-cpu")
         optimized.append(target)
     _check(scheme, paths + optimized)
@@ -63,7 +68,7 @@ def test_decode_parity_every_scheme(scheme: str, tmp_path: Path) -> None:
     _check(scheme, _export_both(scheme, tmp_path))
 
 
-def test_the_in_place_graph_writes_only_into_the_bound_buffers(tmp_path: Path) -> None:
+def test_the_in_place_graph_writes_only_into_the_bound_buffers(rope_inplace96) -> None:
     """A step run with IOBinding leaves the cache buffer holding the new slot and every other slot untouched."""
     import onnxruntime as ort
 
@@ -71,7 +76,7 @@ def test_the_in_place_graph_writes_only_into_the_bound_buffers(tmp_path: Path) -
     from posenc.export.runtime import ort_session
     from posenc.validate.runners import bind_in_place
 
-    path = export_scheme("rope", tmp_path / "r.onnx", kv_cache="inplace", config=CONFIG).path
+    path = rope_inplace96.path
     feed = make_feed(load_manifest(path), FeedShape(1, 1, 7), seed=3)
     before = {name: feed[name].copy() for name in ("key_cache", "value_cache")}
     session = ort_session(path, ["CPUExecutionProvider"], check=False)
