@@ -111,6 +111,14 @@ def test_a_heterogeneous_configs_layer_is_read_through_its_per_layer_view() -> N
         assert layer_config(config, layer).num_key_value_heads == config.per_layer_config[layer].num_key_value_heads
     plain = transformers.LlamaConfig(**_SMALL)
     assert layer_config(plain, 0) is plain
+    # an attention module holding the global config (which refuses its per-layer fields) gets its heads from the
+    # layer's view: the census's EmbeddingGemma 2 failed on this after the stacks' sub-config lookup came in
+    from posenc.trace.probe import cacheless_heads
+
+    attention = torch.nn.Module()
+    attention.config = config
+    view = layer_config(config, 0)
+    assert cacheless_heads(view, attention, view.hidden_size) == (view.num_key_value_heads, view.head_dim)
 
 
 def test_a_wrappers_ambiguous_text_config_is_its_decoder() -> None:

@@ -132,7 +132,10 @@ def cacheless_heads(hf: Any, attention: nn.Module, hidden_size: int) -> tuple[in
     def first(*names: str) -> int | None:
         for source in sources:
             for name in names:
-                value = getattr(source, name, None)
+                try:
+                    value = getattr(source, name, None)
+                except Exception:  # a heterogeneous config's per-layer field read globally (EmbeddingGemma 2): not here
+                    continue
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                     return value
         return None
