@@ -7,8 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from posenc.census.anatomy import read_anatomy
-from posenc.census.worker import _skipped
+from posenc.census.anatomy import _skip_reason, read_anatomy
 
 
 def test_mllama_s_cross_attention_layers_are_not_exported_and_say_why() -> None:
@@ -26,5 +25,5 @@ def test_mllama_s_cross_attention_layers_are_not_exported_and_say_why() -> None:
     assert by_layer[0].attention
     assert not by_layer[3].attention
     assert "MllamaTextCrossAttention" in by_layer[3].label
-    assert _skipped(by_layer[3].label).startswith("cross-attention only")
-    assert _skipped("Block") == "no attention module in this layer"
+    assert by_layer[3].skipped.startswith("cross-attention only")
+    assert _skip_reason((), 0, None) == "no attention module in this layer"

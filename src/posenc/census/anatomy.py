@@ -73,9 +73,10 @@ class LayerKind:
         stack: ``encoder`` / ``decoder`` for an encoder-decoder's stacks, else None.
         layer: the index of the first layer of this kind in its stack.
         label: what makes the kind (layer class, attention classes, per-layer config entries).
-        attention: whether the layer holds a softmax self-attention module (a kind without one is not exported: no
-            attention module, cross-attention alone, or a linear-attention / state-space layer by ``layer_types``).
+        attention: whether the layer holds a softmax self-attention module (a kind without one is not exported).
         count: how many layers of the stack are of this kind.
+        skipped: why a kind without one is not exported (no attention module, cross-attention alone, a
+            linear-attention / state-space layer by ``layer_types``, no attention heads); empty otherwise.
     """
 
     stack: str | None
@@ -83,6 +84,7 @@ class LayerKind:
     label: str
     attention: bool
     count: int
+    skipped: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +186,19 @@ def cross_only(classes: tuple[str, ...]) -> bool:
     return bool(classes) and all(_CROSS.search(name) for name in classes)
 
 
+def _skip_reason(classes: tuple[str, ...], layer: int, softmax: list[int] | None) -> str:
+    """Why a layer kind with these attention ``classes`` is not exported (``softmax``: the layers ``layer_types``
+    gives softmax attention, None where it does not say); empty where it is."""
+    if not classes:
+        return "no attention module in this layer"
+    if cross_only(classes):
+        return ("cross-attention only: it attends to another model's states (an image encoder's), not a "
+                "self-attention layer of the text model")  # fmt: skip
+    if softmax is not None and layer not in softmax:
+        return "no softmax attention: a linear-attention or state-space layer by its layer_types entry"
+    return ""
+
+
 def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
     """The layer kinds of the text part (see the module docstring)."""
     _, root = text_part(model, text_config)
@@ -199,6 +214,7 @@ def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
         counts = {v for k, v in text_config.to_dict().items() if isinstance(v, int) and re.search(r"layers?$", k)}
         chosen = sorted(stacks, key=lambda s: (not _holds_attention(s[1]), len(s[1]) not in counts, -len(s[1])))[:1]
     per_layer = layer_kinds(text_config)
+    softmax = None if encoder_decoder else attention_layers(text_config)  # layer_types: MiniMax's linear layers
     kinds: list[LayerKind] = []
     for path, layers in chosen:
         stack = _stack_label(path, encoder_decoder)
@@ -208,9 +224,9 @@ def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
             key = (type(layer).__name__, _attention_classes(layer), *entries)
             seen.setdefault(key, []).append(index)
         for key, indices in seen.items():
-            attention = bool(key[1]) and not cross_only(key[1])
+            skipped = _skip_reason(key[1], indices[0], softmax)
             label = ", ".join([key[0], *key[1], *(str(e) for e in key[2:])])
-            kinds.append(LayerKind(stack, indices[0], label, attention, len(indices)))
+            kinds.append(LayerKind(stack, indices[0], label, not skipped, len(indices), skipped))
     return kinds
 
 
@@ -313,13 +329,8 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
         scheme = next((s for s in SCHEMES if s in found), "NoPE")
     kinds = layer_stacks(model, text_config)
     if scheme == "none (no attention)":  # RWKV's "RwkvSelfAttention" mixes time without attention heads
-        kinds = [dataclasses.replace(kind, attention=False) for kind in kinds]
-    softmax = attention_layers(text_config)  # layer_types: linear-attention and state-space layers (MiniMax's)
-    if softmax is not None:
-        kinds = [
-            dataclasses.replace(kind, attention=False) if kind.stack is None and kind.layer not in softmax else kind
-            for kind in kinds
-        ]
+        why = "no attention heads in this model (it mixes positions another way)"
+        kinds = [dataclasses.replace(kind, attention=False, skipped=kind.skipped or why) for kind in kinds]
     return Anatomy(scheme, tuple(dict.fromkeys(evidence))[:6], tuple(kinds))
 
 

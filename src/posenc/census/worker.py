@@ -33,7 +33,6 @@ from typing import Any
 
 from posenc.census.route import REFUSED, classify
 from posenc.census.types import ModelType
-from posenc.trace.model import LINEAR_KINDS
 
 MAX_KINDS = 6
 """Layer kinds exported per type, at most (a per-layer config that makes every layer its own kind stops here)."""
@@ -157,7 +156,7 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
     exported = 0
     for kind in kinds:
         if not kind["attention"]:
-            kind.update(path="skipped", reason=_skipped(kind["label"]))
+            kind.update(path="skipped", reason=kind["skipped"])
             continue
         if exported == MAX_KINDS:
             kind.update(path="skipped", reason=f"more than {MAX_KINDS} layer kinds: not exported")
@@ -171,16 +170,6 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
         built = f" (it builds {anatomy.evidence[0]})" if anatomy.evidence else ""
         return _finish(result, save, "ok", f"no layer of the default config holds attention{built}")
     return _finish(result, save, "ok", "")
-
-
-def _skipped(label: str) -> str:
-    """Why a layer kind without self-attention is not exported (its ``label`` names its attention classes)."""
-    if "CrossAttention" in label:
-        return ("cross-attention only: it attends to another model's states (an image encoder's), not a "
-                "self-attention layer of the text model")  # fmt: skip
-    if any(word in label for word in LINEAR_KINDS):  # the layer_types entry is in the label
-        return "no softmax attention: a linear-attention or state-space layer by its layer_types entry"
-    return "no attention module in this layer"
 
 
 class _NotBuiltError(Exception):

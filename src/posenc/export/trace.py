@@ -230,9 +230,14 @@ def export_traced(
         model, parts = rewrite(RewriteRequest(model, plan, exact, limit))
     captured = plan.captured
     derived = derived_parts({key: found.recipe for key, found in captured.derived.items()})
-    parts = (*parts, *bias_parts(captured.attention), *outside_parts(captured.outside), *derived)
-    parts = (*parts, *relative_parts(captured))
-    parts = (*parts, *_selection_parts(plan))
+    parts = (
+        *parts,
+        *bias_parts(captured.attention),
+        *outside_parts(captured.outside),
+        *derived,
+        *relative_parts(captured),
+        *_selection_parts(plan),
+    )
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
                                    position_limit=limit) if replaced else module  # fmt: skip

@@ -216,11 +216,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = Call((), {})
         calls, handles = _record_calls(model, attention, target)
         settings = _settings(attention)
+        own_config = layer_config(hf, index)  # a heterogeneous config's view of this layer, else hf
         with _hooks(handles), record_methods(model, list_path) as methods:
             runner = stack_module(model, list_path) if stack else None
-            positions = _run_forward(
-                model, hf, _capture_tokens(layer_config(hf, index)), runner, cache=stack != "encoder"
-            )
+            positions = _run_forward(model, hf, _capture_tokens(own_config), runner, cache=stack != "encoder")
         _check_settings(settings, attention, model_type)
         hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
@@ -245,7 +244,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         mask_value = masks[0] if masks else None
         causal = cache is not None or _module_causal(attention)
-        mask = _mask_recipe(mask_value, layer_config(hf, index), kind, positions, causal)
+        mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
@@ -253,7 +252,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
         _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
-            kv_heads, head_dim = cacheless_heads(layer_config(hf, index), attention, int(hidden.shape[-1]))
+            kv_heads, head_dim = cacheless_heads(own_config, attention, int(hidden.shape[-1]))
             value_dim, indexer_dim = head_dim, None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
