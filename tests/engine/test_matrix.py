@@ -1,6 +1,6 @@
 """Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
 fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph; the
-decomposed graphs of schemes outside ``tests.matrix.ONE_PER_PLACEMENT`` in make test-slow.
+decomposed graphs and the fp32 op of schemes outside ``tests.matrix.ONE_PER_PLACEMENT`` in make test-slow.
 The other dtype of each unit is built by scripts/gpu_check.py (``--rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
@@ -52,11 +52,13 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
 
 
 def _engine_case(case: MatrixCase) -> object:
-    """The fused graph (what `posenc optimize --target trt` hands TensorRT) of every scheme builds in make test; the
-    decomposed export of schemes outside :data:`ONE_PER_PLACEMENT` in make test-slow (it builds the same ops as the
-    representative of its placement, and took 70 % of this matrix's time)."""
+    """The fused fp16 block (what `posenc optimize --target trt` hands TensorRT, the unit people deploy) of every
+    scheme builds in make test; for schemes outside :data:`ONE_PER_PLACEMENT`, the decomposed exports (the same ops
+    as the representative of their placement; 70 % of this matrix's time) and the fused fp32 positional op (its nodes
+    are the fp16 block's positional part, which that block's build parses and builds; fp32 itself is built by each
+    placement's representative) build in make test-slow."""
     param = slow_if_same_graph(case)
-    if case.graph == "decomposed" and case.scheme not in ONE_PER_PLACEMENT:
+    if case.scheme not in ONE_PER_PLACEMENT and (case.graph == "decomposed" or case.unit == "op"):
         return pytest.param(case, id=case.id, marks=[pytest.mark.slow])
     return param
 
