@@ -22,6 +22,7 @@ from posenc.checkpoints.reference import attention_mask
 from posenc.errors import ExportError
 from posenc.trace.arguments import classify, keep
 from posenc.trace.inputs import capture_inputs, capture_refusal
+from posenc.trace.masks import chunk_candidates, chunk_span, visible
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
     encoder_states,
@@ -45,6 +46,8 @@ class Call:
     kwargs: dict[str, Any]
     output: Any = None
     later: list[Call] = dataclasses.field(default_factory=list)
+    item: int | None = None
+    """Set on the call :func:`_outer_producer` picks where the tensor is one entry of the tuple it returned."""
 
     def every(self) -> list[Call]:
         """This call and the module's later ones, in order."""
@@ -169,10 +172,19 @@ def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, C
 
 
 def _outer_producer(calls: Mapping[str, Call], value: torch.Tensor) -> tuple[str, Call] | None:
-    """The outermost module (shortest name) that returned ``value`` itself, and that call: the module that computes
-    relative encodings from the hidden states (SpeechT5's ``embed_positions``), not a table inside it (its ``pe_k``,
-    fed index offsets)."""
-    found = [(name, call) for name, first in calls.items() for call in first.every() if call.output is value]
+    """The outermost module (shortest name) that returned ``value`` itself, or as one entry of a tuple, and that call:
+    the module that computes relative encodings from the hidden states (SpeechT5's ``embed_positions``), not a table
+    inside it (its ``pe_k``, fed index offsets) nor its dropout (FastSpeech2-Conformer's ``pos_enc`` returns the
+    scaled hidden states and the encodings: the call then says which entry, ``Call.item``)."""
+    found = []
+    for name, first in calls.items():
+        for call in first.every():
+            if call.output is value:
+                found.append((name, call))
+            elif isinstance(call.output, tuple):
+                index = next((i for i, entry in enumerate(call.output) if entry is value), None)
+                if index is not None:
+                    found.append((name, dataclasses.replace(call, item=index)))
     return min(found, key=lambda item: item[0].count(".")) if found else None
 
 
@@ -237,7 +249,7 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
             kind = classify(key, value, positions, None, cache_class, False)
         keep(constants, key, kind, value)
         (positional.append(kind) if key.startswith("#") else keywords.__setitem__(key, kind))
-    return CallRecipe(tuple(positional), keywords, constants)
+    return CallRecipe(tuple(positional), keywords, constants, item=call.item)
 
 
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -246,8 +258,9 @@ _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONL
 def _mask_recipe(
     mask: Any, hf: Any, layer_type: str | None, positions: torch.Tensor, causal_without: bool = True
 ) -> MaskRecipe:
-    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not);
-    ``causal_without``: whether the attention is causal when the model passes no mask."""
+    """The :class:`MaskRecipe` that rebuilds the captured mask from positions (causal or not, window or not, by
+    chunks where ``hf`` or a sub-config declares them: :mod:`posenc.trace.masks`); ``causal_without``: whether the
+    attention is causal when the model passes no mask."""
     if mask is None:
         return MaskRecipe("none", causal=causal_without)
     if not torch.is_tensor(mask) or mask.dim() != 4:
@@ -268,16 +281,25 @@ def _mask_recipe(
             rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : allowed.shape[-1]] == 0
             if rebuilt.shape[-2:] == allowed.shape[-2:] and torch.equal(rebuilt.expand_as(allowed), allowed):
                 return MaskRecipe(kind, causal=causal, window=window)
+    for recipe in chunk_candidates(kind, hf):
+        chunked = visible(positions, positions, recipe)
+        if (
+            chunked is not None
+            and chunked.shape[-2:] == allowed.shape[-2:]
+            and torch.equal(chunked.expand_as(allowed), allowed)
+        ):
+            return recipe
     raise ExportError(
         f"cannot rebuild the mask this {hf.model_type} model gives layer's attention from positions (tried causal and "
-        f"bidirectional, with and without its sliding window); this model's attention cannot be traced yet."
+        f"bidirectional, with and without its sliding window, and the chunks its config declares); this model's "
+        f"attention cannot be traced yet."
     )
 
 
 def _capture_tokens(hf: Any) -> int:
     windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
     small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
-    return max([CAPTURE_TOKENS, *[w + 3 for w in small]])
+    return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
 
 
 __all__ = ["CAPTURE_TOKENS", "Call"]

@@ -87,6 +87,29 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
 """Extra capture inputs per ``model_type`` (see the module docstring)."""
 
 
+def _fastspeech2_stack(runner: Any, hf: Any, tokens: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(0)
+    if getattr(runner, "embed", None) is not None:  # the encoder embeds token ids
+        return {"input_tensor": torch.randint(0, max(int(hf.vocab_size), 2), (1, tokens), generator=generator)}
+    return {"input_tensor": torch.randn(1, tokens, int(hf.hidden_size), generator=generator)}
+
+
+STACK_INPUTS: dict[str, Callable[[Any, Any, int], dict[str, Any]]] = {
+    # FastSpeech2-Conformer's encoder and decoder take their input as `input_tensor`: the encoder token ids (its
+    # `embed` table), the decoder the variance adaptor's hidden states [B, T, E] (seeded; it has no `embed`)
+    "fastspeech2_conformer": _fastspeech2_stack,
+}
+"""Per ``model_type``, the main input of a stack's capture forward where the stack takes neither ``input_ids`` nor
+features under their usual names: ``make(stack module, hf, tokens)`` -> keyword inputs
+(:func:`posenc.trace.stacks.stack_inputs` asks here first)."""
+
+
+def stack_capture_inputs(runner: Any, hf: Any, tokens: int) -> dict[str, Any] | None:
+    """The :data:`STACK_INPUTS` entry's inputs of a ``hf`` model's stack ``runner`` on ``tokens`` tokens, or None."""
+    make = STACK_INPUTS.get(str(getattr(hf, "model_type", "")))
+    return make(runner, hf, tokens) if make is not None else None
+
+
 ONE_STREAM: dict[str, str] = {
     "vilt": "ViLT's embeddings concatenate the text tokens and the image patches into one sequence",
     "tvp": "TVP's embeddings concatenate a text prompt, the text tokens and the video frames' patches into one "
@@ -97,9 +120,30 @@ embeddings, and a unit fed text alone would not be what the model computes; refu
 reason (:func:`capture_refusal`)."""
 
 
+UNREBUILT_CALLS: dict[str, str] = {
+    # Tried: a unit that pads to max(ceil(S / w), 2) windows and masks the padding exports with torch.export's guards
+    # deferred, but the ONNX graph of Longformer's sliding chunks (as_strided) differs from the module by ~0.5 on
+    # ONNX Runtime even at the traced length (torch 2.13, onnxscript 0.7.2, onnxruntime 1.32).
+    "longformer": "Longformer's attention takes a mask [B, S] of its own (0: local, the dtype's minimum: padding, its "
+    "maximum: global tokens) with global-attention flags (is_index_global_attn, is_global_attn), and its sliding "
+    "chunks run only on lengths its model padded to a multiple of attention_window (the padding hidden by that "
+    "mask); posenc's unit does not pad its input to the window",
+    "cpmant": "CPM-Ant prepends prompt_length prompt tokens to the text and biases its attention by segment (prompt, "
+    "text or padding, read from the token ids) besides its bucketed relative positions, and masks [B, S, S] by "
+    "spans and padding from the ids; posenc's unit takes hidden states and positions, not the segments",
+}
+"""Model types whose attention call posenc cannot rebuild from the unit's inputs, with what the call needs: refused
+before the capture (:func:`capture_refusal`), as the argument-by-argument refusal would name only the first."""
+
+
 def capture_refusal(hf: Any) -> str | None:
-    """Why a ``hf`` model's attention cannot be captured on text (:data:`ONE_STREAM`), or None."""
-    reason = ONE_STREAM.get(str(getattr(hf, "model_type", "")))
+    """Why a ``hf`` model's attention cannot be captured on text (:data:`ONE_STREAM`, :data:`UNREBUILT_CALLS`), or
+    None."""
+    model_type = str(getattr(hf, "model_type", ""))
+    unrebuilt = UNREBUILT_CALLS.get(model_type)
+    if unrebuilt is not None:
+        return f"{unrebuilt}, so the {model_type} model's attention cannot be traced yet."
+    reason = ONE_STREAM.get(model_type)
     if reason is None:
         return None
     return (
@@ -120,6 +164,9 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
+    "extended_predict_attention_mask": "the masks of ProphetNet's n-gram predicting streams: its decoder attention "
+    "(ProphetNetNgramSelfAttention) takes the main stream and its ngram predicting streams as one sequence "
+    "[B, (1 + ngram) S, E] and attends them together, so a unit of one stream [B, S, E] is not what it computes",
 }
 """What an attention argument posenc cannot rebuild is, by its name: the refusal says it
 (:func:`posenc.trace.arguments.classify`). The unit's inputs are the hidden states, positions and cache; these are
@@ -151,9 +198,12 @@ __all__ = [
     "ARGUMENT_MEANINGS",
     "CAPTURE_INPUTS",
     "ONE_STREAM",
+    "STACK_INPUTS",
     "SUBSTITUTED",
+    "UNREBUILT_CALLS",
     "CaptureInputs",
     "argument_meaning",
     "capture_inputs",
     "capture_refusal",
+    "stack_capture_inputs",
 ]

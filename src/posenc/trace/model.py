@@ -20,6 +20,7 @@ from torch import nn
 
 from posenc.checkpoints.reference import import_transformers
 from posenc.errors import ConfigError
+from posenc.trace.masks import with_sub_configs
 from posenc.trace.stacks import check_lone, cut_stack, lone_config, lone_stack
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
@@ -46,6 +47,21 @@ STACK_COUNTS: dict[str, str] = {
     "hrm_text": "num_layers_per_stack",
 }
 """Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+ATTENTION_IMPLEMENTATIONS: dict[str, str] = {
+    # Nemotron ASR streaming's encoder attention reads its mask as boolean (masked_fill(mask.logical_not(), -inf)):
+    # sdpa's mask is; eager's additive 0/min mask gets inverted by it (every visible score -inf, rows of NaN) in
+    # transformers 5.23. sdpa, the implementation the model runs by default, is the one that computes the model.
+    "nemotron_asr_streaming_encoder": "sdpa",
+}
+"""Config ``model_type`` (the model's, or a sub-config's) -> the attention implementation the capture builds it
+with, where transformers' ``eager`` (the default here: plain tensor code) does not compute the model."""
+
+
+def attention_implementation(hf: Any) -> str:
+    """The attention implementation the capture builds ``hf``'s model with: ``eager``, or the entry of
+    :data:`ATTENTION_IMPLEMENTATIONS` for its type or a sub-config's (``encoder_config``)."""
+    found = (ATTENTION_IMPLEMENTATIONS.get(str(getattr(config, "model_type", ""))) for config in with_sub_configs(hf))
+    return next((name for name in found if name is not None), "eager")
 
 
 def layer_count(hf: Any) -> int:
@@ -86,7 +102,7 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
     reduced = copy.deepcopy(hf)
     if stack is not None:
         cut_stack(reduced, stack, layers)
-        reduced._attn_implementation = "eager"
+        reduced._attn_implementation = attention_implementation(hf)
         return reduced
     total = layer_count(hf)
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
@@ -109,7 +125,7 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
         for name, value in list(vars(reduced).items()):
             if lists and isinstance(value, list) and len(value) == total and not name.startswith("_"):
                 setattr(reduced, name, value[:layers])
-    reduced._attn_implementation = "eager"
+    reduced._attn_implementation = attention_implementation(hf)
     return reduced
 
 
@@ -128,7 +144,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
     configs = [reduced_config(hf, layers, stack)]
     if stack is not None:  # a per-layer list that ties the stacks' counts together (LED's attention_window): uncut
         configs.append(copy.deepcopy(hf))
-        configs[-1]._attn_implementation = "eager"
+        configs[-1]._attn_implementation = attention_implementation(hf)
     else:  # a list as long as the layers but not per layer (Falcon-H1's two mlp_multipliers at 2 layers): uncut
         configs.append(reduced_config(hf, layers, lists=False))
     builders = _builders(hf, model_class)
@@ -138,7 +154,7 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
             try:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(0)
-                    return build(config, attn_implementation="eager").eval()
+                    return build(config, attn_implementation=attention_implementation(hf)).eval()
             except (ValueError, KeyError, TypeError, IndexError) as exc:  # IndexError: NeoMME's first full layer
                 first = first or exc
     raise ConfigError(
@@ -296,12 +312,14 @@ def quiet_transformers() -> Iterator[None]:
 
 
 __all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
     "ATTENTION_NAMES",
     "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
     "STACK_COUNTS",
     "TRAILING_COUNTS",
     "attention_child",
+    "attention_implementation",
     "attention_layers",
     "base_classes_first",
     "build_base_model",

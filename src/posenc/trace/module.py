@@ -28,11 +28,12 @@ from posenc.blocks import default_positions
 from posenc.checkpoints.reference import key_positions
 from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
-from posenc.schemes.base import PositionalScheme, attention_mask, poisoned
+from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import attention_output, call_args, rebuild
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
+from posenc.trace.masks import visible as chunked_visible
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import new_cache, self_attention_cache
 
@@ -156,17 +157,19 @@ class TracedAttention(nn.Module):
             raise ExportError("the model's call takes position embeddings, but no rotary module was captured.")
         args, kwargs = self._fill(self.rotary_call, hidden, position_ids, None, None, 0)
         out = self.rotary(*args, **kwargs)
+        if self.rotary_call.item is not None:  # one entry of what it returns (FastSpeech2-Conformer's pos_enc)
+            return out[self.rotary_call.item]
         return out if torch.is_tensor(out) else tuple(out)
 
     def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
         """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
-        mask (:func:`posenc.schemes.base.attention_mask`, transformers' rules), made additive (0 / the dtype's
+        mask (:func:`posenc.trace.masks.visible`, transformers' rules), made additive (0 / the dtype's
         minimum) where the model adds its mask to the scores."""
         recipe = self.mask
         if recipe.kind == "none":
             return None
         keys = key_positions(position_ids, past)
-        visible = attention_mask(position_ids, keys, recipe.causal, recipe.window)
+        visible = chunked_visible(position_ids, keys, recipe)
         if visible is None:
             visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
         if recipe.kind == "bool":

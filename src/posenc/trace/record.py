@@ -61,11 +61,15 @@ class CallRecipe:
         positional: kinds of the positional arguments, in order.
         keywords: keyword -> kind.
         constants: keyword (or ``"#i"`` for positional ``i``) -> the plain value of ``constant`` arguments.
+        item: for a module of position encodings, the entry of the tuple it returns that the attention reads
+            (FastSpeech2-Conformer's ``pos_enc`` returns the scaled hidden states and the encodings); None where the
+            attention reads its whole output.
     """
 
     positional: tuple[str, ...]
     keywords: dict[str, str]
     constants: dict[str, Any] = field(optional=True, default_factory=dict)
+    item: int | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +80,16 @@ class MaskRecipe:
         kind: ``additive`` (0 / the dtype's minimum), ``bool`` (True = may attend) or ``none`` (no mask passed).
         causal: keys after the query are hidden.
         window: a sliding window of that many keys (``q - w < k``; ``|q - k| < w`` bidirectional), or None.
+        chunk: attention by chunks of that many positions (:mod:`posenc.trace.masks`), or None.
+        chunk_left: with chunks, the earlier chunks a query sees besides its own (``0 <= q // c - k // c <= L``;
+            None: all of them).
     """
 
     kind: str
     causal: bool
     window: int | None = None
+    chunk: int | None = field(optional=True, default=None)
+    chunk_left: int | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)

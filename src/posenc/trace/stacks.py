@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError
+from posenc.trace.inputs import stack_capture_inputs
 from posenc.trace.record import TracePart
 
 STACKS = ("encoder", "decoder")
@@ -386,6 +387,9 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
     max_source_positions``, ``[1, bins, 16·tokens]``, ``[1, 16·tokens, bins]``; ``input_values [1, 400·tokens]``);
     token ids ``[1, tokens, C]`` of a type in :data:`TOKEN_AXES`; empty where it takes plain token ids (the caller
     tries those)."""
+    own = stack_capture_inputs(runner, hf, tokens)  # a type's own stack inputs (posenc.trace.inputs)
+    if own is not None:
+        return [own]
     accepts = inspect.signature(runner.forward).parameters
     generator = torch.Generator().manual_seed(0)
     if "input_ids" in accepts:

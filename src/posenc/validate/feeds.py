@@ -97,7 +97,8 @@ def scheme_boundaries(manifest: Manifest) -> list[int]:
 def boundary_shapes(manifest: Manifest) -> list[Shape]:
     """A window of :data:`BOUNDARY_TOKENS` new tokens across each :func:`scheme_boundaries` position (at the table
     end: its last positions), and for a causal block with a sliding window a decode step whose cache crosses the
-    window's edge. Multi-axis position ids (M-RoPE) get none (their feeds place images, not far positions)."""
+    window's edge; for a layer masked by chunks a prompt across its chunks (:func:`chunk_span_of`). Multi-axis
+    position ids (M-RoPE) get none (their feeds place images, not far positions)."""
     from posenc.schemes import get_spec
 
     try:
@@ -113,7 +114,20 @@ def boundary_shapes(manifest: Manifest) -> list[Shape]:
     window = manifest.attention.get("sliding_window")
     if window and manifest.unit.startswith("block") and window + 1 <= limit:
         shapes.append(Shape(1, 1, int(window)))  # keys 0 .. window: the oldest falls out of the window
+    chunks = chunk_span_of(manifest)
+    if chunks is not None and chunks <= limit:
+        shapes.append(Shape(1, chunks, 0))  # keys of its own chunk, of the chunks before it, and beyond them
     return list(dict.fromkeys(shapes))
+
+
+def chunk_span_of(manifest: Manifest) -> int | None:
+    """For a traced layer masked by chunks of ``c`` positions that sees ``L`` chunks back
+    (:mod:`posenc.trace.masks`), a prompt of ``(L + 2) · c + 1`` tokens: some query sees keys of its own chunk, of
+    the chunks before it and has keys beyond them hidden; None otherwise."""
+    mask = manifest.trace.mask if manifest.trace is not None else None
+    if mask is None or mask.chunk is None:
+        return None
+    return ((mask.chunk_left if mask.chunk_left is not None else 0) + 2) * mask.chunk + 1
 
 
 def default_shapes(manifest: Manifest | None) -> list[Shape]:
