@@ -32,7 +32,8 @@ def _probe_seq(frontier: list[ir.Value]) -> int:
 def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
     """Random hidden states, probe position ids ``[2, seq]`` and an empty cache."""
     config = request.plan.config
-    value_dim = request.plan.captured.value_dim or config.head_dim  # a cache's values may differ from its keys
+    value_dim = request.plan.captured.value_dim  # a cache's values may differ from its keys (even be zero wide)
+    value_dim = config.head_dim if value_dim is None else value_dim
     rng = np.random.default_rng(0)
     return {
         "hidden": rng.standard_normal((PROBE_BATCH, seq, config.hidden_size)).astype(np.float32),

@@ -53,7 +53,9 @@ class CacheWidths:
 
 
 def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
-    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it.
+    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it. Values may be zero
+    wide: an MLA layer without RoPE (Mistral Large 4's NoPE layers, ``qk_rope_head_dim`` 0 there) caches its empty
+    rotated key slice ``[B, 1, P, 0]`` as values, and the unit carries it as the model holds it.
 
     Args:
         layer: ``cache.layers[index]`` (a ``DynamicLayer`` or a subclass).
@@ -73,7 +75,7 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
-    if not (_filled(keys) and _filled(values) and keys.dim() == 4 and values.dim() == 4
+    if not (_filled(keys) and hasattr(values, "dim") and keys.dim() == 4 and values.dim() == 4
             and keys.shape[:3] == values.shape[:3]):  # fmt: skip
         got = f"keys {_shape(keys)}, values {_shape(values)}"
         raise ExportError(

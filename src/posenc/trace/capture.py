@@ -281,6 +281,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                 tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
         target = with_checkpoint_tensors(target, derived, hidden, positions)
         kind_of_cache = cache_kind(cache)
+        if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
+            kind_of_cache = "dynamic"
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        lambda: new_cache(kind_of_cache, index + 1))  # fmt: skip
         del model  # the other layers were only needed for the capture call

@@ -120,6 +120,9 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
+    "prev_topk_indices": "the keys an earlier layer's lightning indexer selected, which this layer reuses (a shared "
+    "DeepSeek sparse attention layer); posenc rebuilds them only where they are every key, i.e. the capture's "
+    "tokens are at most the config's index_topk",
 }
 """What an attention argument posenc cannot rebuild is, by its name: the refusal says it
 (:func:`posenc.trace.arguments.classify`). The unit's inputs are the hidden states, positions and cache; these are
@@ -130,6 +133,20 @@ def argument_meaning(key: str) -> str:
     """``", <what it is>"`` for an argument named in :data:`ARGUMENT_MEANINGS`, else ``""``."""
     meaning = ARGUMENT_MEANINGS.get(key)
     return f", {meaning}" if meaning else ""
+
+
+EVERY_KEY: dict[str, str] = {
+    "prev_topk_indices": "index_topk",
+}
+"""Arguments that are a top-k selection of key indices ``[B, S, K]`` another layer made, by name -> the config field
+of its ``k``: HY-V4's and Mistral Large 4's shared DeepSeek-sparse-attention layers (``indexer_types`` 'shared') reuse
+the indices the last full layer's lightning indexer kept (``topk(min(index_topk, K))`` of its index scores), and read
+them only as a set (scattered into their mask). Over at most ``k`` keys that selection is every key, whatever the
+scores, so the unit passes the indices ``0 .. K - 1`` to every query (kind ``every_key``,
+:func:`posenc.trace.arguments.rebuild`) and the graph serves positions below ``k`` (guarded, as a full DSA layer's:
+:func:`posenc.export.trace._selection_limit`). The capture checks that the model passed every key's index, and the
+unit's call is checked against the model's own (same output) before export. DeepSeek sparse attention: "DeepSeek-V3.2:
+Pushing the Frontier of Open Large Language Models" (DeepSeek-AI, 2025, https://arxiv.org/abs/2512.02556)."""
 
 
 SUBSTITUTED: frozenset[str] = frozenset(name for entry in CAPTURE_INPUTS.values() for name in entry.extra)
@@ -150,6 +167,7 @@ def capture_inputs(hf: Any, tokens: int) -> tuple[tuple[int, ...], dict[str, Any
 __all__ = [
     "ARGUMENT_MEANINGS",
     "CAPTURE_INPUTS",
+    "EVERY_KEY",
     "ONE_STREAM",
     "SUBSTITUTED",
     "CaptureInputs",
