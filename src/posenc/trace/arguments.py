@@ -111,11 +111,27 @@ def classify(
             return "zeros"
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
-    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
+    shape = list(value.shape) if torch.is_tensor(value) else described(value)
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}){argument_meaning(key)}, which posenc cannot "
         f"rebuild from the hidden states, positions and cache; this model's attention cannot be traced yet."
     )
+
+
+def described(value: Any) -> str:
+    """What a value the unit cannot rebuild holds, for a refusal: a dict's entries (ZAYA's masks per use
+    ``{'causal': [1, 1, 8, 8], 'conv': None}``, DeepSeek-V4's cos/sin per rope type), else its type's name."""
+    if not isinstance(value, Mapping):
+        return type(value).__name__
+
+    def entry(item: Any) -> str:
+        if torch.is_tensor(item):
+            return str(list(item.shape))
+        if isinstance(item, (tuple, list)):
+            return f"{type(item).__name__} of {len(item)}"
+        return repr(item) if item is None or isinstance(item, (bool, int, float, str)) else type(item).__name__
+
+    return "dict {" + ", ".join(f"{key!r}: {entry(item)}" for key, item in value.items()) + "}"
 
 
 def is_every_key(value: Any, positions: torch.Tensor) -> bool:
@@ -215,6 +231,7 @@ __all__ = [
     "attention_output",
     "call_args",
     "classify",
+    "described",
     "is_every_key",
     "is_sections",
     "keep",

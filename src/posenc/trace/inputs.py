@@ -120,6 +120,10 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
+    "value_embeds": "value embeddings the model reads from a table of its own by the token ids and adds to this "
+    "layer's values (NeoMME's first and last full-attention layers, as in modded-nanogpt): a second input computed "
+    "from the tokens, neither the hidden states nor positions; the traced unit takes the hidden states, positions "
+    "and cache only, and a graph that read the token ids would not be this layer",
     "prev_topk_indices": "the keys an earlier layer's lightning indexer selected, which this layer reuses (a shared "
     "DeepSeek sparse attention layer); posenc rebuilds them only where they are every key, i.e. the capture's "
     "tokens are at most the config's index_topk",

@@ -1,4 +1,5 @@
-"""A layer that reuses an earlier layer's top-k selection of keys (:data:`posenc.trace.inputs.EVERY_KEY`).
+"""Arguments a layer receives from another layer or as a dict: a reused top-k selection of keys
+(:data:`posenc.trace.inputs.EVERY_KEY`), and the refusals of what the unit cannot rebuild.
 
 HY-V4's shared DeepSeek-sparse-attention layers (``indexer_types`` 'shared') take ``prev_topk_indices``, the keys the
 last full layer's lightning indexer kept: ``topk(min(index_topk, K))`` of its index scores ("DeepSeek-V3.2: Pushing
@@ -123,3 +124,40 @@ def test_mistral_large4_nope_layer_with_a_zero_wide_rotated_slice_matches_its_mo
     assert result.manifest.input("past_value").shape[3] == 0
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
+
+
+def test_a_dict_argument_is_refused_naming_its_entries() -> None:
+    """An argument the unit cannot rebuild that is a dict (ZAYA's masks per use, DeepSeek-V4's cos/sin per rope
+    type) is refused listing what it holds; a named one says what it is (NeoMME's value embeddings)."""
+    from posenc.trace.arguments import classify
+
+    positions = torch.arange(8).unsqueeze(0)
+    masks = {"causal": torch.zeros(1, 1, 8, 8), "conv": None}
+    with pytest.raises(ExportError, match=r"'attention_mask' \(dict \{'causal': \[1, 1, 8, 8\], 'conv': None\}\)"):
+        classify("attention_mask", masks, positions, None, transformers.Cache, False)
+    angles = {"main": (torch.zeros(1, 8, 4), torch.zeros(1, 8, 4))}
+    with pytest.raises(ExportError, match=r"\(dict \{'main': tuple of 2\}\)"):
+        classify("position_embeddings", angles, positions, None, transformers.Cache, False)
+    with pytest.raises(ExportError, match=r"'value_embeds' \(\[1, 8, 32\]\), value embeddings the model reads"):
+        classify("value_embeds", torch.randn(1, 8, 32), positions, None, transformers.Cache, False)
+
+
+REFUSED = {
+    ("neomme", "NeoMMEModel", 5): "'value_embeds' ([1, 8, 32]), value embeddings the model reads from a table",
+    ("zaya", "ZayaModel", 0): "'attention_mask' (dict {'causal': [1, 1, 8, 8], 'conv': ",
+    ("deepseek_v4", "DeepseekV4Model", 0): "'position_embeddings' (dict {'main': tuple of 2, 'compress': tuple of 2})",
+}
+"""Census types (their tiny configs) refused with what the argument holds."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(REFUSED), ids=lambda case: case[0])
+def test_census_types_are_refused_saying_what_the_argument_is(case: tuple[str, str, int], tmp_path: Path) -> None:
+    from posenc.census.tiny import save_tiny_model, tiny_config
+
+    name, model_class, layer = case
+    folder = tmp_path / name
+    save_tiny_model(tiny_config(name).config, model_class, folder)
+    with pytest.raises(ExportError) as caught:
+        capture_layer(folder, layer)
+    assert REFUSED[case] in str(caught.value)
