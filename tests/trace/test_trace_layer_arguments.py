@@ -128,7 +128,7 @@ def test_mistral_large4_nope_layer_with_a_zero_wide_rotated_slice_matches_its_mo
 
 def test_a_dict_argument_is_refused_naming_its_entries() -> None:
     """An argument the unit cannot rebuild that is a dict (ZAYA's masks per use, DeepSeek-V4's cos/sin per rope
-    type) is refused listing what it holds; a named one says what it is (NeoMME's value embeddings)."""
+    type) is refused listing what it holds; a second stream of another length than the tokens says what it is."""
     from posenc.trace.arguments import classify
 
     positions = torch.arange(8).unsqueeze(0)
@@ -138,12 +138,11 @@ def test_a_dict_argument_is_refused_naming_its_entries() -> None:
     angles = {"main": (torch.zeros(1, 8, 4), torch.zeros(1, 8, 4))}
     with pytest.raises(ExportError, match=r"\(dict \{'main': tuple of 2\}\)"):
         classify("position_embeddings", angles, positions, None, transformers.Cache, False)
-    with pytest.raises(ExportError, match=r"'value_embeds' \(\[1, 8, 32\]\), value embeddings the model reads"):
-        classify("value_embeds", torch.randn(1, 8, 32), positions, None, transformers.Cache, False)
+    with pytest.raises(ExportError, match=r"'value_embeds' \(\[1, 7, 32\]\), value embeddings \[B, S, Hkv \* D\]"):
+        classify("value_embeds", torch.randn(1, 7, 32), positions, None, transformers.Cache, False)  # not [B, S, W]
 
 
 REFUSED = {
-    ("neomme", "NeoMMEModel", 5): "'value_embeds' ([1, 8, 32]), value embeddings the model reads from a table",
     ("zaya", "ZayaModel", 0): "'attention_mask' (dict {'causal': [1, 1, 8, 8], 'conv': ",
     ("deepseek_v4", "DeepseekV4Model", 0): "'position_embeddings' (dict {'main': tuple of 2, 'compress': tuple of 2})",
 }
@@ -161,3 +160,36 @@ def test_census_types_are_refused_saying_what_the_argument_is(case: tuple[str, s
     with pytest.raises(ExportError) as caught:
         capture_layer(folder, layer)
     assert REFUSED[case] in str(caught.value)
+
+
+def test_value_embeddings_are_a_second_input_that_matches_the_model(tmp_path: Path) -> None:
+    """NeoMME's layer 5 adds value embeddings (a table read by the token ids) to its values: the unit takes them as
+    the graph input ``value_embeds [B, S, 32]`` after the others, and on what the model hands the layer in its own
+    forward it matches the model's output within 1e-5 (posenc's float64 angles); other value embeddings move it."""
+    from posenc.census.tiny import save_tiny_model, tiny_config
+
+    folder = tmp_path / "neomme"
+    save_tiny_model(tiny_config("neomme").config, "NeoMMEModel", folder)
+    captured = capture_layer(folder, 5)
+    assert captured.call.keywords["value_embeds"] == "stream"
+    unit = traced_module(plan_trace(captured), angles="exact")
+    assert unit.stream_keys == ["value_embeds"]
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen.update(hidden=kwargs.get("hidden_states", args[0] if args else None), out=output[0])
+        seen["value_embeds"] = kwargs["value_embeds"]
+
+    handle = model.layers[5].self_attn.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(2)))
+    finally:
+        handle.remove()
+    positions = torch.arange(7).unsqueeze(0)
+    with torch.no_grad():
+        got = unit(seen["hidden"], positions, seen["value_embeds"])[0]
+        other = unit(seen["hidden"], positions, torch.zeros_like(seen["value_embeds"]))[0]
+    assert torch.allclose(got, seen["out"], atol=1e-5, rtol=1e-5), float((got - seen["out"]).abs().max())
+    assert not torch.allclose(other, seen["out"], atol=1e-3)

@@ -48,6 +48,7 @@ from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
+from posenc.trace.arguments import stream_widths
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
@@ -281,6 +282,8 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
+    for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
+        slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ExportError
-from posenc.trace.inputs import EVERY_KEY, argument_meaning
+from posenc.trace.inputs import EVERY_KEY, STREAMS, argument_meaning
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
@@ -111,6 +111,8 @@ def classify(
             return "zeros"
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
+    if key in STREAMS and is_stream(value, positions):
+        return "stream"
     shape = list(value.shape) if torch.is_tensor(value) else described(value)
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}){argument_meaning(key)}, which posenc cannot "
@@ -132,6 +134,17 @@ def described(value: Any) -> str:
         return repr(item) if item is None or isinstance(item, (bool, int, float, str)) else type(item).__name__
 
     return "dict {" + ", ".join(f"{key!r}: {entry(item)}" for key, item in value.items()) + "}"
+
+
+def is_stream(value: Any, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is a floating ``[B, S, W]`` tensor over the capture's tokens (a second stream,
+    :data:`posenc.trace.inputs.STREAMS`)."""
+    return (
+        torch.is_tensor(value)
+        and value.is_floating_point()
+        and value.dim() == 3
+        and tuple(value.shape[:2]) == tuple(positions.shape)
+    )
 
 
 def is_every_key(value: Any, positions: torch.Tensor) -> bool:
@@ -171,6 +184,8 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = int(value.shape[0])
     elif kind == "every_key":
         constants[key] = str(value.dtype).removeprefix("torch.")
+    elif kind == "stream":
+        constants[key] = int(value.shape[-1])
 
 
 _INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -211,6 +226,14 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
 
+def stream_widths(recipe: CallRecipe) -> dict[str, int]:
+    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> width ``W``
+    of the ``[B, S, W]`` graph input of that name, in the call's order."""
+    if "stream" in recipe.positional:  # no model passes one so; the graph input is named by its keyword
+        raise ExportError("the attention takes a second stream positionally; posenc names it by its keyword.")
+    return {key: int(recipe.constants[key]) for key, kind in recipe.keywords.items() if kind == "stream"}
+
+
 def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
     """``(args, kwargs)`` of a recipe's call, each argument ``value(key, kind)`` (``key``: ``"#i"`` or the keyword)."""
     args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
@@ -234,8 +257,10 @@ __all__ = [
     "described",
     "is_every_key",
     "is_sections",
+    "is_stream",
     "keep",
     "rebuild",
     "same_tensor",
+    "stream_widths",
     "time_major_error",
 ]

@@ -31,7 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
-from posenc.trace.arguments import time_major_error
+from posenc.trace.arguments import stream_widths, time_major_error
 from posenc.trace.caches import cache_widths
 from posenc.trace.calls import (
     _NAMED,
@@ -120,6 +120,8 @@ class Captured:
             otherwise.
         derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
             that computes them, :mod:`posenc.trace.derived`).
+        streams: the second streams the model handed the attention in the capture call (keyword -> ``[B, S, W]``,
+            :data:`posenc.trace.inputs.STREAMS`), which the probe's call read too.
     """
 
     model_type: str
@@ -149,6 +151,7 @@ class Captured:
     derived: dict[str, Derived] = dataclasses.field(default_factory=dict)
     value_dim: int | None = None
     indexer_dim: int | None = None
+    streams: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -314,6 +317,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
+            streams={key: target.kwargs[key] for key in stream_widths(call)},
         )
 
 

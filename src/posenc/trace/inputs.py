@@ -120,10 +120,6 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
-    "value_embeds": "value embeddings the model reads from a table of its own by the token ids and adds to this "
-    "layer's values (NeoMME's first and last full-attention layers, as in modded-nanogpt): a second input computed "
-    "from the tokens, neither the hidden states nor positions; the traced unit takes the hidden states, positions "
-    "and cache only, and a graph that read the token ids would not be this layer",
     "prev_topk_indices": "the keys an earlier layer's lightning indexer selected, which this layer reuses (a shared "
     "DeepSeek sparse attention layer); posenc rebuilds them only where they are every key, i.e. the capture's "
     "tokens are at most the config's index_topk",
@@ -135,8 +131,19 @@ computed from other inputs (boxes, an encoder) or by the model outside the layer
 
 def argument_meaning(key: str) -> str:
     """``", <what it is>"`` for an argument named in :data:`ARGUMENT_MEANINGS`, else ``""``."""
-    meaning = ARGUMENT_MEANINGS.get(key)
+    meaning = ARGUMENT_MEANINGS.get(key) or STREAMS.get(key)  # a second stream not [B, S, W] over the tokens
     return f", {meaning}" if meaning else ""
+
+
+STREAMS: dict[str, str] = {
+    "value_embeds": "value embeddings [B, S, Hkv * D] the model reads from a table of its own by the token ids and "
+    "adds to the layer's values (NeoMME's first and last full-attention layers, as in modded-nanogpt)",
+}
+"""Attention arguments ``[B, S, W]`` the model computes from the token ids, not from positions, and hands the layer
+beside its hidden states, by name -> what they are: a second stream of the layer. The unit takes each as a graph
+input of that name after its other inputs (kind ``stream``; ``posenc validate`` feeds it like the hidden states, and
+the model's module gets the same feed), so a deployment feeds it what the model computes (NeoMME: one table lookup
+of the token ids, shared by the layers that read it). The graph's positional part is unchanged by it."""
 
 
 EVERY_KEY: dict[str, str] = {
@@ -173,6 +180,7 @@ __all__ = [
     "CAPTURE_INPUTS",
     "EVERY_KEY",
     "ONE_STREAM",
+    "STREAMS",
     "SUBSTITUTED",
     "CaptureInputs",
     "argument_meaning",

@@ -63,6 +63,7 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
         rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
         while rest and rest[-1] is None:  # inputs the graph lacks (a family block takes no indexer keys)
             rest.pop()
+        rest += [torch.from_numpy(value.copy()) for key, value in feed.items() if key not in _INPUTS]  # streams, last
         return dict(zip(outputs, module(hidden, *rest), strict=True))
 
     return TorchModuleRunner(run, name, list(outputs))
