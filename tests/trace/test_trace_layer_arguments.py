@@ -143,14 +143,16 @@ def test_a_dict_argument_is_refused_naming_its_entries() -> None:
 
 
 REFUSED = {
-    ("zaya", "ZayaModel", 0): "'attention_mask' (dict {'causal': [1, 1, 8, 8], 'conv': ",
-    ("deepseek_v4", "DeepseekV4Model", 0): "'position_embeddings' (dict {'main': tuple of 2, 'compress': tuple of 2})",
+    ("zaya", "ZayaModel", 0): "the attention reads a convolution or recurrent state from its cache",
+    ("deepseek_v4", "DeepseekV4Model", 0): "(DeepseekV4HCACache) holds buffer_kv beside its keys and values",
+    ("deepseek_v4", "DeepseekV4Model", 3): "(DeepseekV4CSACache) holds compressed_kv beside its keys and values",
 }
-"""Census types (their tiny configs) refused with what the argument holds."""
+"""Census types (their tiny configs) whose dict arguments are rebuilt, refused with the state their cache holds
+(ZAYA's convolution of q and k over earlier tokens, DeepSeek-V4's compressed windows)."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(REFUSED), ids=lambda case: case[0])
+@pytest.mark.parametrize("case", list(REFUSED), ids=lambda case: f"{case[0]}-{case[2]}")
 def test_census_types_are_refused_saying_what_the_argument_is(case: tuple[str, str, int], tmp_path: Path) -> None:
     from posenc.census.tiny import save_tiny_model, tiny_config
 
@@ -193,3 +195,43 @@ def test_value_embeddings_are_a_second_input_that_matches_the_model(tmp_path: Pa
         other = unit(seen["hidden"], positions, torch.zeros_like(seen["value_embeds"]))[0]
     assert torch.allclose(got, seen["out"], atol=1e-5, rtol=1e-5), float((got - seen["out"]).abs().max())
     assert not torch.allclose(other, seen["out"], atol=1e-3)
+
+
+def test_a_dict_argument_is_rebuilt_from_the_entries_the_attention_reads() -> None:
+    """A dict argument (ZAYA's ``attention_mask`` ``{'causal': mask, 'conv': None}``) is recorded by the entries the
+    attention reads (:class:`posenc.trace.calls.ReadDict`), each classified like an argument; the unit hands the
+    attention a dict of those entries rebuilt (the mask from positions) and drops the others. An entry of a kind it
+    cannot rebuild is refused naming the entry."""
+    from posenc.trace.calls import Call, ReadDict, _recipe
+    from posenc.trace.module import TracedAttention
+    from posenc.trace.record import MaskRecipe
+
+    positions = torch.arange(8).unsqueeze(0)
+    mask = torch.zeros(1, 1, 8, 8).masked_fill(
+        torch.ones(8, 8, dtype=torch.bool).triu(1), torch.finfo(torch.float32).min
+    )
+    masks = ReadDict({"causal": mask, "conv": None, "unused": torch.randn(1, 8)})
+    masks.get("causal"), masks.get("conv")
+    hidden = torch.randn(1, 8, 16)
+    call = Call((), {"hidden_states": hidden, "attention_mask": masks})
+    recipe, rotary = _recipe(call, positions, {}, transformers.Cache, "hidden_states", ["hidden_states"])
+    assert recipe.keywords["attention_mask"] == "entries"
+    assert rotary is None
+    assert recipe.constants["attention_mask"] == {"causal": ["mask", None], "conv": ["constant", None]}
+
+    class Reads(torch.nn.Module):
+        def forward(self, hidden_states: torch.Tensor, attention_mask: dict) -> tuple[torch.Tensor]:
+            self.seen = attention_mask
+            return (hidden_states,)
+
+    attention = Reads()
+    unit = TracedAttention(attention, None, 0, recipe, None, MaskRecipe("additive", causal=True), cacheless=True)
+    unit(hidden, positions)
+    assert set(attention.seen) == {"causal", "conv"}
+    assert attention.seen["conv"] is None
+    assert torch.equal(attention.seen["causal"], mask)
+    odd = ReadDict({"scale": torch.randn(1, 8, 3)})
+    odd.get("scale")
+    with pytest.raises(ExportError, match=r"attention_mask\['scale'\]"):
+        _recipe(Call((), {"hidden_states": hidden, "attention_mask": odd}), positions, {}, transformers.Cache,
+                "hidden_states", ["hidden_states"])  # fmt: skip

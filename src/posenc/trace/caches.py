@@ -31,9 +31,13 @@ third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
     "indexer_position_ids": "the indexer's multi-axis positions",
     "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+    "compressed_kv": "the compressed key-value entries of earlier windows of tokens (DeepSeek-V4's CSA and HCA "
+    "compressors)",
+    "buffer_kv": "the tokens since the last full window, not yet compressed (DeepSeek-V4's CSA and HCA compressors)",
 }
 """Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
-reference sliding window), and what they hold: a layer that fills one is refused (the unit does not carry it)."""
+reference sliding window, DeepSeek-V4's compressors: a dict of tensors per compressor), and what they hold: a layer
+that fills one is refused (the unit does not carry it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +70,7 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         ExportError: the layer also caches other state, or its keys and values are not 4-D tensors with one batch,
             head count and length.
     """
-    extra = [name for name in EXTRA_STATE if _filled(getattr(layer, name, None))]
+    extra = [name for name in EXTRA_STATE if _filled_any(getattr(layer, name, None))]
     if extra:
         raise ExportError(
             f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
@@ -94,6 +98,11 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
 
 def _filled(value: Any) -> bool:
     return hasattr(value, "dim") and value.numel() > 0
+
+
+def _filled_any(value: Any) -> bool:
+    """A filled tensor, or a dict holding one (state per compressor)."""
+    return _filled(value) or (isinstance(value, dict) and any(_filled(item) for item in value.values()))
 
 
 def _shape(value: Any) -> str:

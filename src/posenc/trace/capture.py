@@ -245,6 +245,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
+        masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
+                  if kind == "entries" for entry, (of, _) in call.constants[key].items() if of == "mask"]  # fmt: skip
         mask_value = masks[0] if masks else None
         causal = cache is not None or _module_causal(attention)
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)

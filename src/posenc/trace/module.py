@@ -195,6 +195,9 @@ class TracedAttention(nn.Module):
                 return cache
             if kind == "stream":
                 return (streams or {})[key]
+            if kind == "entries":  # a dict argument: the entries the attention reads
+                entries = recipe.constants[key].items()
+                return {entry: made if of == "constant" else value(key, of) for entry, (of, made) in entries}
             if kind == "derived":
                 code = next((m for name, m in self.derived.items() if name == _slot(key)), None)  # None: a function
                 return compute(self.derived_recipes[key], code, hidden, position_ids)
