@@ -235,3 +235,21 @@ def test_a_dict_argument_is_rebuilt_from_the_entries_the_attention_reads() -> No
     with pytest.raises(ExportError, match=r"attention_mask\['scale'\]"):
         _recipe(Call((), {"hidden_states": hidden, "attention_mask": odd}), positions, {}, transformers.Cache,
                 "hidden_states", ["hidden_states"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_value_embeddings_export_as_a_graph_input_and_match_the_module(tmp_path: Path) -> None:
+    """NeoMME's layer 5 exports with ``value_embeds [batch, seq, 32]`` as a graph input after the others, and
+    ``validate --against-hf`` (the transformers module fed the same value embeddings) passes."""
+    from posenc.census.tiny import save_tiny_model, tiny_config
+    from posenc.export.trace import export_traced
+    from posenc.graphs.trace_rewrite import replace_positions
+    from posenc.validate.checkpoint import validate_against_checkpoint
+
+    folder = tmp_path / "neomme"
+    save_tiny_model(tiny_config("neomme").config, "NeoMMEModel", folder)
+    result = export_traced(tmp_path / "l5.onnx", folder, layer=5, rewrite=replace_positions)
+    assert result.manifest.input_names[-1] == "value_embeds"
+    assert tuple(result.manifest.input("value_embeds").shape) == ("batch", "seq", 32)
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()

@@ -126,12 +126,21 @@ def _selection_limit(plan: TracePlan) -> int | None:
     """A DSA layer's ``index_topk`` (its cache holds indexer keys), else None. Its index scores tie exactly (a sum of
     ReLUs: keys every head scores at or below 0 tie at 0), and ONNX Runtime's TopK and PyTorch's topk break ties
     differently (on DeepSeek-V3.2's tiny layer with index_topk 3, 0.17 apart on two of six seeded feeds), so the
-    graph serves positions below ``index_topk``: every cached key is then kept, whatever the order of ties."""
+    graph serves positions below ``index_topk``: every cached key is then kept, whatever the order of ties. A layer
+    handed an earlier layer's selection is served below that selection's ``k`` (the unit passes every key's index,
+    which is the selection only there); a config without it is refused."""
     field = "index_topk" if plan.captured.indexer_dim is not None else _shared_selection(plan)
     if field is None:
         return None
     topk = getattr(plan.captured.hf, field, None)
-    return int(topk) if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0 else None
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0:
+        return int(topk)
+    if plan.captured.indexer_dim is None:
+        raise ExportError(
+            f"the layer reuses an earlier layer's top-k selection, but its config gives no {field} (got {topk!r}); "
+            f"posenc cannot bound the positions where that selection is every key, so it does not export it."
+        )
+    return None
 
 
 def _shared_selection(plan: TracePlan) -> str | None:
