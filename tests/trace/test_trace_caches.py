@@ -204,3 +204,16 @@ def test_a_cache_layer_holding_other_state_is_refused_by_name() -> None:
         cache_widths(SimpleNamespace(keys=keys, values=values, prefill_keys=keys), 0, "m")
     with pytest.raises(ExportError, match=r"does not hold keys \[B, Hkv, P, Dk\]"):
         cache_widths(SimpleNamespace(keys=keys, values=torch.zeros(1, 2, 4, 8)), 0, "m")
+
+
+def test_values_of_zero_width_are_a_cache_layout() -> None:
+    """An MLA layer without RoPE (Mistral Large 4's NoPE layers, ``qk_rope_head_dim`` 0 there) caches its rotated
+    key slice zero wide as values ``[B, 1, P, 0]``: carried as such (``value_dim`` 0), not refused as empty."""
+    from types import SimpleNamespace
+
+    from posenc.trace.caches import cache_widths
+
+    widths = cache_widths(SimpleNamespace(keys=torch.zeros(1, 1, 5, 32), values=torch.zeros(1, 1, 5, 0)), 3, "m")
+    assert (widths.key_dim, widths.value_dim) == (32, 0)
+    with pytest.raises(ExportError, match=r"does not hold keys"):
+        cache_widths(SimpleNamespace(keys=torch.zeros(1, 1, 0, 32), values=torch.zeros(1, 1, 0, 0)), 3, "m")

@@ -48,9 +48,11 @@ from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
+from posenc.trace.arguments import stream_widths
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
+from posenc.trace.inputs import EVERY_KEY
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
 
@@ -124,20 +126,45 @@ def _selection_limit(plan: TracePlan) -> int | None:
     """A DSA layer's ``index_topk`` (its cache holds indexer keys), else None. Its index scores tie exactly (a sum of
     ReLUs: keys every head scores at or below 0 tie at 0), and ONNX Runtime's TopK and PyTorch's topk break ties
     differently (on DeepSeek-V3.2's tiny layer with index_topk 3, 0.17 apart on two of six seeded feeds), so the
-    graph serves positions below ``index_topk``: every cached key is then kept, whatever the order of ties."""
-    if plan.captured.indexer_dim is None:
+    graph serves positions below ``index_topk``: every cached key is then kept, whatever the order of ties. A layer
+    handed an earlier layer's selection is served below that selection's ``k`` (the unit passes every key's index,
+    which is the selection only there); a config without it is refused."""
+    field = "index_topk" if plan.captured.indexer_dim is not None else _shared_selection(plan)
+    if field is None:
         return None
-    topk = getattr(plan.captured.hf, "index_topk", None)
-    return int(topk) if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0 else None
+    topk = getattr(plan.captured.hf, field, None)
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 0:
+        return int(topk)
+    if plan.captured.indexer_dim is None:
+        raise ExportError(
+            f"the layer reuses an earlier layer's top-k selection, but its config gives no {field} (got {topk!r}); "
+            f"posenc cannot bound the positions where that selection is every key, so it does not export it."
+        )
+    return None
+
+
+def _shared_selection(plan: TracePlan) -> str | None:
+    """The config field bounding the top-k selection an earlier layer made and this layer reuses (an ``every_key``
+    argument, :data:`posenc.trace.inputs.EVERY_KEY`), else None."""
+    call = plan.captured.call
+    if "every_key" in call.positional:  # no model passes one so; its bound is looked up by keyword
+        raise ExportError("the attention takes a reused top-k selection positionally; posenc reads it by keyword.")
+    keys = [key for key, kind in call.keywords.items() if kind == "every_key"]
+    return EVERY_KEY.get(keys[0]) if keys else None
 
 
 def _selection_parts(plan: TracePlan) -> tuple[TracePart, ...]:
     topk = _selection_limit(plan)
     if topk is None:
         return ()
-    detail = (f"the lightning indexer keeps the {topk} keys of highest index score; scores tie exactly and ONNX "
-              f"Runtime and PyTorch break ties differently, so the graph serves positions below {topk} (guarded), "
-              f"where it keeps every key")  # fmt: skip
+    if plan.captured.indexer_dim is None:  # a shared layer: the selection is an earlier layer's
+        detail = (f"this layer reuses the keys an earlier layer's lightning indexer kept (its top {topk}); below "
+                  f"{topk} keys that is every key, so the unit passes every key's index, and the graph serves "
+                  f"positions below {topk} (guarded)")  # fmt: skip
+    else:
+        detail = (f"the lightning indexer keeps the {topk} keys of highest index score; scores tie exactly and ONNX "
+                  f"Runtime and PyTorch break ties differently, so the graph serves positions below {topk} "
+                  f"(guarded), where it keeps every key")  # fmt: skip
     return (TracePart(SELECTION_PART, "kept", detail),)
 
 
@@ -267,6 +294,8 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
+    for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
+        slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 

@@ -17,6 +17,7 @@ import torch
 from posenc.export.trace import RewriteRequest
 from posenc.graphs.trace_region import Region
 from posenc.schemes.base import TableMode
+from posenc.trace.arguments import stream_widths
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import scheme_cos_sin
 
@@ -32,7 +33,8 @@ def _probe_seq(frontier: list[ir.Value]) -> int:
 def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
     """Random hidden states, probe position ids ``[2, seq]`` and an empty cache."""
     config = request.plan.config
-    value_dim = request.plan.captured.value_dim or config.head_dim  # a cache's values may differ from its keys
+    value_dim = request.plan.captured.value_dim  # a cache's values may differ from its keys (even be zero wide)
+    value_dim = config.head_dim if value_dim is None else value_dim
     rng = np.random.default_rng(0)
     return {
         "hidden": rng.standard_normal((PROBE_BATCH, seq, config.hidden_size)).astype(np.float32),
@@ -42,6 +44,10 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
         "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
+        **{  # second streams (NeoMME's value embeddings), random like the hidden states
+            key: rng.standard_normal((PROBE_BATCH, seq, width)).astype(np.float32)
+            for key, width in stream_widths(request.plan.captured.call).items()
+        },
     }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ExportError
-from posenc.trace.inputs import argument_meaning
+from posenc.trace.inputs import EVERY_KEY, STREAMS, argument_meaning
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
@@ -42,6 +42,7 @@ PLAIN_KINDS: tuple[str, ...] = (
     "ones",
     "zeros",
     "kv_sharing",
+    "every_key",
 )
 """Kinds :func:`rebuild` fills from the hidden states and positions alone."""
 
@@ -108,11 +109,54 @@ def classify(
             return "ones"
         if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
-    shape = list(value.shape) if torch.is_tensor(value) else type(value).__name__
+    if key in EVERY_KEY and is_every_key(value, positions):
+        return "every_key"
+    if key in STREAMS and is_stream(value, positions):
+        return "stream"
+    shape = list(value.shape) if torch.is_tensor(value) else described(value)
     raise ExportError(
         f"the attention is called with argument {key!r} ({shape}){argument_meaning(key)}, which posenc cannot "
         f"rebuild from the hidden states, positions and cache; this model's attention cannot be traced yet."
     )
+
+
+def described(value: Any) -> str:
+    """What a value the unit cannot rebuild holds, for a refusal: a dict's entries (ZAYA's masks per use
+    ``{'causal': [1, 1, 8, 8], 'conv': None}``, DeepSeek-V4's cos/sin per rope type), else its type's name."""
+    if not isinstance(value, Mapping):
+        return type(value).__name__
+
+    def entry(item: Any) -> str:
+        if torch.is_tensor(item):
+            return str(list(item.shape))
+        if isinstance(item, (tuple, list)):
+            return f"{type(item).__name__} of {len(item)}"
+        return repr(item) if item is None or isinstance(item, (bool, int, float, str)) else type(item).__name__
+
+    return "dict {" + ", ".join(f"{key!r}: {entry(item)}" for key, item in value.items()) + "}"
+
+
+def is_stream(value: Any, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is a floating ``[B, S, W]`` tensor over the capture's tokens (a second stream,
+    :data:`posenc.trace.inputs.STREAMS`)."""
+    return (
+        torch.is_tensor(value)
+        and value.is_floating_point()
+        and value.dim() == 3
+        and tuple(value.shape[:2]) == tuple(positions.shape)
+    )
+
+
+def is_every_key(value: Any, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is a selection of key indices ``[B, S, K]`` that holds every key ``0 .. K - 1`` for each
+    query, in any order, over the capture's keys (``K = S``: the capture runs without a past;
+    :data:`posenc.trace.inputs.EVERY_KEY`)."""
+    if not torch.is_tensor(value) or value.is_floating_point() or value.dim() != 3:
+        return False
+    s = int(positions.shape[-1])
+    if tuple(value.shape[1:]) != (s, s) or value.shape[0] != positions.shape[0]:
+        return False
+    return bool((value.sort(dim=-1).values == torch.arange(s, dtype=value.dtype)).all())
 
 
 def time_major_error(hidden: Any, positions: torch.Tensor) -> ExportError | None:
@@ -138,6 +182,13 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = [int(n) for n in value.shape[2:]]
     elif kind == "sections":
         constants[key] = int(value.shape[0])
+    elif kind == "every_key":
+        constants[key] = str(value.dtype).removeprefix("torch.")
+    elif kind == "stream":
+        constants[key] = int(value.shape[-1])
+
+
+_INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
 def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor, position_ids: torch.Tensor,
@@ -161,11 +212,26 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
         return constants.get(key)
     if kind == "kv_sharing":
         return {}
+    if kind == "every_key":  # every key's index for every query [B, S, P + S] (EVERY_KEY)
+        total = past + hidden.shape[1]
+        dtype = _INDEX_DTYPES.get(str(constants.get(key, "int64")))
+        if dtype is None:
+            raise ConfigError(f"unknown index dtype {constants.get(key)!r} in a trace record; re-export the model.")
+        keys = torch.arange(total, dtype=dtype, device=hidden.device)
+        return keys.expand(hidden.shape[0], hidden.shape[1], total)
     if kind in ("ones", "zeros"):
         fill = torch.ones if kind == "ones" else torch.zeros
         trailing = constants.get(key, ()) if kind == "zeros" else ()
         return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
+
+
+def stream_widths(recipe: CallRecipe) -> dict[str, int]:
+    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> width ``W``
+    of the ``[B, S, W]`` graph input of that name, in the call's order."""
+    if "stream" in recipe.positional:  # no model passes one so; the graph input is named by its keyword
+        raise ExportError("the attention takes a second stream positionally; posenc names it by its keyword.")
+    return {key: int(recipe.constants[key]) for key, kind in recipe.keywords.items() if kind == "stream"}
 
 
 def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -188,9 +254,13 @@ __all__ = [
     "attention_output",
     "call_args",
     "classify",
+    "described",
+    "is_every_key",
     "is_sections",
+    "is_stream",
     "keep",
     "rebuild",
     "same_tensor",
+    "stream_widths",
     "time_major_error",
 ]

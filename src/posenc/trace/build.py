@@ -154,7 +154,7 @@ def check_wrapper(plan: TracePlan) -> None:
     hidden, positions, want = plan.captured.probe
     module = traced_module(plan)
     with torch.no_grad():
-        got = module(hidden, positions)[0]
+        got = module(hidden, positions, *plan.captured.streams.values())[0]
     scale = max(1.0, float(want.abs().max()))
     moved = float((got - want).abs().max()) / scale
     if not moved <= SELF_CHECK:

@@ -31,9 +31,13 @@ third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
     "indexer_position_ids": "the indexer's multi-axis positions",
     "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+    "compressed_kv": "the compressed key-value entries of earlier windows of tokens (DeepSeek-V4's CSA and HCA "
+    "compressors)",
+    "buffer_kv": "the tokens since the last full window, not yet compressed (DeepSeek-V4's CSA and HCA compressors)",
 }
 """Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
-reference sliding window), and what they hold: a layer that fills one is refused (the unit does not carry it)."""
+reference sliding window, DeepSeek-V4's compressors: a dict of tensors per compressor), and what they hold: a layer
+that fills one is refused (the unit does not carry it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +57,9 @@ class CacheWidths:
 
 
 def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
-    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it.
+    """The :class:`CacheWidths` of a transformers cache layer after the capture call filled it. Values may be zero
+    wide: an MLA layer without RoPE (Mistral Large 4's NoPE layers, ``qk_rope_head_dim`` 0 there) caches its empty
+    rotated key slice ``[B, 1, P, 0]`` as values, and the unit carries it as the model holds it.
 
     Args:
         layer: ``cache.layers[index]`` (a ``DynamicLayer`` or a subclass).
@@ -64,7 +70,7 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         ExportError: the layer also caches other state, or its keys and values are not 4-D tensors with one batch,
             head count and length.
     """
-    extra = [name for name in EXTRA_STATE if _filled(getattr(layer, name, None))]
+    extra = [name for name in EXTRA_STATE if _filled_any(getattr(layer, name, None))]
     if extra:
         raise ExportError(
             f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
@@ -73,7 +79,7 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
-    if not (_filled(keys) and _filled(values) and keys.dim() == 4 and values.dim() == 4
+    if not (_filled(keys) and hasattr(values, "dim") and keys.dim() == 4 and values.dim() == 4
             and keys.shape[:3] == values.shape[:3]):  # fmt: skip
         got = f"keys {_shape(keys)}, values {_shape(values)}"
         raise ExportError(
@@ -92,6 +98,11 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
 
 def _filled(value: Any) -> bool:
     return hasattr(value, "dim") and value.numel() > 0
+
+
+def _filled_any(value: Any) -> bool:
+    """A filled tensor, or a dict holding one (state per compressor)."""
+    return _filled(value) or (isinstance(value, dict) and any(_filled(item) for item in value.values()))
 
 
 def _shape(value: Any) -> str:

@@ -54,6 +54,32 @@ class Call:
         return [self, *self.later]
 
 
+class ReadDict(dict):
+    """A dict argument of the attention that records which entries the attention reads (``read``, in order): ZAYA's
+    masks per use ``{'causal', 'conv'}``, DeepSeek-V4's cos/sin per rope type ``{'main', 'compress'}`` of which a
+    layer reads one. The unit rebuilds the entries read (:func:`_entries`) and drops the others."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: list[Any] = []
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def _note(self, key: Any) -> None:
+        if key not in self.read:
+            self.read.append(key)
+
+
+ENTRY_KINDS = ("mask", "position_embeddings", "constant", "ones", "position_ids", "cache_position", "hidden")
+"""Kinds an entry of a dict argument may have (kind ``entries``); another is refused naming the entry."""
+
+
 @contextlib.contextmanager
 def _hooks(handles: list[Any]) -> Iterator[None]:
     try:
@@ -87,8 +113,10 @@ def _record_calls(model: nn.Module, attention: nn.Module, target: Call) -> tuple
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True))
 
-    def attention_pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+    def attention_pre(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        kwargs = {key: ReadDict(value) if type(value) is dict else value for key, value in kwargs.items()}
         target.args, target.kwargs = args, dict(kwargs)
+        return args, kwargs  # a dict argument as a ReadDict: which entries the attention reads
 
     def attention_post(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         target.output = output
@@ -211,6 +239,11 @@ def _recipe(
     for key, value in items:
         index = int(key[1:]) if key.startswith("#") else -1
         name = names[index] if 0 <= index < len(names) else key
+        if isinstance(value, ReadDict):  # a dict argument: the entries the attention read
+            constants[key], found = _entries(name, value, positions, calls, cache_class, hidden)
+            rotary = found or rotary
+            (positional.append("entries") if key.startswith("#") else keywords.__setitem__(key, "entries"))
+            continue
         producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         if producer is None and relative_embeddings(name, value, hidden):
             producer = _outer_producer(calls, value)
@@ -228,6 +261,33 @@ def _recipe(
         else:
             keywords[key] = kind
     return CallRecipe(tuple(positional), keywords, constants), rotary
+
+
+def _entries(
+    name: str, value: ReadDict, positions: torch.Tensor, calls: Mapping[str, Call], cache_class: type, hidden: Any
+) -> tuple[dict[str, list[Any]], tuple[str, Call] | None]:
+    """The recipe of a dict argument: each entry the attention read -> ``[kind, constant value or None]``
+    (:data:`ENTRY_KINDS`), and the module that computed its position embeddings (one entry at most).
+
+    Raises:
+        ExportError: an entry of another kind, or position embeddings in two entries (named).
+    """
+    entries: dict[str, list[Any]] = {}
+    rotary = None
+    for entry in value.read:
+        item = dict.__getitem__(value, entry) if entry in value else None
+        label = f"{name}[{entry!r}]"
+        producer = _producer(calls, tuple(item)) if isinstance(item, (tuple, list)) else None
+        kind = classify(label, item, positions, hidden, cache_class, producer is not None)
+        if not isinstance(entry, str) or kind not in ENTRY_KINDS or (kind == "position_embeddings" and rotary):
+            raise ExportError(
+                f"the attention reads {label} ({kind}) from a dict argument; posenc rebuilds a dict's masks, "
+                f"constants and one entry of position embeddings only, so this model's attention cannot be traced yet."
+            )
+        if kind == "position_embeddings":
+            rotary = producer
+        entries[str(entry)] = [kind, item if kind == "constant" else None]
+    return entries, rotary
 
 
 def relative_embeddings(name: str, value: Any, hidden: Any) -> bool:
@@ -302,4 +362,4 @@ def _capture_tokens(hf: Any) -> int:
     return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
 
 
-__all__ = ["CAPTURE_TOKENS", "Call"]
+__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict"]

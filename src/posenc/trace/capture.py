@@ -31,7 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
-from posenc.trace.arguments import time_major_error
+from posenc.trace.arguments import stream_widths, time_major_error
 from posenc.trace.caches import cache_widths
 from posenc.trace.calls import (
     _NAMED,
@@ -120,6 +120,8 @@ class Captured:
             otherwise.
         derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
             that computes them, :mod:`posenc.trace.derived`).
+        streams: the second streams the model handed the attention in the capture call (keyword -> ``[B, S, W]``,
+            :data:`posenc.trace.inputs.STREAMS`), which the probe's call read too.
     """
 
     model_type: str
@@ -149,6 +151,7 @@ class Captured:
     derived: dict[str, Derived] = dataclasses.field(default_factory=dict)
     value_dim: int | None = None
     indexer_dim: int | None = None
+    streams: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -242,6 +245,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
+        masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
+                  if kind == "entries" for entry, (of, _) in call.constants[key].items() if of == "mask"]  # fmt: skip
         mask_value = masks[0] if masks else None
         causal = cache is not None or _module_causal(attention)
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
@@ -281,6 +286,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                 tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
         target = with_checkpoint_tensors(target, derived, hidden, positions)
         kind_of_cache = cache_kind(cache)
+        if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
+            kind_of_cache = "dynamic"
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        lambda: new_cache(kind_of_cache, index + 1))  # fmt: skip
         del model  # the other layers were only needed for the capture call
@@ -312,6 +319,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
+            streams={key: target.kwargs[key] for key in stream_widths(call)},
         )
 
 

@@ -167,6 +167,9 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "extended_predict_attention_mask": "the masks of ProphetNet's n-gram predicting streams: its decoder attention "
     "(ProphetNetNgramSelfAttention) takes the main stream and its ngram predicting streams as one sequence "
     "[B, (1 + ngram) S, E] and attends them together, so a unit of one stream [B, S, E] is not what it computes",
+    "prev_topk_indices": "the keys an earlier layer's lightning indexer selected, which this layer reuses (a shared "
+    "DeepSeek sparse attention layer); posenc rebuilds them only where they are every key, i.e. the capture's "
+    "tokens are at most the config's index_topk",
 }
 """What an attention argument posenc cannot rebuild is, by its name: the refusal says it
 (:func:`posenc.trace.arguments.classify`). The unit's inputs are the hidden states, positions and cache; these are
@@ -175,8 +178,33 @@ computed from other inputs (boxes, an encoder) or by the model outside the layer
 
 def argument_meaning(key: str) -> str:
     """``", <what it is>"`` for an argument named in :data:`ARGUMENT_MEANINGS`, else ``""``."""
-    meaning = ARGUMENT_MEANINGS.get(key)
+    meaning = ARGUMENT_MEANINGS.get(key) or STREAMS.get(key)  # a second stream not [B, S, W] over the tokens
     return f", {meaning}" if meaning else ""
+
+
+STREAMS: dict[str, str] = {
+    "value_embeds": "value embeddings [B, S, Hkv * D] the model reads from a table of its own by the token ids and "
+    "adds to the layer's values (NeoMME's first and last full-attention layers, as in modded-nanogpt)",
+}
+"""Attention arguments ``[B, S, W]`` the model computes from the token ids, not from positions, and hands the layer
+beside its hidden states, by name -> what they are: a second stream of the layer. The unit takes each as a graph
+input of that name after its other inputs (kind ``stream``; ``posenc validate`` feeds it like the hidden states, and
+the model's module gets the same feed), so a deployment feeds it what the model computes (NeoMME: one table lookup
+of the token ids, shared by the layers that read it). The graph's positional part is unchanged by it."""
+
+
+EVERY_KEY: dict[str, str] = {
+    "prev_topk_indices": "index_topk",
+}
+"""Arguments that are a top-k selection of key indices ``[B, S, K]`` another layer made, by name -> the config field
+of its ``k``: HY-V4's and Mistral Large 4's shared DeepSeek-sparse-attention layers (``indexer_types`` 'shared') reuse
+the indices the last full layer's lightning indexer kept (``topk(min(index_topk, K))`` of its index scores), and read
+them only as a set (scattered into their mask). Over at most ``k`` keys that selection is every key, whatever the
+scores, so the unit passes the indices ``0 .. K - 1`` to every query (kind ``every_key``,
+:func:`posenc.trace.arguments.rebuild`) and the graph serves positions below ``k`` (guarded, as a full DSA layer's:
+:func:`posenc.export.trace._selection_limit`). The capture checks that the model passed every key's index, and the
+unit's call is checked against the model's own (same output) before export. DeepSeek sparse attention: "DeepSeek-V3.2:
+Pushing the Frontier of Open Large Language Models" (DeepSeek-AI, 2025, https://arxiv.org/abs/2512.02556)."""
 
 
 SUBSTITUTED: frozenset[str] = frozenset(name for entry in CAPTURE_INPUTS.values() for name in entry.extra)
@@ -197,8 +225,10 @@ def capture_inputs(hf: Any, tokens: int) -> tuple[tuple[int, ...], dict[str, Any
 __all__ = [
     "ARGUMENT_MEANINGS",
     "CAPTURE_INPUTS",
+    "EVERY_KEY",
     "ONE_STREAM",
     "STACK_INPUTS",
+    "STREAMS",
     "SUBSTITUTED",
     "UNREBUILT_CALLS",
     "CaptureInputs",

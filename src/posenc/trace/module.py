@@ -30,7 +30,7 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
-from posenc.trace.arguments import attention_output, call_args, rebuild
+from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as chunked_visible
@@ -127,6 +127,7 @@ class TracedAttention(nn.Module):
         self.embeddings_module = embeddings_module
         self.cacheless = cacheless
         self.cache_kind = cache_kind
+        self.stream_keys = list(stream_widths(call))  # second streams: graph inputs after the others
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
         self.derived = nn.ModuleDict(
             {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
@@ -186,6 +187,7 @@ class TracedAttention(nn.Module):
         cache: Any,
         mask: torch.Tensor | None,
         past: int,
+        streams: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[list[Any], dict[str, Any]]:
         def value(key: str, kind: str) -> Any:
             if kind == "position_embeddings":
@@ -194,6 +196,11 @@ class TracedAttention(nn.Module):
                 return mask
             if kind == "cache":
                 return cache
+            if kind == "stream":
+                return (streams or {})[key]
+            if kind == "entries":  # a dict argument: the entries the attention reads
+                entries = recipe.constants[key].items()
+                return {entry: made if of == "constant" else value(key, of) for entry, (of, made) in entries}
             if kind == "derived":
                 code = next((m for name, m in self.derived.items() if name == _slot(key)), None)  # None: a function
                 return compute(self.derived_recipes[key], code, hidden, position_ids)
@@ -210,11 +217,18 @@ class TracedAttention(nn.Module):
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
         past_indexer_key: torch.Tensor | None = None,
+        *streams: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention; ``(out,)``
         for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty); with
         an ``indexed`` cache (DeepSeek sparse attention) also ``present_indexer_key [B, P + S, Di]``, the indexer's
-        keys after ``past_indexer_key [B, P, Di]``."""
+        keys after ``past_indexer_key [B, P, Di]``. A layer with second streams (``stream_keys``, NeoMME's value
+        embeddings ``[B, S, W]``) takes them as the last positional inputs, after whatever cache inputs are given."""
+        given: dict[str, torch.Tensor] = {}
+        if self.stream_keys:
+            past_key, past_value, past_indexer_key, given = self._take_streams(
+                past_key, past_value, past_indexer_key, streams
+            )
         b, s = hidden.shape[0], hidden.shape[1]
         past = 0 if past_key is None else past_key.shape[2]
         if self.cacheless:
@@ -240,7 +254,7 @@ class TracedAttention(nn.Module):
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
-        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
+        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given)
         with default_dtype(hidden.dtype):
             output = self.attention(*args, **kwargs)
         out = attention_output(output)
@@ -250,6 +264,21 @@ class TracedAttention(nn.Module):
         if self.cache_kind == "indexed":
             return out, entry.keys, entry.values, entry.indexer_keys
         return out, entry.keys, entry.values
+
+    def _take_streams(self, *tail: Any) -> tuple[Any, Any, Any, dict[str, torch.Tensor]]:
+        """Split the positional inputs after ``position_ids`` (``past_key, past_value, past_indexer_key, streams``)
+        into the cache inputs (padded with None) and the second streams by keyword (the last ``len(stream_keys)``
+        given)."""
+        given = [*tail[:3], *tail[3]]
+        while given and given[-1] is None:
+            given.pop()
+        count = len(self.stream_keys)
+        if len(given) < count:
+            names = ", ".join(self.stream_keys)
+            raise ConfigError(f"this traced layer takes {names} after its other inputs; pass them last.")
+        streams = dict(zip(self.stream_keys, given[len(given) - count :], strict=True))
+        past = [*given[: len(given) - count], None, None, None]
+        return past[0], past[1], past[2], streams
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
         """The attention's input: ``hidden`` itself, or with an embedding step ``norms(hidden + position

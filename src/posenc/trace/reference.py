@@ -59,8 +59,10 @@ class TracedReference(nn.Module):
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
         past_indexer_key: torch.Tensor | None = None,
+        *streams: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        cast = [None if t is None else t.to(self.dtype) for t in (hidden, past_key, past_value, past_indexer_key)]
+        given = (hidden, past_key, past_value, past_indexer_key, *streams)  # streams: NeoMME's value embeddings
+        cast = [None if t is None else t.to(self.dtype) for t in given]
         with torch.no_grad():
             return self.module(cast[0], position_ids, *cast[1:])
 
