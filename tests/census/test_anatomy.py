@@ -66,15 +66,12 @@ def test_a_multimodal_types_text_part_excludes_its_vision_tower() -> None:
 
 
 def test_two_attentions_of_one_layer_are_two_kinds_numbered_as_the_model_numbers_them() -> None:
-    """LongCat-Flash's layer calls self_attn[0] and self_attn[1] (its attentions 2N and 2N + 1): two kinds, layers
-    0 and 1 (posenc.trace.model.NESTED_ATTENTIONS), each counted once per layer."""
+    """ALBERT's layer group holding two shared layers (LongCat-Flash's layer calling self_attn[0] and [1] alike):
+    two kinds, layers 0 and 1 (posenc.trace.model.NESTED_ATTENTIONS)."""
     import transformers
 
-    sizes = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 16,
-             "q_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "head_dim": 8,
-             "ffn_hidden_size": 32, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
-             "zero_expert_num": 2}  # fmt: skip
-    config = transformers.LongcatFlashConfig(num_layers=2, vocab_size=64, moe_topk=2, **sizes)
-    kinds = read_anatomy(transformers.LongcatFlashModel(config), config).kinds
-    assert [(k.layer, k.attention, k.count) for k in kinds] == [(0, True, 2), (1, True, 2)]
+    config = transformers.AlbertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_attention_heads=2,
+                                       intermediate_size=32, num_hidden_layers=3, inner_group_num=2)  # fmt: skip
+    kinds = read_anatomy(transformers.AlbertModel(config), config).kinds
+    assert [(k.layer, k.attention, k.count) for k in kinds] == [(0, True, 1), (1, True, 1)]
     assert ["attention 0 of its layer" in kinds[0].label, "attention 1 of its layer" in kinds[1].label] == [True] * 2

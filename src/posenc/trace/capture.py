@@ -57,6 +57,7 @@ from posenc.trace.model import (
     layer_config,
     layer_count,
     locate_attention,
+    nested_attentions,
     no_attention_error,
     one_stack,
     quiet_transformers,
@@ -195,7 +196,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         index = (default_layer(hf, layer_type) if stack is None else 0) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
             where = f"the checkpoint's {stack} has" if stack else "the checkpoint has"
-            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}).")
+            nested = nested_attentions(hf) if stack is None else None  # layers counted as the model counts them
+            why = f" ({nested.why})" if nested is not None else ""
+            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}){why}.")
         kinds = list(getattr(hf, "layer_types", None) or []) if stack is None else []
         kind = stack or (kinds[index] if index < len(kinds) else None)
         if layer_type is not None and kind != layer_type:
