@@ -313,7 +313,7 @@ class Located:
         list_path: the path of the layer list (``layers``, XLM's ``attentions``); ``entry``: the index in it.
         child: the attention's path inside the entry (``self_attn``; LongCat-Flash's ``self_attn.1``; empty where
             the entry is the attention itself: XLM's ``attentions.N``); None: the entry holds no attention.
-        attention: the attention module (None with ``child``).
+        attention: the attention module (None where ``child`` is).
         layer: the entry (the layer module; for an error naming what it holds).
     """
 

@@ -1,7 +1,8 @@
 """The capture's self-checks: the probe call, the attention's settings, its head geometry without a cache.
 
 :func:`_probe` calls the attention (with the checkpoint's weights) exactly as the model called it, on random hidden
-states and a fresh cache: the reference the traced unit must reproduce. :func:`_check_settings` refuses a model that
+states and a fresh cache: the reference the traced unit must reproduce; it also refuses an attention that mixes no
+positions there (:func:`_check_mixing`). :func:`_check_settings` refuses a model that
 changed its attention's settings during the capture forward. Used by :mod:`posenc.trace.capture`.
 """
 
