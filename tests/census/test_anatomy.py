@@ -63,3 +63,15 @@ def test_a_multimodal_types_text_part_excludes_its_vision_tower() -> None:
     assert llava.scheme == "RoPE"
     assert not any("vision" in e for e in llava.evidence)
     assert all("Llama" in k.label for k in llava.kinds)
+
+
+def test_two_attentions_of_one_layer_are_two_kinds_numbered_as_the_model_numbers_them() -> None:
+    """ALBERT's layer group holding two shared layers (LongCat-Flash's layer calling self_attn[0] and [1] alike):
+    two kinds, layers 0 and 1 (posenc.trace.model.NESTED_ATTENTIONS)."""
+    import transformers
+
+    config = transformers.AlbertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_attention_heads=2,
+                                       intermediate_size=32, num_hidden_layers=3, inner_group_num=2)  # fmt: skip
+    kinds = read_anatomy(transformers.AlbertModel(config), config).kinds
+    assert [(k.layer, k.attention, k.count) for k in kinds] == [(0, True, 1), (1, True, 1)]
+    assert ["attention 0 of its layer" in kinds[0].label, "attention 1 of its layer" in kinds[1].label] == [True] * 2

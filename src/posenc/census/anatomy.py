@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from posenc.census.tiny import layer_kinds
-from posenc.trace.model import attention_layers
+from posenc.trace.model import attention_layers, nested_attentions
 
 SCHEMES = (
     "RoPE",
@@ -215,14 +215,18 @@ def layer_stacks(model: nn.Module, text_config: Any) -> list[LayerKind]:
         chosen = sorted(stacks, key=lambda s: (not _holds_attention(s[1]), len(s[1]) not in counts, -len(s[1])))[:1]
     per_layer = layer_kinds(text_config)
     softmax = None if encoder_decoder else attention_layers(text_config)  # layer_types: MiniMax's linear layers
+    nested = nested_attentions(text_config)  # LongCat-Flash's two attentions per layer: a kind each
     kinds: list[LayerKind] = []
     for path, layers in chosen:
         stack = _stack_label(path, encoder_decoder)
         seen: dict[tuple[Any, ...], list[int]] = {}
+        per = nested.per_entry(text_config) if nested is not None and not encoder_decoder else 1
         for index, layer in enumerate(layers):
             entries = per_layer[index] if not encoder_decoder and index < len(per_layer) else ()
-            key = (type(layer).__name__, _attention_classes(layer), *entries)
-            seen.setdefault(key, []).append(index)
+            for inner in range(per):  # several attentions per layer: posenc's layer per * index + inner
+                where = (f"attention {inner} of its layer",) if per > 1 else ()
+                key = (type(layer).__name__, _attention_classes(layer), *where, *entries)
+                seen.setdefault(key, []).append(per * index + inner)
         for key, indices in seen.items():
             skipped = _skip_reason(key[1], indices[0], softmax)
             label = ", ".join([key[0], *key[1], *(str(e) for e in key[2:])])

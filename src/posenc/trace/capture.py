@@ -32,7 +32,7 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import stream_widths, time_major_error
-from posenc.trace.caches import cache_widths
+from posenc.trace.caches import cache_widths, encoder_cache
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -48,15 +48,16 @@ from posenc.trace.calls import (
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
 from posenc.trace.model import (
+    Located,
     attention_child,
     attention_layers,
     build_base_model,
-    built_layers,
     class_path,
     default_layer,
     layer_config,
     layer_count,
-    layer_list,
+    locate_attention,
+    nested_attentions,
     no_attention_error,
     one_stack,
     quiet_transformers,
@@ -198,24 +199,27 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         index = (default_layer(hf, layer_type) if stack is None else 0) if layer is None else layer
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < total:
             where = f"the checkpoint's {stack} has" if stack else "the checkpoint has"
-            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}).")
+            nested = nested_attentions(hf) if stack is None else None  # layers counted as the model counts them
+            why = f" ({nested.why})" if nested is not None else ""
+            raise ConfigError(f"layer {index!r} is out of range: {where} {total} layers (0 .. {total - 1}){why}.")
         kinds = list(getattr(hf, "layer_types", None) or []) if stack is None else []
         kind = stack or (kinds[index] if index < len(kinds) else None)
         if layer_type is not None and kind != layer_type:
             raise ConfigError(f"layer {index} is a {kind or 'plain'} layer, not {layer_type!r}.")
         model = build_base_model(hf, index + 1, tower.model_class if tower is not None else None, stack)
         tower_ref = ModuleRef(tower.path, class_path(model)) if tower is not None else None
-        if stack is None:
-            list_path, layers = layer_list(model, built_layers(hf, index + 1))
-            found = attention_child(layers[index])
+        if stack is None:  # the layer's attention; several per layer entry, or in a list of their own (XLM)
+            located = locate_attention(model, hf, index)
         else:
             list_path, layers = stack_layers(model, stack, index + 1)
             found = attention_child(layers[index]) or nested_self_attention(layers[index])
+            child, module = found if found is not None else (None, None)
+            located = Located(list_path, index, child, module, layers[index])
+        list_path, layer_path = located.list_path, located.layer_path
         softmax = attention_layers(hf) if stack is None else None  # layer_types: linear attention is not softmax
-        if found is None or (softmax is not None and index not in softmax):
-            raise no_attention_error(hf, index, layers[index])
-        child, attention = found
-        attention_path = f"{list_path}.{index}.{child}"
+        if located.attention is None or (softmax is not None and index not in softmax):
+            raise no_attention_error(hf, index, located.layer)
+        attention, attention_path = located.attention, located.path
         target = Call((), {})
         calls, handles = _record_calls(model, attention, target)
         settings = _settings(attention)
@@ -243,6 +247,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
+        kind_of_cache = cache_kind(cache)
+        if cache is not None and encoder_cache(hf):  # an encoder handed a cache it cannot extend (XLM's)
+            cache = None
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
@@ -266,7 +273,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             indexer_dim = widths.indexer_dim
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
-            step, note = _embedding_step(calls, model, f"{list_path}.{index}", hidden, positions, transformers.Cache)
+            step, note = _embedding_step(calls, model, layer_path, hidden, positions, transformers.Cache)
         if step is not None:
             drop_token_table(step.position, step.record)
         # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
@@ -285,7 +292,6 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             if made.module is not None and made.recipe.source is not None and made.module.state_dict():
                 tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
         target = with_checkpoint_tensors(target, derived, hidden, positions)
-        kind_of_cache = cache_kind(cache)
         if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
             kind_of_cache = "dynamic"
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import importlib
 import inspect
+import math
 import pkgutil
 from collections.abc import Iterator
 from typing import Any
@@ -64,7 +66,57 @@ def attention_implementation(hf: Any) -> str:
     return next((name for name in found if name is not None), "eager")
 
 
+@dataclasses.dataclass(frozen=True)
+class NestedAttentions:
+    """Where a model type keeps several attentions in each entry of its layer list (one level down, in a
+    ``ModuleList``), each an attention of its own in the model's numbering: posenc's layer ``K`` is attention
+    ``K % per`` of entry ``K // per``.
+
+    Attributes:
+        path: the entry's child that lists them (the attentions themselves, or sublayers holding one).
+        per: how many per entry: an int, or the config field that says.
+        count: config fields whose product is the number of attentions (posenc's layer count).
+        cut: whether the capture builds only the entries it needs (False: the model as configured, every entry).
+        why: what the model does (the reason for the entry).
+    """
+
+    path: str
+    per: int | str
+    count: tuple[str, ...]
+    cut: bool
+    why: str
+
+    def per_entry(self, hf: Any) -> int:
+        return self.per if isinstance(self.per, int) else int(getattr(hf, self.per))
+
+
+NESTED_ATTENTIONS: dict[str, NestedAttentions] = {
+    "longcat_flash": NestedAttentions(
+        "self_attn", 2, ("num_hidden_layers",), cut=True,
+        why="each LongCat-Flash decoder layer calls two MLA attentions (self_attn[0], self_attn[1]), each after its "
+        "own norm and with its own weights and cache slot (layer_idx 2N and 2N + 1); the config counts them as "
+        "num_hidden_layers = 2 * num_layers",
+    ),
+    "albert": NestedAttentions(
+        "albert_layers", "inner_group_num", ("num_hidden_groups", "inner_group_num"), cut=False,
+        why="ALBERT shares its layers across depths: num_hidden_groups groups of inner_group_num layers "
+        "(encoder.albert_layer_groups.G.albert_layers.J), group G run at every depth i with "
+        "int(i * groups / num_hidden_layers) == G; its attentions are these G * inner_group_num shared modules, "
+        "captured at their first depth",
+    ),
+}  # fmt: skip
+"""Model types whose layer entries hold several attentions (:class:`NestedAttentions`)."""
+
+
+def nested_attentions(hf: Any) -> NestedAttentions | None:
+    """The :data:`NESTED_ATTENTIONS` entry of ``hf``'s model type, or None."""
+    return NESTED_ATTENTIONS.get(str(getattr(hf, "model_type", "")))
+
+
 def layer_count(hf: Any) -> int:
+    nested = nested_attentions(hf)
+    if nested is not None:
+        return int(math.prod(int(getattr(hf, field)) for field in nested.count))
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
     count = getattr(hf, field, None) if field else None
     count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
@@ -89,6 +141,10 @@ def built_layers(hf: Any, layers: int) -> int:
     layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one."""
     if getattr(hf, "model_type", None) in LAST_LAYER_DIFFERS:
         return min(layers + 1, layer_count(hf))
+    nested = nested_attentions(hf)
+    if nested is not None and nested.cut:  # whole entries: attentions 0 .. layers - 1 end in entry ceil(layers/per)
+        per = nested.per_entry(hf)
+        return -(-layers // per) * per
     return layers
 
 
@@ -100,8 +156,10 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
     The capture runs layers ``0 .. N``; a model's later layers are never built.
     """
     reduced = copy.deepcopy(hf)
-    if stack is not None:
-        cut_stack(reduced, stack, layers)
+    nested = nested_attentions(hf)
+    if stack is not None or (nested is not None and not nested.cut):  # shared layers (ALBERT's): built whole
+        if stack is not None:
+            cut_stack(reduced, stack, layers)
         reduced._attn_implementation = attention_implementation(hf)
         return reduced
     total = layer_count(hf)
@@ -109,7 +167,8 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
     if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
         setattr(reduced, field, layers)
     elif layers < total:
-        for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        names = nested.count if nested is not None else ("num_hidden_layers", "n_layer", "num_layers")
+        for name in names:  # LongCat-Flash's num_hidden_layers sets num_layers (entries) to half of it
             if isinstance(getattr(reduced, name, None), int):
                 try:
                     setattr(reduced, name, layers)
@@ -262,6 +321,76 @@ def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """Where layer N's attention sits in a base model.
+
+    Attributes:
+        list_path: the path of the layer list (``layers``, XLM's ``attentions``); ``entry``: the index in it.
+        child: the attention's path inside the entry (``self_attn``; LongCat-Flash's ``self_attn.1``; empty where
+            the entry is the attention itself: XLM's ``attentions.N``); None: the entry holds no attention.
+        attention: the attention module (None where ``child`` is).
+        layer: the entry (the layer module; for an error naming what it holds).
+    """
+
+    list_path: str
+    entry: int
+    child: str | None
+    attention: nn.Module | None
+    layer: nn.Module
+
+    @property
+    def layer_path(self) -> str:
+        return f"{self.list_path}.{self.entry}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.layer_path}.{self.child}" if self.child else self.layer_path
+
+
+def locate_attention(model: nn.Module, hf: Any, layer: int) -> Located:
+    """Layer ``layer``'s self-attention in a base model built for it (:func:`build_base_model`, no stack).
+
+    The layer list's entry ``layer`` and its attention child (:func:`attention_child`); for a model type of
+    :data:`NESTED_ATTENTIONS`, attention ``layer % per`` of entry ``layer // per``; where the entry holds no
+    attention but another list of as many modules holds the attentions themselves (XLM and FlauBERT keep theirs in
+    ``attentions`` beside ``layer_norm1``, ``ffns``, ``layer_norm2``: no module per layer), that list's entry.
+    """
+    nested = nested_attentions(hf)
+    if nested is not None:
+        per = nested.per_entry(hf)
+        entry, inner = divmod(layer, per)
+        entries = -(-built_layers(hf, layer + 1) // per) if nested.cut else None
+        list_path, layers = _entry_list(model, nested.path, entries)
+        listed = layers[entry].get_submodule(nested.path) if entry < len(layers) else None
+        held = listed[inner] if isinstance(listed, nn.ModuleList) else None
+        if held is None:
+            return Located(list_path, entry, None, None, layers[min(entry, len(layers) - 1)])
+        found = attention_child(held)  # a sublayer holding it (ALBERT's), else the attention the table names
+        if found is None:  # LongCat-Flash's LongcatFlashMLA
+            return Located(list_path, entry, f"{nested.path}.{inner}", held, layers[entry])
+        return Located(list_path, entry, f"{nested.path}.{inner}.{found[0]}", found[1], layers[entry])
+    count = built_layers(hf, layer + 1)
+    list_path, layers = layer_list(model, count)
+    found = attention_child(layers[layer])
+    if found is not None:
+        return Located(list_path, layer, found[0], found[1], layers[layer])
+    for path, module in model.named_modules():  # the attentions in a list of their own (XLM's attentions)
+        if isinstance(module, nn.ModuleList) and len(module) == count and _is_attention(path, module[layer]):
+            return Located(path, layer, "", module[layer], module[layer])
+    return Located(list_path, layer, None, None, layers[layer])
+
+
+def _entry_list(model: nn.Module, child: str, count: int | None) -> tuple[str, nn.ModuleList]:
+    """The layer list whose entries hold ``child`` (a :data:`NESTED_ATTENTIONS` model's; of ``count`` entries where
+    given)."""
+    for path, module in model.named_modules():
+        if (isinstance(module, nn.ModuleList) and len(module) and (count is None or len(module) == count)
+                and all(isinstance(getattr(e, child.split(".")[0], None), nn.ModuleList) for e in module)):  # fmt: skip
+            return path, module
+    raise ConfigError(f"cannot find the layers of {type(model).__name__} holding {child}; posenc cannot trace it.")
+
+
 def attention_layers(hf: Any) -> list[int] | None:
     """Layers with softmax attention according to ``layer_types`` (None: the config does not say)."""
     kinds = getattr(hf, "layer_types", None)
@@ -316,8 +445,11 @@ __all__ = [
     "ATTENTION_NAMES",
     "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
+    "NESTED_ATTENTIONS",
     "STACK_COUNTS",
     "TRAILING_COUNTS",
+    "Located",
+    "NestedAttentions",
     "attention_child",
     "attention_implementation",
     "attention_layers",
@@ -329,7 +461,9 @@ __all__ = [
     "layer_config",
     "layer_count",
     "layer_list",
+    "locate_attention",
     "module_classes",
+    "nested_attentions",
     "no_attention_error",
     "one_stack",
     "quiet_transformers",

@@ -1,14 +1,16 @@
 """The capture's self-checks: the probe call, the attention's settings, its head geometry without a cache.
 
 :func:`_probe` calls the attention (with the checkpoint's weights) exactly as the model called it, on random hidden
-states and a fresh cache: the reference the traced unit must reproduce. :func:`_check_settings` refuses a model that
+states and a fresh cache: the reference the traced unit must reproduce; it also refuses an attention that mixes no
+positions there (:func:`_check_mixing`). :func:`_check_settings` refuses a model that
 changed its attention's settings during the capture forward. Used by :mod:`posenc.trace.capture`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import UserDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -52,20 +54,50 @@ def _probe(
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
         return fresh_cache() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
-    # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
-    kwargs = {k: inputs if v is hidden else fresh_state(v) for k, v in target.kwargs.items()}
-    args = [inputs if v is hidden else fresh_state(v) for v in target.args]
-    if "hidden_states" in kwargs:
-        kwargs["hidden_states"] = inputs
-    else:
-        args[0] = inputs
-    with torch.no_grad():
-        try:
-            output = attention(*args, **kwargs)
-        except Exception as exc:
-            raise _probe_error(exc, target, cache_class, layer) from None
-    out = attention_output(output)
-    return fresh, positions, out.detach().clone()
+    def run(states: torch.Tensor) -> torch.Tensor:
+        # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
+        filled = {k: states if v is hidden else fresh_state(v) for k, v in target.kwargs.items()}
+        listed = [states if v is hidden else fresh_state(v) for v in target.args]
+        if "hidden_states" in filled:
+            filled["hidden_states"] = states
+        else:
+            listed[0] = states
+        with torch.no_grad():
+            try:
+                return attention_output(attention(*listed, **filled)).detach().clone()
+            except Exception as exc:
+                raise _probe_error(exc, target, cache_class, layer) from None
+
+    out = run(inputs)
+    _check_mixing(attention, inputs, out, run)
+    return fresh, positions, out
+
+
+def _check_mixing(
+    attention: nn.Module, inputs: torch.Tensor, out: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Refuse an attention whose output at each token depends on that token alone: the first token's input changed,
+    no later token's output moves. The module as transformers runs it here attends to nothing (MRA's attention
+    without its CUDA kernel returns zeros), so a graph of it would not be the model's attention.
+
+    Raises:
+        ExportError: naming a custom kernel its modeling module left unloaded, where one is.
+    """
+    if not torch.is_tensor(out) or out.dim() != 3 or inputs.dim() != 3 or inputs.shape[1] < 2:
+        return
+    changed = inputs.clone()
+    changed[:, 0] += torch.randn(changed[:, 0].shape, generator=torch.Generator().manual_seed(2))
+    moved = (run(changed)[:, 1:] - out[:, 1:]).abs().max()
+    if float(moved) > 1e-6 * max(float(out.abs().max()), 1.0):
+        return
+    module = inspect.getmodule(type(attention))
+    kernels = [n for n, v in vars(module).items() if v is None and n.endswith("_kernel")] if module else []
+    why = (f": its modeling module's custom kernel {kernels[0]} is not loaded (transformers loads it on a CUDA machine "
+           f"only), and without it the module skips the attention") if kernels else ""  # fmt: skip
+    raise ExportError(
+        f"the {type(attention).__name__} attention mixes no positions here: changing the first token's input moves no "
+        f"other token's output{why}. A graph of it would not be the model's attention, so posenc does not trace it."
+    )
 
 
 def _probe_error(exc: Exception, target: Call, cache_class: type, layer: int) -> Exception:
