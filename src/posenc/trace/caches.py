@@ -30,7 +30,9 @@ INDEXER = "indexer_keys"
 third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
     "indexer_position_ids": "the indexer's multi-axis positions",
-    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+    # Unlimited-OCR's reference sliding window (R-SWA): its mask depends on the prompt's length, not on positions
+    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones: every prompt key "
+    "stays visible while the decoded keys slide, a mask that depends on the prompt's length",
 }
 """Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
 reference sliding window), and what they hold: a layer that fills one is refused (the unit does not carry it)."""
