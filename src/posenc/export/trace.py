@@ -43,7 +43,13 @@ from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
-from posenc.export.trace_bounds import bounded_export, deferrable, deferred_note, export_dims, slot_shapes
+from posenc.export.trace_bounds import (
+    bounded_export,
+    deferrable,
+    deferred_export,
+    deferred_note,
+    slot_shapes,
+)
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
@@ -220,7 +226,8 @@ def export_traced(
     except ExportError as exc:
         if not deferrable(plan, exc):
             raise
-        (model, notes), bounds = export(export_dims(ranges), deferred=True), [deferred_note(exc)]
+        dynamic = dict(zip(unit.input_names, unit.dynamic_shapes(names=True), strict=True))
+        (model, notes), bounds = deferred_export(export, ranges, dynamic), [deferred_note(exc)]
     notes = [*notes, *bounds]
     with quiet_exporter():
         model = _optimize_without_fusions(model)
