@@ -384,7 +384,14 @@ DERIVED: dict[str, Sample] = {
             "layoutlmv3",
             "layoutlmv3",
             "a 1-D relative bias from the positions, computed by an encoder method that indexes a child's weight",
-            {**_ENCODER, "coordinate_size": 8, "shape_size": 16, "has_spatial_attention_bias": False},
+            {
+                **_ENCODER,
+                "coordinate_size": 8,
+                "shape_size": 16,
+                "has_spatial_attention_bias": False,
+                "visual_embed": False,
+                "max_2d_position_embeddings": 64,
+            },
         ),
     )
 }
