@@ -46,6 +46,7 @@ _CLASSES = {
     "phi": ("PhiConfig", "PhiForCausalLM"),
     "roformer": ("RoFormerConfig", "RoFormerForMaskedLM"),
     "mpnet": ("MPNetConfig", "MPNetForMaskedLM"),
+    "layoutlmv3": ("LayoutLMv3Config", "LayoutLMv3Model"),
     "beam": ("BeamConfig", "BeamForCausalLM"),
     "xlnet": ("XLNetConfig", "XLNetLMHeadModel"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
@@ -379,14 +380,27 @@ DERIVED: dict[str, Sample] = {
         _sample("roformer", "roformer", "sin/cos of the positions computed once per stack by a module", _ENCODER),
         _sample("mpnet", "mpnet", "T5's bucketed bias computed once per stack by the encoder's method", _ENCODER),
         _sample("beam", "beam", "a NoPE layer's query scale computed from the positions by a function", _BEAM, 1),
+        _sample(
+            "layoutlmv3",
+            "layoutlmv3",
+            "a 1-D relative bias from the positions, computed by an encoder method that indexes a child's weight",
+            {
+                **_ENCODER,
+                "coordinate_size": 8,
+                "shape_size": 16,
+                "has_spatial_attention_bias": False,
+                "visual_embed": False,
+                "max_2d_position_embeddings": 64,
+            },
+        ),
     )
 }
 _XLNET = {"d_model": 64, "n_layer": 2, "n_head": 4, "d_head": 16, "d_inner": 64, "vocab_size": 96, "pad_token_id": 5}
 TIME_MAJOR = _sample("xlnet", "xlnet", "two-stream attention fed time-major hidden states [S, B, E]", _XLNET)
 """A model whose attention takes time-major hidden states (refused by name)."""
 """Models whose attention takes a positional tensor its stack computes from the sequence before the layers (RoFormer's
-``sinusoidal_pos``, MPNet's ``position_bias``, Beam's ``attention_scaling``): the unit calls the model's own code for
-it."""
+``sinusoidal_pos``, MPNet's ``position_bias``, Beam's ``attention_scaling``, LayoutLMv3's ``rel_pos`` without its 2-D
+bias from the boxes): the unit calls the model's own code for it."""
 
 _GPT_NEO = {"hidden_size": 64, "num_heads": 4, "num_layers": 2, "attention_types": [[["global", "local"], 1]],
             "window_size": 4, "max_position_embeddings": 512, **_TINY_VOCAB}  # fmt: skip

@@ -29,6 +29,7 @@ CODE = {
     "roformer": ("sinusoidal_pos", "encoder.embed_positions", "forward", None),
     "mpnet": ("position_bias", "encoder", "compute_position_bias", ("relative_attention_bias",)),
     "beam": ("attention_scaling", None, "compute_attention_scaling", None),
+    "layoutlmv3": ("rel_pos", "encoder", "_cal_1d_pos_emb", ("rel_pos_bias",)),
 }
 """Per sample: the derived argument, the module whose code computes it, the method, the children the unit keeps."""
 
@@ -133,3 +134,35 @@ def test_time_major_hidden_states_are_refused_by_name(tmp_path: Path) -> None:
     with the relative encoding ``r`` it would otherwise trip on)."""
     with pytest.raises(ExportError, match=r"time-major hidden states \[8, 1, 64\]"):
         capture_layer(build(TIME_MAJOR, tmp_path))
+
+
+def test_a_stack_method_that_reads_a_child_s_weight_keeps_that_child(tmp_path: Path) -> None:
+    """LayoutLMv3's encoder computes its 1-D relative bias ``rel_pos`` in ``_cal_1d_pos_emb`` by indexing
+    ``rel_pos_bias.weight`` (the child never runs as a module): the unit keeps that child, and only it, and matches
+    the model's own forward at batch 2 and 13 tokens (the capture ran 1 x 8). With the 2-D bias from the boxes the
+    capture refuses, naming ``rel_2d_pos`` (the slow sweep of ``test_trace_inputs``): the boxes are the user's data,
+    not positions."""
+    folder = build(DERIVED["layoutlmv3"], tmp_path)
+    captured = capture_layer(folder)
+    recipe = captured.derived["rel_pos"].recipe
+    assert (recipe.source.path, recipe.method, recipe.children) == ("encoder", "_cal_1d_pos_emb", ("rel_pos_bias",))
+    plan = plan_trace(captured)
+    model = transformers.LayoutLMv3Model.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["out"] = output  # LayoutLMv3Attention returns its output states alone
+
+    handle = model.encoder.layer[0].attention.register_forward_hook(hook, with_kwargs=True)
+    ids = torch.randint(0, 96, (2, 13), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(13).expand(2, 13)
+    try:
+        with torch.no_grad():
+            tokens = model.embeddings.word_embeddings(ids)
+            model(input_ids=ids, position_ids=positions)
+    finally:
+        handle.remove()
+    assert captured.embedding is not None  # its learned absolute positions enter at the embeddings: starts there
+    with torch.no_grad():
+        got = traced_module(plan)(tokens, positions)[0]
+    assert float((got - seen["out"]).abs().max()) <= 1e-5

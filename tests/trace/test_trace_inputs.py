@@ -57,6 +57,31 @@ def test_an_argument_computed_from_boxes_is_refused_saying_what_it_is(tmp_path: 
         capture_layer(folder, 0)
 
 
+def test_encodings_a_module_computed_from_other_data_than_the_hidden_states_are_not_called_again() -> None:
+    """A relative-encodings module is called again by the unit on its hidden states only where it read nothing else
+    floating: SpeechT5's ``embed_positions(hidden)`` is; BROS's box embeddings of its scaled boxes ``[B, S, 8]`` and
+    UDOP's bias of its mask ``[B, S]`` and boxes are not (their argument is then refused by name, the slow sweeps
+    below). The attention forward's first keyword is its hidden states where nothing is passed positionally
+    (PEGASUS-X's ``token_hidden_states``, beside the global tokens' ``global_hidden_states``)."""
+    import torch
+
+    from posenc.trace.calls import Call, _reads_hidden_only
+    from posenc.trace.capture import _hidden_key
+
+    hidden = torch.zeros(1, 8, 32)
+    assert _reads_hidden_only(Call((hidden,), {}), hidden)
+    assert _reads_hidden_only(Call((torch.ones(1, 8, 32), 8), {}), hidden)
+    assert not _reads_hidden_only(Call((torch.zeros(1, 8, 8),), {}), hidden)  # BROS's boxes
+    assert not _reads_hidden_only(Call((), {"attention_mask": torch.ones(1, 8), "bbox": torch.zeros(1, 8, 4)}), hidden)
+    keywords = Call((), {"token_hidden_states": hidden, "global_hidden_states": torch.zeros(1, 4, 32)})
+    assert (
+        _hidden_key(keywords, ["token_hidden_states", "global_hidden_states", "attention_mask"])
+        == "token_hidden_states"
+    )
+    assert _hidden_key(Call((hidden,), {}), ["hidden_states"]) is None
+    assert _hidden_key(Call((), {"hidden_states": hidden}), ["x", "hidden_states"]) == "hidden_states"
+
+
 def test_a_wrapper_with_a_tower_per_stack_traces_its_encoder(tmp_path: Path) -> None:
     """T5Gemma holds a ``t5_gemma_module`` as its encoder and as its decoder: the capture takes the encoder's (the
     default stack), and refuses the decoder's with the reason."""
@@ -112,7 +137,7 @@ PASS = (
 fields their model needs)."""
 REFUSED = {
     "bros": "'bbox_pos_emb'",
-    "layoutlmv3": "'rel_pos'",
+    "layoutlmv3": "'rel_2d_pos'",  # its 1-D rel_pos is derived (test_trace_derived); the 2-D one reads the boxes
     "lilt": "'layout_inputs'",
     "t5gemma2": "'encoder_hidden_states'",
     "clvp_encoder": "'rotary_pos_emb'",

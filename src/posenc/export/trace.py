@@ -43,7 +43,13 @@ from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
-from posenc.export.trace_bounds import bounded_export, deferrable, deferred_note, slot_shapes
+from posenc.export.trace_bounds import (
+    bounded_export,
+    deferrable,
+    deferred_export,
+    deferred_note,
+    slot_shapes,
+)
 from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
@@ -248,8 +254,15 @@ def export_traced(
         if not deferrable(plan, exc):
             raise
         # the deferred export may still bound the lengths (Nemotron ASR's encodings refuse more frames than its
-        # max_position_embeddings): the same narrowing as the first export's
-        (model, notes), ranges, bounds = bounded_export(lambda dims: export(dims, deferred=True), ranges, served, name)
+        # max_position_embeddings): the same narrowing as the first export's; where torch.export's solver fails on
+        # the named lengths (LongT5's padding to blocks), unnamed dynamic lengths (deferred_export)
+        try:
+            (model, notes), ranges, bounds = bounded_export(
+                lambda dims: export(dims, deferred=True), ranges, served, name
+            )
+        except ExportError:
+            dynamic = dict(zip(unit.input_names, unit.dynamic_shapes(names=True), strict=True))
+            (model, notes), bounds = deferred_export(export, ranges, dynamic), []
         bounds = [*bounds, deferred_note(exc)]
     notes = [*notes, *bounds]
     with quiet_exporter():

@@ -127,17 +127,51 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     asserts: the lengths were specialised (no bound fixes them) in an attention its model calls without a cache,
     fed relative position encodings a module computes from the sequence length (a conformer's Transformer-XL
     relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
-    for symbolic ``S``). The retried graph is held to the model's module at several lengths by ``validate``."""
+    for symbolic ``S``), or a tensor its stack derives from the length (LongT5's local attention pads the sequence
+    to a multiple of its block, ``S + (-S mod 128)``, which torch.export cannot prove a multiple of 128, and its
+    blocked mask is derived from the length). The retried graph is held to the model's module at several lengths by
+    ``validate``."""
     captured = plan.captured
-    relative = captured.rotary is not None and captured.rotary_call is not None and captured.cacheless
-    return relative and "specialises the lengths" in str(exc)
+    relative = captured.rotary is not None and captured.rotary_call is not None
+    blocked = any(made.needs_length() for made in captured.derived.values())
+    return captured.cacheless and (relative or blocked) and "specialises the lengths" in str(exc)
+
+
+def deferred_export(
+    export: Callable[..., Any], ranges: Mapping[str, DimRange], dynamic: Mapping[str, Mapping[int, str]]
+) -> Any:
+    """``export(dims, deferred=True)`` (see :func:`deferrable`) with the named dimensions; where torch.export's
+    constraint solver fails on them (LongT5's padding to blocks: it cannot range the padded length), with unnamed
+    dynamic dimensions (``Dim.DYNAMIC``), the graph then checked to keep every ``dynamic`` axis of its inputs (input
+    name -> {axis: dimension name}) dynamic.
+
+    Raises:
+        ExportError: the second export fixed a length (a graph of one length, not the unit's).
+    """
+    try:
+        return export(export_dims(ranges), deferred=True)
+    except ExportError:
+        result = export(dict.fromkeys(ranges, torch.export.Dim.DYNAMIC), deferred=True)
+    fixed = [
+        f"{value.name}[{axis}] = {dim.dim_value}"
+        for value in result[0].graph.input
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim)
+        if axis in dynamic.get(value.name, {}) and not dim.dim_param
+    ]
+    if fixed:
+        raise ExportError(
+            f"torch.export fixed the lengths of the traced module ({', '.join(fixed)}) with its guards deferred; one "
+            f"graph cannot serve every length, so this attention cannot be traced yet."
+        )
+    return result
 
 
 def deferred_note(exc: ExportError) -> str:
     """The manifest note of an export whose length guards were deferred (:func:`deferrable`)."""
     message = _violation(exc) or str(exc)
     return (f"torch.export's guards on the lengths ({_guards(message)}) deferred to runtime asserts, which the ONNX "
-            f"graph does not carry: the module's relative shift is exported for every length")  # fmt: skip
+            f"graph does not carry: the module's code for them (a relative shift, padding to blocks) is exported "
+            f"for every length")  # fmt: skip
 
 
 def _notes(used: Mapping[str, DimRange], declared: Mapping[str, DimRange], attempt: int) -> list[str]:
@@ -159,6 +193,7 @@ __all__ = [
     "ATTEMPTS",
     "bounded_export",
     "deferrable",
+    "deferred_export",
     "deferred_note",
     "export_dims",
     "narrowed",

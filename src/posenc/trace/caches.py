@@ -30,7 +30,9 @@ INDEXER = "indexer_keys"
 third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
     "indexer_position_ids": "the indexer's multi-axis positions",
-    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones",
+    # Unlimited-OCR's reference sliding window (R-SWA): its mask depends on the prompt's length, not on positions
+    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones: every prompt key "
+    "stays visible while the decoded keys slide, a mask that depends on the prompt's length",
     "compressed_kv": "the compressed key-value entries of earlier windows of tokens (DeepSeek-V4's CSA and HCA "
     "compressors)",
     "buffer_kv": "the tokens since the last full window, not yet compressed (DeepSeek-V4's CSA and HCA compressors)",

@@ -199,6 +199,16 @@ def _producer(calls: Mapping[str, Call], value: tuple[Any, ...]) -> tuple[str, C
     return found
 
 
+def _reads_hidden_only(call: Call, hidden: Any) -> bool:
+    """Whether every floating tensor a module call took is the hidden states ``[B, S, E]`` or of their shape (a
+    relative-encodings module reads them for their length, dtype and device: the unit calls it again on its own);
+    False where it took other floating data (BROS's scaled boxes ``[B, S, 8]``, UDOP's mask and boxes), which the
+    unit does not hold."""
+    shape = tuple(hidden.shape) if torch.is_tensor(hidden) else None
+    values = [*call.args, *call.kwargs.values()]
+    return all(tuple(v.shape) == shape for v in values if torch.is_tensor(v) and v.is_floating_point())
+
+
 def _outer_producer(calls: Mapping[str, Call], value: torch.Tensor) -> tuple[str, Call] | None:
     """The outermost module (shortest name) that returned ``value`` itself, or as one entry of a tuple, and that call:
     the module that computes relative encodings from the hidden states (SpeechT5's ``embed_positions``), not a table
@@ -247,6 +257,8 @@ def _recipe(
         producer = _producer(calls, tuple(value)) if isinstance(value, (tuple, list)) else None
         if producer is None and relative_embeddings(name, value, hidden):
             producer = _outer_producer(calls, value)
+            if producer is not None and not _reads_hidden_only(producer[1], hidden):
+                producer = None  # computed from other data (BROS's, UDOP's boxes): classified, and refused, below
         try:
             kind = classify(name, value, positions, hidden, cache_class, producer is not None)
         except ExportError:

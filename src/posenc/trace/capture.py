@@ -228,8 +228,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             runner = stack_module(model, list_path) if stack else None
             positions = _run_forward(model, hf, _capture_tokens(own_config), runner, cache=stack != "encoder")
         _check_settings(settings, attention, model_type)
-        hidden_key = "hidden_states" if "hidden_states" in target.kwargs else None
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
+        hidden_key = _hidden_key(target, parameters)
         layout_error = time_major_error(target.kwargs[hidden_key] if hidden_key else target.args[0], positions)
         if layout_error is not None:
             raise layout_error
@@ -327,6 +327,17 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             derived=derived,
             streams={key: target.kwargs[key] for key in stream_widths(call)},
         )
+
+
+def _hidden_key(target: Call, parameters: list[str]) -> str | None:
+    """The keyword the attention's hidden states are passed under: ``hidden_states``, or its forward's first
+    parameter where the call passes everything by keyword (PEGASUS-X's ``token_hidden_states``); None where they
+    are the first positional argument."""
+    if "hidden_states" in target.kwargs:
+        return "hidden_states"
+    if not target.args and parameters and parameters[0] in target.kwargs:
+        return parameters[0]
+    return None
 
 
 def _check_layout(hf: Any, hidden: Any, model_type: str) -> None:

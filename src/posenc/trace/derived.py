@@ -167,10 +167,12 @@ def _lead(value: torch.Tensor, output: Any) -> int | None:
     )
 
 
-def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tensor) -> str:
+def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tensor, name: str | None = None) -> str:
     """The kind of an argument of the code that derives a tensor: the hidden states (a float tensor of their shape,
-    read for its shape: checked), their shape, the sequence length, or a plain kind."""
-    if key in SUBSTITUTED:  # LiLT's layout stream from the capture's zero boxes: the user's data, not positions
+    read for its shape: checked), their shape, the sequence length, or a plain kind; ``name``: the parameter a
+    positional argument binds to."""
+    # LiLT's layout stream from the capture's zero boxes, LayoutLMv3's _cal_2d_pos_emb(bbox): the user's data
+    if key in SUBSTITUTED or name in SUBSTITUTED:
         raise ExportError(f"{key!r} is an input the capture filled in (posenc.trace.inputs), not a position")
     tokens = int(positions.shape[-1])
     if torch.is_tensor(value) and value.is_floating_point() and value.shape == hidden.shape:
@@ -190,12 +192,13 @@ class _NoCache:
 
 
 def _call_recipe(args: tuple[Any, ...], kwargs: Mapping[str, Any], positions: torch.Tensor,
-                 hidden: torch.Tensor) -> CallRecipe:  # fmt: skip
+                 hidden: torch.Tensor, names: tuple[str, ...] = ()) -> CallRecipe:  # fmt: skip
     positional: list[str] = []
     keywords: dict[str, str] = {}
     constants: dict[str, Any] = {}
     for key, value in [(f"#{i}", v) for i, v in enumerate(args)] + list(kwargs.items()):
-        kind = _arg_kind(key, value, positions, hidden)
+        index = int(key[1:]) if key.startswith("#") else len(names)
+        kind = _arg_kind(key, value, positions, hidden, names[index] if index < len(names) else None)
         if kind == "shape":
             constants[key] = len(value)
         else:
@@ -302,17 +305,50 @@ def derive(
         lead = _lead(value, output)
         if lead is None:
             continue
+        owner = None if path is None else model.get_submodule(path) if path else model
         try:
-            recipe_call = _call_recipe(args, kwargs, positions, hidden)
+            recipe_call = _call_recipe(args, kwargs, positions, hidden, _parameter_names(owner, method))
         except ExportError:
             continue
-        owner = None if path is None else model.get_submodule(path) if path else model
         ref = None if owner is None or path is None else ModuleRef(path, class_path(owner))
         recipe = DerivedRecipe(ref, method, recipe_call, lead, children)
         source = source_module(owner, children)
         if _reproduces(recipe, source, value, hidden, positions):
             return Derived(recipe, source)
+        read = _read_children(recipe, owner, value, hidden, positions)
+        if read is not None:
+            recipe = dataclasses.replace(recipe, children=read)
+            return Derived(recipe, source_module(owner, read))
     return None
+
+
+def _parameter_names(owner: nn.Module | None, method: str) -> tuple[str, ...]:
+    """The parameter names of the code a candidate call ran (a method of ``owner``, its forward, or the function
+    ``module:name`` where ``owner`` is None), in order; empty where they cannot be read."""
+    try:
+        function = function_of(method) if owner is None else getattr(owner, method)
+        return tuple(inspect.signature(function).parameters)
+    except (ConfigError, AttributeError, TypeError, ValueError):
+        return ()
+
+
+def _read_children(recipe: DerivedRecipe, owner: nn.Module | None, value: torch.Tensor, hidden: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[str, ...] | None:  # fmt: skip
+    """The children a method reads without calling them (LayoutLMv3's ``_cal_1d_pos_emb`` indexes
+    ``rel_pos_bias.weight``), where the children it ran are not enough: the fewest of the owner's children (never a
+    module list: the layers) with which the method gives ``value`` again; None where none do."""
+    if owner is None or recipe.children is None:
+        return None
+    ran = set(recipe.children)
+    extra = [n for n, c in owner.named_children() if n not in ran and not isinstance(c, (nn.ModuleList, nn.ModuleDict))]
+    kept = sorted(ran | set(extra))
+    if not extra or not _reproduces(recipe, source_module(owner, tuple(kept)), value, hidden, positions):
+        return None
+    for name in extra:  # drop each extra child the method does not need
+        fewer = [n for n in kept if n != name]
+        if _reproduces(recipe, source_module(owner, tuple(fewer)), value, hidden, positions):
+            kept = fewer
+    return tuple(kept)
 
 
 def _reproduces(recipe: DerivedRecipe, source: nn.Module | None, value: torch.Tensor, hidden: torch.Tensor,

@@ -162,6 +162,9 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "bbox_pos_emb": "relative box embeddings [S, S, B, D] computed from the boxes (BROS)",
     "rotary_pos_emb": "rotation angles of positions 0 .. S - 1, which its model computes from the sequence length "
     "and not from position ids (CLVP's)",
+    "global_hidden_states": "the global tokens' states [B, G, E], a second stream beside the tokens' own that "
+    "every layer's attention reads and returns updated (PEGASUS-X's global-local attention: a second input and "
+    "output of the unit)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
     "extended_predict_attention_mask": "the masks of ProphetNet's n-gram predicting streams: its decoder attention "
