@@ -73,6 +73,14 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         why="IDEFICS refuses to run without images; one zero image state (its gated cross-attention layers read it, "
         "its self-attention does not)",
     ),
+    "lxmert": CaptureInputs(
+        {
+            "visual_feats": lambda hf, tokens: torch.zeros(1, 1, int(hf.visual_feat_dim)),
+            "visual_pos": lambda hf, tokens: torch.zeros(1, 1, int(hf.visual_pos_dim)),
+        },
+        why="LXMERT refuses to run without region features and boxes; one zero region (its language layers, which "
+        "run first, never read it; its vision and cross-modality stages do)",
+    ),
     "kyutai_speech_to_text": CaptureInputs(
         ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),
         why="Kyutai STT reads one text id and one id per audio codebook at each step, [B, S, 1 + num_codebooks]",

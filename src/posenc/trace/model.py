@@ -44,11 +44,56 @@ STACK_COUNTS: dict[str, str] = {
     # HRM runs two stacks of num_layers_per_stack layers (L_module, H_module) in cycles; num_hidden_layers counts
     # its cache slots (layers x cycles). Layer N is layer N of the first stack, called first at cycle offset 0.
     "hrm_text": "num_layers_per_stack",
+    # LXMERT's language encoder (l_layers; its config's num_hidden_layers is a dict of the three stages' counts).
+    "lxmert": "l_layers",
 }
 """Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+OTHER_STAGES: dict[str, dict[str, int]] = {
+    # LXMERT runs its language layers first, then the vision (r_layers) and cross-modality (x_layers) stages: the
+    # capture stops at a language layer's attention, so the other stages are built at their minimum, no layers.
+    "lxmert": {"r_layers": 0, "x_layers": 0},
+}
+"""Per-stage layer counts of the stages a capture of the :data:`STACK_COUNTS` stage never reaches: set to their
+minimum in the capture's model (each stage's own field)."""
+
+
+NOT_ONE_STACK: dict[str, str] = {
+    # Byte Latent Transformer (Pagnoni et al., 2024, https://arxiv.org/abs/2412.09871).
+    "blt": "BLT runs three transformers over different sequences, each with its own config and layer count "
+    "(encoder_config: a local encoder over bytes whose layers cross-attend to patches; global_config: a global "
+    "transformer over patches; decoder_config: a local decoder), after its patcher's entropy model has cut the bytes "
+    "into patches; posenc traces one layer list of one config, fed token ids, so no BLT attention can be traced yet",
+    # Perceiver IO (Jaegle et al., 2021, https://arxiv.org/abs/2107.14795).
+    "perceiver": "Perceiver IO's self-attention layers attend over its learned latent array (num_latents rows, no "
+    "positions); the text tokens and their learned position embeddings reach the latents only through one "
+    "cross-attention from the latents to the tokens, and posenc's unit is a self-attention over the tokens, so no "
+    "Perceiver attention is one posenc can trace",
+    # pi0 (Black et al., 2024, https://arxiv.org/abs/2410.24164).
+    "pi0": "pi0 is two models, a PaliGemma vision-language model (vlm_config) that fills a cache with the image and "
+    "prompt, and a Gemma action expert (dit_config) whose layers attend over that cache and the action tokens; its "
+    "forward needs images, robot state and noisy actions, and neither config is the text config (pi0's "
+    "get_text_config() is itself); export PaliGemma's or Gemma's checkpoint instead",
+    # Funnel Transformer (Dai et al., 2020, https://arxiv.org/abs/2006.03236).
+    "funnel": "Funnel Transformer counts its layers per block (block_sizes; num_hidden_layers is their sum and "
+    "cannot be set), pools the sequence between blocks, and calls each attention with query, key and value states "
+    "(unpooled keys at a block's first layer) and attention_inputs, a tuple the encoder computes once from the "
+    "length (relative position encodings per block and shift, the token-type matrix, the padding mask, the <cls> "
+    "mask), which posenc's unit cannot rebuild",
+}
+"""Model types whose attention is not in one layer list posenc can cut and capture on token ids: why, each said in
+the refusal (:func:`layer_count`)."""
 
 
 def layer_count(hf: Any) -> int:
+    """The number of layers of ``hf``'s layer list (:data:`STACK_COUNTS`, else ``num_hidden_layers`` / ``n_layer`` /
+    ``num_layers``).
+
+    Raises:
+        ConfigError: a :data:`NOT_ONE_STACK` type (with its reason), or a config naming no count.
+    """
+    reason = NOT_ONE_STACK.get(str(getattr(hf, "model_type", "")))
+    if reason is not None:
+        raise ConfigError(f"{reason}.")
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
     count = getattr(hf, field, None) if field else None
     count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
@@ -90,6 +135,8 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
         return reduced
     total = layer_count(hf)
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    for name, minimum in OTHER_STAGES.get(str(getattr(hf, "model_type", "")), {}).items():
+        setattr(reduced, name, minimum)
     if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
         setattr(reduced, field, layers)
     elif layers < total:
@@ -299,6 +346,8 @@ __all__ = [
     "ATTENTION_NAMES",
     "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
+    "NOT_ONE_STACK",
+    "OTHER_STAGES",
     "STACK_COUNTS",
     "TRAILING_COUNTS",
     "attention_child",

@@ -1,0 +1,153 @@
+"""Configs the traced path could not cut or call before: a mask of ones (DeBERTa without relative attention), a
+family that declines a config, per-stage layer counts (LXMERT), and types refused by name for their structure.
+
+References: the checkpoint's own transformers attention module called as its model calls it (the capture's check,
+``hf-fp32``, ``hf-fp64``) and posenc's float64 rebuild of the traced graph (``eager-fp64``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.errors import ConfigError
+from posenc.trace.calls import mask_kind
+from posenc.trace.capture import capture_layer
+
+transformers = pytest.importorskip("transformers", reason="transformers builds the tiny checkpoints")
+
+_SMALL = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 32, "vocab_size": 64}
+
+
+def _save(config: object, model_class: str, folder: Path) -> Path:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        getattr(transformers, model_class)(config).save_pretrained(folder)
+    return folder
+
+
+def _deberta(folder: Path, **settings: object) -> Path:
+    config = transformers.DebertaV2Config(**_SMALL, num_hidden_layers=1, max_position_embeddings=40, **settings)
+    return _save(config, "DebertaV2Model", folder)
+
+
+def _lxmert(folder: Path) -> Path:
+    config = transformers.LxmertConfig(
+        **_SMALL, l_layers=2, x_layers=1, r_layers=1, visual_feat_dim=8, max_position_embeddings=40
+    )
+    return _save(config, "LxmertModel", folder)
+
+
+def test_a_mask_of_ones_the_attention_turns_boolean_is_kept_as_ones(tmp_path: Path) -> None:
+    """DeBERTa without relative attention hands its attention a float mask of ones (``attention_mask.bool()``
+    inside): read as additive it was rebuilt as zeros, every key hidden, and the capture's check found posenc's call
+    1.1e-2 away from the model's. Now it is a ``keep`` mask, rebuilt as ones, and the capture's check passes."""
+    ones = torch.ones(1, 1, 4, 4)
+    assert mask_kind(ones) == "keep"
+    assert mask_kind(torch.tril(ones)) == "keep"
+    assert mask_kind(torch.zeros(1, 1, 4, 4)) == "additive"  # hides nothing either way
+    assert mask_kind(torch.zeros(1, 1, 4, 4).masked_fill(torch.tril(ones) == 0, -1e30)) == "additive"
+    assert mask_kind(ones.bool()) == "bool"
+    captured = capture_layer(_deberta(tmp_path / "deberta"), 0)
+    assert captured.mask.kind == "keep"
+    assert not captured.mask.causal
+
+
+def test_a_config_the_family_declines_takes_the_traced_path(tmp_path: Path) -> None:
+    """The DeBERTa family's scheme is relative attention; a DeBERTa config without it (transformers' default) goes
+    the traced path by default (``Family.declines``); released checkpoints' configs stay with the family."""
+    from posenc.checkpoints.load import loads_by_family
+
+    absolute = _deberta(tmp_path / "absolute")
+    relative = _deberta(tmp_path / "relative", relative_attention=True, pos_att_type=["p2c", "c2p"])
+    assert not loads_by_family(absolute)
+    assert loads_by_family(relative)
+
+
+def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
+    """LXMERT's config.json writes num_hidden_layers as per-stage counts: accepted as such; the capture cuts the
+    language stage (``l_layers``) to layers 0 .. N and the vision and cross-modality stages, which run after it, to
+    none; its embeddings count positions from the length, so they stay outside the unit, named."""
+    from posenc.config.hf_json import check_config
+    from posenc.trace.model import reduced_config
+
+    check_config({"model_type": "lxmert", "num_hidden_layers": {"language": 9, "vision": 5, "cross_encoder": 5}})
+    for bad in ({"language": 0}, {}, [9, 5]):
+        with pytest.raises(ConfigError, match="num_hidden_layers"):
+            check_config({"num_hidden_layers": bad})
+    folder = _lxmert(tmp_path / "lxmert")
+    config = transformers.AutoConfig.from_pretrained(folder)
+    reduced = reduced_config(config, 1)
+    assert (reduced.l_layers, reduced.r_layers, reduced.x_layers) == (1, 0, 0)
+    captured = capture_layer(folder, 1)
+    assert captured.attention_ref.path == "encoder.layer.1.attention"
+    assert captured.embedding is None
+
+
+@pytest.mark.parametrize(
+    ("config_class", "why"),
+    [
+        ("BltConfig", "three transformers over different sequences"),
+        ("PerceiverConfig", "learned latent array"),
+        ("PI0Config", "two models, a PaliGemma"),
+        ("FunnelConfig", "counts its layers per block"),
+    ],
+)
+def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str, why: str) -> None:
+    from posenc.trace.model import layer_count
+
+    with pytest.raises(ConfigError, match=why):
+        layer_count(getattr(transformers, config_class)())
+
+
+def test_a_count_computed_from_stages_is_still_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose layer count the class computes from per-stage sizes (Funnel's, were it not named above)."""
+    from posenc.trace import model
+
+    monkeypatch.delitem(model.NOT_ONE_STACK, "funnel")
+    config = transformers.FunnelConfig(block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=32)
+    with pytest.raises(ConfigError, match=r"computes num_hidden_layers from per-stage sizes .*block_sizes"):
+        model.reduced_config(config, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["deberta-absolute", "deberta-v1-absolute", "lxmert"])
+def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) -> None:
+    """Exported through the CLI's default route and held to the model's own module (prompt, batch, positions near
+    the context's end)."""
+    from posenc.cli import main
+    from posenc.validate.checkpoint import validate_against_checkpoint
+
+    if name == "lxmert":
+        folder = _lxmert(tmp_path / name)
+    elif name == "deberta-absolute":
+        folder = _deberta(tmp_path / name)
+    else:
+        config = transformers.DebertaConfig(**_SMALL, num_hidden_layers=1, max_position_embeddings=40)
+        folder = _save(config, "DebertaModel", tmp_path / name)
+    out = tmp_path / f"{name}.onnx"
+    assert main(["export", "--hf-model", str(folder), "--layer", "0", "-o", str(out)]) == 0
+    import json
+
+    manifest = json.loads(out.with_suffix(".manifest.json").read_text())
+    parts = {part["part"]: part["status"] for part in manifest["trace"]["parts"]}
+    if name == "lxmert":
+        assert parts["stack embeddings"] == "absent"
+    else:
+        assert parts["position table"] == "kept"
+    report = validate_against_checkpoint(out, folder)
+    assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["deberta", "deberta-v2"])
+def test_the_census_deberta_configs_are_the_released_ones_and_load_by_family(name: str, tmp_path: Path) -> None:
+    from posenc.census.tiny import save_tiny_model, tiny_config
+    from posenc.census.types import model_type_info
+    from posenc.checkpoints.load import loads_by_family
+
+    folder = tmp_path / name
+    save_tiny_model(tiny_config(name).config, model_type_info(name).model_class, folder)  # type: ignore[union-attr]
+    assert loads_by_family(folder)
