@@ -89,10 +89,10 @@ def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config_class", "why"),
     [
-        ("BltConfig", "three transformers over different sequences"),
+        ("BltConfig", "three transformers, each with its own config"),
         ("PerceiverConfig", "learned latent array"),
-        ("PI0Config", "two models, a PaliGemma"),
-        ("FunnelConfig", "counts its layers per block"),
+        ("PI0Config", "two models: PaliGemma"),
+        ("FunnelConfig", "counts layers per block"),
     ],
 )
 def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str, why: str) -> None:

@@ -59,26 +59,21 @@ minimum in the capture's model (each stage's own field)."""
 
 NOT_ONE_STACK: dict[str, str] = {
     # Byte Latent Transformer (Pagnoni et al., 2024, https://arxiv.org/abs/2412.09871).
-    "blt": "BLT runs three transformers over different sequences, each with its own config and layer count "
-    "(encoder_config: a local encoder over bytes whose layers cross-attend to patches; global_config: a global "
-    "transformer over patches; decoder_config: a local decoder), after its patcher's entropy model has cut the bytes "
-    "into patches; posenc traces one layer list of one config, fed token ids, so no BLT attention can be traced yet",
+    "blt": "BLT runs three transformers, each with its own config and layer count (encoder_config: a local encoder "
+    "over bytes that cross-attends to patches; global_config: a transformer over patches; decoder_config), after its "
+    "patcher's entropy model cuts the bytes into patches; posenc traces one layer list fed token ids",
     # Perceiver IO (Jaegle et al., 2021, https://arxiv.org/abs/2107.14795).
-    "perceiver": "Perceiver IO's self-attention layers attend over its learned latent array (num_latents rows, no "
-    "positions); the text tokens and their learned position embeddings reach the latents only through one "
-    "cross-attention from the latents to the tokens, and posenc's unit is a self-attention over the tokens, so no "
-    "Perceiver attention is one posenc can trace",
+    "perceiver": "Perceiver IO's self-attention layers attend over its learned latent array (no positions); the "
+    "tokens and their learned position embeddings reach it only through a cross-attention from the latents, and "
+    "posenc's unit is a self-attention over the tokens",
     # pi0 (Black et al., 2024, https://arxiv.org/abs/2410.24164).
-    "pi0": "pi0 is two models, a PaliGemma vision-language model (vlm_config) that fills a cache with the image and "
-    "prompt, and a Gemma action expert (dit_config) whose layers attend over that cache and the action tokens; its "
-    "forward needs images, robot state and noisy actions, and neither config is the text config (pi0's "
-    "get_text_config() is itself); export PaliGemma's or Gemma's checkpoint instead",
+    "pi0": "pi0 is two models: PaliGemma (vlm_config) fills a cache from an image and a prompt (one bidirectional "
+    "prefix), a Gemma action expert (dit_config) attends over it and the actions; it runs on images, state and "
+    "actions, and its text config is itself. Export a PaliGemma or Gemma checkpoint instead",
     # Funnel Transformer (Dai et al., 2020, https://arxiv.org/abs/2006.03236).
-    "funnel": "Funnel Transformer counts its layers per block (block_sizes; num_hidden_layers is their sum and "
-    "cannot be set), pools the sequence between blocks, and calls each attention with query, key and value states "
-    "(unpooled keys at a block's first layer) and attention_inputs, a tuple the encoder computes once from the "
-    "length (relative position encodings per block and shift, the token-type matrix, the padding mask, the <cls> "
-    "mask), which posenc's unit cannot rebuild",
+    "funnel": "Funnel Transformer counts layers per block (block_sizes), pools the sequence between blocks, and "
+    "calls each attention with attention_inputs, a tuple its encoder computes from the length (relative encodings "
+    "per block, token-type matrix, padding and <cls> masks), which posenc's unit cannot rebuild",
 }
 """Model types whose attention is not in one layer list posenc can cut and capture on token ids: why, each said in
 the refusal (:func:`layer_count`)."""
