@@ -1,5 +1,6 @@
 """Configs the traced path could not cut or call before: a mask of ones (DeBERTa without relative attention), a
-family that declines a config, per-stage layer counts (LXMERT), and types refused by name for their structure.
+family that declines a config, per-stage layer counts (LXMERT), layers counted per block with a tuple of stack
+tensors (Funnel), and types refused by name for their structure.
 
 References: the checkpoint's own transformers attention module called as its model calls it (the capture's check,
 ``hf-fp32``, ``hf-fp64``) and posenc's float64 rebuild of the traced graph (``eager-fp64``).
@@ -92,7 +93,6 @@ def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
         ("BltConfig", "three transformers, each with its own config"),
         ("PerceiverConfig", "learned latent array"),
         ("PI0Config", "two models: PaliGemma"),
-        ("FunnelConfig", "counts layers per block"),
     ],
 )
 def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str, why: str) -> None:
@@ -102,12 +102,31 @@ def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str,
         layer_count(getattr(transformers, config_class)())
 
 
-def test_a_count_computed_from_stages_is_still_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config whose layer count the class computes from per-stage sizes (Funnel's, were it not named above)."""
+def _funnel(**settings: object) -> object:
+    return transformers.FunnelConfig(
+        block_sizes=[2, 1], d_model=32, n_head=2, d_head=16, d_inner=32, vocab_size=64, **settings
+    )
+
+
+def test_layers_counted_per_block_are_cut_to_the_first_block_and_captured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Funnel numbers its layers across its blocks; the first block's attend over the tokens (later ones over a
+    pooled sequence: refused, naming the block). The capture keeps that block alone, no decoder layers, and rebuilds
+    ``attention_inputs`` (a tuple of relative encodings, token-type matrix, float padding mask of ones and <cls>
+    mask) with the encoder's own ``attention_structure.init_attention_inputs``, checked equal to the model's."""
     from posenc.trace import model
 
-    monkeypatch.delitem(model.NOT_ONE_STACK, "funnel")
-    config = transformers.FunnelConfig(block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=32)
+    config = _funnel()
+    reduced = model.reduced_config(config, 2)
+    assert (reduced.block_sizes, reduced.block_repeats, reduced.num_decoder_layers) == ([2], [1], 0)
+    with pytest.raises(ConfigError, match=r"layer 2 of this funnel model is in block 1 .* pooled sequence"):
+        model.reduced_config(config, 3)
+    captured = capture_layer(_save(config, "FunnelModel", tmp_path / "funnel"), 1)
+    assert captured.attention_ref.path == "encoder.blocks.0.1.attention"
+    (recipe,) = captured.derived.values()
+    assert (recipe.recipe.source.path, recipe.recipe.method) == ("encoder.attention_structure", "init_attention_inputs")
+    monkeypatch.delitem(model.BLOCKS, "funnel")  # a count computed from per-stage sizes, not declared: by name
     with pytest.raises(ConfigError, match=r"computes num_hidden_layers from per-stage sizes .*block_sizes"):
         model.reduced_config(config, 1)
 
@@ -139,6 +158,17 @@ def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) ->
         assert parts["position table"] == "kept"
     report = validate_against_checkpoint(out, folder)
     assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_a_length_read_as_a_python_number_is_refused_saying_so(tmp_path: Path) -> None:
+    """Funnel's relative-shift encodings start from ``list(range(seq_len))``: torch.export fixes the length."""
+    from posenc.errors import ExportError
+    from posenc.export.trace import export_traced
+
+    folder = _save(_funnel(), "FunnelModel", tmp_path / "funnel")
+    with pytest.raises(ExportError, match=r"seq: fixed at the capture's \d+\): the module's code reads the length"):
+        export_traced(tmp_path / "funnel.onnx", folder, layer=0)
 
 
 @pytest.mark.slow

@@ -52,9 +52,18 @@ OTHER_STAGES: dict[str, dict[str, int]] = {
     # LXMERT runs its language layers first, then the vision (r_layers) and cross-modality (x_layers) stages: the
     # capture stops at a language layer's attention, so the other stages are built at their minimum, no layers.
     "lxmert": {"r_layers": 0, "x_layers": 0},
+    # Funnel's decoder (num_decoder_layers) runs after the encoder's blocks.
+    "funnel": {"num_decoder_layers": 0},
 }
-"""Per-stage layer counts of the stages a capture of the :data:`STACK_COUNTS` stage never reaches: set to their
+"""Per-stage layer counts of the stages a capture never reaches (they run after the traced layer list): set to their
 minimum in the capture's model (each stage's own field)."""
+BLOCKS: dict[str, tuple[str, str]] = {
+    # Funnel Transformer counts its layers per block (num_hidden_layers is their sum and cannot be set) and pools
+    # the sequence between blocks: the first block's layers attend over the tokens themselves.
+    "funnel": ("block_sizes", "block_repeats"),
+}
+"""Model types whose layers are counted per block (the fields of the block sizes and of their repeats): layers are
+numbered across the blocks; the traced ones are the first block's, cut to that block alone."""
 
 
 NOT_ONE_STACK: dict[str, str] = {
@@ -70,10 +79,6 @@ NOT_ONE_STACK: dict[str, str] = {
     "pi0": "pi0 is two models: PaliGemma (vlm_config) fills a cache from an image and a prompt (one bidirectional "
     "prefix), a Gemma action expert (dit_config) attends over it and the actions; it runs on images, state and "
     "actions, and its text config is itself. Export a PaliGemma or Gemma checkpoint instead",
-    # Funnel Transformer (Dai et al., 2020, https://arxiv.org/abs/2006.03236).
-    "funnel": "Funnel Transformer counts layers per block (block_sizes), pools the sequence between blocks, and "
-    "calls each attention with attention_inputs, a tuple its encoder computes from the length (relative encodings "
-    "per block, token-type matrix, padding and <cls> masks), which posenc's unit cannot rebuild",
 }
 """Model types whose attention is not in one layer list posenc can cut and capture on token ids: why, each said in
 the refusal (:func:`layer_count`)."""
@@ -132,6 +137,10 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
     for name, minimum in OTHER_STAGES.get(str(getattr(hf, "model_type", "")), {}).items():
         setattr(reduced, name, minimum)
+    if str(getattr(hf, "model_type", "")) in BLOCKS:
+        _first_block(reduced, layers)
+        reduced._attn_implementation = "eager"
+        return reduced
     if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
         setattr(reduced, field, layers)
     elif layers < total:
@@ -153,6 +162,25 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
                 setattr(reduced, name, value[:layers])
     reduced._attn_implementation = "eager"
     return reduced
+
+
+def _first_block(config: Any, layers: int) -> None:
+    """Cut a :data:`BLOCKS` config to its first block's first ``layers`` layers.
+
+    Raises:
+        ConfigError: layer ``layers - 1`` lies in a later block (after the sequence is pooled).
+    """
+    sizes_field, repeats_field = BLOCKS[config.model_type]
+    sizes, repeats = list(getattr(config, sizes_field)), list(getattr(config, repeats_field))
+    if layers > sizes[0]:
+        block = next(i for i in range(len(sizes)) if sum(sizes[: i + 1]) >= layers)
+        raise ConfigError(
+            f"layer {layers - 1} of this {config.model_type} model is in block {block} ({sizes_field} {sizes}), "
+            f"whose attention reads a pooled sequence; posenc traces the first block's layers 0 .. {sizes[0] - 1}, "
+            f"which attend over the tokens themselves."
+        )
+    setattr(config, sizes_field, [layers])
+    setattr(config, repeats_field, repeats[:1])
 
 
 def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str | None = None) -> nn.Module:
@@ -261,7 +289,8 @@ def base_classes_first(classes: list[type]) -> list[type]:
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
     """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules)."""
-    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count
+             and not all(isinstance(child, nn.ModuleList) for child in m)]  # fmt: skip  # blocks of layers: no
     found.sort(key=lambda item: (item[0].split(".")[-1] not in ("layers", "h", "layer", "blocks"), len(item[0])))
     if not found:
         raise ConfigError(f"cannot find the {count} decoder layers of {type(model).__name__}; posenc cannot trace it.")
@@ -339,6 +368,7 @@ def quiet_transformers() -> Iterator[None]:
 
 __all__ = [
     "ATTENTION_NAMES",
+    "BLOCKS",
     "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
     "NOT_ONE_STACK",
