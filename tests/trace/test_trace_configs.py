@@ -1,6 +1,6 @@
 """Configs the traced path could not cut or call before: a mask of ones (DeBERTa without relative attention), a
 family that declines a config, per-stage layer counts (LXMERT), layers counted per block with a tuple of stack
-tensors (Funnel), and types refused by name for their structure.
+tensors (Funnel), a layer list counted in a part's config (BLT), and types refused by name for their structure.
 
 References: the checkpoint's own transformers attention module called as its model calls it (the capture's check,
 ``hf-fp32``, ``hf-fp64``) and posenc's float64 rebuild of the traced graph (``eager-fp64``).
@@ -90,7 +90,6 @@ def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("config_class", "why"),
     [
-        ("BltConfig", "three transformers, each with its own config"),
         ("PerceiverConfig", "learned latent array"),
         ("PI0Config", "two models: PaliGemma"),
     ],
@@ -100,6 +99,40 @@ def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str,
 
     with pytest.raises(ConfigError, match=why):
         layer_count(getattr(transformers, config_class)())
+
+
+def _blt(folder: Path) -> Path:
+    part = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 32,
+            "num_hidden_layers": 1, "vocab_size": 64, "max_position_embeddings": 64}  # fmt: skip
+    config = transformers.BltConfig(
+        vocab_size=64, max_position_embeddings=32, local_attention_window_len=6, patch_size=2,
+        encoder_hash_byte_group_size=[2], encoder_hash_byte_group_vocab=16, patching_threshold=0.5,
+        encoder_config={**part, "num_hidden_layers": 2, "sliding_window": 6, "cross_attn_k": 1},
+        decoder_config={**part, "cross_attn_k": 1}, global_config=part, patcher_config=part,
+    )  # fmt: skip
+    return _save(config, "BltModel", folder)
+
+
+def test_a_layer_list_counted_in_a_part_s_config_is_that_part_s() -> None:
+    """BLT keeps its layer counts per part (no num_hidden_layers): the traced list is its local encoder's over the
+    bytes (``encoder_config``), found by path among the parts' lists alike, cut in that config, whose window, heads
+    and context the layer takes; its forward cannot build a cache from its config, so it is captured without one."""
+    from posenc.trace.model import layer_count, part_config, part_view, reduced_config
+
+    config = transformers.BltConfig()
+    assert layer_count(config) == config.encoder_config.num_hidden_layers
+    assert part_config(config) is config.encoder_config
+    data = config.to_dict()
+    assert part_view(data)["max_position_embeddings"] == config.encoder_config.max_position_embeddings
+    assert reduced_config(config, 1).encoder_config.num_hidden_layers == 1
+
+
+@pytest.mark.slow
+def test_blt_s_local_encoder_layer_is_captured_with_its_window_and_no_cache(tmp_path: Path) -> None:
+    captured = capture_layer(_blt(tmp_path / "blt"), 1)
+    assert captured.attention_ref.path == "local_encoder.layers.1.self_attn"
+    assert captured.mask.window == 6
+    assert captured.cacheless
 
 
 def _funnel(**settings: object) -> object:
@@ -132,7 +165,7 @@ def test_layers_counted_per_block_are_cut_to_the_first_block_and_captured(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["deberta-absolute", "deberta-v1-absolute", "lxmert"])
+@pytest.mark.parametrize("name", ["deberta-absolute", "deberta-v1-absolute", "lxmert", "blt"])
 def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) -> None:
     """Exported through the CLI's default route and held to the model's own module (prompt, batch, positions near
     the context's end)."""
@@ -141,6 +174,8 @@ def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) ->
 
     if name == "lxmert":
         folder = _lxmert(tmp_path / name)
+    elif name == "blt":
+        folder = _blt(tmp_path / name)
     elif name == "deberta-absolute":
         folder = _deberta(tmp_path / name)
     else:
@@ -154,6 +189,8 @@ def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) ->
     parts = {part["part"]: part["status"] for part in manifest["trace"]["parts"]}
     if name == "lxmert":
         assert parts["stack embeddings"] == "absent"
+    elif name == "blt":  # posenc's float64 tables in place of its angles
+        assert parts["rotary angles"] == "replaced"
     else:
         assert parts["position table"] == "kept"
     report = validate_against_checkpoint(out, folder)

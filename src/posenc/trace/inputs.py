@@ -73,6 +73,11 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         why="IDEFICS refuses to run without images; one zero image state (its gated cross-attention layers read it, "
         "its self-attention does not)",
     ),
+    "blt": CaptureInputs(
+        {"use_cache": lambda hf, tokens: False},
+        why="BLT's forward cannot build its cache from its config (transformers' DynamicCache(config=...) reads a "
+        "num_hidden_layers that BltConfig, one config per part, lacks): captured without one",
+    ),
     "lxmert": CaptureInputs(
         {
             "visual_feats": lambda hf, tokens: torch.zeros(1, 1, int(hf.visual_feat_dim)),

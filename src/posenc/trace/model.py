@@ -46,8 +46,47 @@ STACK_COUNTS: dict[str, str] = {
     "hrm_text": "num_layers_per_stack",
     # LXMERT's language encoder (l_layers; its config's num_hidden_layers is a dict of the three stages' counts).
     "lxmert": "l_layers",
+    # BLT's local encoder over the bytes (its own config's count): the text attention whose positions are the bytes'.
+    "blt": "encoder_config.num_hidden_layers",
 }
-"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field (dotted: in a
+sub-config)."""
+LAYER_PATHS: dict[str, str] = {
+    # BLT's patcher, global transformer and local decoder hold layer lists of their own.
+    "blt": "local_encoder.layers",
+}
+"""Model types whose traced layer list is one of several alike: its path in the base model."""
+
+
+def part_view(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as the traced layer list's part sees it: where :data:`STACK_COUNTS` names a count in a
+    sub-config (BLT's ``encoder_config``), that sub-config's fields over the top-level ones (its geometry and
+    ``rope_parameters`` are the layer's); else ``data``."""
+    field = STACK_COUNTS.get(str(data.get("model_type", "")), "")
+    part = data.get(field.split(".")[0]) if "." in field else None
+    return {**data, **part} if isinstance(part, dict) else data
+
+
+def part_config(hf: Any) -> Any:
+    """The config the traced layer list's part is built from: the sub-config :data:`STACK_COUNTS` names a count in
+    (BLT's ``encoder_config``: its window, heads and context are the local encoder's), else ``hf``."""
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")), "")
+    return getattr(hf, field.split(".")[0]) if "." in field else hf
+
+
+def _get(config: Any, field: str) -> Any:
+    for name in field.split("."):
+        config = getattr(config, name, None)
+    return config
+
+
+def _set(config: Any, field: str, value: Any) -> None:
+    *path, name = field.split(".")
+    for part in path:
+        config = getattr(config, part)
+    setattr(config, name, value)
+
+
 OTHER_STAGES: dict[str, dict[str, int]] = {
     # LXMERT runs its language layers first, then the vision (r_layers) and cross-modality (x_layers) stages: the
     # capture stops at a language layer's attention, so the other stages are built at their minimum, no layers.
@@ -67,10 +106,6 @@ numbered across the blocks; the traced ones are the first block's, cut to that b
 
 
 NOT_ONE_STACK: dict[str, str] = {
-    # Byte Latent Transformer (Pagnoni et al., 2024, https://arxiv.org/abs/2412.09871).
-    "blt": "BLT runs three transformers, each with its own config and layer count (encoder_config: a local encoder "
-    "over bytes that cross-attends to patches; global_config: a transformer over patches; decoder_config), after its "
-    "patcher's entropy model cuts the bytes into patches; posenc traces one layer list fed token ids",
     # Perceiver IO (Jaegle et al., 2021, https://arxiv.org/abs/2107.14795).
     "perceiver": "Perceiver IO's self-attention layers attend over its learned latent array (no positions); the "
     "tokens and their learned position embeddings reach it only through a cross-attention from the latents, and "
@@ -95,7 +130,7 @@ def layer_count(hf: Any) -> int:
     if reason is not None:
         raise ConfigError(f"{reason}.")
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
-    count = getattr(hf, field, None) if field else None
+    count = _get(hf, field) if field else None
     count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
     count = count or getattr(hf, "num_layers", None)
     if not isinstance(count, int) or count < 1:
@@ -107,10 +142,11 @@ def layer_count(hf: Any) -> int:
 
 def layer_config(hf: Any, layer: int) -> Any:
     """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (EmbeddingGemma 2's and
-    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), else ``hf``."""
+    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), the part's config
+    (:func:`part_config`), else ``hf``."""
     if getattr(hf, "is_heterogeneous", False):
         return hf.per_layer_config[layer]
-    return hf
+    return part_config(hf)
 
 
 def built_layers(hf: Any, layers: int) -> int:
@@ -142,7 +178,7 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
         reduced._attn_implementation = "eager"
         return reduced
     if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
-        setattr(reduced, field, layers)
+        _set(reduced, field, layers)
     elif layers < total:
         for name in ("num_hidden_layers", "n_layer", "num_layers"):
             if isinstance(getattr(reduced, name, None), int):
@@ -288,7 +324,11 @@ def base_classes_first(classes: list[type]) -> list[type]:
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
-    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules)."""
+    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules; its
+    :data:`LAYER_PATHS` entry where the model has several alike)."""
+    path = LAYER_PATHS.get(str(getattr(getattr(model, "config", None), "model_type", "")))
+    if path is not None:
+        return path, model.get_submodule(path)  # type: ignore[return-value]  # a ModuleList by the table
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count
              and not all(isinstance(child, nn.ModuleList) for child in m)]  # fmt: skip  # blocks of layers: no
     found.sort(key=lambda item: (item[0].split(".")[-1] not in ("layers", "h", "layer", "blocks"), len(item[0])))
@@ -370,6 +410,7 @@ __all__ = [
     "ATTENTION_NAMES",
     "BLOCKS",
     "LAST_LAYER_DIFFERS",
+    "LAYER_PATHS",
     "LINEAR_KINDS",
     "NOT_ONE_STACK",
     "OTHER_STAGES",
@@ -388,6 +429,8 @@ __all__ = [
     "module_classes",
     "no_attention_error",
     "one_stack",
+    "part_config",
+    "part_view",
     "quiet_transformers",
     "reduced_config",
 ]
