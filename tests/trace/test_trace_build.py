@@ -84,12 +84,6 @@ def test_a_count_of_the_last_layers_is_cut_with_the_layers() -> None:
         assert reuses == [mode == "reuse" for mode in config.kv_sharing_modes[:layers]]  # each layer keeps its role
 
 
-def test_a_layer_count_computed_from_stages_is_refused_by_name() -> None:
-    config = transformers.FunnelConfig(block_sizes=[1, 1], d_model=32, n_head=2, d_head=16, d_inner=32)
-    with pytest.raises(ConfigError, match=r"computes num_hidden_layers from per-stage sizes .*block_sizes"):
-        reduced_config(config, 1)
-
-
 def test_the_last_layer_that_differs_is_built_past_layer_n() -> None:
     config = transformers.GPTNeoXJapaneseConfig(**_SMALL, num_hidden_layers=3)
     assert built_layers(config, 1) == 2

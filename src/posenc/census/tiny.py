@@ -107,8 +107,22 @@ TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
     "bros": {"dim_bbox_sinusoid_emb_2d": 16, "dim_bbox_sinusoid_emb_1d": 2, "dim_bbox_projection": 16},
     # CLVP rotates max(projection_dim // (2 heads), 32) channels of each head: heads of 64 (as released: half of each).
     "clvp_encoder": {"hidden_size": 128, "num_attention_heads": 2},
+    # DeBERTa's default configs leave relative attention off (positions absolute at the embeddings), which no
+    # released checkpoint does: DeBERTa v1 (microsoft/deberta-base, -large) sets relative attention with c2p and p2c
+    # terms and no absolute positions; v2 and v3 (microsoft/deberta-v2-xlarge, deberta-v3-base, ...) add 256 log
+    # position buckets, keys shared with the content projections and a LayerNorm on the relative embeddings.
+    "deberta": {"relative_attention": True, "pos_att_type": ["c2p", "p2c"], "position_biased_input": False},
+    "deberta-v2": {
+        "relative_attention": True,
+        "pos_att_type": ["p2c", "c2p"],
+        "position_biased_input": False,
+        "position_buckets": 256,
+        "share_att_key": True,
+        "norm_rel_ebd": "layer_norm",
+    },
 }
-"""Top-level fields of a ``model_type`` set after shrinking, where its config ties sizes the rules do not know."""
+"""Top-level fields of a ``model_type`` set after shrinking: sizes its config ties that the rules do not know, and
+settings of the released checkpoints where the default config is no released model's (DeBERTa's)."""
 
 
 def _type_defaults(text: dict[str, Any], text_type: str) -> None:

@@ -87,6 +87,9 @@ class Family:
             (see :mod:`posenc.checkpoints.reference`).
         layer_types: the stacks/kinds a user may choose with ``layer_type`` (empty: one kind).
         layer_types_note: said when a user asks for another layer type (e.g. why cross-attention is not offered).
+        declines: ``hf_config -> reason or None``: configs of the family's model types whose attention is not the
+            family's scheme (DeBERTa without relative attention); ``posenc export --hf-model`` then takes the traced
+            path by default, and ``--via family`` refuses with the geometry's error.
     """
 
     name: str
@@ -99,6 +102,7 @@ class Family:
     reference: Callable[[Any, LayerPlan, Mapping[str, torch.Tensor], str, torch.dtype], TransformersReference]
     layer_types: tuple[str, ...] = ()
     layer_types_note: str = ""
+    declines: Callable[[Any], str | None] | None = None
 
     def prefix(self, plan: LayerPlan) -> str:
         """The layer prefix (relative to the root) of ``plan``'s layer."""

@@ -234,13 +234,14 @@ def _full_name(root: str, prefix: str, relative: str, plan: LayerPlan) -> str:
 
 
 def loads_by_family(model_or_folder: Any) -> bool:
-    """Whether a checkpoint (folder or in-memory model) loads through a family: its ``model_type`` has one, or it
-    wraps a text tower (:mod:`.towers`) whose ``model_type`` has one (:func:`_family_of`). Otherwise the traced path
-    is its route."""
+    """Whether a checkpoint (folder or in-memory model) loads through a family: its ``model_type`` has one (that
+    does not decline its config: ``Family.declines``), or it wraps a text tower (:mod:`.towers`) whose ``model_type``
+    has one (:func:`_family_of`). Otherwise the traced path is its route."""
     with CheckpointSource.open(model_or_folder) as source:
         model_type = str(source.config.get("model_type"))
         if model_type in supported_model_types():
-            return True
+            declines = family_for(model_type).declines
+            return declines is None or declines(source.config) is None
         try:
             _family_of(model_type, source.hf_model.config if source.hf_model is not None else hf_config(source.config))
         except ConfigError:

@@ -113,6 +113,15 @@ def positive_int(value: Any) -> str | None:
     return "a positive integer"
 
 
+def layer_counts(value: Any) -> str | None:
+    """A layer count: a positive integer, or per-stage positive integers keyed by stage (LXMERT's config derives
+    ``{"language": l_layers, "vision": r_layers, "cross_encoder": x_layers}``; the traced path reads the stage's own
+    field)."""
+    if isinstance(value, dict) and value and all(positive_int(v) is None for v in value.values()):
+        return None
+    return positive_int(value)
+
+
 def count(value: Any) -> str | None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
     return None if ok else "a non-negative integer"
@@ -181,6 +190,7 @@ SIZES = (
 
 FIELDS: dict[str, Rule] = {
     **dict.fromkeys(SIZES, positive_int),
+    "num_hidden_layers": layer_counts,
     # 0: unset (head_dim: hidden_size // heads, as posenc reads it; MLA ranks and widths: that part is absent)
     **dict.fromkeys(("head_dim", "d_kv", "d_head", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim"), count),
     **dict.fromkeys(("qk_nope_head_dim", "v_head_dim"), count),

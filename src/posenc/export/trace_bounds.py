@@ -64,9 +64,27 @@ def narrowed(
     return {name: DimRange(r.min, tops[name], min(r.sample, tops[name] or r.sample)) for name, r in used.items()}
 
 
+_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
+"""torch.export's violation where the module's Python code reads a length as a number (Funnel's
+``list(range(seq_len))``): no bound fixes it."""
+
+
 def _guards(message: str) -> str:
-    found = [f"{name}: {guard}" for name, guard in _GUARD.findall(message)]
+    constants = [f"{name}: fixed at the capture's {value}" for name, value in _CONSTANT.findall(message)]
+    found = constants + [f"{name}: {guard}" for name, guard in _GUARD.findall(message)]
     return "; ".join(dict.fromkeys(found))[:300] or message[:300]
+
+
+def _why(message: str, served: int | None) -> str:
+    """What a length specialisation means for the graph (the refusal's reason)."""
+    if _CONSTANT.search(message):
+        return ("the module's code reads the length as a Python number (a list or loop over the positions), so a "
+                "graph would serve that one length")  # fmt: skip
+    return (
+        "the module computes differently for some sequence or cache lengths"
+        + ("" if served is None else f" below the {served} positions it serves")
+        + ", so one graph cannot serve them all"
+    )
 
 
 def _violation(exc: BaseException) -> str | None:
@@ -113,10 +131,8 @@ def bounded_export(
                 or any(r.max is not None and r.max < served // 2 for name, r in tighter.items() if name != "batch")
             ):
                 raise ExportError(
-                    f"torch.export specialises the lengths of {module_name} ({_guards(message)}): the module computes "
-                    f"differently for some sequence or cache lengths"
-                    + ("" if served is None else f" below the {served} positions it serves")
-                    + ", so one graph cannot serve them all; this model's attention cannot be traced yet."
+                    f"torch.export specialises the lengths of {module_name} ({_guards(message)}): "
+                    f"{_why(message, served)}; this model's attention cannot be traced yet."
                 ) from exc
             used = tighter
     raise ExportError(f"torch.export kept refusing the lengths of {module_name} after {ATTEMPTS} bounds.")

@@ -175,11 +175,13 @@ def time_major_error(hidden: Any, positions: torch.Tensor) -> ExportError | None
 
 def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
     """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``;
-    the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
+    the dtype of a floating mask of ones; the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
     if kind == "constant":
         constants[key] = value
     elif kind == "zeros":
         constants[key] = [int(n) for n in value.shape[2:]]
+    elif kind == "ones" and value.is_floating_point():  # a float padding mask of ones (Funnel's, type_as the states)
+        constants[key] = str(value.dtype).removeprefix("torch.")
     elif kind == "sections":
         constants[key] = int(value.shape[0])
     elif kind == "every_key":
@@ -222,7 +224,8 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     if kind in ("ones", "zeros"):
         fill = torch.ones if kind == "ones" else torch.zeros
         trailing = constants.get(key, ()) if kind == "zeros" else ()
-        return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=torch.int64, device=hidden.device)
+        dtype = getattr(torch, constants[key]) if kind == "ones" and key in constants else torch.int64
+        return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=dtype, device=hidden.device)
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
 

@@ -27,7 +27,7 @@ from posenc.trace.capture import Captured
 from posenc.trace.derived import source_module
 from posenc.trace.embedding import drop_token_table
 from posenc.trace.layouts import match_layout, probe_positions
-from posenc.trace.model import build_base_model, quiet_transformers
+from posenc.trace.model import build_base_model, part_config, part_view, quiet_transformers
 from posenc.trace.module import TracedAttention, scheme_cos_sin
 from posenc.trace.record import AnglesRecord, DerivedRecipe, ModuleRef, TracePart, TraceRecord
 from posenc.trace.stacks import stack_context, stack_of, stack_view
@@ -69,7 +69,7 @@ class TracePlan:
 
 def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionConfig:
     """The traced layer's geometry: what the capture saw, the heads and context length from the config."""
-    hf = captured.hf
+    hf = part_config(captured.hf)  # BLT's local encoder: its own heads and context
     heads = int(getattr(hf, "num_attention_heads", 0) or (imported.num_heads if imported else captured.kv_heads))
     context = (
         stack_context(hf, stack_of(hf, captured.layer_type))
@@ -91,7 +91,7 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
 
 def _imported(captured: Captured) -> tuple[Any, str]:
     """``(HFImport or None, why not)`` of the config's positional scheme for the layer's type."""
-    data = stack_view(captured.hf.to_dict(), stack_of(captured.hf, captured.layer_type))
+    data = part_view(stack_view(captured.hf.to_dict(), stack_of(captured.hf, captured.layer_type)))
     rope = data.get("rope_parameters") or {}
     nested = any(isinstance(value, Mapping) for value in rope.values())
     try:

@@ -337,8 +337,8 @@ def _mask_recipe(
         return MaskRecipe("none", causal=causal_without)
     if not torch.is_tensor(mask) or mask.dim() != 4:
         raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
-    kind = "bool" if mask.dtype == torch.bool else "additive"
-    allowed = mask if kind == "bool" else mask > torch.finfo(mask.dtype).min / 2
+    kind = mask_kind(mask)
+    allowed = mask if kind == "bool" else (mask != 0 if kind == "keep" else mask > torch.finfo(mask.dtype).min / 2)
     if allowed.shape[-2] == 1 and bool(allowed.all()):  # a padding mask [B, 1, 1, K] hiding no key
         return MaskRecipe(kind, causal=False)
     windows: list[int | None] = [None]
@@ -368,10 +368,22 @@ def _mask_recipe(
     )
 
 
+def mask_kind(mask: torch.Tensor) -> str:
+    """How a captured mask tensor says which keys a query may attend: ``bool`` (True = may attend); ``keep``, a mask
+    of ones (may attend) and zeros in a number dtype that the attention turns boolean (DeBERTa's
+    ``attention_mask.bool()``: a product of padding masks, all ones without padding); else ``additive`` (0 / the
+    dtype's minimum, added to the scores). An all-zero number mask is additive (it hides nothing either way)."""
+    if mask.dtype == torch.bool:
+        return "bool"
+    if mask.numel() and bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any()):
+        return "keep"
+    return "additive"
+
+
 def _capture_tokens(hf: Any) -> int:
     windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
     small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
     return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
 
 
-__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict"]
+__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind"]

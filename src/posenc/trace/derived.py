@@ -62,13 +62,58 @@ class MethodCall:
 
 
 def _stack_owners(model: nn.Module, list_path: str) -> list[tuple[str, nn.Module]]:
-    """The modules that hold the layer list at ``list_path``: the base model and each module on the way to it."""
+    """The modules that hold the layer list at ``list_path`` (the base model and each module on the way to it) and
+    their other children that are not module lists (Funnel's ``encoder.attention_structure``, whose
+    ``init_attention_inputs`` computes what every layer's attention reads)."""
     parts = list_path.split(".")[:-1]
     owners = [("", model)]
     for i in range(len(parts)):
         path = ".".join(parts[: i + 1])
         owners.append((path, model.get_submodule(path)))
-    return owners
+    on_path = {path for path, _ in owners} | {list_path}
+    helpers = []
+    for path, module in owners:
+        for name, child in module.named_children():
+            full = f"{path}.{name}" if path else name
+            if full not in on_path and not isinstance(child, nn.ModuleList):
+                helpers.append((full, child))
+    return owners + helpers
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are equal tensors (shape, dtype, values), or tuples / lists of such, alike."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return (
+            torch.is_tensor(a)
+            and torch.is_tensor(b)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and (torch.equal(a, b))
+        )
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        same_kind = isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)
+        return same_kind and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a is None and b is None
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def _derivable(value: Any) -> bool:
+    """A floating or boolean tensor, or a tuple (list) of tensors and Nones with a floating one: what
+    :func:`derive` looks for (Funnel's ``attention_inputs``: encodings, token-type matrix, masks)."""
+    if torch.is_tensor(value):
+        return value.is_floating_point() or value.dtype == torch.bool
+    leaves = _leaves(value) if isinstance(value, (tuple, list)) else []
+    tensors = [leaf for leaf in leaves if torch.is_tensor(leaf)]
+    return (
+        bool(tensors)
+        and all(leaf is None or torch.is_tensor(leaf) for leaf in leaves)
+        and any(t.is_floating_point() for t in tensors)
+    )
 
 
 def _own_functions(model: nn.Module, owners: list[tuple[str, nn.Module]]) -> list[tuple[Any, str]]:
@@ -154,9 +199,11 @@ def record_methods(model: nn.Module, list_path: str) -> Iterator[list[MethodCall
             setattr(python, name, function)
 
 
-def _lead(value: torch.Tensor, output: Any) -> int | None:
-    """How many leading unit axes the model put before ``output`` to pass ``value`` (0: ``value`` is it), or None
-    where ``value`` is not ``output`` so arranged."""
+def _lead(value: Any, output: Any) -> int | None:
+    """How many leading unit axes the model put before ``output`` to pass ``value`` (0: ``value`` is it; a tuple:
+    equal to it), or None where ``value`` is not ``output`` so arranged."""
+    if not torch.is_tensor(value):
+        return 0 if _same(value, output) else None
     if not torch.is_tensor(output) or value.dtype != output.dtype:
         return None
     lead = value.dim() - output.dim()
@@ -291,7 +338,7 @@ def derive(
         methods: the stack modules' recorded method calls (:func:`record_methods`).
         class_path: ``module -> "module.QualName"``.
     """
-    if not torch.is_tensor(value) or not (value.is_floating_point() or value.dtype == torch.bool):
+    if not _derivable(value):
         return None
     candidates: list[tuple[str | None, str, tuple[Any, ...], dict[str, Any], Any, tuple[str, ...] | None]] = [
         (call.owner, call.method, call.args, call.kwargs, call.output,
@@ -351,7 +398,7 @@ def _read_children(recipe: DerivedRecipe, owner: nn.Module | None, value: torch.
     return tuple(kept)
 
 
-def _reproduces(recipe: DerivedRecipe, source: nn.Module | None, value: torch.Tensor, hidden: torch.Tensor,
+def _reproduces(recipe: DerivedRecipe, source: nn.Module | None, value: Any, hidden: torch.Tensor,
                 positions: torch.Tensor) -> bool:  # fmt: skip
     """Whether the recipe gives ``value`` again, on the capture's hidden states and on random ones of their shape."""
     fresh = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(2), dtype=hidden.dtype)
@@ -360,7 +407,7 @@ def _reproduces(recipe: DerivedRecipe, source: nn.Module | None, value: torch.Te
             again = [compute(recipe, source, h, positions) for h in (hidden, fresh)]
     except Exception:
         return False
-    return all(torch.is_tensor(a) and a.shape == value.shape and torch.equal(a, value) for a in again)
+    return all(_same(a, value) for a in again)
 
 
 def with_checkpoint_tensors(call: Any, derived: Mapping[str, Derived], hidden: torch.Tensor,

@@ -105,8 +105,10 @@ def _embeddings_module(
     found: list[str], cache_class: type,
 ) -> tuple[EmbeddingRecord, nn.Module] | None:  # fmt: skip
     """The embeddings module that turns the token embeddings and the positions into the first layer's input ``x``
-    (it takes ``inputs_embeds`` and holds a module of ``found``), checked on the capture: ``(record, module)`` with
-    its token table replaced by nothing (the unit starts at the token embeddings), or None."""
+    (it takes ``inputs_embeds`` and the position ids, and holds a module of ``found``), checked on the capture:
+    ``(record, module)`` with its token table replaced by nothing (the unit starts at the token embeddings), or None.
+    A module that takes no position ids counts them from the sequence length (LXMERT's): it would ignore the unit's
+    ``position_ids``, so it is no step (its positions enter outside the unit, as the manifest then says)."""
     for name, call in calls.items():
         if name.startswith(outside) or not torch.is_tensor(call.output) or call.output.shape != x.shape:
             continue
@@ -114,6 +116,8 @@ def _embeddings_module(
         accepts = inspect.signature(module.forward).parameters
         holds = any(f == name or f.startswith(name + ".") for f in found)
         if "inputs_embeds" not in accepts or not holds or not torch.allclose(call.output, x, atol=1e-6):
+            continue
+        if "position_ids" not in accepts:  # it counts positions from the length (LXMERT's): the unit's are not read
             continue
         ids = call.kwargs.get("input_ids", call.args[0] if call.args else None)
         if not torch.is_tensor(ids) or ids.is_floating_point():

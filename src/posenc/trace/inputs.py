@@ -73,6 +73,19 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         why="IDEFICS refuses to run without images; one zero image state (its gated cross-attention layers read it, "
         "its self-attention does not)",
     ),
+    "blt": CaptureInputs(
+        {"use_cache": lambda hf, tokens: False},
+        why="BLT's forward cannot build its cache from its config (transformers' DynamicCache(config=...) reads a "
+        "num_hidden_layers that BltConfig, one config per part, lacks): captured without one",
+    ),
+    "lxmert": CaptureInputs(
+        {
+            "visual_feats": lambda hf, tokens: torch.zeros(1, 1, int(hf.visual_feat_dim)),
+            "visual_pos": lambda hf, tokens: torch.zeros(1, 1, int(hf.visual_pos_dim)),
+        },
+        why="LXMERT refuses to run without region features and boxes; one zero region (its language layers, which "
+        "run first, never read it; its vision and cross-modality stages do)",
+    ),
     "kyutai_speech_to_text": CaptureInputs(
         ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),
         why="Kyutai STT reads one text id and one id per audio codebook at each step, [B, S, 1 + num_codebooks]",

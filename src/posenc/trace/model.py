@@ -47,8 +47,81 @@ STACK_COUNTS: dict[str, str] = {
     # HRM runs two stacks of num_layers_per_stack layers (L_module, H_module) in cycles; num_hidden_layers counts
     # its cache slots (layers x cycles). Layer N is layer N of the first stack, called first at cycle offset 0.
     "hrm_text": "num_layers_per_stack",
+    # LXMERT's language encoder (l_layers; its config's num_hidden_layers is a dict of the three stages' counts).
+    "lxmert": "l_layers",
+    # BLT's local encoder over the bytes (its own config's count): the text attention whose positions are the bytes'.
+    "blt": "encoder_config.num_hidden_layers",
 }
-"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field."""
+"""Model types whose layer list counts by another field than ``num_hidden_layers``: the field (dotted: in a
+sub-config)."""
+LAYER_PATHS: dict[str, str] = {
+    # BLT's patcher, global transformer and local decoder hold layer lists of their own.
+    "blt": "local_encoder.layers",
+}
+"""Model types whose traced layer list is one of several alike: its path in the base model."""
+
+
+def part_view(data: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as the traced layer list's part sees it: where :data:`STACK_COUNTS` names a count in a
+    sub-config (BLT's ``encoder_config``), that sub-config's fields over the top-level ones (its geometry and
+    ``rope_parameters`` are the layer's); else ``data``."""
+    field = STACK_COUNTS.get(str(data.get("model_type", "")), "")
+    part = data.get(field.split(".")[0]) if "." in field else None
+    return {**data, **part} if isinstance(part, dict) else data
+
+
+def part_config(hf: Any) -> Any:
+    """The config the traced layer list's part is built from: the sub-config :data:`STACK_COUNTS` names a count in
+    (BLT's ``encoder_config``: its window, heads and context are the local encoder's), else ``hf``."""
+    field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")), "")
+    return getattr(hf, field.split(".")[0]) if "." in field else hf
+
+
+def _get(config: Any, field: str) -> Any:
+    for name in field.split("."):
+        config = getattr(config, name, None)
+    return config
+
+
+def _set(config: Any, field: str, value: Any) -> None:
+    *path, name = field.split(".")
+    for part in path:
+        config = getattr(config, part)
+    setattr(config, name, value)
+
+
+OTHER_STAGES: dict[str, dict[str, int]] = {
+    # LXMERT runs its language layers first, then the vision (r_layers) and cross-modality (x_layers) stages: the
+    # capture stops at a language layer's attention, so the other stages are built at their minimum, no layers.
+    "lxmert": {"r_layers": 0, "x_layers": 0},
+    # Funnel's decoder (num_decoder_layers) runs after the encoder's blocks.
+    "funnel": {"num_decoder_layers": 0},
+}
+"""Per-stage layer counts of the stages a capture never reaches (they run after the traced layer list): set to their
+minimum in the capture's model (each stage's own field)."""
+BLOCKS: dict[str, tuple[str, str]] = {
+    # Funnel Transformer counts its layers per block (num_hidden_layers is their sum and cannot be set) and pools
+    # the sequence between blocks: the first block's layers attend over the tokens themselves.
+    "funnel": ("block_sizes", "block_repeats"),
+}
+"""Model types whose layers are counted per block (the fields of the block sizes and of their repeats): layers are
+numbered across the blocks; the traced ones are the first block's, cut to that block alone."""
+
+
+NOT_ONE_STACK: dict[str, str] = {
+    # Perceiver IO (Jaegle et al., 2021, https://arxiv.org/abs/2107.14795).
+    "perceiver": "Perceiver IO's self-attention layers attend over its learned latent array (no positions); the "
+    "tokens and their learned position embeddings reach it only through a cross-attention from the latents, and "
+    "posenc's unit is a self-attention over the tokens",
+    # pi0 (Black et al., 2024, https://arxiv.org/abs/2410.24164).
+    "pi0": "pi0 is two models: PaliGemma (vlm_config) fills a cache from an image and a prompt (one bidirectional "
+    "prefix), a Gemma action expert (dit_config) attends over it and the actions; it runs on images, state and "
+    "actions, and its text config is itself. Export a PaliGemma or Gemma checkpoint instead",
+}
+"""Model types whose attention is not in one layer list posenc can cut and capture on token ids: why, each said in
+the refusal (:func:`layer_count`)."""
+
+
 ATTENTION_IMPLEMENTATIONS: dict[str, str] = {
     # Nemotron ASR streaming's encoder attention reads its mask as boolean (masked_fill(mask.logical_not(), -inf)):
     # sdpa's mask is; eager's additive 0/min mask gets inverted by it (every visible score -inf, rows of NaN) in
@@ -114,11 +187,20 @@ def nested_attentions(hf: Any) -> NestedAttentions | None:
 
 
 def layer_count(hf: Any) -> int:
+    """The number of layers of ``hf``'s layer list (:data:`STACK_COUNTS`, else ``num_hidden_layers`` / ``n_layer`` /
+    ``num_layers``).
+
+    Raises:
+        ConfigError: a :data:`NOT_ONE_STACK` type (with its reason), or a config naming no count.
+    """
+    reason = NOT_ONE_STACK.get(str(getattr(hf, "model_type", "")))
+    if reason is not None:
+        raise ConfigError(f"{reason}.")
     nested = nested_attentions(hf)
     if nested is not None:
         return int(math.prod(int(getattr(hf, field)) for field in nested.count))
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
-    count = getattr(hf, field, None) if field else None
+    count = _get(hf, field) if field else None
     count = count or getattr(hf, "num_hidden_layers", None) or getattr(hf, "n_layer", None)
     count = count or getattr(hf, "num_layers", None)
     if not isinstance(count, int) or count < 1:
@@ -130,10 +212,11 @@ def layer_count(hf: Any) -> int:
 
 def layer_config(hf: Any, layer: int) -> Any:
     """The config layer ``layer`` is built from: a heterogeneous config's per-layer view (EmbeddingGemma 2's and
-    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), else ``hf``."""
+    NeoMME's ``per_layer_config``, whose per-layer fields the global config refuses to give), the part's config
+    (:func:`part_config`), else ``hf``."""
     if getattr(hf, "is_heterogeneous", False):
         return hf.per_layer_config[layer]
-    return hf
+    return part_config(hf)
 
 
 def built_layers(hf: Any, layers: int) -> int:
@@ -164,8 +247,14 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
         return reduced
     total = layer_count(hf)
     field = STACK_COUNTS.get(str(getattr(hf, "model_type", "")))
+    for name, minimum in OTHER_STAGES.get(str(getattr(hf, "model_type", "")), {}).items():
+        setattr(reduced, name, minimum)
+    if str(getattr(hf, "model_type", "")) in BLOCKS:
+        _first_block(reduced, layers)
+        reduced._attn_implementation = attention_implementation(hf)
+        return reduced
     if field and layers < total:  # the per-stack count alone: the cache keeps its slots for every cycle
-        setattr(reduced, field, layers)
+        _set(reduced, field, layers)
     elif layers < total:
         names = nested.count if nested is not None else ("num_hidden_layers", "n_layer", "num_layers")
         for name in names:  # LongCat-Flash's num_hidden_layers sets num_layers (entries) to half of it
@@ -186,6 +275,25 @@ def reduced_config(hf: Any, layers: int, stack: str | None = None, *, lists: boo
                 setattr(reduced, name, value[:layers])
     reduced._attn_implementation = attention_implementation(hf)
     return reduced
+
+
+def _first_block(config: Any, layers: int) -> None:
+    """Cut a :data:`BLOCKS` config to its first block's first ``layers`` layers.
+
+    Raises:
+        ConfigError: layer ``layers - 1`` lies in a later block (after the sequence is pooled).
+    """
+    sizes_field, repeats_field = BLOCKS[config.model_type]
+    sizes, repeats = list(getattr(config, sizes_field)), list(getattr(config, repeats_field))
+    if layers > sizes[0]:
+        block = next(i for i in range(len(sizes)) if sum(sizes[: i + 1]) >= layers)
+        raise ConfigError(
+            f"layer {layers - 1} of this {config.model_type} model is in block {block} ({sizes_field} {sizes}), "
+            f"whose attention reads a pooled sequence; posenc traces the first block's layers 0 .. {sizes[0] - 1}, "
+            f"which attend over the tokens themselves."
+        )
+    setattr(config, sizes_field, [layers])
+    setattr(config, repeats_field, repeats[:1])
 
 
 def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str | None = None) -> nn.Module:
@@ -293,8 +401,13 @@ def base_classes_first(classes: list[type]) -> list[type]:
 
 
 def layer_list(model: nn.Module, count: int) -> tuple[str, nn.ModuleList]:
-    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules)."""
-    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count]
+    """The ``(path, ModuleList)`` of the model's decoder layers (the list of ``count`` modules; its
+    :data:`LAYER_PATHS` entry where the model has several alike)."""
+    path = LAYER_PATHS.get(str(getattr(getattr(model, "config", None), "model_type", "")))
+    if path is not None:
+        return path, model.get_submodule(path)  # type: ignore[return-value]  # a ModuleList by the table
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count
+             and not all(isinstance(child, nn.ModuleList) for child in m)]  # fmt: skip  # blocks of layers: no
     found.sort(key=lambda item: (item[0].split(".")[-1] not in ("layers", "h", "layer", "blocks"), len(item[0])))
     if not found:
         raise ConfigError(f"cannot find the {count} decoder layers of {type(model).__name__}; posenc cannot trace it.")
@@ -443,9 +556,13 @@ def quiet_transformers() -> Iterator[None]:
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
     "ATTENTION_NAMES",
+    "BLOCKS",
     "LAST_LAYER_DIFFERS",
+    "LAYER_PATHS",
     "LINEAR_KINDS",
     "NESTED_ATTENTIONS",
+    "NOT_ONE_STACK",
+    "OTHER_STAGES",
     "STACK_COUNTS",
     "TRAILING_COUNTS",
     "Located",
@@ -466,6 +583,8 @@ __all__ = [
     "nested_attentions",
     "no_attention_error",
     "one_stack",
+    "part_config",
+    "part_view",
     "quiet_transformers",
     "reduced_config",
 ]

@@ -165,7 +165,7 @@ class TracedAttention(nn.Module):
     def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
         """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
         mask (:func:`posenc.trace.masks.visible`, transformers' rules), made additive (0 / the dtype's
-        minimum) where the model adds its mask to the scores."""
+        minimum) where the model adds its mask to the scores, ones and zeros where it keeps ones (``keep``)."""
         recipe = self.mask
         if recipe.kind == "none":
             return None
@@ -176,6 +176,8 @@ class TracedAttention(nn.Module):
         if recipe.kind == "bool":
             return visible
         dtype = hidden.dtype if hidden.dtype.is_floating_point else torch.float32
+        if recipe.kind == "keep":
+            return visible.to(dtype)
         zeros = torch.zeros(visible.shape, dtype=dtype, device=hidden.device)
         return zeros.masked_fill(~visible, torch.finfo(dtype).min)
 

@@ -80,7 +80,8 @@ class MaskRecipe:
     """The mask the model gives the layer, as posenc rebuilds it from positions (checked equal at capture).
 
     Attributes:
-        kind: ``additive`` (0 / the dtype's minimum), ``bool`` (True = may attend) or ``none`` (no mask passed).
+        kind: ``additive`` (0 / the dtype's minimum), ``bool`` (True = may attend), ``keep`` (1 = may attend, 0 =
+            hidden, in a number dtype: DeBERTa's) or ``none`` (no mask passed).
         causal: keys after the query are hidden.
         window: a sliding window of that many keys (``q - w < k``; ``|q - k| < w`` bidirectional), or None.
         chunk: attention by chunks of that many positions (:mod:`posenc.trace.masks`), or None.

@@ -219,6 +219,16 @@ def reference(
     return DebertaReference(attention, encoder, dense, version.key_value, plan, angles, dtype)
 
 
+def declines(config: Mapping[str, Any]) -> str | None:
+    """Why posenc's ``deberta`` scheme is not this config's (``config.json`` as a dict): no relative attention or no
+    c2p/p2c term only (transformers' default config: positions absolute at the embeddings); such a layer is traced."""
+    kinds = config.get("pos_att_type") or []
+    terms = {str(kind).strip() for kind in (kinds.split("|") if isinstance(kinds, str) else kinds)}
+    if config.get("relative_attention") and terms and terms <= {"c2p", "p2c"}:
+        return None
+    return f"relative_attention={config.get('relative_attention')!r}, pos_att_type={sorted(terms)}"
+
+
 def _family(model_type: str, title: str, rules: tuple[Rule, ...]) -> Family:
     return register(
         Family(
@@ -230,6 +240,7 @@ def _family(model_type: str, title: str, rules: tuple[Rule, ...]) -> Family:
             geometry=geometry,
             rules=rules,
             reference=reference,
+            declines=declines,
         )
     )
 
