@@ -14,16 +14,13 @@ import pytest
 import torch
 import transformers
 
-from posenc.errors import ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
-from posenc.records import from_json, to_json
-from posenc.trace.build import plan_trace, rebuild, trace_record, traced_module
+from posenc.trace.build import plan_trace, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.trace.derived import DERIVED_PART
-from posenc.trace.record import TraceRecord
 from posenc.validate.checkpoint import validate_against_checkpoint
-from tests.trace.samples import DERIVED, TIME_MAJOR, build
+from tests.trace.samples import DERIVED, build, unit_and_rebuilt
 
 CODE = {
     "roformer": ("sinusoidal_pos", "encoder.embed_positions", "forward", None),
@@ -71,12 +68,8 @@ def test_a_stack_position_tensor_is_computed_by_the_model_s_own_code(name: str, 
     tokens, hidden, want = _attention_call(model, ids, positions)
     if captured.embedding is not None:  # MPNet's learned positions enter at its embeddings: the unit starts there
         hidden = tokens
-    unit = traced_module(plan)
-    record = from_json(TraceRecord, to_json(trace_record(plan, ())))
-    again = rebuild(record, None, None, torch.float32)
-    again.load_state_dict(unit.state_dict())
     with torch.no_grad():
-        for module in (unit, again):
+        for module in unit_and_rebuilt(plan):
             assert float((module(hidden, positions)[0] - want).abs().max()) <= 1e-5
 
 
@@ -125,11 +118,3 @@ def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path
     with torch.no_grad():
         got = traced_module(plan)(seen["hidden"], positions)[0]
     assert float((got - seen["out"]).abs().max()) <= 1e-5
-
-
-@pytest.mark.slow
-def test_time_major_hidden_states_are_refused_by_name(tmp_path: Path) -> None:
-    """XLNet's attention takes ``h [S, B, E]``; the unit is batch-major, so the capture refuses it, saying so (not
-    with the relative encoding ``r`` it would otherwise trip on)."""
-    with pytest.raises(ExportError, match=r"time-major hidden states \[8, 1, 64\]"):
-        capture_layer(build(TIME_MAJOR, tmp_path))

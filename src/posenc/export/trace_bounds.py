@@ -127,10 +127,13 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     asserts: the lengths were specialised (no bound fixes them) in an attention its model calls without a cache,
     fed relative position encodings a module computes from the sequence length (a conformer's Transformer-XL
     relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
-    for symbolic ``S``). The retried graph is held to the model's module at several lengths by ``validate``."""
+    for symbolic ``S``), or by a stack's code from the length (XLNet's ``relative_positional_encoding``, a
+    :mod:`posenc.trace.derived` tensor, and its ``rel_shift_bnij``). The retried graph is held to the model's module
+    at several lengths by ``validate``."""
     captured = plan.captured
-    relative = captured.rotary is not None and captured.rotary_call is not None and captured.cacheless
-    return relative and "specialises the lengths" in str(exc)
+    module = captured.rotary is not None and captured.rotary_call is not None
+    stack = any(made.needs_length() for made in captured.derived.values())
+    return captured.cacheless and (module or stack) and "specialises the lengths" in str(exc)
 
 
 def deferred_note(exc: ExportError) -> str:

@@ -115,20 +115,6 @@ def classify(
     )
 
 
-def time_major_error(hidden: Any, positions: torch.Tensor) -> ExportError | None:
-    """Why an attention fed time-major hidden states ``[S, B, E]`` (XLNet's two-stream attention) cannot be traced:
-    the unit's interface is ``[B, S, E]``; None for batch-major ones."""
-    if not torch.is_tensor(hidden) or hidden.dim() != 3:
-        return None
-    b, s = int(positions.shape[0]), int(positions.shape[-1])
-    if (int(hidden.shape[0]), int(hidden.shape[1])) != (s, b) or s == b:
-        return None
-    return ExportError(
-        f"the attention takes time-major hidden states {list(hidden.shape)} ([S, B, E], S = {s} tokens); the traced "
-        f"unit's interface is batch-major [B, S, E], so this model's attention cannot be traced yet."
-    )
-
-
 def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
     """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``;
     the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
@@ -192,5 +178,4 @@ __all__ = [
     "keep",
     "rebuild",
     "same_tensor",
-    "time_major_error",
 ]

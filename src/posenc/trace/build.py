@@ -73,7 +73,7 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
     heads = int(getattr(hf, "num_attention_heads", 0) or (imported.num_heads if imported else captured.kv_heads))
     context = (
         stack_context(hf, stack_of(hf, captured.layer_type))
-        or getattr(hf, "max_position_embeddings", None)
+        or _positive(getattr(hf, "max_position_embeddings", None))  # XLNet's -1: "no sequence length limit"
         or (imported.max_position_embeddings if imported else 2048)
     )
     if heads % captured.kv_heads:
@@ -87,6 +87,11 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
         max_position_embeddings=int(context),
         sliding_window=captured.mask.window,
     )
+
+
+def _positive(value: Any) -> int | None:
+    """``value`` where it is a positive int, else None (a config's ``-1`` for a context without limit)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _imported(captured: Captured) -> tuple[Any, str]:
@@ -304,6 +309,8 @@ def traced_module(
         cacheless=captured.cacheless,
         cache_kind=captured.cache_kind,
         derived={key: (found.recipe, found.module) for key, found in captured.derived.items()},
+        order=captured.order,
+        stem=captured.stem,
     ).eval()
 
 
@@ -327,6 +334,8 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         tower=captured.tower,
         cache=captured.cache_kind,
         derived={key: found.recipe for key, found in captured.derived.items()},
+        order=captured.order,
+        stem=captured.stem_ref,
     )
 
 
@@ -388,6 +397,8 @@ def rebuild(
         cacheless=record.cacheless,
         cache_kind=record.cache,
         derived={key: (recipe, _derived_source(model, recipe)) for key, recipe in record.derived.items()},
+        order=record.order,
+        stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
     )
     return module.to(dtype).eval()
 

@@ -146,10 +146,14 @@ def _run_forward(
     )
 
 
-def _attended_positions(target: Call, hidden_key: str | None, positions: torch.Tensor) -> torch.Tensor:
+def _attended_positions(
+    target: Call, hidden_key: str | None, positions: torch.Tensor, attended: Any = None
+) -> torch.Tensor:
     """The positions of the attention's input: ``positions``, or ``0 .. T - 1`` where a speech encoder's attention
-    sees ``T`` frames of its features rather than the capture's tokens."""
+    sees ``T`` frames of its features rather than the capture's tokens; ``attended``: that input as ``[B, S, E]``
+    where the model passes it in another axis order (:mod:`posenc.trace.orders`)."""
     hidden = target.kwargs.get(hidden_key) if hidden_key else (target.args[0] if target.args else None)
+    hidden = hidden if attended is None else attended
     if torch.is_tensor(hidden) and hidden.dim() == 3 and hidden.shape[1] != positions.shape[1]:
         return torch.arange(hidden.shape[1]).unsqueeze(0)
     return positions

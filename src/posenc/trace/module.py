@@ -33,6 +33,7 @@ from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import attention_output, call_args, rebuild
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
+from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import new_cache, self_attention_cache
 
@@ -82,6 +83,10 @@ class TracedAttention(nn.Module):
             encoder-decoder gets an ``EncoderDecoderCache``, whose self-attention part holds the past).
         derived: arguments the model computes from the sequence before its layers: keyword (or ``"#i"``) -> how
             and the module whose code computes them (:mod:`posenc.trace.derived`).
+        order: the axis order the attention takes its hidden states in (:mod:`posenc.trace.orders`); the unit
+            transposes ``hidden`` into it before the module and the output back.
+        stem: the layer's module the unit calls on ``hidden`` (the layer's input) first, whose outputs are the
+            attention's arguments of kind ``stream`` (MobileBERT's bottleneck, :mod:`posenc.trace.stems`), or None.
     """
 
     guard_exported = True
@@ -105,6 +110,8 @@ class TracedAttention(nn.Module):
         cacheless: bool = False,
         cache_kind: str = "dynamic",
         derived: Mapping[str, tuple[DerivedRecipe, nn.Module | None]] | None = None,
+        order: str = BATCH_MAJOR,
+        stem: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -126,6 +133,8 @@ class TracedAttention(nn.Module):
         self.embeddings_module = embeddings_module
         self.cacheless = cacheless
         self.cache_kind = cache_kind
+        self.order = order
+        self.stem = stem
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
         self.derived = nn.ModuleDict(
             {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
@@ -183,8 +192,17 @@ class TracedAttention(nn.Module):
         cache: Any,
         mask: torch.Tensor | None,
         past: int,
+        attended: torch.Tensor | None = None,
+        streams: tuple[Any, ...] = (),
     ) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments of a call by ``recipe``; ``attended``: what an argument of kind ``hidden`` is, where not
+        ``hidden`` (the attention's input in the model's axis order); ``streams``: the stem's outputs."""
+
         def value(key: str, kind: str) -> Any:
+            if kind == "hidden" and attended is not None:
+                return attended
+            if kind == "stream":
+                return streams[int(recipe.constants[key])]
             if kind == "position_embeddings":
                 return self.position_embeddings(hidden, position_ids)
             if kind == "mask":
@@ -237,10 +255,12 @@ class TracedAttention(nn.Module):
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
-        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past)
+        attended = to_model(hidden, self.order)
+        streams = tuple(self.stem(attended)) if self.stem is not None else ()
+        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, attended, streams)
         with default_dtype(hidden.dtype):
             output = self.attention(*args, **kwargs)
-        out = attention_output(output)
+        out = from_model(attention_output(output), self.order)
         if cache is None:
             return (out,)
         entry = own.layers[self.layer]

@@ -18,6 +18,8 @@ from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import attention_output
 from posenc.trace.calls import CAPTURE_TOKENS, Call
 from posenc.trace.embedding import EmbeddingStep, _step_args
+from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
+from posenc.trace.stems import Stem
 
 
 def _probe(
@@ -30,13 +32,19 @@ def _probe(
     calls: Mapping[str, Call],
     layer: int,
     fresh_cache: Any,
+    hidden_key: str | None = None,
+    order: str = BATCH_MAJOR,
+    stem: Stem | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
     and a fresh cache (``fresh_cache()`` in place of any ``cache_class``): ``(hidden, position_ids, out)``; with an
     embedding step, ``hidden`` are random token embeddings that the model's own position embeddings (as computed in
-    the capture call) and norms turn into the attention's input."""
+    the capture call) and norms turn into the attention's input. ``hidden`` is the states the model passed (under
+    ``hidden_key``, else first), in its axis ``order``; ``hidden`` and ``out`` of the probe are ``[B, S, E]``. With
+    a ``stem`` (:mod:`posenc.trace.stems`), ``hidden`` is the layer's input and every argument that was one of the
+    stem's outputs gets the stem's output on the probe's states."""
     generator = torch.Generator().manual_seed(1)
-    fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
+    fresh = torch.randn(from_model(hidden, order).shape, generator=generator, dtype=torch.float32)
     inputs = fresh
     if step is not None:
         call = calls[step.record.position.path]
@@ -48,23 +56,33 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
+    inputs = to_model(inputs, order)
 
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
         return fresh_cache() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
     # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
-    kwargs = {k: inputs if v is hidden else fresh_state(v) for k, v in target.kwargs.items()}
-    args = [inputs if v is hidden else fresh_state(v) for v in target.args]
-    if "hidden_states" in kwargs:
-        kwargs["hidden_states"] = inputs
-    else:
+    streams: tuple[Any, ...] = ()
+    if stem is not None:
+        with torch.no_grad():
+            streams = tuple(stem.module(inputs))
+
+    def fresh_arg(value: Any) -> Any:
+        index = stem.index_of(value) if stem is not None else None
+        return streams[index] if index is not None else inputs if value is hidden else fresh_state(value)
+
+    kwargs = {k: fresh_arg(v) for k, v in target.kwargs.items()}
+    args = [fresh_arg(v) for v in target.args]
+    if stem is None and hidden_key is not None:
+        kwargs[hidden_key] = inputs
+    elif stem is None:
         args[0] = inputs
     with torch.no_grad():
         try:
             output = attention(*args, **kwargs)
         except Exception as exc:
             raise _probe_error(exc, target, cache_class, layer) from None
-    out = attention_output(output)
+    out = from_model(attention_output(output), order)
     return fresh, positions, out.detach().clone()
 
 
