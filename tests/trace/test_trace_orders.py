@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers
 
+from posenc.export.shapes import Shape
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.build import plan_trace, trace_record
@@ -54,10 +55,10 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "mobilebert": (
         "MobileBertForMaskedLM",
         {
-            "hidden_size": 64,
+            "hidden_size": 64,  # the layers' input; MobileBERT's real checkpoints: 512, 128, 128, 128
             "embedding_size": 32,
-            "true_hidden_size": 64,
-            "intra_bottleneck_size": 64,
+            "true_hidden_size": 32,
+            "intra_bottleneck_size": 32,
             "num_attention_heads": 4,
             "intermediate_size": 64,
             "num_hidden_layers": 2,
@@ -120,7 +121,8 @@ OUTPUTS: dict[str, Callable[[Any], torch.Tensor]] = {
 def test_the_unit_matches_the_model_s_own_attention_in_its_order(name: str, tmp_path: Path) -> None:
     """Layer 1's unit (no embedding step), fed the layer's input as ``[B, S, E]`` at batch 2 and 11 tokens, gives the
     attention's output of the model's own forward (taken back to ``[B, S, E]``); so does the unit rebuilt from its
-    manifest record. MobileBERT's unit starts at the layer's input and calls its bottleneck first."""
+    manifest record. MobileBERT's unit starts at the layer's input (64 wide) and calls its bottleneck first (its
+    attention's output is 32 wide, as real checkpoints' 128 after 512)."""
     folder = _checkpoint(name, tmp_path)
     captured = capture_layer(folder, 1)
     assert captured.order == CASES[name][2]
@@ -152,4 +154,19 @@ def test_every_order_and_stem_sample_exports_and_matches_its_own_module(name: st
     assert (ORDER_PART in parts) == (CASES[name][2] != "batch-major")
     assert (STEM_PART in parts) == (name == "mobilebert")
     report = validate_against_checkpoint(result.path, folder, layer=1)
+    assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_mobilebert_s_first_layer_starts_at_its_narrower_token_embeddings(tmp_path: Path) -> None:
+    """Layer 0's unit starts at the token embeddings (``embedding_size`` 32, the unit's ``hidden``) that MobileBERT's
+    embeddings module widens (trigram input, 96 -> 64) and adds its learned positions to; torch.export guards the
+    trigram's ``S - 1 != 1``, deferred (noted in the manifest), so the graph is also held to the module at S = 2."""
+    folder = _checkpoint("mobilebert", tmp_path)
+    result = export_traced(tmp_path / "mobilebert0.onnx", folder, layer=0, rewrite=replace_positions)
+    assert result.manifest.trace is not None
+    assert result.manifest.trace.embedding is not None
+    assert any("deferred to runtime asserts" in note for note in result.manifest.notes)
+    shapes = [Shape(1, 2), Shape(2, 2), Shape(3, 7), Shape(1, 1)]
+    report = validate_against_checkpoint(result.path, folder, layer=0, shapes=shapes)
     assert report.passed, report.to_markdown()

@@ -128,12 +128,14 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     fed relative position encodings a module computes from the sequence length (a conformer's Transformer-XL
     relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
     for symbolic ``S``), or by a stack's code from the length (XLNet's ``relative_positional_encoding``, a
-    :mod:`posenc.trace.derived` tensor, and its ``rel_shift_bnij``). The retried graph is held to the model's module
-    at several lengths by ``validate``."""
+    :mod:`posenc.trace.derived` tensor, and its ``rel_shift_bnij``), or in the model's embeddings module the unit
+    starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``: torch.export guards ``S - 1 != 1``). The
+    retried graph is held to the model's module at several lengths by ``validate``."""
     captured = plan.captured
     module = captured.rotary is not None and captured.rotary_call is not None
     stack = any(made.needs_length() for made in captured.derived.values())
-    return captured.cacheless and (module or stack) and "specialises the lengths" in str(exc)
+    embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
+    return captured.cacheless and (module or stack or embeddings) and "specialises the lengths" in str(exc)
 
 
 def deferred_note(exc: ExportError) -> str:

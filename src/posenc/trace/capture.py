@@ -45,7 +45,7 @@ from posenc.trace.calls import (
     _run_forward,
 )
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
-from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
+from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
 from posenc.trace.model import (
     attention_child,
     attention_layers,
@@ -106,7 +106,7 @@ class Captured:
             where it differs from the keys' (``[B, Hkv, P, Dv]``: a latent MLA cache, a ``v_head_dim``), else None
             (:mod:`posenc.trace.caches`). ``indexer_dim``: the width of the indexer keys ``[B, P, Di]`` a DSA layer
             also caches, else None.
-        hidden_size: E.
+        hidden_size: E, the width of the unit's input (the token embeddings' where the unit starts at them).
         tensors: full checkpoint name -> sha256 of the tensors read.
         location: the checkpoint folder (or ``<in-memory ...>``).
         probe: ``(hidden, position_ids, out)``: the attention called as the model called it, with the checkpoint's
@@ -282,7 +282,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, f"{list_path}.{index}", attended, positions, transformers.Cache,
                                          order)  # fmt: skip
+        width = int(attended.shape[-1])  # the unit's input: the attention's (or the stem's) input [B, S, E]
         if step is not None:
+            width = token_width(calls, step, width)  # token embeddings narrower than the layers (MobileBERT's 128)
             drop_token_table(step.position, step.record)
         # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
@@ -304,7 +306,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = with_checkpoint_tensors(target, derived, attended, positions)
         kind_of_cache = cache_kind(cache)
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem)  # fmt: skip
+                       lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -322,7 +324,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             head_dim=head_dim,
             value_dim=value_dim if value_dim != head_dim else None,
             indexer_dim=indexer_dim,
-            hidden_size=int(attended.shape[-1]),
+            hidden_size=width,
             tensors=tensors,
             location=source.location,
             probe=probe,

@@ -176,6 +176,17 @@ def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor
     return call_args(recipe, lambda key, kind: rebuild(key, kind, recipe.constants, hidden, positions, 0))
 
 
+def token_width(calls: Mapping[str, Call], step: EmbeddingStep, width: int) -> int:
+    """The width of the token embeddings an embeddings-module step takes as ``inputs_embeds`` (its token table's
+    output on the capture: MobileBERT's ``embedding_size`` 128, before its embeddings widen them to 512); ``width``
+    for any other step."""
+    if step.record.tokens is None:
+        return width
+    table = calls.get(f"{step.record.position.path}.{step.record.tokens.path}")
+    out = table.output if table is not None else None
+    return int(out.shape[-1]) if torch.is_tensor(out) and out.dim() == 3 else width
+
+
 def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
     """Replace an embeddings module's token table (``record.tokens``) with nothing: the unit starts at the token
     embeddings, so the table is neither read nor exported."""
@@ -221,4 +232,4 @@ def _shape_only(module: nn.Module, call: Call, key: str) -> bool:
     return torch.is_tensor(again) and again.shape == call.output.shape and torch.equal(again, call.output)
 
 
-__all__ = ["EmbeddingStep", "drop_token_table"]
+__all__ = ["EmbeddingStep", "drop_token_table", "token_width"]

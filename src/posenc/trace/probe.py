@@ -35,6 +35,7 @@ def _probe(
     hidden_key: str | None = None,
     order: str = BATCH_MAJOR,
     stem: Stem | None = None,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
     and a fresh cache (``fresh_cache()`` in place of any ``cache_class``): ``(hidden, position_ids, out)``; with an
@@ -42,9 +43,11 @@ def _probe(
     the capture call) and norms turn into the attention's input. ``hidden`` is the states the model passed (under
     ``hidden_key``, else first), in its axis ``order``; ``hidden`` and ``out`` of the probe are ``[B, S, E]``. With
     a ``stem`` (:mod:`posenc.trace.stems`), ``hidden`` is the layer's input and every argument that was one of the
-    stem's outputs gets the stem's output on the probe's states."""
+    stem's outputs gets the stem's output on the probe's states. ``width``: the unit's input width, where not the
+    attention's (token embeddings narrower than the layers)."""
     generator = torch.Generator().manual_seed(1)
-    fresh = torch.randn(from_model(hidden, order).shape, generator=generator, dtype=torch.float32)
+    shape = from_model(hidden, order).shape
+    fresh = torch.randn(*shape[:-1], width or shape[-1], generator=generator, dtype=torch.float32)
     inputs = fresh
     if step is not None:
         call = calls[step.record.position.path]
