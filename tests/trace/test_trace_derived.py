@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from posenc.errors import ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
 from posenc.trace.build import plan_trace, traced_module
@@ -118,3 +119,19 @@ def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path
     with torch.no_grad():
         got = traced_module(plan)(seen["hidden"], positions)[0]
     assert float((got - seen["out"]).abs().max()) <= 1e-5
+
+
+@pytest.mark.slow  # importing CLVP's modeling module alone takes seconds
+def test_angles_computed_for_positions_below_the_length_and_read_at_the_position_ids_are_refused(
+    tmp_path: Path,
+) -> None:
+    """CLVP's rotary module computes angles for positions ``0 .. S - 1`` from the length and its attention gathers
+    them at the position ids: on positions from S on it fails (the model never passes them; the unit is fed them), so
+    the plan refuses it, naming the module, rather than an export that breaks in ONNX Runtime's GatherND."""
+    torch.manual_seed(0)
+    config = transformers.ClvpEncoderConfig(hidden_size=64, num_attention_heads=2, projection_dim=64,
+                                            intermediate_size=64, num_hidden_layers=2, vocab_size=96)  # fmt: skip
+    transformers.ClvpEncoder(config).eval().save_pretrained(tmp_path / "clvp")
+    captured = capture_layer(tmp_path / "clvp")
+    with pytest.raises(ExportError, match=r"rotary_pos_emb \(ClvpRotaryPositionalEmbedding\).*0 \.\. S - 1"):
+        plan_trace(captured)

@@ -169,11 +169,45 @@ def check_wrapper(plan: TracePlan) -> None:
         )
 
 
+def check_offsets(plan: TracePlan) -> None:
+    """An attention fed a tensor the model computes from the sequence's length (a stack tensor,
+    :mod:`posenc.trace.derived`, or a module called on the hidden states alone, without position ids) must also run
+    on position ids that do not start at 0, as the unit is fed them (``validate``'s far positions, the rewrite's
+    probe positions).
+
+    Raises:
+        ExportError: it fails there (CLVP's attention gathers the angles its rotary module computed for positions
+            ``0 .. S - 1`` at the position ids: the model only ever passes ``0 .. S - 1``), naming the code.
+    """
+    captured = plan.captured
+    codes = [f"argument {key!r} of {made.recipe.method}" for key, made in captured.derived.items()
+             if made.needs_length()]  # fmt: skip
+    kinds = (*captured.rotary_call.positional, *captured.rotary_call.keywords.values()) if captured.rotary_call else ()
+    if captured.rotary_ref is not None and kinds and not set(kinds) & {"position_ids", "cache_position", "sections"}:
+        codes.append(f"the output of {captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]})")
+    if not codes:
+        return
+    hidden, positions, _ = captured.probe
+    tokens = int(positions.shape[-1])
+    try:
+        with torch.no_grad():
+            traced_module(plan)(hidden, positions + tokens)
+    except (IndexError, RuntimeError) as exc:
+        raise ExportError(
+            f"the attention reads {codes[0]}, which the model computes from the sequence's length for positions "
+            f"0 .. S - 1, at the position ids: it fails on positions {tokens} .. {2 * tokens - 1} of {tokens} tokens "
+            f"({type(exc).__name__}: {str(exc)[:100]}); the model only ever passes position ids 0 .. S - 1, while "
+            f"posenc's unit takes position ids of any start, so this attention cannot be traced."
+        ) from None
+
+
 def plan_trace(captured: Captured) -> TracePlan:
     """The :class:`TracePlan` of a capture (see the module docstring), its wrapper checked against the model's call
-    (:func:`check_wrapper`)."""
+    (:func:`check_wrapper`) and, where it reads a tensor computed from the length, on other positions
+    (:func:`check_offsets`)."""
     plan = _plan(captured)
     check_wrapper(plan)
+    check_offsets(plan)
     return plan
 
 
