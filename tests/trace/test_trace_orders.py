@@ -24,7 +24,7 @@ from posenc.trace.build import plan_trace, trace_record
 from posenc.trace.capture import capture_layer
 from posenc.trace.orders import ORDER_PART, from_model, order_of, to_model
 from posenc.trace.stems import STEM_PART
-from posenc.validate.checkpoint import validate_against_checkpoint
+from posenc.validate.checkpoint import decode_against_checkpoint, validate_against_checkpoint
 from tests.trace.samples import unit_and_rebuilt
 
 _TINY = {"vocab_size": 96, "pad_token_id": 0}
@@ -170,3 +170,28 @@ def test_mobilebert_s_first_layer_starts_at_its_narrower_token_embeddings(tmp_pa
     shapes = [Shape(1, 2), Shape(2, 2), Shape(3, 7), Shape(1, 1)]
     report = validate_against_checkpoint(result.path, folder, layer=0, shapes=shapes)
     assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_fsmt_s_time_major_stacks_export_and_match_their_own_modules(stack: str, tmp_path: Path) -> None:
+    """FSMT (fairseq's convention) hands both stacks' self-attention ``query=x, key=x`` time-major ``[S, B, E]``.
+    Its decoder requires its encoder's states and masks (``posenc.trace.inputs``: as ``FSMTModel`` calls it with
+    ``use_cache``, an ``EncoderDecoderCache`` and no masks); its cached unit also holds for decode steps."""
+    torch.manual_seed(0)
+    config = transformers.FSMTConfig(
+        langs=["en", "de"], src_vocab_size=96, tgt_vocab_size=96, d_model=64, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=256, pad_token_id=1,
+    )  # fmt: skip
+    transformers.FSMTForConditionalGeneration(config).eval().save_pretrained(tmp_path / "fsmt")
+    folder = tmp_path / "fsmt"
+    result = export_traced(tmp_path / f"{stack}.onnx", folder, layer=0, layer_type=stack, rewrite=replace_positions)
+    assert result.manifest.trace is not None
+    assert result.manifest.trace.order == "time-major"
+    assert result.manifest.trace.cacheless == (stack == "encoder")
+    report = validate_against_checkpoint(result.path, folder, layer=0, layer_type=stack)
+    assert report.passed, report.to_markdown()
+    if stack == "decoder":
+        steps = decode_against_checkpoint(result.path, folder, layer=0, layer_type=stack)
+        assert steps.passed, steps.to_markdown()

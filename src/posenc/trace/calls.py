@@ -117,6 +117,7 @@ def _run_forward(
     ]
     if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
+    extra = _accepted(runner or model, extra)  # FSMT's decoder inputs are not its encoder's
     attempts = [{**attempt, **extra} for attempt in attempts]
     states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
     if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
@@ -144,6 +145,14 @@ def _run_forward(
         + (f" ({last})" if last else "")
         + "; posenc cannot capture how it calls it."
     )
+
+
+def _accepted(module: nn.Module, extra: dict[str, Any]) -> dict[str, Any]:
+    """The extra capture inputs ``module``'s forward takes (all of them where it takes ``**kwargs``)."""
+    parameters = inspect.signature(module.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return extra
+    return {key: value for key, value in extra.items() if key in parameters}
 
 
 def _attended_positions(
