@@ -137,6 +137,12 @@ def relative_parts(captured: Captured) -> tuple[TracePart, ...]:
         out = dummy.position_embeddings(torch.zeros(1, 4, captured.hidden_size), torch.arange(4).unsqueeze(0))
     if not torch.is_tensor(out):
         return ()
+    if captured.rotary_by_length:
+        detail = (f"{captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]}) computes angles of "
+                  f"positions 0 .. S - 1 from the sequence length and the attention reads them at the position ids; "
+                  f"the unit calls it on the context's length (the model passes position ids 0 .. S - 1 only), as "
+                  f"the model computes them in float32; posenc has no scheme for them")  # fmt: skip
+        return (TracePart(RELATIVE_PART, "kept", detail),)
     detail = (f"{captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]}) computes them from the "
               f"sequence length ({list(out.shape)} for 4 tokens), as the model computes them in float32; posenc "
               f"has no scheme for them")  # fmt: skip
@@ -176,8 +182,9 @@ def check_offsets(plan: TracePlan) -> None:
     probe positions).
 
     Raises:
-        ExportError: it fails there (CLVP's attention gathers the angles its rotary module computed for positions
-            ``0 .. S - 1`` at the position ids: the model only ever passes ``0 .. S - 1``), naming the code.
+        ExportError: it fails there (an attention that gathers, at the position ids, values computed for positions
+            ``0 .. S - 1``, where the model only ever passes ``0 .. S - 1``, and the unit does not call their code on
+            the context's length as it does CLVP's rotary module, ``rotary_by_length``), naming the code.
     """
     captured = plan.captured
     codes = [f"argument {key!r} of {made.recipe.method}" for key, made in captured.derived.items()
@@ -345,6 +352,7 @@ def traced_module(
         derived={key: (found.recipe, found.module) for key, found in captured.derived.items()},
         order=captured.order,
         stem=captured.stem,
+        rotary_rows=_rotary_rows(plan),
     ).eval()
 
 
@@ -370,6 +378,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         derived={key: found.recipe for key, found in captured.derived.items()},
         order=captured.order,
         stem=captured.stem_ref,
+        rotary_rows=_rotary_rows(plan),
     )
 
 
@@ -433,8 +442,15 @@ def rebuild(
         derived={key: (recipe, _derived_source(model, recipe)) for key, recipe in record.derived.items()},
         order=record.order,
         stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
+        rotary_rows=record.rotary_rows,
     )
     return module.to(dtype).eval()
+
+
+def _rotary_rows(plan: TracePlan) -> int | None:
+    """The length a rotary module that sizes its output by its input's is called with: the context's (every position
+    the unit serves is then in its output); None for any other."""
+    return plan.config.max_position_embeddings if plan.captured.rotary_by_length else None
 
 
 def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.Module | None:

@@ -253,6 +253,30 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
     return CallRecipe(tuple(positional), keywords, constants)
 
 
+def reads_length(module: nn.Module, call: Call, recipe: CallRecipe) -> bool:
+    """Whether a rotary module called without position ids sizes its output by its input's length (CLVP's
+    ``rotary_pos_emb``: angles of positions ``0 .. S - 1`` that the attention gathers at the position ids): called
+    again with one more row of its floating inputs, its output's shape changes."""
+    kinds = {*recipe.positional, *recipe.keywords.values()}
+    if kinds & {"position_ids", "cache_position", "sections"}:
+        return False
+
+    def longer(value: Any) -> Any:
+        if torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 2:
+            return torch.cat((value, torch.zeros_like(value[:, :1])), dim=1)
+        return value
+
+    def shapes(out: Any) -> list[Any]:
+        return [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,)) if torch.is_tensor(t)]
+
+    try:
+        with torch.no_grad():
+            again = module(*[longer(v) for v in call.args], **{k: longer(v) for k, v in call.kwargs.items()})
+    except Exception:
+        return False
+    return shapes(again) != shapes(call.output)
+
+
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -293,4 +317,4 @@ def _capture_tokens(hf: Any) -> int:
     return max([CAPTURE_TOKENS, *[w + 3 for w in small]])
 
 
-__all__ = ["CAPTURE_TOKENS", "Call"]
+__all__ = ["CAPTURE_TOKENS", "Call", "reads_length"]

@@ -43,6 +43,7 @@ from posenc.trace.calls import (
     _record_calls,
     _rotary_recipe,
     _run_forward,
+    reads_length,
 )
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
@@ -126,6 +127,9 @@ class Captured:
         derived: arguments the model computes from the sequence before its layers (keyword or ``"#i"`` -> the code
             that computes them, :mod:`posenc.trace.derived`).
         order: the axis order the model hands the attention its hidden states in (:mod:`posenc.trace.orders`).
+        rotary_by_length: the rotary module, called without position ids, sizes its output by the hidden states'
+            length (CLVP's angles of positions ``0 .. S - 1``, gathered by the attention at the position ids); the
+            unit calls it on the context's length instead (:class:`~posenc.trace.module.TracedAttention`).
         stem, stem_ref: the layer's module whose outputs are the attention's inputs, called by the unit on the layer's
             input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
     """
@@ -158,6 +162,7 @@ class Captured:
     value_dim: int | None = None
     indexer_dim: int | None = None
     order: str = BATCH_MAJOR
+    rotary_by_length: bool = False
     stem: nn.Module | None = None
     stem_ref: ModuleRef | None = None
 
@@ -268,6 +273,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
+        by_length = False  # CLVP's rotary module sizes its angles by the length: the unit calls it on the context's
+        if rotary is not None and rotary_call is not None and producer is not None:
+            by_length = reads_length(rotary, producer[1], rotary_call)
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
@@ -337,6 +345,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             outside=outside,
             derived=derived,
             order=order,
+            rotary_by_length=by_length,
             stem=stem.module.float().eval() if stem is not None else None,
             stem_ref=ModuleRef(stem.path, class_path(stem.module)) if stem is not None else None,
         )

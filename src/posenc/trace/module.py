@@ -87,6 +87,10 @@ class TracedAttention(nn.Module):
             transposes ``hidden`` into it before the module and the output back.
         stem: the layer's module the unit calls on ``hidden`` (the layer's input) first, whose outputs are the
             attention's arguments of kind ``stream`` (MobileBERT's bottleneck, :mod:`posenc.trace.stems`), or None.
+        rotary_rows: the length the rotary module is called with where it sizes its output by its input's length and
+            the attention reads that output at the position ids (CLVP's angles of positions ``0 .. S - 1``): the
+            context's, so every position the unit serves is in it (the model passes only ``0 .. S - 1``); None
+            otherwise.
     """
 
     guard_exported = True
@@ -112,6 +116,7 @@ class TracedAttention(nn.Module):
         derived: Mapping[str, tuple[DerivedRecipe, nn.Module | None]] | None = None,
         order: str = BATCH_MAJOR,
         stem: nn.Module | None = None,
+        rotary_rows: int | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -135,6 +140,7 @@ class TracedAttention(nn.Module):
         self.cache_kind = cache_kind
         self.order = order
         self.stem = stem
+        self.rotary_rows = rotary_rows
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
         self.derived = nn.ModuleDict(
             {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
@@ -163,7 +169,8 @@ class TracedAttention(nn.Module):
             return arrange(cos, layout).to(hidden.dtype), arrange(sin, layout).to(hidden.dtype)
         if self.rotary is None or self.rotary_call is None:
             raise ExportError("the model's call takes position embeddings, but no rotary module was captured.")
-        args, kwargs = self._fill(self.rotary_call, hidden, position_ids, None, None, 0)
+        rows = hidden if self.rotary_rows is None else hidden.new_zeros(1, self.rotary_rows, hidden.shape[-1])
+        args, kwargs = self._fill(self.rotary_call, rows, position_ids, None, None, 0)
         out = self.rotary(*args, **kwargs)
         return out if torch.is_tensor(out) else tuple(out)
 

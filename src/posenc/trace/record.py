@@ -196,6 +196,9 @@ class TraceRecord:
     derived: dict[str, DerivedRecipe] = field(optional=True, default_factory=dict)
     """Arguments of kind ``derived`` (keyword, or ``"#i"``) -> how the unit computes them
     (:mod:`posenc.trace.derived`)."""
+    rotary_rows: int | None = field(optional=True, default=None)
+    """Where the rotary module sizes its output by the hidden states' length and the attention reads it at the
+    position ids (CLVP's): the length the unit calls it with (the context's), else None."""
     stem: ModuleRef | None = field(optional=True, default=None)
     """The layer's module the unit calls on the layer's input before the attention, whose outputs are the
     attention's inputs (MobileBERT's ``bottleneck``: :mod:`posenc.trace.stems`), else None."""
