@@ -273,8 +273,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
-        by_length = False  # CLVP's rotary module sizes its angles by the length: the unit calls it on the context's
-        if rotary is not None and rotary_call is not None and producer is not None:
+        by_length = False  # CLVP's rotary module sizes its angles by the length, the attention reads them at the ids
+        reads_ids = "position_ids" in (*call.positional, *call.keywords.values())
+        if rotary is not None and rotary_call is not None and producer is not None and reads_ids:
             by_length = reads_length(rotary, producer[1], rotary_call)
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
