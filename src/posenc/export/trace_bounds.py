@@ -127,13 +127,14 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     asserts: the lengths were specialised (no bound fixes them) in an attention its model calls without a cache,
     fed relative position encodings a module computes from the sequence length (a conformer's Transformer-XL
     relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
-    for symbolic ``S``), or by a stack's code from the length (XLNet's ``relative_positional_encoding``, a
-    :mod:`posenc.trace.derived` tensor, and its ``rel_shift_bnij``), or in the model's embeddings module the unit
-    starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``: torch.export guards ``S - 1 != 1``). The
-    retried graph is held to the model's module at several lengths by ``validate``."""
+    for symbolic ``S``), or by a stack's code fed the length itself (XLNet's ``relative_positional_encoding``, a
+    :mod:`posenc.trace.derived` tensor, and its ``rel_shift_bnij``; not LongT5's blocked mask), or in the model's
+    embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``: torch.export
+    guards ``S - 1 != 1``). The retried graph is held to the model's module at several lengths by ``validate``."""
     captured = plan.captured
     module = captured.rotary is not None and captured.rotary_call is not None
-    stack = any(made.needs_length() for made in captured.derived.values())
+    stack = any("length" in made.recipe.call.positional or "length" in made.recipe.call.keywords.values()
+                for made in captured.derived.values())  # fmt: skip
     embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
     return captured.cacheless and (module or stack or embeddings) and "specialises the lengths" in str(exc)
 
