@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from posenc.checkpoints.samples import NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.records import from_json, to_json
+from posenc.trace.build import TracePlan, rebuild, trace_record, traced_module
+from posenc.trace.record import TraceRecord
 
 LONG = 131072
 """The context of the far-position samples: positions up to 131071, where transformers' float32 angles are
@@ -397,7 +402,7 @@ DERIVED: dict[str, Sample] = {
 }
 _XLNET = {"d_model": 64, "n_layer": 2, "n_head": 4, "d_head": 16, "d_inner": 64, "vocab_size": 96, "pad_token_id": 5}
 TIME_MAJOR = _sample("xlnet", "xlnet", "two-stream attention fed time-major hidden states [S, B, E]", _XLNET)
-"""A model whose attention takes time-major hidden states (refused by name)."""
+"""A model whose attention takes time-major hidden states (the unit transposes around it: posenc.trace.orders)."""
 """Models whose attention takes a positional tensor its stack computes from the sequence before the layers (RoFormer's
 ``sinusoidal_pos``, MPNet's ``position_bias``, Beam's ``attention_scaling``, LayoutLMv3's ``rel_pos`` without its 2-D
 bias from the boxes): the unit calls the model's own code for it."""
@@ -441,6 +446,16 @@ def build(sample: Sample, root: Path) -> Path:
     return folder
 
 
+def unit_and_rebuilt(plan: TracePlan) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The plan's traced unit (float32) and the same unit rebuilt from its manifest record (through JSON), holding
+    the unit's weights: both must give the model's own output."""
+    unit = traced_module(plan)
+    record = from_json(TraceRecord, to_json(trace_record(plan, ())))
+    again = rebuild(record, None, None, torch.float32)
+    again.load_state_dict(unit.state_dict())
+    return unit, again
+
+
 __all__ = [
     "BOUNDED",
     "DERIVED",
@@ -453,4 +468,5 @@ __all__ = [
     "SECTIONS",
     "TIME_MAJOR",
     "build",
+    "unit_and_rebuilt",
 ]

@@ -23,10 +23,9 @@ from posenc.checkpoints.reference import hf_config
 from posenc.checkpoints.towers import text_config
 from posenc.cli import main
 from posenc.config.hf_json import check_config
-from posenc.errors import ConfigError, ExportError
+from posenc.errors import ConfigError
 from posenc.export.external import _tensor_bytes
 from posenc.trace.arguments import attention_output
-from posenc.trace.capture import _check_layout
 from posenc.trace.model import build_base_model, built_layers, layer_config, layer_list, reduced_config
 
 transformers = pytest.importorskip("transformers")
@@ -130,13 +129,6 @@ def test_the_attention_output_is_found_in_nested_tuples_and_dicts() -> None:
     assert attention_output((out, None)) is out
     assert attention_output(((out,), (torch.zeros(1),))) is out  # I-BERT: (outputs, scaling factors)
     assert attention_output({"context_layer": out}) is out  # SqueezeBERT
-
-
-def test_hidden_states_taken_channels_first_are_refused_by_name() -> None:
-    config = transformers.SqueezeBertConfig(hidden_size=32)
-    with pytest.raises(ExportError, match=r"channels first \[B, E, S\] \(\[1, 32, 8\]"):
-        _check_layout(config, torch.zeros(1, 32, 8), "squeezebert")
-    _check_layout(config, torch.zeros(1, 8, 32), "squeezebert")
 
 
 def test_a_transposed_row_buffer_reads_as_its_bytes() -> None:

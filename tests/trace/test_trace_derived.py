@@ -8,6 +8,7 @@ at another batch and length than the capture's, and ``validate --against-hf`` in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,11 @@ import transformers
 from posenc.errors import ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
-from posenc.records import from_json, to_json
-from posenc.trace.build import plan_trace, rebuild, trace_record, traced_module
+from posenc.trace.build import plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.trace.derived import DERIVED_PART
-from posenc.trace.record import TraceRecord
 from posenc.validate.checkpoint import validate_against_checkpoint
-from tests.trace.samples import DERIVED, TIME_MAJOR, build
+from tests.trace.samples import DERIVED, build, unit_and_rebuilt
 
 CODE = {
     "roformer": ("sinusoidal_pos", "encoder.embed_positions", "forward", None),
@@ -72,12 +71,8 @@ def test_a_stack_position_tensor_is_computed_by_the_model_s_own_code(name: str, 
     tokens, hidden, want = _attention_call(model, ids, positions)
     if captured.embedding is not None:  # MPNet's learned positions enter at its embeddings: the unit starts there
         hidden = tokens
-    unit = traced_module(plan)
-    record = from_json(TraceRecord, to_json(trace_record(plan, ())))
-    again = rebuild(record, None, None, torch.float32)
-    again.load_state_dict(unit.state_dict())
     with torch.no_grad():
-        for module in (unit, again):
+        for module in unit_and_rebuilt(plan):
             assert float((module(hidden, positions)[0] - want).abs().max()) <= 1e-5
 
 
@@ -128,14 +123,6 @@ def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path
     assert float((got - seen["out"]).abs().max()) <= 1e-5
 
 
-@pytest.mark.slow
-def test_time_major_hidden_states_are_refused_by_name(tmp_path: Path) -> None:
-    """XLNet's attention takes ``h [S, B, E]``; the unit is batch-major, so the capture refuses it, saying so (not
-    with the relative encoding ``r`` it would otherwise trip on)."""
-    with pytest.raises(ExportError, match=r"time-major hidden states \[8, 1, 64\]"):
-        capture_layer(build(TIME_MAJOR, tmp_path))
-
-
 def test_a_stack_method_that_reads_a_child_s_weight_keeps_that_child(tmp_path: Path) -> None:
     """LayoutLMv3's encoder computes its 1-D relative bias ``rel_pos`` in ``_cal_1d_pos_emb`` by indexing
     ``rel_pos_bias.weight`` (the child never runs as a module): the unit keeps that child, and only it, and matches
@@ -166,3 +153,41 @@ def test_a_stack_method_that_reads_a_child_s_weight_keeps_that_child(tmp_path: P
     with torch.no_grad():
         got = traced_module(plan)(tokens, positions)[0]
     assert float((got - seen["out"]).abs().max()) <= 1e-5
+
+
+@pytest.mark.slow  # importing CLVP's modeling module alone takes seconds
+def test_angles_computed_for_positions_below_the_length_are_computed_for_the_context(tmp_path: Path) -> None:
+    """CLVP's rotary module computes angles of positions ``0 .. S - 1`` from the length and its attention gathers
+    them at the position ids: the unit calls it on the context's length (``rotary_rows``), so it serves any position
+    below it, matches the model's own forward (at 2 x 11 tokens, not the capture's 8) and its module at far positions
+    (validate --against-hf). Without that, the plan refuses it (``check_offsets``) rather than an export that fails in
+    ONNX Runtime's GatherND."""
+    torch.manual_seed(0)
+    config = transformers.ClvpEncoderConfig(hidden_size=64, num_attention_heads=2, projection_dim=64,
+                                            intermediate_size=64, num_hidden_layers=2, vocab_size=96)  # fmt: skip
+    model = transformers.ClvpEncoder(config).eval()
+    model.save_pretrained(tmp_path / "clvp")
+    captured = capture_layer(tmp_path / "clvp")
+    assert captured.rotary_by_length
+    with pytest.raises(ExportError, match=r"rotary_pos_emb \(ClvpRotaryPositionalEmbedding\).*0 \.\. S - 1"):
+        plan_trace(dataclasses.replace(captured, rotary_by_length=False))
+    plan = plan_trace(captured)
+    assert trace_record(plan, ()).rotary_rows == plan.config.max_position_embeddings
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = args[0], output[0]
+
+    handle = model.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(3)))
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        for module in unit_and_rebuilt(plan):
+            got = module(seen["hidden"], torch.arange(11).expand(2, 11))[0]
+            assert float((got - seen["out"]).abs().max()) <= 1e-5
+    result = export_traced(tmp_path / "clvp.onnx", tmp_path / "clvp", rewrite=replace_positions)
+    report = validate_against_checkpoint(result.path, tmp_path / "clvp")
+    assert report.passed, report.to_markdown()

@@ -59,8 +59,10 @@ from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trac
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
 from posenc.trace.inputs import EVERY_KEY
+from posenc.trace.orders import order_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
+from posenc.trace.stems import stem_parts
 
 TRACE_OPSET = DEFAULT_OPSET
 """Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
@@ -279,6 +281,8 @@ def export_traced(
         *outside_parts(captured.outside),
         *derived,
         *relative_parts(captured),
+        *order_parts(captured.order),
+        *stem_parts(captured.stem_ref),
         *_selection_parts(plan),
     )
     replaced = angles_replaced(parts)

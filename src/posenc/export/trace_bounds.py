@@ -145,12 +145,17 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     relative shift, ``pad`` -> ``view(-1)`` -> slice -> ``view``: torch.export cannot prove ``(2S - 1) % S != 0``
     for symbolic ``S``), or a tensor its stack derives from the length (LongT5's local attention pads the sequence
     to a multiple of its block, ``S + (-S mod 128)``, which torch.export cannot prove a multiple of 128, and its
-    blocked mask is derived from the length). The retried graph is held to the model's module at several lengths by
+    blocked mask is derived from the length; XLNet's ``relative_positional_encoding`` and ``rel_shift_bnij``), or in
+    the model's embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``:
+    torch.export guards ``S - 1 != 1``). The retried graph is held to the model's module at several lengths by
     ``validate``."""
     captured = plan.captured
-    relative = captured.rotary is not None and captured.rotary_call is not None
+    module = captured.rotary is not None and captured.rotary_call is not None
     blocked = any(made.needs_length() for made in captured.derived.values())
-    return captured.cacheless and (relative or blocked) and "specialises the lengths" in str(exc)
+    stack = any("length" in made.recipe.call.positional or "length" in made.recipe.call.keywords.values()
+                for made in captured.derived.values())  # fmt: skip
+    embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
+    return captured.cacheless and (module or blocked or stack or embeddings) and "specialises the lengths" in str(exc)
 
 
 def deferred_export(

@@ -159,20 +159,6 @@ def is_every_key(value: Any, positions: torch.Tensor) -> bool:
     return bool((value.sort(dim=-1).values == torch.arange(s, dtype=value.dtype)).all())
 
 
-def time_major_error(hidden: Any, positions: torch.Tensor) -> ExportError | None:
-    """Why an attention fed time-major hidden states ``[S, B, E]`` (XLNet's two-stream attention) cannot be traced:
-    the unit's interface is ``[B, S, E]``; None for batch-major ones."""
-    if not torch.is_tensor(hidden) or hidden.dim() != 3:
-        return None
-    b, s = int(positions.shape[0]), int(positions.shape[-1])
-    if (int(hidden.shape[0]), int(hidden.shape[1])) != (s, b) or s == b:
-        return None
-    return ExportError(
-        f"the attention takes time-major hidden states {list(hidden.shape)} ([S, B, E], S = {s} tokens); the traced "
-        f"unit's interface is batch-major [B, S, E], so this model's attention cannot be traced yet."
-    )
-
-
 def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
     """What a recipe keeps of an argument: a constant's value; the trailing shape of all-zero ids ``[B, S, ...]``;
     the dtype of a floating mask of ones; the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
@@ -265,5 +251,4 @@ __all__ = [
     "rebuild",
     "same_tensor",
     "stream_widths",
-    "time_major_error",
 ]

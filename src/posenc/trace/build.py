@@ -73,7 +73,7 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
     heads = int(getattr(hf, "num_attention_heads", 0) or (imported.num_heads if imported else captured.kv_heads))
     context = (
         stack_context(hf, stack_of(hf, captured.layer_type))
-        or getattr(hf, "max_position_embeddings", None)
+        or _positive(getattr(hf, "max_position_embeddings", None))  # XLNet's -1: "no sequence length limit"
         or (imported.max_position_embeddings if imported else 2048)
     )
     if heads % captured.kv_heads:
@@ -87,6 +87,11 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
         max_position_embeddings=int(context),
         sliding_window=captured.mask.window,
     )
+
+
+def _positive(value: Any) -> int | None:
+    """``value`` where it is a positive int, else None (a config's ``-1`` for a context without limit)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _imported(captured: Captured) -> tuple[Any, str]:
@@ -132,6 +137,12 @@ def relative_parts(captured: Captured) -> tuple[TracePart, ...]:
         out = dummy.position_embeddings(torch.zeros(1, 4, captured.hidden_size), torch.arange(4).unsqueeze(0))
     if not torch.is_tensor(out):
         return ()
+    if captured.rotary_by_length:
+        detail = (f"{captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]}) computes angles of "
+                  f"positions 0 .. S - 1 from the sequence length and the attention reads them at the position ids; "
+                  f"the unit calls it on the context's length (the model passes position ids 0 .. S - 1 only), as "
+                  f"the model computes them in float32; posenc has no scheme for them")  # fmt: skip
+        return (TracePart(RELATIVE_PART, "kept", detail),)
     detail = (f"{captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]}) computes them from the "
               f"sequence length ({list(out.shape)} for 4 tokens), as the model computes them in float32; posenc "
               f"has no scheme for them")  # fmt: skip
@@ -164,11 +175,46 @@ def check_wrapper(plan: TracePlan) -> None:
         )
 
 
+def check_offsets(plan: TracePlan) -> None:
+    """An attention fed a tensor the model computes from the sequence's length (a stack tensor,
+    :mod:`posenc.trace.derived`, or a module called on the hidden states alone, without position ids) must also run
+    on position ids that do not start at 0, as the unit is fed them (``validate``'s far positions, the rewrite's
+    probe positions).
+
+    Raises:
+        ExportError: it fails there (an attention that gathers, at the position ids, values computed for positions
+            ``0 .. S - 1``, where the model only ever passes ``0 .. S - 1``, and the unit does not call their code on
+            the context's length as it does CLVP's rotary module, ``rotary_by_length``), naming the code.
+    """
+    captured = plan.captured
+    codes = [f"argument {key!r} of {made.recipe.method}" for key, made in captured.derived.items()
+             if made.needs_length()]  # fmt: skip
+    kinds = (*captured.rotary_call.positional, *captured.rotary_call.keywords.values()) if captured.rotary_call else ()
+    if captured.rotary_ref is not None and kinds and not set(kinds) & {"position_ids", "cache_position", "sections"}:
+        codes.append(f"the output of {captured.rotary_ref.path} ({captured.rotary_ref.cls.rsplit('.', 1)[-1]})")
+    if not codes:
+        return
+    hidden, positions, _ = captured.probe
+    tokens = int(positions.shape[-1])
+    try:
+        with torch.no_grad():
+            traced_module(plan)(hidden, positions + tokens)
+    except (IndexError, RuntimeError) as exc:
+        raise ExportError(
+            f"the attention reads {codes[0]}, which the model computes from the sequence's length for positions "
+            f"0 .. S - 1, at the position ids: it fails on positions {tokens} .. {2 * tokens - 1} of {tokens} tokens "
+            f"({type(exc).__name__}: {str(exc)[:100]}); the model only ever passes position ids 0 .. S - 1, while "
+            f"posenc's unit takes position ids of any start, so this attention cannot be traced."
+        ) from None
+
+
 def plan_trace(captured: Captured) -> TracePlan:
     """The :class:`TracePlan` of a capture (see the module docstring), its wrapper checked against the model's call
-    (:func:`check_wrapper`)."""
+    (:func:`check_wrapper`) and, where it reads a tensor computed from the length, on other positions
+    (:func:`check_offsets`)."""
     plan = _plan(captured)
     check_wrapper(plan)
+    check_offsets(plan)
     return plan
 
 
@@ -304,6 +350,9 @@ def traced_module(
         cacheless=captured.cacheless,
         cache_kind=captured.cache_kind,
         derived={key: (found.recipe, found.module) for key, found in captured.derived.items()},
+        order=captured.order,
+        stem=captured.stem,
+        rotary_rows=_rotary_rows(plan),
     ).eval()
 
 
@@ -327,6 +376,9 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         tower=captured.tower,
         cache=captured.cache_kind,
         derived={key: found.recipe for key, found in captured.derived.items()},
+        order=captured.order,
+        stem=captured.stem_ref,
+        rotary_rows=_rotary_rows(plan),
     )
 
 
@@ -388,8 +440,17 @@ def rebuild(
         cacheless=record.cacheless,
         cache_kind=record.cache,
         derived={key: (recipe, _derived_source(model, recipe)) for key, recipe in record.derived.items()},
+        order=record.order,
+        stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
+        rotary_rows=record.rotary_rows,
     )
     return module.to(dtype).eval()
+
+
+def _rotary_rows(plan: TracePlan) -> int | None:
+    """The length a rotary module that sizes its output by its input's is called with: the context's (every position
+    the unit serves is then in its output); None for any other."""
+    return plan.config.max_position_embeddings if plan.captured.rotary_by_length else None
 
 
 def _derived_source(model: torch.nn.Module, recipe: DerivedRecipe) -> torch.nn.Module | None:

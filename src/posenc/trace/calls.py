@@ -148,6 +148,7 @@ def _run_forward(
     ]
     if not cache and not features:  # an encoder stack (T5's refuses use_cache=True)
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
+    extra = _accepted(runner or model, extra)  # FSMT's decoder inputs are not its encoder's
     attempts = [{**attempt, **extra} for attempt in attempts]
     states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
     if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
@@ -177,10 +178,22 @@ def _run_forward(
     )
 
 
-def _attended_positions(target: Call, hidden_key: str | None, positions: torch.Tensor) -> torch.Tensor:
+def _accepted(module: nn.Module, extra: dict[str, Any]) -> dict[str, Any]:
+    """The extra capture inputs ``module``'s forward takes (all of them where it takes ``**kwargs``)."""
+    parameters = inspect.signature(module.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return extra
+    return {key: value for key, value in extra.items() if key in parameters}
+
+
+def _attended_positions(
+    target: Call, hidden_key: str | None, positions: torch.Tensor, attended: Any = None
+) -> torch.Tensor:
     """The positions of the attention's input: ``positions``, or ``0 .. T - 1`` where a speech encoder's attention
-    sees ``T`` frames of its features rather than the capture's tokens."""
+    sees ``T`` frames of its features rather than the capture's tokens; ``attended``: that input as ``[B, S, E]``
+    where the model passes it in another axis order (:mod:`posenc.trace.orders`)."""
     hidden = target.kwargs.get(hidden_key) if hidden_key else (target.args[0] if target.args else None)
+    hidden = hidden if attended is None else attended
     if torch.is_tensor(hidden) and hidden.dim() == 3 and hidden.shape[1] != positions.shape[1]:
         return torch.arange(hidden.shape[1]).unsqueeze(0)
     return positions
@@ -324,6 +337,30 @@ def _rotary_recipe(call: Call, positions: torch.Tensor, cache_class: type) -> Ca
     return CallRecipe(tuple(positional), keywords, constants, item=call.item)
 
 
+def reads_length(module: nn.Module, call: Call, recipe: CallRecipe) -> bool:
+    """Whether a rotary module called without position ids sizes its output by its input's length (CLVP's
+    ``rotary_pos_emb``: angles of positions ``0 .. S - 1`` that the attention gathers at the position ids): called
+    again with one more row of its floating inputs, its output's shape changes."""
+    kinds = {*recipe.positional, *recipe.keywords.values()}
+    if kinds & {"position_ids", "cache_position", "sections"}:
+        return False
+
+    def longer(value: Any) -> Any:
+        if torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 2:
+            return torch.cat((value, torch.zeros_like(value[:, :1])), dim=1)
+        return value
+
+    def shapes(out: Any) -> list[Any]:
+        return [tuple(t.shape) for t in (out if isinstance(out, (tuple, list)) else (out,)) if torch.is_tensor(t)]
+
+    try:
+        with torch.no_grad():
+            again = module(*[longer(v) for v in call.args], **{k: longer(v) for k, v in call.kwargs.items()})
+    except Exception:
+        return False
+    return shapes(again) != shapes(call.output)
+
+
 _NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -386,4 +423,4 @@ def _capture_tokens(hf: Any) -> int:
     return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
 
 
-__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind"]
+__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind", "reads_length"]

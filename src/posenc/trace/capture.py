@@ -31,7 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
-from posenc.trace.arguments import stream_widths, time_major_error
+from posenc.trace.arguments import stream_widths
 from posenc.trace.caches import cache_widths, encoder_cache
 from posenc.trace.calls import (
     _NAMED,
@@ -44,9 +44,10 @@ from posenc.trace.calls import (
     _record_calls,
     _rotary_recipe,
     _run_forward,
+    reads_length,
 )
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
-from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table
+from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
 from posenc.trace.model import (
     Located,
     attention_child,
@@ -62,6 +63,7 @@ from posenc.trace.model import (
     one_stack,
     quiet_transformers,
 )
+from posenc.trace.orders import BATCH_MAJOR, from_model, order_of
 from posenc.trace.probe import _check_settings, _module_causal, _probe, _settings, cacheless_heads
 from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
 from posenc.trace.stacks import (
@@ -78,7 +80,12 @@ from posenc.trace.stacks import (
     stack_of,
     tower_stack,
 )
+from posenc.trace.stems import Stem, find_stem, stem_recipe
 from posenc.trace.weights import load_attention_weights, load_module_weights
+
+HIDDEN_KEYS: tuple[str, ...] = ("hidden_states", "query")
+"""Keywords under which a model may pass its attention the hidden states (else its first positional argument):
+``query`` in fairseq's convention (FSMT's ``self_attn(query=x, key=x, ...)``)."""
 
 FAMILY_NAME = "trace"
 """The ``family`` a traced layer's provenance names."""
@@ -102,7 +109,7 @@ class Captured:
             where it differs from the keys' (``[B, Hkv, P, Dv]``: a latent MLA cache, a ``v_head_dim``), else None
             (:mod:`posenc.trace.caches`). ``indexer_dim``: the width of the indexer keys ``[B, P, Di]`` a DSA layer
             also caches, else None.
-        hidden_size: E.
+        hidden_size: E, the width of the unit's input (the token embeddings' where the unit starts at them).
         tensors: full checkpoint name -> sha256 of the tensors read.
         location: the checkpoint folder (or ``<in-memory ...>``).
         probe: ``(hidden, position_ids, out)``: the attention called as the model called it, with the checkpoint's
@@ -123,6 +130,12 @@ class Captured:
             that computes them, :mod:`posenc.trace.derived`).
         streams: the second streams the model handed the attention in the capture call (keyword -> ``[B, S, W]``,
             :data:`posenc.trace.inputs.STREAMS`), which the probe's call read too.
+        order: the axis order the model hands the attention its hidden states in (:mod:`posenc.trace.orders`).
+        rotary_by_length: the rotary module, called without position ids, sizes its output by the hidden states'
+            length (CLVP's angles of positions ``0 .. S - 1``, gathered by the attention at the position ids); the
+            unit calls it on the context's length instead (:class:`~posenc.trace.module.TracedAttention`).
+        stem, stem_ref: the layer's module whose outputs are the attention's inputs, called by the unit on the layer's
+            input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
     """
 
     model_type: str
@@ -153,6 +166,10 @@ class Captured:
     value_dim: int | None = None
     indexer_dim: int | None = None
     streams: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    order: str = BATCH_MAJOR
+    rotary_by_length: bool = False
+    stem: nn.Module | None = None
+    stem_ref: ModuleRef | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -230,20 +247,30 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         _check_settings(settings, attention, model_type)
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
         hidden_key = _hidden_key(target, parameters)
-        layout_error = time_major_error(target.kwargs[hidden_key] if hidden_key else target.args[0], positions)
-        if layout_error is not None:
-            raise layout_error
-        positions = _attended_positions(target, hidden_key, positions)
+        hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        order = order_of(hidden, positions, getattr(hf, "hidden_size", None))  # [B, E, S], [S, B, E]: transposed
+        attended = from_model(hidden, order) if torch.is_tensor(hidden) else hidden  # [B, S, E]
+        positions = _attended_positions(target, hidden_key, positions, attended)
         derived: dict[str, Derived] = {}
 
         def stack_tensor(key: str, value: Any, base: nn.Module = model) -> bool:  # derived from the sequence
-            attended = target.kwargs[hidden_key] if hidden_key else target.args[0]
             made = derive(key, value, positions, attended, calls, methods, base, class_path)
             if made is not None:
                 derived[key] = made
             return made is not None
 
-        call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters, stack_tensor)
+        stem: Stem | None = None
+        try:
+            call, producer = _recipe(target, positions, calls, transformers.Cache, hidden_key, parameters, stack_tensor)
+        except ExportError:  # the attention's inputs may all come from a module of the layer (MobileBERT's bottleneck)
+            stem = find_stem(calls, model, layer_path, target)
+            if stem is None:
+                raise
+            derived.clear()
+            call, producer = stem_recipe(target, stem, positions, transformers.Cache, parameters), None
+            hidden = stem.layer_input  # the unit starts at the layer's input
+            order = order_of(hidden, positions, getattr(hf, "hidden_size", None))
+            attended = from_model(hidden, order)
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
@@ -259,12 +286,14 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
-        hidden = target.kwargs[hidden_key] if hidden_key else target.args[0]
+        by_length = False  # CLVP's rotary module sizes its angles by the length, the attention reads them at the ids
+        reads_ids = "position_ids" in (*call.positional, *call.keywords.values())
+        if rotary is not None and rotary_call is not None and producer is not None and reads_ids:
+            by_length = reads_length(rotary, producer[1], rotary_call)
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
-        _check_layout(hf, hidden, model_type)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
-            kv_heads, head_dim = cacheless_heads(own_config, attention, int(hidden.shape[-1]))
+            kv_heads, head_dim = cacheless_heads(own_config, attention, int(attended.shape[-1]))
             value_dim, indexer_dim = head_dim, None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
@@ -273,8 +302,10 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             indexer_dim = widths.indexer_dim
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
-            step, note = _embedding_step(calls, model, layer_path, hidden, positions, transformers.Cache)
+            step, note = _embedding_step(calls, model, layer_path, attended, positions, transformers.Cache, order)
+        width = int(attended.shape[-1])  # the unit's input: the attention's (or the stem's) input [B, S, E]
         if step is not None:
+            width = token_width(calls, step, width)  # token embeddings narrower than the layers (MobileBERT's 128)
             drop_token_table(step.position, step.record)
         # positions added at the embeddings by a module the unit cannot start from (a stack's, or a sinusoidal
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
@@ -288,14 +319,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             for ref, module in zip((step.record.position, *step.record.norms), (step.position, *step.norms),
                                    strict=True):  # fmt: skip
                 tensors.update(load_module_weights(source, module, ref.path, names, owner))
+        if stem is not None:
+            tensors.update(load_module_weights(source, stem.module, stem.path, names, owner))
         for made in derived.values():
             if made.module is not None and made.recipe.source is not None and made.module.state_dict():
                 tensors.update(load_module_weights(source, made.module, made.recipe.source.path, names, owner))
-        target = with_checkpoint_tensors(target, derived, hidden, positions)
+        target = with_checkpoint_tensors(target, derived, attended, positions)
         if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
             kind_of_cache = "dynamic"
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache, index + 1))  # fmt: skip
+                       lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -313,7 +346,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             head_dim=head_dim,
             value_dim=value_dim if value_dim != head_dim else None,
             indexer_dim=indexer_dim,
-            hidden_size=int(hidden.shape[-1]),
+            hidden_size=width,
             tensors=tensors,
             location=source.location,
             probe=probe,
@@ -326,35 +359,23 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             outside=outside,
             derived=derived,
             streams={key: target.kwargs[key] for key in stream_widths(call)},
+            order=order,
+            rotary_by_length=by_length,
+            stem=stem.module.float().eval() if stem is not None else None,
+            stem_ref=ModuleRef(stem.path, class_path(stem.module)) if stem is not None else None,
         )
 
 
 def _hidden_key(target: Call, parameters: list[str]) -> str | None:
-    """The keyword the attention's hidden states are passed under: ``hidden_states``, or its forward's first
-    parameter where the call passes everything by keyword (PEGASUS-X's ``token_hidden_states``); None where they
-    are the first positional argument."""
-    if "hidden_states" in target.kwargs:
-        return "hidden_states"
+    """The keyword the attention's hidden states are passed under: ``hidden_states`` (or FSMT's ``query``,
+    :data:`HIDDEN_KEYS`), or its forward's first parameter where the call passes everything by keyword (PEGASUS-X's
+    ``token_hidden_states``); None where they are the first positional argument."""
+    named = next((key for key in HIDDEN_KEYS if key in target.kwargs), None)
+    if named is not None:
+        return named
     if not target.args and parameters and parameters[0] in target.kwargs:
         return parameters[0]
     return None
-
-
-def _check_layout(hf: Any, hidden: Any, model_type: str) -> None:
-    """Refuse hidden states the attention takes channels first, ``[B, E, S]`` (SqueezeBERT's grouped 1-D
-    convolutions): the traced unit's interface is ``[B, S, E]``.
-
-    Raises:
-        ExportError: naming the layout.
-    """
-    width = getattr(hf, "hidden_size", None)
-    shape = list(hidden.shape) if torch.is_tensor(hidden) and hidden.dim() == 3 else None
-    if shape is not None and isinstance(width, int) and shape[-1] != width and shape[1] == width:
-        raise ExportError(
-            f"the attention of this {model_type} model takes its hidden states channels first [B, E, S] "
-            f"({shape}, hidden size {width}: its projections are 1-D convolutions); posenc's traced "
-            f"unit takes [B, S, E] and does not export this layout."
-        )
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from posenc.errors import ExportError
 from posenc.trace.arguments import call_args, classify, keep, rebuild, same_tensor
 from posenc.trace.calls import _NAMED, Call
 from posenc.trace.model import class_path
+from posenc.trace.orders import BATCH_MAJOR, from_model
 from posenc.trace.record import CallRecipe, EmbeddingRecord, ModuleRef
 
 
@@ -39,6 +40,7 @@ def _embedding_step(
     attention_input: torch.Tensor,
     positions: torch.Tensor,
     cache_class: type,
+    order: str = BATCH_MAJOR,
 ) -> tuple[EmbeddingStep | None, str]:
     """The embedding step before the first layer's attention, when the model adds a position embedding to the token
     embeddings: ``(step, "")``; else ``(None, why)``.
@@ -47,7 +49,9 @@ def _embedding_step(
     returns ``P [B, S, E]``; the layer's input ``X`` is ``T + P`` for the output ``T`` of another module (the token
     embeddings), or it is the output of an embeddings module that takes ``inputs_embeds`` (BERT-like encoders: it adds
     token types and normalises), which, called with ``inputs_embeds=T`` and the position ids, gives ``X`` again; the
-    layer's norms called before the attention turn ``X`` into the attention's input.
+    layer's norms called before the attention turn ``X`` into the attention's input. ``attention_input`` is
+    ``[B, S, E]``; the layer's input is taken from the model's axis ``order`` (:mod:`posenc.trace.orders`), where
+    the layer must not normalise it before its attention (the unit's norms run on ``[B, S, E]``).
     """
     layer_call = calls.get(layer_path)
     if layer_call is None:
@@ -55,6 +59,7 @@ def _embedding_step(
     x = layer_call.args[0] if layer_call.args else layer_call.kwargs.get("hidden_states")
     if not torch.is_tensor(x):
         return None, "the first layer's input is not a hidden-state tensor"
+    x = from_model(x, order) if x.dim() == 3 else x
     outside = layer_path.rsplit(".", 1)[0] + "."
     found = [
         name
@@ -67,8 +72,10 @@ def _embedding_step(
     ]
     if not found:
         return None, "no module embeds the position ids before the first layer (its positions do not enter at them)"
-    order = [n for n in calls if n.startswith(layer_path + ".") and n.count(".") == layer_path.count(".") + 1]
-    norms = [n for n in order if "Norm" in type(model.get_submodule(n)).__name__]
+    called = [n for n in calls if n.startswith(layer_path + ".") and n.count(".") == layer_path.count(".") + 1]
+    norms = [n for n in called if "Norm" in type(model.get_submodule(n)).__name__]
+    if norms and order != BATCH_MAJOR:
+        return None, f"the first layer normalises its {order} input before its attention"
     y = x
     with torch.no_grad():
         for name in norms:
@@ -173,6 +180,17 @@ def _step_args(recipe: CallRecipe, hidden: torch.Tensor, positions: torch.Tensor
     return call_args(recipe, lambda key, kind: rebuild(key, kind, recipe.constants, hidden, positions, 0))
 
 
+def token_width(calls: Mapping[str, Call], step: EmbeddingStep, width: int) -> int:
+    """The width of the token embeddings an embeddings-module step takes as ``inputs_embeds`` (its token table's
+    output on the capture: MobileBERT's ``embedding_size`` 128, before its embeddings widen them to 512); ``width``
+    for any other step."""
+    if step.record.tokens is None:
+        return width
+    table = calls.get(f"{step.record.position.path}.{step.record.tokens.path}")
+    out = table.output if table is not None else None
+    return int(out.shape[-1]) if torch.is_tensor(out) and out.dim() == 3 else width
+
+
 def drop_token_table(embeddings: nn.Module, record: EmbeddingRecord) -> None:
     """Replace an embeddings module's token table (``record.tokens``) with nothing: the unit starts at the token
     embeddings, so the table is neither read nor exported."""
@@ -218,4 +236,4 @@ def _shape_only(module: nn.Module, call: Call, key: str) -> bool:
     return torch.is_tensor(again) and again.shape == call.output.shape and torch.equal(again, call.output)
 
 
-__all__ = ["EmbeddingStep", "drop_token_table"]
+__all__ = ["EmbeddingStep", "drop_token_table", "token_width"]

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from posenc.trace.stacks import new_cache
+
 
 @dataclasses.dataclass(frozen=True)
 class CaptureInputs:
@@ -85,6 +87,18 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         },
         why="LXMERT refuses to run without region features and boxes; one zero region (its language layers, which "
         "run first, never read it; its vision and cross-modality stages do)",
+    ),
+    "fsmt": CaptureInputs(
+        {
+            "encoder_hidden_states": lambda hf, tokens: torch.zeros(1, tokens, int(hf.d_model)),
+            "encoder_padding_mask": lambda hf, tokens: None,
+            "decoder_padding_mask": lambda hf, tokens: None,
+            "decoder_causal_mask": lambda hf, tokens: None,
+            "past_key_values": lambda hf, tokens: new_cache("encoder-decoder"),
+        },
+        why="FSMT's decoder requires its encoder's states, padding masks and causal mask (positional parameters); "
+        "FSMTModel passes it an EncoderDecoderCache and no masks when use_cache is on (its default), and so does "
+        "the capture (its encoder takes none of these: left out of its call)",
     ),
     "kyutai_speech_to_text": CaptureInputs(
         ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),

@@ -34,6 +34,7 @@ from posenc.trace.arguments import attention_output, call_args, rebuild, stream_
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as chunked_visible
+from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import new_cache, self_attention_cache
 
@@ -83,6 +84,14 @@ class TracedAttention(nn.Module):
             encoder-decoder gets an ``EncoderDecoderCache``, whose self-attention part holds the past).
         derived: arguments the model computes from the sequence before its layers: keyword (or ``"#i"``) -> how
             and the module whose code computes them (:mod:`posenc.trace.derived`).
+        order: the axis order the attention takes its hidden states in (:mod:`posenc.trace.orders`); the unit
+            transposes ``hidden`` into it before the module and the output back.
+        stem: the layer's module the unit calls on ``hidden`` (the layer's input) first, whose outputs are the
+            attention's arguments of kind ``stream`` (MobileBERT's bottleneck, :mod:`posenc.trace.stems`), or None.
+        rotary_rows: the length the rotary module is called with where it sizes its output by its input's length and
+            the attention reads that output at the position ids (CLVP's angles of positions ``0 .. S - 1``): the
+            context's, so every position the unit serves is in it (the model passes only ``0 .. S - 1``); None
+            otherwise.
     """
 
     guard_exported = True
@@ -106,6 +115,9 @@ class TracedAttention(nn.Module):
         cacheless: bool = False,
         cache_kind: str = "dynamic",
         derived: Mapping[str, tuple[DerivedRecipe, nn.Module | None]] | None = None,
+        order: str = BATCH_MAJOR,
+        stem: nn.Module | None = None,
+        rotary_rows: int | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -128,6 +140,9 @@ class TracedAttention(nn.Module):
         self.cacheless = cacheless
         self.cache_kind = cache_kind
         self.stream_keys = list(stream_widths(call))  # second streams: graph inputs after the others
+        self.order = order
+        self.stem = stem
+        self.rotary_rows = rotary_rows
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
         self.derived = nn.ModuleDict(
             {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
@@ -156,7 +171,8 @@ class TracedAttention(nn.Module):
             return arrange(cos, layout).to(hidden.dtype), arrange(sin, layout).to(hidden.dtype)
         if self.rotary is None or self.rotary_call is None:
             raise ExportError("the model's call takes position embeddings, but no rotary module was captured.")
-        args, kwargs = self._fill(self.rotary_call, hidden, position_ids, None, None, 0)
+        rows = hidden if self.rotary_rows is None else hidden.new_zeros(1, self.rotary_rows, hidden.shape[-1])
+        args, kwargs = self._fill(self.rotary_call, rows, position_ids, None, None, 0)
         out = self.rotary(*args, **kwargs)
         if self.rotary_call.item is not None:  # one entry of what it returns (FastSpeech2-Conformer's pos_enc)
             return out[self.rotary_call.item]
@@ -190,8 +206,18 @@ class TracedAttention(nn.Module):
         mask: torch.Tensor | None,
         past: int,
         streams: Mapping[str, torch.Tensor] | None = None,
+        attended: torch.Tensor | None = None,
+        stem: tuple[Any, ...] = (),
     ) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments of a call by ``recipe``; ``streams``: the second streams given as graph inputs, by keyword;
+        ``attended``: what an argument of kind ``hidden`` is, where not ``hidden`` (the attention's input in the
+        model's axis order); ``stem``: the stem's outputs."""
+
         def value(key: str, kind: str) -> Any:
+            if kind == "hidden" and attended is not None:
+                return attended
+            if kind == "stem":
+                return stem[int(recipe.constants[key])]
             if kind == "position_embeddings":
                 return self.position_embeddings(hidden, position_ids)
             if kind == "mask":
@@ -256,10 +282,12 @@ class TracedAttention(nn.Module):
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
-        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given)
+        attended = to_model(hidden, self.order)
+        stem = tuple(self.stem(attended)) if self.stem is not None else ()
+        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
         with default_dtype(hidden.dtype):
             output = self.attention(*args, **kwargs)
-        out = attention_output(output)
+        out = from_model(attention_output(output), self.order)
         if cache is None:
             return (out,)
         entry = own.layers[self.layer]

@@ -20,6 +20,8 @@ from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import attention_output
 from posenc.trace.calls import CAPTURE_TOKENS, Call
 from posenc.trace.embedding import EmbeddingStep, _step_args
+from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
+from posenc.trace.stems import Stem
 
 
 def _probe(
@@ -32,13 +34,22 @@ def _probe(
     calls: Mapping[str, Call],
     layer: int,
     fresh_cache: Any,
+    hidden_key: str | None = None,
+    order: str = BATCH_MAJOR,
+    stem: Stem | None = None,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The attention (with the checkpoint's weights) called exactly as the model called it, on random hidden states
     and a fresh cache (``fresh_cache()`` in place of any ``cache_class``): ``(hidden, position_ids, out)``; with an
     embedding step, ``hidden`` are random token embeddings that the model's own position embeddings (as computed in
-    the capture call) and norms turn into the attention's input."""
+    the capture call) and norms turn into the attention's input. ``hidden`` is the states the model passed (under
+    ``hidden_key``, else first), in its axis ``order``; ``hidden`` and ``out`` of the probe are ``[B, S, E]``. With
+    a ``stem`` (:mod:`posenc.trace.stems`), ``hidden`` is the layer's input and every argument that was one of the
+    stem's outputs gets the stem's output on the probe's states. ``width``: the unit's input width, where not the
+    attention's (token embeddings narrower than the layers)."""
     generator = torch.Generator().manual_seed(1)
-    fresh = torch.randn(hidden.shape, generator=generator, dtype=torch.float32)
+    shape = from_model(hidden, order).shape
+    fresh = torch.randn(*shape[:-1], width or shape[-1], generator=generator, dtype=torch.float32)
     inputs = fresh
     if step is not None:
         call = calls[step.record.position.path]
@@ -50,26 +61,39 @@ def _probe(
                 inputs = step.position(*args, **kwargs)
             for norm in step.norms:
                 inputs = norm(inputs)
+    inputs = to_model(inputs, order)
 
     def fresh_state(value: Any) -> Any:  # the cache and the shared keys and values, as the unit passes them
         return fresh_cache() if isinstance(value, cache_class) else ({} if isinstance(value, UserDict) else value)
 
-    def run(states: torch.Tensor) -> torch.Tensor:
-        # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
-        filled = {k: states if v is hidden else fresh_state(v) for k, v in target.kwargs.items()}
-        listed = [states if v is hidden else fresh_state(v) for v in target.args]
-        if "hidden_states" in filled:
-            filled["hidden_states"] = states
-        else:
-            listed[0] = states
+    def run(states: torch.Tensor) -> torch.Tensor:  # states [B, S, E] -> the attention's output [B, S, E]
+        states = to_model(states, order)
+        streams: tuple[Any, ...] = ()
+        if stem is not None:
+            with torch.no_grad():
+                streams = tuple(stem.module(states))
+
+        def fresh_arg(value: Any) -> Any:
+            # every argument that is the layer's hidden states gets the probe's (CTRL passes them three times: v, k, q)
+            index = stem.index_of(value) if stem is not None else None
+            return streams[index] if index is not None else states if value is hidden else fresh_state(value)
+
+        kwargs = {k: fresh_arg(v) for k, v in target.kwargs.items()}
+        args = [fresh_arg(v) for v in target.args]
+        if stem is None and hidden_key is not None:
+            kwargs[hidden_key] = states
+        elif stem is None:
+            args[0] = states
         with torch.no_grad():
             try:
-                return attention_output(attention(*listed, **filled)).detach().clone()
+                output = attention(*args, **kwargs)
             except Exception as exc:
                 raise _probe_error(exc, target, cache_class, layer) from None
+        return from_model(attention_output(output), order).detach().clone()
 
-    out = run(inputs)
-    _check_mixing(attention, inputs, out, run)
+    batch_major = from_model(inputs, order)
+    out = run(batch_major)
+    _check_mixing(attention, batch_major, out, run)
     return fresh, positions, out
 
 

@@ -37,6 +37,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "shape",  # the hidden states' leading shape (an argument of the code that computes a derived tensor)
     "length",  # the sequence length S (an argument of the code that computes a derived tensor)
     "device",  # the hidden states' device (an argument of the code that computes a derived tensor)
+    "stem",  # one of the outputs of the layer's stem module, called on the layer's input (posenc.trace.stems)
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
@@ -208,6 +209,16 @@ class TraceRecord:
     derived: dict[str, DerivedRecipe] = field(optional=True, default_factory=dict)
     """Arguments of kind ``derived`` (keyword, or ``"#i"``) -> how the unit computes them
     (:mod:`posenc.trace.derived`)."""
+    rotary_rows: int | None = field(optional=True, default=None)
+    """Where the rotary module sizes its output by the hidden states' length and the attention reads it at the
+    position ids (CLVP's): the length the unit calls it with (the context's), else None."""
+    stem: ModuleRef | None = field(optional=True, default=None)
+    """The layer's module the unit calls on the layer's input before the attention, whose outputs are the
+    attention's inputs (MobileBERT's ``bottleneck``: :mod:`posenc.trace.stems`), else None."""
+    order: str = field(optional=True, default="batch-major")
+    """The axis order the model hands its attention the hidden states in (:mod:`posenc.trace.orders`:
+    ``batch-major`` [B, S, E], ``channels-first`` [B, E, S], ``time-major`` [S, B, E]); the unit transposes into it
+    and back."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
