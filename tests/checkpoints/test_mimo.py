@@ -111,10 +111,10 @@ def test_a_released_config_plans_every_layer() -> None:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_exports_fuse_and_validate_against_the_module(checkpoint: Path, kind: str, tmp_path: Path) -> None:
     """Both cache layouts: the concatenated graph validates against the module (``--against-hf``); on ort-cpu the
-    partial rotations fuse, the attention fuses (the sliding layer's sinks as a zero key), GroupQueryAttention is
-    declined for the narrow values with its reason, the in-place graph decodes over its cache (``decode_over_cache``)
-    and passes ``validate --decode``; on TensorRT the rotations fuse and the attention stays decomposed, the reason
-    named (its Attention layer takes one head width)."""
+    partial rotations fuse, the attention fuses (the sliding layer's sinks as a zero key), a first prompt runs on
+    GroupQueryAttention with the values zero-padded to the keys' width (validated against the module), the in-place
+    graph decodes over its cache (``decode_over_cache``) and passes ``validate --decode``; on TensorRT the rotations
+    fuse and the attention stays decomposed, the reason named (its Attention layer takes one head width)."""
     layer = str(KINDS[kind][0])
     concat, inplace = tmp_path / "concat.onnx", tmp_path / "inplace.onnx"
     assert main(["export", "--hf-model", str(checkpoint), "--layer", layer, "-o", str(concat)]) == 0
@@ -133,9 +133,10 @@ def test_exports_fuse_and_validate_against_the_module(checkpoint: Path, kind: st
             if target == "trt":
                 assert "fuse_attention" not in text, text
                 assert "TensorRT's Attention needs one head dim" in text, text
-            elif source == concat:
+            elif source == concat:  # the first prompt on GroupQueryAttention, the values zero-padded to 24
                 assert "fuse_attention 1" in text, text
-                assert "GroupQueryAttention takes one head size" in text, text
+                assert "prefill_over_gqa 1" in text, text
             else:
                 assert "decode_over_cache 1" in text, text
+    assert main(["validate", str(concat.with_suffix(".ort-cpu.onnx")), "--against-hf", str(checkpoint)]) == 0
     assert main(["validate", str(inplace.with_suffix(".ort-cpu.onnx")), "--decode"]) == 0
