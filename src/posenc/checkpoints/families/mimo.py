@@ -1,7 +1,7 @@
 """MiMo-V2-Flash: values narrower than keys, attention sinks and twice the kv heads on sliding layers, partial RoPE
 per layer type, scaled values.
 
-Xiaomi LLM-Core, "MiMo-V2-Flash Technical Report", 2026, https://arxiv.org/abs/2601.02780; attention sinks: Xiao et
+LLM-Core Xiaomi, "MiMo-V2-Flash Technical Report", 2026, https://arxiv.org/abs/2601.02780; attention sinks: Xiao et
 al., "Efficient Streaming Language Models with Attention Sinks", 2023, https://arxiv.org/abs/2309.17453.
 
 What transformers' ``MiMoV2FlashAttention`` computes, against the Llama block:
