@@ -5,7 +5,9 @@ Builds seeded checkpoints (transformers ``save_pretrained``, random initialisati
 geometry ratios scaled to hidden 1024 (ModernBERT-base: 64-wide heads, multi-head, a ±64-token local window; LFM3:
 128-wide heads, 4 query heads per kv head, a 256-token window, proportional half-rotary full layers, the per-head
 gate; Gemma 4's default text config: 256-wide heads, 2 query heads per kv head, 512-wide full-layer heads with
-proportional RoPE, a 512-token window) and of a Llama with each geometry, exports one layer of each kind
+proportional RoPE, a 512-token window; MiMo-V2-Flash: 16 heads of 192 with 128-wide values (H·Dv = 2E, as 64 of 128
+at hidden 4096), 1 kv head on full layers and 2 with sinks on sliding ones, a 129-token window, RoPE on 64 of 192
+features) and of a Llama with each geometry, exports one layer of each kind
 (``posenc export --hf-model``), optimizes it for ONNX Runtime CPU (``posenc optimize --target ort-cpu``), and times
 every graph in one ``posenc bench`` run, so the ratios compare graphs measured in the same rounds on the same
 machine. Optionally builds TensorRT-RTX engines
@@ -38,6 +40,11 @@ GEMMA4 = {"hidden_size": 1024, "num_attention_heads": 4, "num_key_value_heads": 
           "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 64, "max_position_embeddings": CONTEXT,
           "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
           "bos_token_id": 1, "eos_token_id": 1}  # fmt: skip
+MIMO = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 1, "head_dim": 192, "v_head_dim": 128,
+        "intermediate_size": 1024, "moe_intermediate_size": 256, "n_routed_experts": 2, "num_experts_per_tok": 1,
+        "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": CONTEXT, "sliding_window": 129,
+        "layer_types": ["full_attention", "sliding_attention"], "pad_token_id": None, "bos_token_id": None,
+        "eos_token_id": None}  # fmt: skip
 LLAMA = {"intermediate_size": 1024, "num_hidden_layers": 2, "vocab_size": 128, "max_position_embeddings": CONTEXT}
 
 CHECKPOINTS = {
@@ -52,6 +59,9 @@ CHECKPOINTS = {
                                                               "num_key_value_heads": 2, "head_dim": 256}),
     "llama-4x512-gqa2": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 4,
                                                               "num_key_value_heads": 2, "head_dim": 512}),
+    "mimo": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", MIMO),
+    "llama-16x192-gqa8": ("LlamaConfig", "LlamaForCausalLM", {**LLAMA, "hidden_size": 1024, "num_attention_heads": 16,
+                                                               "num_key_value_heads": 2, "head_dim": 192}),
 }  # fmt: skip
 LAYERS = {
     "modernbert-global": ("modernbert", 0),
@@ -64,6 +74,9 @@ LAYERS = {
     "gemma4-full": ("gemma4", 1),
     "llama-4x256-gqa2": ("llama-4x256-gqa2", 1),
     "llama-4x512-gqa2": ("llama-4x512-gqa2", 1),
+    "mimo-full": ("mimo", 0),
+    "mimo-sliding": ("mimo", 1),
+    "llama-16x192-gqa8": ("llama-16x192-gqa8", 1),
 }
 """graph name -> (checkpoint, layer)."""
 

@@ -163,7 +163,7 @@ def _module(path: str, config, layer: int = 0, **arguments):
     with torch.no_grad():
         for parameter in attention.parameters():
             parameter.normal_(0.0, 0.2)
-        if hasattr(attention, "sinks"):
+        if getattr(attention, "sinks", None) is not None:
             attention.sinks.normal_(0.0, 1.0)
     return attention
 
@@ -359,6 +359,37 @@ def test_value_norm_and_values_from_keys_equal_gemma4_and_every_cache_path() -> 
         rest, _, _ = block.forward_in_place(x[:, 4:], None, keys, values, torch.tensor([4, 4]))
     torch.testing.assert_close(torch.cat((first, rest), 1), got, atol=1e-10, rtol=1e-10)
     assert _changed(block, x, want, v_norm=False) > 1e-2
+
+
+def test_values_narrower_than_keys_equal_mimo_v2_flash_and_every_cache_path() -> None:
+    """MiMo-V2-Flash's full layer: values 8 wide against 16-wide keys (``v_proj [Hkv·8, E]``, ``o_proj [E, H·8]``);
+    the block with ``v_head_dim=8`` equals the module (its value scale 1, full rotation), decode in steps and the
+    in-place cache (a value cache 8 wide) alike; the value width cannot differ from the keys' where values are keys."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+    kinds = {"layer_types": ["full_attention", "sliding_attention"],
+             "rope_parameters": {"full_attention": rope, "sliding_attention": rope}}  # fmt: skip
+    hf = transformers.MiMoV2FlashConfig(**_TINY, **kinds, v_head_dim=8, attention_value_scale=None, n_routed_experts=2)
+    mimo = _module("mimo_v2_flash.modeling_mimo_v2_flash.MiMoV2FlashAttention", hf)
+    config = dataclasses.replace(BASE, v_head_dim=8)
+    block = _block(config, mimo.state_dict())
+    assert tuple(block.v_proj.weight.shape) == (16, 64)
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    positions = torch.arange(7)
+    with torch.no_grad():
+        want = mimo(x, _embeddings(positions), _mask(positions, positions, None))[0]
+        got, key, value = block(x)
+    assert (key.shape[-1], value.shape[-1]) == (16, 8)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(decode_in_steps(block, x, 4), got, atol=1e-10, rtol=1e-10)
+    keys, values = torch.zeros(2, 2, 9, 16, dtype=torch.float64), torch.zeros(2, 2, 9, 8, dtype=torch.float64)
+    with torch.no_grad():
+        first, keys, values = block.forward_in_place(x[:, :4], None, keys, values, torch.tensor([0, 0]))
+        rest, _, _ = block.forward_in_place(x[:, 4:], None, keys, values, torch.tensor([4, 4]))
+    torch.testing.assert_close(torch.cat((first, rest), 1), got, atol=1e-10, rtol=1e-10)
+    with pytest.raises(ConfigError, match=r"v_head_dim 8 cannot differ from head_dim there"):
+        dataclasses.replace(config, values_from_keys=True)
+    with pytest.raises(ConfigError, match=r"v_head_dim must be a positive int"):
+        dataclasses.replace(config, v_head_dim=0)
 
 
 @pytest.mark.parametrize(

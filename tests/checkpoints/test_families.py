@@ -33,6 +33,8 @@ SLOW = {
     "lfm3",
     "gemma4-sliding",
     "gemma4-full",
+    "mimo-v2-flash-sliding",
+    "mimo-v2-flash-full",
 }
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
@@ -44,7 +46,8 @@ layer is exported here in the default run (bidirectional window, fused Wqkv, loc
 graph without the window, in the slow run (tests/checkpoints/test_modernbert.py proves both against their module and
 whole model). Gemma 4's layers are proven in eager PyTorch against their module and whole model in the default run
 (tests/checkpoints/test_gemma4.py, which also exports and fuses the full layer); their CLI export runs here in the
-slow run."""
+slow run. MiMo-V2-Flash's layers likewise (tests/checkpoints/test_mimo.py, which also exports the sliding layer
+through the CLI and validates it against its module)."""
 
 
 BOTH_MODES = {

@@ -20,7 +20,16 @@ ATTENTION_OF: dict[str, Callable[[Any, int, str | None], torch.nn.Module]] = {
         lambda model, layer, stack: model.layers[layer].self_attn,
     ),
     **dict.fromkeys(
-        ("llama4_text", "deepseek_v2", "deepseek_v3", "hunyuan_v1_dense", "mistral4", "qwen3_next", "gemma4_text"),
+        (
+            "llama4_text",
+            "deepseek_v2",
+            "deepseek_v3",
+            "hunyuan_v1_dense",
+            "mistral4",
+            "qwen3_next",
+            "gemma4_text",
+            "mimo_v2_flash",
+        ),
         lambda model, layer, stack: model.layers[layer].self_attn,
     ),
     **dict.fromkeys(

@@ -211,3 +211,17 @@ def test_a_mask_given_as_input_takes_the_fused_branch_only_when_it_is_the_causal
         assert bool(got[-1].all()) is fused
         for name, a, b in zip(("out", "present_key", "present_value"), got, want, strict=False):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"fused={fused} {name}")
+
+
+@pytest.mark.slow  # an export and an optimize (about 10 s); the default run's budget is spent on the eager proofs
+def test_values_narrower_than_the_keys_are_padded_for_group_query_attention(tmp_path: Path) -> None:
+    """MiMo-V2-Flash's values (here 8 wide against 16-wide keys, with sinks): the first prompt takes
+    GroupQueryAttention with the values zero-padded to 16 and its output and present values cut back to 8 per head;
+    cached calls keep the Attention; both match the float64 eager block."""
+    source, target = _optimized(tmp_path, "rope", attention_sinks=True, v_head_dim=8)
+    manifest = load_manifest(target, verify=False)
+    assert manifest.input("past_value").shape[-1] == 8
+    for shape, fresh in ((FeedShape(2, 9, 0), True), (FeedShape(2, 5, 3), False)):
+        feed = make_feed(manifest, shape, seed=8)
+        assert _takes_gqa(target, feed) is fresh
+        _assert_matches_eager(source, target, feed, f"narrow values {shape}")

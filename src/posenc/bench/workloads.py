@@ -104,7 +104,7 @@ class Workload:
         cfg, shape = self.config, self.shape
         element = self.outputs[0].element_size()
         activations = 2 * shape.batch * shape.seq * cfg.hidden_size
-        slot = 2 * shape.batch * cfg.num_kv_heads * cfg.head_dim  # one key and one value per row
+        slot = shape.batch * cfg.num_kv_heads * (cfg.head_dim + cfg.value_dim)  # one key and one value per row
         return self.weight_bytes + element * (activations + slot * shape.total + slot * shape.seq)
 
     @property
@@ -115,9 +115,9 @@ class Workload:
             return None
         cfg, shape = self.config, self.shape
         tokens = shape.batch * shape.seq
-        width = cfg.num_heads * cfg.head_dim
-        projections = 2 * tokens * cfg.hidden_size * (2 * width + 2 * cfg.num_kv_heads * cfg.head_dim)
-        attention = 4 * tokens * cfg.num_heads * shape.total * cfg.head_dim
+        widths = cfg.head_dim + cfg.value_dim  # q and o; k and v (values may be narrower than keys)
+        projections = 2 * tokens * cfg.hidden_size * (cfg.num_heads + cfg.num_kv_heads) * widths
+        attention = 2 * tokens * cfg.num_heads * shape.total * widths
         return projections + attention
 
     def mark_read_inputs(self, graph_inputs: list[str]) -> None:

@@ -175,9 +175,10 @@ class AttentionBlock(nn.Module):
 
     Shapes:
         hidden ``[B, S, E]``; position_ids ``[B, S]`` or ``[1, S]`` int64 (default ``P + arange(S)``);
-        past_key / past_value ``[B, Hkv, P, D]``; returns ``(out [B, S, E], present_key, present_value)``
-        with presents ``[B, Hkv, P + S, D]``. Cached keys sit at positions ``0 .. P - 1``, new keys at
-        ``position_ids`` (so the causal mask and relative distances follow the ids you pass).
+        past_key / past_value ``[B, Hkv, P, D]`` (values ``Dv`` wide with ``config.v_head_dim``); returns
+        ``(out [B, S, E], present_key, present_value)`` with presents ``[B, Hkv, P + S, D]``. Cached keys sit at
+        positions ``0 .. P - 1``, new keys at ``position_ids`` (so the causal mask and relative distances follow the
+        ids you pass).
         For ``qk`` schemes the cache holds rotated keys; for ``attention`` schemes, unrotated keys.
 
     Computation: ``q, k, v`` from ``q_proj``/``k_proj``/``v_proj`` (bias when ``config.qkv_bias``), then
@@ -187,7 +188,8 @@ class AttentionBlock(nn.Module):
     q's temperature (``config.temperature_floor_scale``); scores ``q·kᵀ · scale`` (+ bias of a ``score``
     scheme), ``cap · tanh(scores / cap)`` when ``config.logit_softcap``, masked by causality,
     ``config.sliding_window`` and ``config.attention_chunk_size``, softmax in float32, ``@ v``, heads merged,
-    ``o_proj`` (bias when ``config.out_bias``). Multi-axis schemes take position ids ``[A, B, S]`` and mask in
+    ``o_proj`` (bias when ``config.out_bias``; its input ``H·Dv`` wide with values narrower than keys,
+    ``config.v_head_dim``). Multi-axis schemes take position ids ``[A, B, S]`` and mask in
     token order (cached keys at ``0 .. P - 1``, new tokens at ``P .. P + S - 1``), as transformers' Qwen2-VL does.
 
     With ``config.attention_sinks`` the softmax has one more column per head holding ``sinks[h]``; with
@@ -216,21 +218,22 @@ class AttentionBlock(nn.Module):
         super().__init__()
         self.config = config
         h, hkv, d, e = config.num_heads, config.num_kv_heads, config.head_dim, config.hidden_size
+        dv = config.value_dim
         check_bytes(
-            4 * (2 * e * h * d + 2 * e * hkv * d),  # q, o and k, v projections in float32
+            4 * e * (h * d + h * dv + hkv * d + hkv * dv),  # q, o, k and v projections in float32
             f"the projection weights of hidden size {e} with {h}/{hkv} heads of {d}",
             "choose a smaller hidden size, head count or head dim.",
         )
         self.scheme = block_scheme(config, scheme, params, table_mode, max_positions, table_dtype)
         self.q_proj = nn.Linear(e, h * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(e, hkv * d, bias=config.qkv_bias)
-        self.v_proj = None if config.values_from_keys else nn.Linear(e, hkv * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(h * d, e, bias=config.out_bias)
+        self.v_proj = None if config.values_from_keys else nn.Linear(e, hkv * dv, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(h * dv, e, bias=config.out_bias)
         self.q_norm, self.k_norm = qk_norms(config)
-        self.v_norm = HeadRMSNorm(d, config.qk_norm_eps, learned=False) if config.v_norm else None
+        self.v_norm = HeadRMSNorm(dv, config.qk_norm_eps, learned=False) if config.v_norm else None
         # sinks drawn like the projections' seeded weights (a checkpoint's replace them), so that they show
         self.sinks = nn.Parameter(torch.randn(h)) if config.attention_sinks else None
-        gate_width = h if config.output_gate_per_head else h * d
+        gate_width = h if config.output_gate_per_head else h * dv
         self.gate_proj = nn.Linear(e, gate_width, bias=config.qkv_bias) if config.output_gate != "none" else None
         self.scheme.share_projections(self.q_proj, self.k_proj)
 
@@ -322,7 +325,7 @@ class AttentionBlock(nn.Module):
         if norms and not cfg.qk_norm_after_rope and not cfg.qk_norm_full_width:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]  # set whenever qk_norm is
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(b, s, cfg.num_kv_heads, cfg.value_dim)
         if self.v_norm is not None:
             v = self.v_norm(v)
         v = v.transpose(1, 2)
@@ -384,7 +387,7 @@ class AttentionBlock(nn.Module):
                 visible = key_mask[:, None, None, :]
                 mask = visible if mask is None else mask & visible
             out = softmax_attention(scores, v, mask, self.sinks)
-        out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
+        out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.value_dim)
         if self.gate_proj is not None:
             if gate is None:
                 raise ConfigError(

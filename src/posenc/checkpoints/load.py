@@ -203,10 +203,11 @@ def _check_partial_rotary(loaded: LoadedLayer) -> None:
         return
     reference = loaded.reference("float64", torch.float64)
     past = torch.zeros(1, config.num_kv_heads, 0, config.head_dim, dtype=torch.float64)
+    past_value = torch.zeros(1, config.num_kv_heads, 0, config.value_dim, dtype=torch.float64)
     hidden = torch.zeros(1, 1, config.hidden_size, dtype=torch.float64)
     try:
         with torch.no_grad():
-            reference(hidden, torch.zeros(1, 1, dtype=torch.long), past, past)
+            reference(hidden, torch.zeros(1, 1, dtype=torch.long), past, past_value)
     except RuntimeError as exc:
         module = type(getattr(reference, "attention", reference)).__name__
         raise ConfigError(

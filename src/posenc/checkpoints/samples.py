@@ -199,6 +199,17 @@ _GEMMA4 = {**TINY, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_
 0.25, theta 1e6 on the full layer: 4 of its 16 pairs rotate); the full layer 32 wide with one kv head whose values are
 its keys (``attention_k_eq_v``, as the 31B model), the sliding layers 16 wide with two; window 4."""
 
+_MIMO_ROPE = {"rope_type": "default", "partial_rotary_factor": 0.334}
+_MIMO = {**TINY, "num_hidden_layers": 2, "num_key_value_heads": 1, "head_dim": 24, "v_head_dim": 16,
+         "attention_bias": True, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"],
+         "rope_parameters": {"full_attention": {**_MIMO_ROPE, "rope_theta": 5e6},
+                             "sliding_attention": {**_MIMO_ROPE, "rope_theta": 10000.0}},
+         "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+         **NO_SPECIAL_TOKENS}  # fmt: skip
+"""MiMo-V2-Flash's pattern shortened (a full layer, then a sliding one) with its RoPE per kind (0.334 of 24-wide heads:
+8 features rotate, as 64 of 192 in the released model), values 16 wide (128 of 192 there), one kv head on the full layer
+and two on the sliding one (4 and 8 there), sinks on the sliding layer, q/k/v biases, window 4 (129 there)."""
+
 SAMPLES: dict[str, Sample] = {
     sample.name: sample
     for sample in (
@@ -366,6 +377,10 @@ SAMPLES: dict[str, Sample] = {
                "Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, layer=1),
         Sample("gemma4-full", "Gemma 4 full layer: p-RoPE, wider heads, keys as values, v norm",
                "Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4, layer=2),
+        Sample("mimo-v2-flash-sliding", "MiMo-V2-Flash sliding layer: values narrower than keys, sinks, window, "
+               "partial RoPE, scaled values", "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO, layer=1),
+        Sample("mimo-v2-flash-full", "MiMo-V2-Flash full layer: values narrower than keys, partial RoPE of theta 5e6",
+               "MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", _MIMO, layer=0),
         Sample("modernbert-global", "ModernBERT global layer: fused Wqkv, bidirectional, global RoPE theta",
                "ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT, layer=None, layer_type="full_attention"),
         Sample("modernbert-local", "ModernBERT local layer: bidirectional sliding window, local RoPE theta",

@@ -76,6 +76,9 @@ class AttentionConfig:
             ``qk_norm_eps`` (Gemma 4's ``v_norm``); the cache holds the normalised values.
         values_from_keys: no ``v_proj``: the values are the key projection's output before the k norm and the
             rotation (Gemma 4's ``attention_k_eq_v`` layers), then ``v_norm`` if set.
+        v_head_dim: per-head width Dv of the values where it differs from ``head_dim`` (MiMo-V2-Flash: keys 192,
+            values 128): ``v_proj`` ``[Hkv·Dv, E]``, ``o_proj`` ``[E, H·Dv]``, the value cache ``[B, Hkv, P, Dv]``;
+            ``None``: the values are ``head_dim`` wide (:attr:`value_dim` is the width either way).
     """
 
     hidden_size: int = 256
@@ -104,6 +107,7 @@ class AttentionConfig:
     output_gate_per_head: bool = False
     v_norm: bool = False
     values_from_keys: bool = False
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         flags = ("causal", "qkv_bias", "out_bias", "qk_norm_after_rope", "qk_norm_full_width", "attention_sinks",
@@ -129,6 +133,7 @@ class AttentionConfig:
             raise ConfigError(f"AttentionConfig.num_kv_heads must be a positive int, got {kv!r}.")
         if isinstance(hd, bool) or not isinstance(hd, int) or hd < 1:
             raise ConfigError(f"AttentionConfig.head_dim must be a positive int, got {hd!r}.")
+        self._check_value_width()
         if self.num_heads % kv:
             raise ConfigError(
                 f"num_heads {self.num_heads} is not divisible by num_kv_heads {kv}; grouped-query attention "
@@ -188,9 +193,29 @@ class AttentionConfig:
         if self.output_gate_per_head and self.output_gate == "none":
             raise ConfigError("AttentionConfig.output_gate_per_head needs an output_gate ('sigmoid' or 'softplus').")
 
+    def _check_value_width(self) -> None:
+        width = self.v_head_dim
+        if width is None:
+            return
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ConfigError(
+                f"AttentionConfig.v_head_dim must be a positive int (the values' per-head width, e.g. MiMo-V2-Flash's "
+                f"v_head_dim 128) or None for head_dim, got {width!r}."
+            )
+        if self.values_from_keys and width != self.head_dim:
+            raise ConfigError(
+                f"AttentionConfig.values_from_keys takes the values from the key projection, {self.head_dim} wide; "
+                f"v_head_dim {width} cannot differ from head_dim there."
+            )
+
     @property
     def kv_groups(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def value_dim(self) -> int:
+        """Per-head width of the values: :attr:`v_head_dim`, else :attr:`head_dim`."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -199,15 +199,16 @@ def _slots(
         return _mla_slots(config, positions)
     config = rotary_geometry(config)  # an MLA geometry's op rotates its rope slice
     e, h, hkv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    dv, width = config.value_dim, "D" if config.v_head_dim is None else "Dv"  # values narrower than keys: Dv
     if unit is UnitKind.BLOCK:
         return (
             [
                 Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
                 positions,
                 Slot("past_key", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
-                Slot("past_value", "past", ("batch", hkv, "past", d), "[B, Hkv, P, D]"),
+                Slot("past_value", "past", ("batch", hkv, "past", dv), f"[B, Hkv, P, {width}]"),
             ],
-            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", "[B, Hkv, P+S, D]")],
+            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, P+S, D]"), ("present_value", f"[B, Hkv, P+S, {width}]")],
         )
     if unit is UnitKind.BLOCK_INPLACE:
         c = config.max_position_embeddings if cache_slots is None else cache_slots
@@ -216,10 +217,10 @@ def _slots(
                 Slot("hidden", "act", ("batch", "seq", e), "[B, S, E]"),
                 positions,
                 Slot("key_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
-                Slot("value_cache", "past", ("batch", hkv, c, d), "[B, Hkv, C, D]"),
+                Slot("value_cache", "past", ("batch", hkv, c, dv), f"[B, Hkv, C, {width}]"),
                 Slot("past_length", "length", ("batch",), "[B]"),
             ],
-            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", "[B, Hkv, C, D]")],
+            [("out", "[B, S, E]"), ("present_key", "[B, Hkv, C, D]"), ("present_value", f"[B, Hkv, C, {width}]")],
         )
     if unit is UnitKind.OP_3D:
         return (

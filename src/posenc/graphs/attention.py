@@ -151,8 +151,8 @@ class _SoftmaxAttention(pattern.RewriteRuleClassBase):
         qk_dim, v_dim = mu.static_dim(q, 3), mu.static_dim(v, 3)
         if self.equal_head_dims and (qk_dim is None or qk_dim != v_dim):
             reason = (
-                f"attention: q/k head dim {qk_dim} differs from v's {v_dim} (multi-head latent attention), and "
-                f"TensorRT's Attention needs one head dim for q, k and v"
+                f"attention: q/k head dim {qk_dim} differs from v's {v_dim}, and TensorRT's Attention needs one head "
+                f"dim for q, k and v"
             )
             _decline(reason)
             return result.fail(reason, v)
@@ -344,7 +344,7 @@ def fuse_attention(
         softcap: fuse a logit soft-cap into the ``softcap`` attribute (ONNX Runtime); ``False`` leaves
             soft-capped attention decomposed (TensorRT's parser rejects ``softcap``).
         equal_head_dims: fuse only attention whose v has the head dim of q and k (TensorRT's layer needs one;
-            multi-head latent attention's v is narrower), leaving the others decomposed.
+            multi-head latent attention's and MiMo-V2-Flash's v are narrower), leaving the others decomposed.
         declined: if given, receives why an attention was left decomposed (one line per reason).
 
     Returns:

@@ -10,7 +10,7 @@ per query head, a grouped-query block's cache ``H / Hkv`` times. Both are what a
 :func:`decode_over_cache` (target ``ort-cpu``) rewrites that attention into
 ``If(S <= 16 and 3·T >= C, grouped, sliced)``:
 
-- ``grouped``: the query heads of each key/value head as one ``[G·S, D]`` block, scores
+- ``grouped``: the query heads of each key/value head as one ``[G·S, D]`` block (values of their own width), scores
   ``MatMul(q_g, Kᵀ)`` and ``MatMul(P, V)`` over the whole cache of ``C`` slots, the mask padded with "hidden" for the
   slots past ``T``. Every cached key is read once, nothing is copied. The attention over ``C`` slots with slots
   ``T .. C - 1`` hidden equals the attention over ``T`` slots exactly when those slots hold finite values (the
@@ -75,8 +75,8 @@ class _DecodeOverCache(pattern.RewriteRuleClassBase):
         heads, kv_heads, head_dim = mu.static_dim(q, 1), mu.static_dim(keys, 1), mu.static_dim(q, 3)
         if mu.rank(q) != 4 or None in (heads, kv_heads, head_dim) or heads % kv_heads:
             return result.fail("head counts or head size are unknown or do not group", q)
-        if mu.static_dim(values, 1) != kv_heads or mu.static_dim(values, 3) != head_dim:
-            return result.fail("the value cache does not match the key cache's heads", values)
+        if mu.static_dim(values, 1) != kv_heads or mu.static_dim(values, 3) is None:
+            return result.fail("the value cache does not match the key cache's heads, or its width is unknown", values)
         if mu.dtype(q) not in mu.FLOAT_TYPES or mu.rank(mask) != 4:
             return result.fail("a float query and a 4-D mask are needed", q)
         if mu.dtype(mask) != ir.DataType.BOOL and mu.dtype(mask) != mu.dtype(q):
@@ -190,8 +190,9 @@ def _grouped_graph(
     if wide:
         probs = tape.op("Cast", [probs], {"to": dtype})
     per_group = tape.op("Concat", [mu.int_constant(tape, 0, kv_heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
-    grouped_out = tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])  # [B, Hkv, G*S, D]
-    out = tape.op("Reshape", [grouped_out, mu.int_constant(tape, 0, heads, -1, head_dim)])  # type: ignore[arg-type]
+    grouped_out = tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])  # [B, Hkv, G*S, Dv]
+    value_dim = mu.static_dim(values, 3)  # the values' own width (narrower than the keys' in MiMo-V2-Flash)
+    out = tape.op("Reshape", [grouped_out, mu.int_constant(tape, 0, heads, -1, value_dim)])  # type: ignore[arg-type]
     out = mu.shaped_like(out, node.outputs[0])
     return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
 

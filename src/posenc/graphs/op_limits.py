@@ -80,7 +80,13 @@ def gqa_heads(q4: ir.Value, k4: ir.Value, v4: ir.Value) -> str | None:
         return "GroupQueryAttention: the head counts or the head size are not static"
     if heads % kv_heads:
         return f"GroupQueryAttention needs num_heads ({heads}) a multiple of kv_num_heads ({kv_heads})"
-    if mu.static_dim(v4, 1) != kv_heads or mu.static_dim(k4, 3) != head_dim or mu.static_dim(v4, 3) != head_dim:
+    value_dim = mu.static_dim(v4, 3)
+    if mu.static_dim(k4, 3) == head_dim and value_dim is not None and value_dim != head_dim:
+        return (
+            f"values {value_dim} wide, queries and keys {head_dim}: GroupQueryAttention takes one head size for q, k "
+            f"and v (its value cache has the keys' width)"
+        )
+    if mu.static_dim(v4, 1) != kv_heads or mu.static_dim(k4, 3) != head_dim or value_dim != head_dim:
         return "GroupQueryAttention needs one head size for q, k and v and as many value heads as key heads"
     return gqa_head_size(head_dim)
 

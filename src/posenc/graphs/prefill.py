@@ -17,7 +17,9 @@ attention into ``If(fresh, gqa, present)``:
   ``Attention`` and ``GroupQueryAttention`` compute the same softmax over the same keys.
 - ``gqa``: ``GroupQueryAttention(q, k, v, seqlens_k = S - 1, total_sequence_length = S)``, the score bias of an
   additive mask (ALiBi, T5: ``bias + Where(mask, 0, -inf)``) passed as ``attention_bias``; its ``present_key`` /
-  ``present_value`` are the new keys and values, ``[B, Hkv, S, D]``.
+  ``present_value`` are the new keys and values, ``[B, Hkv, S, D]``. Values narrower than the keys (MiMo-V2-Flash's
+  ``v_head_dim``; the op takes one head size) are zero-padded per head to the keys' width, and the output and
+  ``present_value`` cut back to ``Dv`` per head: exact, as the zero features only add zero outputs.
 - ``present``: the block's own head split, ``Concat`` and ``Attention``, moved into the branch so that a prefill
   does not run them.
 
@@ -140,7 +142,7 @@ class _PrefillOverGQA(pattern.RewriteRuleClassBase):
             return result.fail("causal flag or qk output on the Attention", node)
         if mu.rank(q) != 4 or mu.rank(k) != 4 or mu.rank(v) != 4 or mu.rank(merged) != 3:
             return result.fail("q, k, v are not [B, h, S, D] merged back into [B, S, H·D]", q)
-        heads = limits.gqa_heads(q, k, v)
+        heads = limits.gqa_heads(q, k, k if _narrow_values(q, k, v) else v)
         if heads is not None:
             return self._decline(result, heads, q)
         if mu.dtype(q) not in limits.GQA_CPU_TYPES:
@@ -237,10 +239,45 @@ def _merged_heads(tape: ir.tape.Tape, x4: ir.Value) -> ir.Value:
     return tape.op("Reshape", [heads, tape.op("Constant", [], {"value": ir.tensor(np.array([0, 0, -1]))})])
 
 
+def _narrow_values(q: ir.Value, k: ir.Value, v: ir.Value) -> int | None:
+    """``Dv`` of values ``v [B, Hkv, S, Dv]`` narrower than the keys ``k [B, Hkv, S, D]`` (as many heads, static
+    widths: MiMo-V2-Flash's), else ``None``."""
+    width, value_width = mu.static_dim(q, 3), mu.static_dim(v, 3)
+    if width is None or value_width is None or mu.static_dim(k, 3) != width or value_width >= width:
+        return None
+    return value_width if mu.static_dim(v, 1) == mu.static_dim(k, 1) else None
+
+
+def _ints(tape: ir.tape.Tape, *values: int) -> ir.Value:
+    return tape.op("Constant", [], {"value": ir.tensor(np.array(values, dtype=np.int64))})
+
+
+def _padded_values(tape: ir.tape.Tape, value: ir.Value, heads: int, width: int, value_width: int) -> ir.Value:
+    """Values ``[B, S, Hkv·Dv]`` zero-padded per head to ``[B, S, Hkv·D]`` (``GroupQueryAttention`` takes one head
+    size; a zero feature of every value adds zero to every output feature, which :func:`_narrowed` drops)."""
+    split = tape.op("Reshape", [value, _ints(tape, 0, 0, heads, value_width)])
+    padded = tape.op("Pad", [split, _ints(tape, 0, 0, 0, 0, 0, 0, 0, width - value_width)])
+    return tape.op("Reshape", [padded, _ints(tape, 0, 0, -1)])
+
+
+def _narrowed(tape: ir.tape.Tape, x: ir.Value, value_width: int, heads: int | None = None) -> ir.Value:
+    """The first ``Dv`` features of each head: of ``[B, S, H·D]`` (with ``heads``) or of ``[B, Hkv, S, D]``."""
+    if heads is None:
+        return tape.op("Slice", [x, _ints(tape, 0), _ints(tape, value_width), _ints(tape, 3)])
+    split = tape.op("Reshape", [x, _ints(tape, 0, 0, heads, -1)])
+    kept = tape.op("Slice", [split, _ints(tape, 0), _ints(tape, value_width), _ints(tape, 3)])
+    return tape.op("Reshape", [kept, _ints(tape, 0, 0, -1)])
+
+
 def _gqa_graph(found: _Attention, bias: ir.Value | None, head_sink: ir.Value | None = None) -> ir.Graph:
-    """The then branch: ``GroupQueryAttention`` over the new tokens only (a first prompt), with ``head_sink``."""
+    """The then branch: ``GroupQueryAttention`` over the new tokens only (a first prompt), with ``head_sink``; values
+    narrower than the keys are zero-padded to the keys' width for it and its outputs cut back to theirs."""
     tape = ir.tape.Tape()
     query, key, value = (_merged_heads(tape, x) for x in (found.q, found.k, found.v))
+    narrow = _narrow_values(found.q, found.k, found.v)
+    width, kv_heads = mu.static_dim(found.k, 3), mu.static_dim(found.k, 1)
+    if narrow is not None and width is not None and kv_heads is not None:
+        value = _padded_values(tape, value, kv_heads, width, narrow)
     seq = tape.op("Shape", [query], {"start": 1, "end": 2})
     batch = tape.op("Shape", [query], {"start": 0, "end": 1})
     last = tape.op("Sub", [seq, tape.op("Constant", [], {"value_ints": [1]})])
@@ -250,7 +287,10 @@ def _gqa_graph(found: _Attention, bias: ir.Value | None, head_sink: ir.Value | N
     inputs = [query, key, value, None, None, seqlens, total, None, None, None, bias, head_sink]
     while inputs[-1] is None:
         inputs.pop()
-    results = tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=mu.MS_DOMAIN)
+    results = list(tape.op_multi_out("GroupQueryAttention", inputs, attributes, num_outputs=3, domain=mu.MS_DOMAIN))
+    if narrow is not None:
+        results[0] = _narrowed(tape, results[0], narrow, mu.static_dim(found.q, 1))
+        results[2] = _narrowed(tape, results[2], narrow)
     templates = (found.merged, found.present_k, found.present_v)
     outputs = [mu.shaped_like(out, like) for out, like in zip(results, templates, strict=True)]
     return ir.Graph([], outputs, nodes=tape.nodes, name="prefill_group_query_attention")

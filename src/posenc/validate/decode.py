@@ -193,8 +193,8 @@ class OrtDecodeRunner(BaseRunner):
         if self.in_place:
             slots = int(self.manifest.input("key_cache").shape[2])
             rng = np.random.default_rng(self.seed)
-            shape = (self.batch, config.num_kv_heads, slots, config.head_dim)
-            self.buffers = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for _ in range(2)]
+            shapes = [(self.batch, config.num_kv_heads, slots, width) for width in (config.head_dim, config.value_dim)]
+            self.buffers = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for shape in shapes]
             self.caches = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.buffers]  # shares memory
         else:  # each cache's own heads and width (a traced layer's values may differ from its keys in width)
             self.presents = [self._empty_past(name, dtype) for name in ("past_key", "past_value")]

@@ -17,6 +17,7 @@ from posenc.checkpoints.families import (  # noqa: F401
     hunyuan,
     llama,
     llama4,
+    mimo,
     modernbert,
     mpt,
     phi,
