@@ -119,6 +119,7 @@ def _run_forward(
         attempts = [{"input_ids": ids, "position_ids": positions}, {"input_ids": ids}]
     attempts = [{**attempt, **extra} for attempt in attempts]
     states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
+    stateless = len(attempts) if states else 0  # attempts without encoder states, where the stack takes them
     if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
         attempts += [{**kwargs, **states} for kwargs in attempts]
     last: Exception | None = None
@@ -131,7 +132,8 @@ def _run_forward(
         except Exception as exc:
             # a forward without position_ids / use_cache; a speech encoder's features in another layout
             next_layout = bool(features) and isinstance(exc, RuntimeError) and number + 1 < len(attempts)
-            if isinstance(exc, TypeError) or next_layout:
+            # a decoder stack that reads its encoder states before its layers (Moonshine Streaming's positions)
+            if isinstance(exc, TypeError) or next_layout or number < stateless:
                 last = exc
                 continue
             raise ExportError(

@@ -75,6 +75,7 @@ from posenc.trace.stacks import (
     stack_layers,
     stack_module,
     stack_of,
+    token_stream,
     tower_stack,
 )
 from posenc.trace.weights import load_attention_weights, load_module_weights
@@ -268,6 +269,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
         first = step is None and index == 0 and (stack is not None or rotary_path is None)
         outside = positions_outside(list(calls), list_path, anywhere=stack is None) if first else None
+        if outside is not None and token_stream(calls, model, f"{list_path}.{index}"):
+            outside = None  # that module positions another stream (Moonshine Streaming's encoder states)
         if outside is None and first and stack is None and rotary_path is None:
             outside = position_buffer(model, list_path)  # positions added from a buffer, outside any module (CTRL)
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")

@@ -120,6 +120,8 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "and not from position ids (CLVP's)",
     "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
     "(merged self- and cross-attention: T5Gemma 2's decoder)",
+    "past_buckets_states": "Reformer's cache (ReformerDynamicCache) of LSH bucket ids and hidden states, not of keys "
+    "and values: its local and LSH attentions recompute keys from the cached states, chunk by chunk",
 }
 """What an attention argument posenc cannot rebuild is, by its name: the refusal says it
 (:func:`posenc.trace.arguments.classify`). The unit's inputs are the hidden states, positions and cache; these are

@@ -31,6 +31,13 @@ LAST_LAYER_DIFFERS = frozenset({"gpt_neox_japanese"})
 """Model types whose last layer is built unlike the others (GPT-NeoX-Japanese: only the last attention has its
 ``dense_bias``): the capture builds one layer past layer N where the checkpoint has one, so that layer N is built as
 the checkpoint's layer N."""
+TIED_KINDS: dict[str, str] = {
+    # Zamba ties every hybrid layer's shared transformer to the first one's and its tie check refuses a model with
+    # one hybrid layer (transformers 5.23: "an issue with your definition of `tie_weights_keys`").
+    "zamba": "hybrid",
+}
+"""Model types that tie the modules of one layer kind (``layer_types`` entry) across layers and cannot be built with
+a single layer of it: the capture builds through the second such layer."""
 LINEAR_KINDS = ("linear_attention", "mamba", "conv", "recurrent", "ssm", "mlp", "moe", "dummy")
 """``layer_types`` entries of layers without softmax attention."""
 
@@ -70,9 +77,15 @@ def layer_config(hf: Any, layer: int) -> Any:
 
 def built_layers(hf: Any, layers: int) -> int:
     """How many layers :func:`build_base_model` builds to reach layers ``0 .. layers - 1``: one more where the last
-    layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one."""
+    layer differs (:data:`LAST_LAYER_DIFFERS`) and the checkpoint has one; through the second layer of a kind whose
+    modules the model ties (:data:`TIED_KINDS`) where the first layers hold one."""
     if getattr(hf, "model_type", None) in LAST_LAYER_DIFFERS:
         return min(layers + 1, layer_count(hf))
+    tied = TIED_KINDS.get(str(getattr(hf, "model_type", "")))
+    kinds = list(getattr(hf, "layer_types", None) or []) if tied else []
+    of_kind = [i for i, kind in enumerate(kinds) if kind == tied]
+    if len(of_kind) > 1 and sum(i < layers for i in of_kind) == 1:
+        return max(layers, of_kind[1] + 1)
     return layers
 
 
@@ -231,7 +244,8 @@ def _is_attention(name: str, module: nn.Module) -> bool:
     if "cross" in name.lower() or "encoder_attn" in name.lower() or "Cross" in cls:
         return False
     after = cls.split("Attention")[-1]  # a norm after attention (AttentionNorm), not a pre-norm model's attention
-    return "Attention" in cls and "Norm" not in after and "Rotary" not in cls
+    # a decoder layer held by a layer (Zamba's shared transformer) holds the attention: attention_child looks inside
+    return "Attention" in cls and "Norm" not in after and "DecoderLayer" not in after and "Rotary" not in cls
 
 
 def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -243,6 +257,10 @@ def attention_child(layer_module: nn.Module) -> tuple[str, nn.Module] | None:
     for name, child in children.items():
         if _is_attention(name, child):
             return name, child
+    for name, child in children.items():  # held in a module named for it (DBRX's norm_attn_norm, Zamba's hybrid layer)
+        inner = attention_child(child) if "Attention" in type(child).__name__ else None
+        if inner is not None:
+            return f"{name}.{inner[0]}", inner[1]
     return None
 
 
@@ -300,6 +318,7 @@ __all__ = [
     "LAST_LAYER_DIFFERS",
     "LINEAR_KINDS",
     "STACK_COUNTS",
+    "TIED_KINDS",
     "TRAILING_COUNTS",
     "attention_child",
     "attention_layers",
