@@ -127,6 +127,40 @@ TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     # Moonshine Streaming's decoder attention reads ``num_key_value_heads``, which its config class does not declare
     # (its encoder config does: 8, as many as its heads); checkpoints set it in config.json (multi-head attention).
     "moonshine_streaming": {"num_key_value_heads": 8},
+    # Cohere Compass's rotary module reads ``rope_parameters`` per layer type (NoPE where an entry is None), which
+    # the default leaves empty: a checkpoint's config.json carries an entry per layer type. Here transformers'
+    # default RoPE for the default's one layer type, with the module's default M-RoPE sections (rescaled).
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [24, 20, 20]}}
+    },
+    # DeepSeek-OCR 2's decoder picks each layer's MLP by ``mlp_layer_types`` and routes ``num_experts_per_tok``
+    # experts per group, all None in the default: its released checkpoint (a DeepSeek-V2-style MoE) has a dense
+    # first layer and sparse ones after, 6 experts per token in one group (the counts shrink to the census's).
+    "deepseek_ocr2_text": {
+        "mlp_layer_types": ["dense"] + ["sparse"] * 31,
+        "num_experts_per_tok": 6,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+    # DiffusionGemma's MoE layers size their router and experts by these, None in the default config; any counts
+    # serve (the attention does not read them): the expert count shrinks to the census's 4, and ``top_k_experts``,
+    # which no size rule names, is the census's 2 per token.
+    "diffusion_gemma_text": {"num_experts": 128, "top_k_experts": 2, "moe_intermediate_size": 704},
+    # T5Gemma 2's encoder and decoder read ``dropout_rate``, declared by the composite T5Gemma2Config (0.0) that
+    # real checkpoints carry, not by these tower configs: a tower's config needs it to build alone.
+    "t5gemma2_text": {"dropout_rate": 0.0},
+    "t5gemma2_decoder": {"dropout_rate": 0.0},
+    # Qwen4-Exp's ``indexed_attention`` layers (its default layer_types hold them) need the QSA token indexer's
+    # sizes, None in the default, which its config refuses. Not the released values (unknown here): one key head
+    # as QSA requires, a budget that is a multiple of the compression ratio; the exported layer is held to its own
+    # module with them (heads and head width shrink like any).
+    "qwen4_exp_text": {
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 64,
+        "indexer_compress_ratio": 4,
+    },
 }
 """Fields the released checkpoints of a text ``model_type`` set and its default config leaves unset, though its model
 cannot run without them; written into the default's text config before shrinking (dicts merged)."""
@@ -151,6 +185,10 @@ TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
     # at init, within the tiny vocabulary (text-only forwards never look up image tokens).
     "chameleon": {"vocabulary_map": {"<image>": 127}},
     "emu3": {"vocabulary_map": {"<image>": 126, "<|extra_200|>": 127}},
+    # Granite 4 Vision builds one Window Q-Former projector per ``deepstack_layer_map`` pair (vision layer -> text
+    # layer) at its ``downsample_rate``, both None in the default config; here one pair within the tiny towers
+    # (vision layer 1, text layer 0) and the docstring's rate "1/4" (text-only forwards inject nothing).
+    "granite4_vision": {"downsample_rate": "1/4", "deepstack_layer_map": [[1, 0]]},
 }
 """Top-level fields of a ``model_type`` set after shrinking, where its config ties sizes the rules do not know."""
 
