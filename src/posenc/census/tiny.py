@@ -131,7 +131,9 @@ TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     # the default leaves empty: a checkpoint's config.json carries an entry per layer type. Here transformers'
     # default RoPE for the default's one layer type, with the module's default M-RoPE sections (rescaled).
     "cohere_compass_text": {
-        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [24, 20, 20]}}
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [24, 20, 20]}
+        }
     },
     # DeepSeek-OCR 2's decoder picks each layer's MLP by ``mlp_layer_types`` and routes ``num_experts_per_tok``
     # experts per group, all None in the default: its released checkpoint (a DeepSeek-V2-style MoE) has a dense
