@@ -104,7 +104,7 @@ def test_a_towers_tied_tensor_is_read_under_the_name_it_is_saved_as(tmp_path: Pa
 
 PASSING = (
     "dbrx,dots1,lfm2_moe,esm,zamba,chameleon,emu3,moonshine_streaming,cohere_compass_text,deepseek_ocr2_text,"
-    "diffusion_gemma_text,granite4_vision"
+    "diffusion_gemma_text,granite4_vision,t5gemma2_text"
 )
 
 
@@ -125,3 +125,26 @@ def test_types_the_default_config_does_not_build_export_and_match_their_module(t
     assert all("ReformerDynamicCache" in k["reason"] for k in reformer)
     qwen4 = [k for k in types["qwen4_exp_text"]["layers"] if k["attention"]]
     assert all("indexer_position_ids" in k["reason"] for k in qwen4 if k["path"] == "refused")
+
+
+def test_a_bidirectional_window_that_is_not_symmetric_is_rebuilt_as_a_band() -> None:
+    """T5Gemma 2's encoder sliding layers see ``(w + 1) // 2`` keys up to the query and ``w // 2`` after it
+    (transformers' own mask function is the reference): the capture records that band, which posenc's symmetric
+    window is not."""
+    from types import SimpleNamespace
+
+    from transformers.models.t5gemma2.modeling_t5gemma2 import sliding_window_mask_function
+
+    from posenc.trace.calls import _mask_recipe
+
+    size, window = 12, 8
+    inner = sliding_window_mask_function(window, is_causal=False)
+    allowed = torch.tensor([[bool(inner(0, 0, q, k)) for k in range(size)] for q in range(size)])
+    additive = torch.zeros(1, 1, size, size).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    positions = torch.arange(size).unsqueeze(0)
+    hf = SimpleNamespace(model_type="t5gemma2_text", sliding_window=window)
+    recipe = _mask_recipe(additive, hf, "sliding_attention", positions)
+    assert (recipe.causal, recipe.window, recipe.ahead) == (False, (window + 1) // 2, window // 2)
+    symmetric = (positions.T - positions).abs() < window
+    plain = _mask_recipe(symmetric.view(1, 1, size, size), hf, "sliding_attention", positions)
+    assert (plain.window, plain.ahead) == (window, None)

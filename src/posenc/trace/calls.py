@@ -270,10 +270,28 @@ def _mask_recipe(
             rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : allowed.shape[-1]] == 0
             if rebuilt.shape[-2:] == allowed.shape[-2:] and torch.equal(rebuilt.expand_as(allowed), allowed):
                 return MaskRecipe(kind, causal=causal, window=window)
+    band = _band(allowed, positions)
+    if band is not None:
+        return MaskRecipe(kind, causal=False, window=band[0], ahead=band[1])
     raise ExportError(
         f"cannot rebuild the mask this {hf.model_type} model gives layer's attention from positions (tried causal and "
         f"bidirectional, with and without its sliding window); this model's attention cannot be traced yet."
     )
+
+
+def _band(allowed: torch.Tensor, positions: torch.Tensor) -> tuple[int, int] | None:
+    """``(window, ahead)`` of a bidirectional band mask that is not symmetric (keys ``q - window < k <= q +
+    ahead``), measured on the captured mask ``allowed [B, 1, S, S]`` over ``positions [1, S]`` and checked equal to
+    the band rebuilt from them; None where the mask is no such band (or hides every key of a query)."""
+    if allowed.shape[-1] != positions.shape[-1] or allowed.shape[-2] != positions.shape[-1]:
+        return None
+    offset = (positions.unsqueeze(-2) - positions.unsqueeze(-1)).unsqueeze(1)  # k - q, [1, 1, S, S]
+    seen = offset.expand_as(allowed)[allowed]
+    if seen.numel() == 0:
+        return None
+    window, ahead = int(-seen.min()) + 1, int(seen.max())
+    rebuilt = (offset > -window) & (offset <= ahead)
+    return (window, ahead) if ahead >= 0 and torch.equal(rebuilt.expand_as(allowed), allowed) else None
 
 
 def _capture_tokens(hf: Any) -> int:

@@ -76,11 +76,14 @@ class MaskRecipe:
         kind: ``additive`` (0 / the dtype's minimum), ``bool`` (True = may attend) or ``none`` (no mask passed).
         causal: keys after the query are hidden.
         window: a sliding window of that many keys (``q - w < k``; ``|q - k| < w`` bidirectional), or None.
+        ahead: a bidirectional window that is not symmetric: keys ``q - window < k <= q + ahead`` (T5Gemma 2's
+            encoder sees ``(w + 1) // 2`` keys up to its own position and ``w // 2`` after it); None: symmetric.
     """
 
     kind: str
     causal: bool
     window: int | None = None
+    ahead: int | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
