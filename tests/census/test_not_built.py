@@ -75,6 +75,19 @@ def test_esm_takes_the_rotary_mode_of_esm2() -> None:
     assert esm.config.vocab_size == 33
 
 
+def test_reformers_axial_position_table_is_a_learned_absolute_scheme() -> None:
+    """Reformer factorises its learned table into per-axis weights (``AxialPositionEmbeddings``, no ``weight``): the
+    census reads it as learned absolute positions, not NoPE (the tiny config takes its causal LM head's mode)."""
+    import transformers
+
+    from posenc.census.anatomy import read_anatomy
+
+    made = tiny_config("reformer")
+    assert made.mode == {"is_decoder": True}
+    anatomy = read_anatomy(transformers.ReformerModelWithLMHead(made.config), made.config)
+    assert anatomy.scheme == "learned absolute"
+
+
 def test_a_position_module_of_another_stream_is_not_the_layers_positions() -> None:
     """The layer called on the token embeddings unchanged got no positions added (Moonshine Streaming's decoder:
     its ``pos_emb`` positions the encoder states); a layer called on embeddings plus positions did."""
@@ -121,6 +134,7 @@ def test_types_the_default_config_does_not_build_export_and_match_their_module(t
             assert kind["path"] in ("family", "trace"), (name, kind)
             assert kind["parity"]["passed"], (name, kind)
             assert kind["parity"]["worst_hf"] <= 1e-5, (name, kind)
+    assert types["reformer"]["scheme"] == "learned absolute"
     reformer = [k for k in types["reformer"]["layers"] if k["attention"]]
     assert all("ReformerDynamicCache" in k["reason"] for k in reformer)
     qwen4 = [k for k in types["qwen4_exp_text"]["layers"] if k["attention"]]
