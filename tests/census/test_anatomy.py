@@ -67,7 +67,7 @@ def test_a_multimodal_types_text_part_excludes_its_vision_tower() -> None:
 
 def test_two_attentions_of_one_layer_are_two_kinds_numbered_as_the_model_numbers_them() -> None:
     """ALBERT's layer group holding two shared layers (LongCat-Flash's layer calling self_attn[0] and [1] alike):
-    two kinds, layers 0 and 1 (posenc.trace.model.NESTED_ATTENTIONS)."""
+    two kinds, layers 0 and 1 (posenc.trace.counts.NESTED_ATTENTIONS)."""
     import transformers
 
     config = transformers.AlbertConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_attention_heads=2,

@@ -125,8 +125,9 @@ def test_the_tiny_config_instantiates_a_small_model() -> None:
 
 
 def test_a_type_whose_default_config_does_not_build_is_told_apart_from_a_shrinking_problem() -> None:
-    """DBRX's default attention config lacks the rope_theta its module reads: no tiny config can fix that, and the
-    census says so rather than blaming the shrink."""
+    """DBRX's default attention config lacks the rope_theta its module reads: no shrinking can fix that (the
+    released checkpoints' value comes from ``TYPE_DEFAULTS``), and the census says so rather than blaming the
+    shrink."""
     from posenc.census.types import model_type_info
     from posenc.census.worker import _default_builds
 

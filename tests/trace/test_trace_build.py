@@ -26,7 +26,8 @@ from posenc.config.hf_json import check_config
 from posenc.errors import ConfigError
 from posenc.export.external import _tensor_bytes
 from posenc.trace.arguments import attention_output
-from posenc.trace.model import build_base_model, built_layers, layer_config, layer_list, reduced_config
+from posenc.trace.counts import built_layers, layer_config, reduced_config
+from posenc.trace.model import build_base_model, layer_list
 
 transformers = pytest.importorskip("transformers")
 

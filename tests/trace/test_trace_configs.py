@@ -72,7 +72,7 @@ def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
     language stage (``l_layers``) to layers 0 .. N and the vision and cross-modality stages, which run after it, to
     none; its embeddings count positions from the length, so they stay outside the unit, named."""
     from posenc.config.hf_json import check_config
-    from posenc.trace.model import reduced_config
+    from posenc.trace.counts import reduced_config
 
     check_config({"model_type": "lxmert", "num_hidden_layers": {"language": 9, "vision": 5, "cross_encoder": 5}})
     for bad in ({"language": 0}, {}, [9, 5]):
@@ -95,7 +95,7 @@ def test_per_stage_layer_counts_cut_the_language_stage(tmp_path: Path) -> None:
     ],
 )
 def test_a_model_without_one_layer_list_is_refused_saying_why(config_class: str, why: str) -> None:
-    from posenc.trace.model import layer_count
+    from posenc.trace.counts import layer_count
 
     with pytest.raises(ConfigError, match=why):
         layer_count(getattr(transformers, config_class)())
@@ -117,7 +117,7 @@ def test_a_layer_list_counted_in_a_part_s_config_is_that_part_s() -> None:
     """BLT keeps its layer counts per part (no num_hidden_layers): the traced list is its local encoder's over the
     bytes (``encoder_config``), found by path among the parts' lists alike, cut in that config, whose window, heads
     and context the layer takes; its forward cannot build a cache from its config, so it is captured without one."""
-    from posenc.trace.model import layer_count, part_config, part_view, reduced_config
+    from posenc.trace.counts import layer_count, part_config, part_view, reduced_config
 
     config = transformers.BltConfig()
     assert layer_count(config) == config.encoder_config.num_hidden_layers

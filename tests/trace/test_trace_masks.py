@@ -91,7 +91,7 @@ def test_the_capture_builds_a_model_with_the_attention_its_mask_is_made_for() ->
     capture builds it with sdpa (the model's default); every other model eager."""
     import transformers
 
-    from posenc.trace.model import attention_implementation
+    from posenc.trace.counts import attention_implementation
 
     assert attention_implementation(transformers.NemotronAsrStreamingConfig()) == "sdpa"
     assert attention_implementation(transformers.Nemotron3_5AsrConfig()) == "sdpa"  # the same encoder config

@@ -331,7 +331,7 @@ def test_a_model_whose_layer_list_counts_by_its_own_field() -> None:
     slots (layers x cycles). Its tiny config keeps both consistent, and the capture counts and cuts the stack's
     field, leaving the slots."""
     from posenc.census.tiny import tiny_config
-    from posenc.trace.model import layer_count, reduced_config
+    from posenc.trace.counts import layer_count, reduced_config
 
     hf = tiny_config("hrm_text").config
     slots = hf.num_layers_per_stack * hf.H_cycles * (hf.L_cycles + 1)

@@ -12,7 +12,8 @@ audio towers left out) and finds:
   T5 relative bias            a ``relative_attention_bias`` embedding
   disentangled (DeBERTa)      ``rel_embeddings`` beside a ``*Disentangled*`` attention
   Transformer-XL relative     ``r_w_bias`` / ``r_r_bias`` parameters
-  learned absolute            a trainable position embedding (``position_embeddings``, ``embed_positions``, ``wpe``)
+  learned absolute            a trainable position embedding (``position_embeddings``, ``embed_positions``, ``wpe``;
+                              Reformer's axial one)
   sinusoidal                  a ``*Sinusoidal*`` module, or a frozen position table
   NoPE                        attention and none of the above
   none (no attention)         no attention module, or a config without attention heads
@@ -36,7 +37,8 @@ from typing import Any
 from torch import nn
 
 from posenc.census.tiny import layer_kinds
-from posenc.trace.model import attention_layers, nested_attentions
+from posenc.trace.counts import nested_attentions
+from posenc.trace.model import attention_layers
 
 SCHEMES = (
     "RoPE",
@@ -302,6 +304,9 @@ def read_anatomy(model: nn.Module, config: Any) -> Anatomy:
             trainable = module.weight.requires_grad  # an nn.Embedding, or a table like I-BERT's QuantEmbedding
             found.add("learned absolute" if trainable else "sinusoidal")
             evidence.append(f"{name}: {cls}{'' if trainable else ' (frozen table)'}")
+        elif _POSITION_TABLE.search(name) and "Axial" in cls:  # Reformer's table factorised into per-axis weights
+            found.add("learned absolute")
+            evidence.append(f"{name}: {cls} (axial)")
     for field in ("rotary_dim", "rotary_pct", "rotary_emb_base"):
         if getattr(text_config, field, None):
             found.add("RoPE")

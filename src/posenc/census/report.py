@@ -98,7 +98,7 @@ def _notes(entry: Mapping[str, Any]) -> str:
     build = entry.get("build") or {}
     if build.get("mode"):
         chosen = ", ".join(f"{key}={value!r}" for key, value in build["mode"].items())
-        notes.append(f"the tiny config chooses the model's mode {chosen} (its default mode is not captured)")
+        notes.append(f"the tiny config chooses the model's mode {chosen} (census.tiny.MODES says why)")
     if build and not build.get("kinds_kept", True):
         notes.append(f"the tiny config ({build.get('layers')} layers) lacks some of the default's layer kinds")
     return _escape("; ".join(n for n in notes if n))

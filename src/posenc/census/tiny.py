@@ -15,6 +15,7 @@ The tiny model is ``save_pretrained`` of the randomly initialised (seeded, pertu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib
@@ -49,9 +50,17 @@ MODES: dict[str, dict[str, Any]] = {
     # model's full-attention mode, chosen in config.json, whose module the capture can then call as the model does.
     "big_bird": {"attention_type": "original_full"},
     "bigbird_pegasus": {"attention_type": "original_full"},
+    # ESM's default is ESM-1b's learned absolute positions; the ESM-2 checkpoints users ship (facebook/esm2_*) set
+    # rotary positions and token dropout (ESM-2: "Evolutionary-scale prediction of atomic-level protein structure
+    # with a language model", Lin et al., 2023, https://doi.org/10.1126/science.ade2574).
+    "esm": {"position_embedding_type": "rotary", "token_dropout": True},
+    # Reformer's causal LM head (the released google/reformer-crime-and-punishment) needs ``is_decoder``; the
+    # default config is an encoder's.
+    "reformer": {"is_decoder": True},
 }
 """Per-type settings a tiny config takes (each a real mode of the model, set in its config.json), where the default
-mode cannot be captured on a short forward; the census's notes name them."""
+mode cannot be captured on a short forward or is not the one the released checkpoints use; the census's notes name
+them."""
 
 
 FIELDS: dict[str, dict[str, Any]] = {
@@ -61,6 +70,13 @@ FIELDS: dict[str, dict[str, Any]] = {
 }
 """Per-type config fields a tiny config sets so that the shrunk sizes stay consistent (fields the rules do not
 shrink, derived by the config class)."""
+
+MIN_LAYERS: dict[str, int] = {
+    # Zamba's model ties every hybrid layer's shared transformer to the first one's, and its tie check fails where
+    # the model has a single hybrid layer (the released Zamba-7B has 13 of 76); its first 8 layers hold two (2, 7).
+    "zamba": 8,
+}
+"""Per-type smallest layer count of a tiny config, where the model needs more layers than its layer kinds do."""
 
 
 @dataclasses.dataclass
@@ -94,6 +110,59 @@ TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
     # ``mrope_section``), which the default config leaves unset; the released checkpoints' four equal sections,
     # rescaled to the tiny head like any ``mrope_section``.
     "hunyuan_vl_text": {"rope_parameters": {"mrope_section": [16, 16, 16, 16]}},
+    # DBRX's attention reads ``attn_config.rope_theta``, which DbrxAttentionConfig does not declare, and clamps its
+    # projections to ``clip_qkv`` (None by default, which torch.clamp refuses): the released checkpoints
+    # (dbrx-base, dbrx-instruct) set both in their attn_config (500000, 8).
+    "dbrx": {"attn_config": {"rope_theta": 500000, "clip_qkv": 8}},
+    # dots.llm1's MoE layers size their experts by these counts, None in the default config: the released
+    # checkpoints (dots.llm1.base, dots.llm1.inst) route 6 of 128 experts plus 2 shared ones.
+    "dots1": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
+    # LFM2-MoE's model indexes ``layer_types``, None in the default config (its config derives no default): the
+    # released LFM2-8B-A1B sets it, 6 grouped-query attention layers among 24 layers of short convolutions. Here
+    # as long as the default's 32 layers, with both kinds (the tiny config's layer count keeps every kind).
+    "lfm2_moe": {"layer_types": ["conv", "conv", "full_attention", "conv"] * 8},
+    # ESM's default leaves the vocabulary and its mask and padding ids unset; the released checkpoints
+    # (facebook/esm2_*, esm1b) set a 33-token vocabulary (padding 1, mask 32) and no embedding LayerNorm.
+    "esm": {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32, "emb_layer_norm_before": False},
+    # Moonshine Streaming's decoder attention reads ``num_key_value_heads``, which its config class does not declare
+    # (its encoder config does: 8, as many as its heads); checkpoints set it in config.json (multi-head attention).
+    "moonshine_streaming": {"num_key_value_heads": 8},
+    # Cohere Compass's rotary module reads ``rope_parameters`` per layer type (NoPE where an entry is None), which
+    # the default leaves empty: a checkpoint's config.json carries an entry per layer type. Here transformers'
+    # default RoPE for the default's one layer type, with the module's default M-RoPE sections (rescaled).
+    "cohere_compass_text": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [24, 20, 20]}
+        }
+    },
+    # DeepSeek-OCR 2's decoder picks each layer's MLP by ``mlp_layer_types`` and routes ``num_experts_per_tok``
+    # experts per group, all None in the default: its released checkpoint (a DeepSeek-V2-style MoE) has a dense
+    # first layer and sparse ones after, 6 experts per token in one group (the counts shrink to the census's).
+    "deepseek_ocr2_text": {
+        "mlp_layer_types": ["dense"] + ["sparse"] * 31,
+        "num_experts_per_tok": 6,
+        "n_group": 1,
+        "topk_group": 1,
+    },
+    # DiffusionGemma's MoE layers size their router and experts by these, None in the default config; any counts
+    # serve (the attention does not read them): the expert count shrinks to the census's 4, and ``top_k_experts``,
+    # which no size rule names, is the census's 2 per token.
+    "diffusion_gemma_text": {"num_experts": 128, "top_k_experts": 2, "moe_intermediate_size": 704},
+    # T5Gemma 2's encoder and decoder read ``dropout_rate``, declared by the composite T5Gemma2Config (0.0) that
+    # real checkpoints carry, not by these tower configs: a tower's config needs it to build alone.
+    "t5gemma2_text": {"dropout_rate": 0.0},
+    "t5gemma2_decoder": {"dropout_rate": 0.0},
+    # Qwen4-Exp's ``indexed_attention`` layers (its default layer_types hold them) need the QSA token indexer's
+    # sizes, None in the default, which its config refuses. Not the released values (unknown here): one key head
+    # as QSA requires, a budget that is a multiple of the compression ratio; the exported layer is held to its own
+    # module with them (heads and head width shrink like any).
+    "qwen4_exp_text": {
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 64,
+        "indexer_compress_ratio": 4,
+    },
 }
 """Fields the released checkpoints of a text ``model_type`` set and its default config leaves unset, though its model
 cannot run without them; written into the default's text config before shrinking (dicts merged)."""
@@ -120,9 +189,32 @@ TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
         "share_att_key": True,
         "norm_rel_ebd": "layer_norm",
     },
+    # Zamba's shared attention reads the hidden states concatenated with the embeddings: its width and head width
+    # are derived as 2 x hidden and 2 x hidden // heads (the default's dict carries hidden 3712's values back).
+    "zamba": {"attention_hidden_size": 128, "attention_head_dim": 32},
+    # Reformer's axial position embeddings split the hidden width in two (their widths must sum to it; the
+    # default's 64 + 192 fit its hidden 256).
+    "reformer": {"axial_pos_embds_dim": [32, 32]},
+    # Chameleon and Emu3 build an image-token vocabulary map at init (None in the default config; the released
+    # checkpoints carry their BPE vocabulary's, ids up to 65535 / 184621): here the special tokens the model reads
+    # at init, within the tiny vocabulary (text-only forwards never look up image tokens).
+    "chameleon": {"vocabulary_map": {"<image>": 127}},
+    "emu3": {"vocabulary_map": {"<image>": 126, "<|extra_200|>": 127}},
+    # Granite 4 Vision builds one Window Q-Former projector per ``deepstack_layer_map`` pair (vision layer -> text
+    # layer) at its ``downsample_rate``, both None in the default config; here one pair within the tiny towers
+    # (vision layer 1, text layer 0) and the docstring's rate "1/4" (text-only forwards inject nothing).
+    "granite4_vision": {"downsample_rate": "1/4", "deepstack_layer_map": [[1, 0]]},
 }
 """Top-level fields of a ``model_type`` set after shrinking: sizes its config ties that the rules do not know, and
 settings of the released checkpoints where the default config is no released model's (DeBERTa's)."""
+
+
+def _text_config(config: Any) -> Any:
+    """``config``'s decoder text config (composites without one are judged by themselves)."""
+    try:
+        return config.get_text_config(decoder=True)
+    except Exception:  # composites without a text config
+        return config
 
 
 def _type_defaults(text: dict[str, Any], text_type: str) -> None:
@@ -234,15 +326,15 @@ def tiny_configs(
     overrides = {**FIELDS.get(model_type, {}), **mode, **(overrides or {})}
     config_class = CONFIG_MAPPING[model_type]
     default = config_class()
-    try:
-        text = default.get_text_config(decoder=True)
-    except Exception:  # composites without a text config are judged by themselves
-        text = default
+    text = _text_config(default)
     text_type = str(getattr(text, "model_type", model_type) or model_type)
     data = default.to_dict()
     path = text_path(data, text_type) or ()
     _module_defaults(_at(data, path), type(text))
-    _type_defaults(_at(data, path), text_type)
+    if text_type in TYPE_DEFAULTS:  # the layer kinds of the config as the released checkpoints set it
+        _type_defaults(_at(data, path), text_type)
+        with contextlib.suppress(Exception):  # a config that needs the shrunk sizes keeps the default's kinds
+            text = _text_config(config_class.from_dict(copy.deepcopy(data)))
     overrides = {**TYPE_OVERRIDES.get(model_type, {}), **(overrides or {})}
     wanted = set(layer_kinds(text))
     original = layer_count(_at(data, path)) or 2
@@ -251,7 +343,8 @@ def tiny_configs(
     seen: set[str] = set()
     for targets in VARIANTS:
         best: tuple[int, TinyConfig] | None = None
-        for layers in range(2, max(2, min(max_layers, original)) + 1):
+        first = MIN_LAYERS.get(model_type, 2)
+        for layers in range(first, max(first, min(max_layers, original)) + 1):
             config = _build(config_class, data, layers, text_type, targets, path, overrides)
             if isinstance(config, Exception):  # a larger L or the next variant may satisfy the config's validation
                 last = config
@@ -302,6 +395,7 @@ def save_tiny_model(config: Any, model_class: str, folder: Any, *, seed: int = 0
 
 __all__ = [
     "FIELDS",
+    "MIN_LAYERS",
     "MODES",
     "TYPE_DEFAULTS",
     "TYPE_OVERRIDES",

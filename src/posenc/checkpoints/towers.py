@@ -22,7 +22,8 @@ The reference of such a layer is the tower's own attention module, the class the
 A tower whose ``model_type`` no family claims goes through the traced path instead (:mod:`posenc.trace.capture`):
 :func:`base_tower` gives the tower's base model as the wrapper builds it (its class and config, and its path in the
 wrapper) and the names its tensors have in the checkpoint (:meth:`BaseTower.checkpoint_names`: the saved name
-``revert_weight_conversion`` gives, then the in-memory one), so the traced unit is the wrapper's own text module.
+``revert_weight_conversion`` gives, then the in-memory one, then the tensor the wrapper ties it to: DiffusionGemma
+writes its encoder's text layers once, as its decoder's), so the traced unit is the wrapper's own text module.
 """
 
 from __future__ import annotations
@@ -89,17 +90,26 @@ class BaseTower:
     def checkpoint_names(self, relative: str) -> tuple[str, ...]:
         """The names the checkpoint may hold the tower's tensor ``relative`` (relative to the base model,
         ``decoder.layers.0.self_attn.q_proj.weight``) under, most likely first: as ``save_pretrained`` writes it
-        (transformers' ``revert_weight_conversion``), then as the wrapper holds it in memory."""
+        (transformers' ``revert_weight_conversion``), then as the wrapper holds it in memory, then the tensor the
+        wrapper ties it to (``all_tied_weights_keys``: ``save_pretrained`` writes a tied tensor once, under its
+        source's name; DiffusionGemma's encoder text layers are its decoder's)."""
         inner = f"{self.path}.{relative}" if self.path else relative
         if self.in_memory:
             return (inner,)
         from transformers.core_model_loading import revert_weight_conversion
 
-        try:
-            (saved,) = revert_weight_conversion(self.model, {inner: torch.empty(0, device="meta")})
-        except Exception:  # a conversion that cannot run on one meta tensor: the in-memory name
-            saved = inner
-        return tuple(dict.fromkeys((str(saved), inner)))
+        names = [inner]
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        if inner in tied:
+            names.append(str(tied[inner]))
+        saved = []
+        for name in names:
+            try:
+                (found,) = revert_weight_conversion(self.model, {name: torch.empty(0, device="meta")})
+            except Exception:  # a conversion that cannot run on one meta tensor: the in-memory name
+                found = name
+            saved.append(str(found))
+        return tuple(dict.fromkeys((saved[0], inner, *saved[1:], *names[1:])))
 
 
 def base_tower(hf: Any, config: dict[str, Any], model: Any, stack: str | None = None) -> BaseTower | None:

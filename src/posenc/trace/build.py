@@ -24,12 +24,13 @@ from posenc.errors import ConfigError, ExportError, PosencError
 from posenc.schemes import build_scheme, get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode
 from posenc.trace.capture import Captured
+from posenc.trace.counts import part_config, part_view
 from posenc.trace.derived import source_module
 from posenc.trace.embedding import drop_token_table
 from posenc.trace.layouts import match_layout, probe_positions
-from posenc.trace.model import build_base_model, part_config, part_view, quiet_transformers
+from posenc.trace.model import build_base_model, quiet_transformers
 from posenc.trace.module import TracedAttention, scheme_cos_sin
-from posenc.trace.record import AnglesRecord, DerivedRecipe, ModuleRef, TracePart, TraceRecord
+from posenc.trace.record import AnglesRecord, DerivedRecipe, MaskRecipe, ModuleRef, TracePart, TraceRecord
 from posenc.trace.stacks import stack_context, stack_of, stack_view
 
 NOPE = "nope"
@@ -85,13 +86,21 @@ def geometry(captured: Captured, imported: AttentionConfig | None) -> AttentionC
         head_dim=captured.head_dim,
         causal=captured.mask.causal,
         max_position_embeddings=int(context),
-        sliding_window=captured.mask.window,
+        sliding_window=_window(captured.mask),
     )
 
 
 def _positive(value: Any) -> int | None:
     """``value`` where it is a positive int, else None (a config's ``-1`` for a context without limit)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _window(mask: MaskRecipe) -> int | None:
+    """The geometry's sliding window: the mask's, or where it is a band ahead of the query too, the symmetric
+    window that holds the band (the exact band is the trace record's)."""
+    if mask.window is None or mask.ahead is None:
+        return mask.window
+    return max(mask.window, mask.ahead + 1)
 
 
 def _imported(captured: Captured) -> tuple[Any, str]:

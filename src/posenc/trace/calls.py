@@ -151,6 +151,7 @@ def _run_forward(
     extra = _accepted(runner or model, extra)  # FSMT's decoder inputs are not its encoder's
     attempts = [{**attempt, **extra} for attempt in attempts]
     states = encoder_states(runner, hf, tokens) if runner is not None and not features else {}
+    stateless = len(attempts) if states else 0  # attempts without encoder states, where the stack takes them
     if states:  # a decoder stack whose cross-attention runs regardless (Cohere ASR): then with encoder states
         attempts += [{**kwargs, **states} for kwargs in attempts]
     last: Exception | None = None
@@ -163,7 +164,8 @@ def _run_forward(
         except Exception as exc:
             # a forward without position_ids / use_cache; a speech encoder's features in another layout
             next_layout = bool(features) and isinstance(exc, RuntimeError) and number + 1 < len(attempts)
-            if isinstance(exc, TypeError) or next_layout:
+            # a decoder stack that reads its encoder states before its layers (Moonshine Streaming's positions)
+            if isinstance(exc, TypeError) or next_layout or number < stateless:
                 last = exc
                 continue
             raise ExportError(
@@ -398,6 +400,9 @@ def _mask_recipe(
             and torch.equal(chunked.expand_as(allowed), allowed)
         ):
             return recipe
+    band = _band(allowed, positions)
+    if band is not None:
+        return MaskRecipe(kind, causal=False, window=band[0], ahead=band[1])
     raise ExportError(
         f"cannot rebuild the mask this {hf.model_type} model gives layer's attention from positions (tried causal and "
         f"bidirectional, with and without its sliding window, and the chunks its config declares); this model's "
@@ -415,6 +420,21 @@ def mask_kind(mask: torch.Tensor) -> str:
     if mask.numel() and bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any()):
         return "keep"
     return "additive"
+
+
+def _band(allowed: torch.Tensor, positions: torch.Tensor) -> tuple[int, int] | None:
+    """``(window, ahead)`` of a bidirectional band mask that is not symmetric (keys ``q - window < k <= q +
+    ahead``), measured on the captured mask ``allowed [B, 1, S, S]`` over ``positions [1, S]`` and checked equal to
+    the band rebuilt from them; None where the mask is no such band (or hides every key of a query)."""
+    if allowed.shape[-1] != positions.shape[-1] or allowed.shape[-2] != positions.shape[-1]:
+        return None
+    offset = (positions.unsqueeze(-2) - positions.unsqueeze(-1)).unsqueeze(1)  # k - q, [1, 1, S, S]
+    seen = offset.expand_as(allowed)[allowed]
+    if seen.numel() == 0:
+        return None
+    window, ahead = int(-seen.min()) + 1, int(seen.max())
+    rebuilt = (offset > -window) & (offset <= ahead)
+    return (window, ahead) if ahead >= 0 and torch.equal(rebuilt.expand_as(allowed), allowed) else None
 
 
 def _capture_tokens(hf: Any) -> int:

@@ -46,6 +46,7 @@ from posenc.trace.calls import (
     _run_forward,
     reads_length,
 )
+from posenc.trace.counts import layer_config, layer_count, nested_attentions
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
 from posenc.trace.model import (
@@ -55,10 +56,7 @@ from posenc.trace.model import (
     build_base_model,
     class_path,
     default_layer,
-    layer_config,
-    layer_count,
     locate_attention,
-    nested_attentions,
     no_attention_error,
     one_stack,
     quiet_transformers,
@@ -78,6 +76,7 @@ from posenc.trace.stacks import (
     stack_layers,
     stack_module,
     stack_of,
+    token_stream,
     tower_stack,
 )
 from posenc.trace.stems import Stem, find_stem, stem_recipe
@@ -311,6 +310,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         # table read by the token ids: MusicGen's, Kosmos-2's): said so in the manifest
         first = step is None and index == 0 and (stack is not None or rotary_path is None)
         outside = positions_outside(list(calls), list_path, anywhere=stack is None) if first else None
+        if outside is not None and token_stream(calls, model, f"{list_path}.{index}"):
+            outside = None  # that module positions another stream (Moonshine Streaming's encoder states)
         if outside is None and first and stack is None and rotary_path is None:
             outside = position_buffer(model, list_path)  # positions added from a buffer, outside any module (CTRL)
         owner = (tower.model, f"{tower.path}.") if tower is not None else (model, "")

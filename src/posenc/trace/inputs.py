@@ -206,6 +206,8 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "prev_topk_indices": "the keys an earlier layer's lightning indexer selected, which this layer reuses (a shared "
     "DeepSeek sparse attention layer); posenc rebuilds them only where they are every key, i.e. the capture's "
     "tokens are at most the config's index_topk",
+    "past_buckets_states": "Reformer's cache (ReformerDynamicCache) of LSH bucket ids and hidden states, not of keys "
+    "and values: its local and LSH attentions recompute keys from the cached states, chunk by chunk",
 }
 """What an attention argument posenc cannot rebuild is, by its name: the refusal says it
 (:func:`posenc.trace.arguments.classify`). The unit's inputs are the hidden states, positions and cache; these are

@@ -186,7 +186,11 @@ class TracedAttention(nn.Module):
         if recipe.kind == "none":
             return None
         keys = key_positions(position_ids, past)
-        visible = chunked_visible(position_ids, keys, recipe)
+        if recipe.ahead is not None and recipe.window is not None:  # a band: q - window < k <= q + ahead
+            offset = (keys.unsqueeze(1) - position_ids.unsqueeze(2)).unsqueeze(1)
+            visible: torch.Tensor | None = (offset > -recipe.window) & (offset <= recipe.ahead)
+        else:
+            visible = chunked_visible(position_ids, keys, recipe)
         if visible is None:
             visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
         if recipe.kind == "bool":

@@ -88,6 +88,8 @@ class MaskRecipe:
         chunk: attention by chunks of that many positions (:mod:`posenc.trace.masks`), or None.
         chunk_left: with chunks, the earlier chunks a query sees besides its own (``0 <= q // c - k // c <= L``;
             None: all of them).
+        ahead: a bidirectional window that is not symmetric: keys ``q - window < k <= q + ahead`` (T5Gemma 2's
+            encoder sees ``(w + 1) // 2`` keys up to its own position and ``w // 2`` after it); None: symmetric.
     """
 
     kind: str
@@ -95,6 +97,7 @@ class MaskRecipe:
     window: int | None = None
     chunk: int | None = field(optional=True, default=None)
     chunk_left: int | None = field(optional=True, default=None)
+    ahead: int | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)

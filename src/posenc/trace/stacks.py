@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -99,6 +100,28 @@ def positions_outside(called: list[str], list_path: str, *, anywhere: bool = Fal
         if name.startswith(stack) and not name.startswith(list_path + ".") and _POSITION_MODULE.search(name):
             return name
     return None
+
+
+def token_stream(calls: Mapping[str, Any], model: nn.Module, layer_path: str) -> bool:
+    """Whether the layer at ``layer_path`` was called (in ``calls``, recorded module calls by name: their ``args``,
+    ``kwargs``, ``output``) on the output of a token embedding (an ``nn.Embedding`` call) unchanged: no positions
+    were added to its stream before it, whatever a position module outside it computed for another stream."""
+    layer = calls.get(layer_path)
+    if layer is None:
+        return False
+    hidden = layer.kwargs.get("hidden_states", layer.args[0] if layer.args else None)
+    if not isinstance(hidden, torch.Tensor):
+        return False
+    for name, call in calls.items():
+        output = call.output
+        if (
+            isinstance(model.get_submodule(name), nn.Embedding)
+            and isinstance(output, torch.Tensor)
+            and output.shape == hidden.shape
+            and torch.equal(output, hidden)
+        ):
+            return True
+    return False
 
 
 _POSITION_BUFFER = re.compile(r"(^|\.)(pos_encoding|positional_encoding|pos_emb\w*|position_embeddings?)$")
@@ -451,5 +474,6 @@ __all__ = [
     "stack_module",
     "stack_of",
     "stack_view",
+    "token_stream",
     "tower_stack",
 ]
