@@ -148,20 +148,20 @@ def test_layers_counted_per_block_are_cut_to_the_first_block_and_captured(
     pooled sequence: refused, naming the block). The capture keeps that block alone, no decoder layers, and rebuilds
     ``attention_inputs`` (a tuple of relative encodings, token-type matrix, float padding mask of ones and <cls>
     mask) with the encoder's own ``attention_structure.init_attention_inputs``, checked equal to the model's."""
-    from posenc.trace import model
+    from posenc.trace import counts
 
     config = _funnel()
-    reduced = model.reduced_config(config, 2)
+    reduced = counts.reduced_config(config, 2)
     assert (reduced.block_sizes, reduced.block_repeats, reduced.num_decoder_layers) == ([2], [1], 0)
     with pytest.raises(ConfigError, match=r"layer 2 of this funnel model is in block 1 .* pooled sequence"):
-        model.reduced_config(config, 3)
+        counts.reduced_config(config, 3)
     captured = capture_layer(_save(config, "FunnelModel", tmp_path / "funnel"), 1)
     assert captured.attention_ref.path == "encoder.blocks.0.1.attention"
     (recipe,) = captured.derived.values()
     assert (recipe.recipe.source.path, recipe.recipe.method) == ("encoder.attention_structure", "init_attention_inputs")
-    monkeypatch.delitem(model.BLOCKS, "funnel")  # a count computed from per-stage sizes, not declared: by name
+    monkeypatch.delitem(counts.BLOCKS, "funnel")  # a count computed from per-stage sizes, not declared: by name
     with pytest.raises(ConfigError, match=r"computes num_hidden_layers from per-stage sizes .*block_sizes"):
-        model.reduced_config(config, 1)
+        counts.reduced_config(config, 1)
 
 
 @pytest.mark.slow

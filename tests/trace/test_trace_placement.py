@@ -18,7 +18,7 @@ import pytest
 from posenc.errors import ConfigError, ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
-from posenc.trace import model as trace_model
+from posenc.trace import counts
 from posenc.trace.capture import capture_layer
 from posenc.validate.checkpoint import validate_against_checkpoint
 
@@ -62,7 +62,7 @@ def test_attentions_nested_in_a_layer_are_located_by_the_models_own_numbering(tm
     with pytest.raises(ConfigError, match=r"the checkpoint has 2 layers \(0 .. 1\) \(ALBERT shares its layers"):
         capture_layer(albert, 2)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trace_model, "NESTED_ATTENTIONS", {})
+        patch.setattr(counts, "NESTED_ATTENTIONS", {})
         with pytest.raises(ConfigError, match=r"has no softmax attention \(it holds ModuleList \(albert_layers\)\)"):
             capture_layer(albert, 0)
 
