@@ -151,6 +151,7 @@ def test_a_bidirectional_window_that_is_not_symmetric_is_rebuilt_as_a_band() -> 
     from transformers.models.t5gemma2.modeling_t5gemma2 import sliding_window_mask_function
 
     from posenc.trace.calls import _mask_recipe
+    from posenc.trace.masks import visible
 
     size, window = 12, 8
     inner = sliding_window_mask_function(window, is_causal=False)
@@ -160,6 +161,9 @@ def test_a_bidirectional_window_that_is_not_symmetric_is_rebuilt_as_a_band() -> 
     hf = SimpleNamespace(model_type="t5gemma2_text", sliding_window=window)
     recipe = _mask_recipe(additive, hf, "sliding_attention", positions)
     assert (recipe.causal, recipe.window, recipe.ahead) == (False, (window + 1) // 2, window // 2)
+    rebuilt = visible(positions + 5, positions + 5, recipe)  # the unit's rebuild, at other positions too
+    assert rebuilt is not None
+    assert torch.equal(rebuilt[0, 0], allowed)
     symmetric = (positions.T - positions).abs() < window
     plain = _mask_recipe(symmetric.view(1, 1, size, size), hf, "sliding_attention", positions)
     assert (plain.window, plain.ahead) == (window, None)

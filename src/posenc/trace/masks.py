@@ -105,9 +105,13 @@ def chunk_span(hf: Any) -> int:
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, recipe: MaskRecipe) -> torch.Tensor | None:
     """Which keys each query sees under ``recipe``: boolean ``[B, 1, Sq, Sk]`` (True = may attend), or None for all.
 
-    The causal and window terms are :func:`posenc.schemes.base.attention_mask`'s; with chunks of ``c`` positions also
-    ``0 <= q // c - k // c <= L`` (``L`` = ``recipe.chunk_left``; no upper bound where it is None).
+    The causal and window terms are :func:`posenc.schemes.base.attention_mask`'s; a bidirectional window that is not
+    symmetric (``recipe.ahead``: T5Gemma 2's encoder) is the band ``q - window < k <= q + ahead``; with chunks of ``c``
+    positions also ``0 <= q // c - k // c <= L`` (``L`` = ``recipe.chunk_left``; no upper bound where it is None).
     """
+    if recipe.ahead is not None and recipe.window is not None:
+        offset = (k_pos.unsqueeze(1) - q_pos.unsqueeze(2)).unsqueeze(1)  # k - q, [B, 1, Sq, Sk]
+        return (offset > -recipe.window) & (offset <= recipe.ahead)
     mask = attention_mask(q_pos, k_pos, recipe.causal, recipe.window)
     if recipe.chunk is None:
         return mask

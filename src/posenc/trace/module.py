@@ -33,7 +33,7 @@ from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
-from posenc.trace.masks import visible as chunked_visible
+from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import new_cache, self_attention_cache
@@ -186,11 +186,7 @@ class TracedAttention(nn.Module):
         if recipe.kind == "none":
             return None
         keys = key_positions(position_ids, past)
-        if recipe.ahead is not None and recipe.window is not None:  # a band: q - window < k <= q + ahead
-            offset = (keys.unsqueeze(1) - position_ids.unsqueeze(2)).unsqueeze(1)
-            visible: torch.Tensor | None = (offset > -recipe.window) & (offset <= recipe.ahead)
-        else:
-            visible = chunked_visible(position_ids, keys, recipe)
+        visible = visible_keys(position_ids, keys, recipe)
         if visible is None:
             visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
         if recipe.kind == "bool":
