@@ -198,7 +198,6 @@ BOTH = (
 )
 """Types both of whose stacks trace and match."""
 DECODER_ONLY = {
-    "led": "argument 'attention_mask'",
     "pegasus_x": "argument 'global_hidden_states'",
     "udop": "argument 'position_bias'",
 }

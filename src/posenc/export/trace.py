@@ -264,7 +264,10 @@ def export_traced(
             )
         except ExportError:
             dynamic = dict(zip(unit.input_names, unit.dynamic_shapes(names=True), strict=True))
-            (model, notes), bounds = deferred_export(export, ranges, dynamic), []
+            try:
+                (model, notes), bounds = deferred_export(export, ranges, dynamic), []
+            except ExportError:  # the retries fail too (Funnel's list(range(seq_len))): the first refusal says why
+                raise exc from None
         bounds = [*bounds, deferred_note(exc)]
     notes = [*notes, *bounds]
     with quiet_exporter():
