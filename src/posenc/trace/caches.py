@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from posenc.errors import ExportError
+from posenc.errors import ConfigError, ExportError
 
 INDEXER = "indexer_keys"
 """The attribute of DSA's ``DynamicIndexedLayer`` holding the lightning indexer's keys ``[B, P, Di]``: carried as a
@@ -131,4 +131,48 @@ def _shape(value: Any) -> str:
     return str(list(value.shape)) if hasattr(value, "shape") else repr(value)
 
 
-__all__ = ["ENCODER_CACHES", "EXTRA_STATE", "INDEXER", "CacheWidths", "cache_widths", "encoder_cache"]
+CACHE_KINDS = ("dynamic", "encoder-decoder", "indexed")
+"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, the ``EncoderDecoderCache``
+of an encoder-decoder's decoder (its self-attention part holds the layer's keys and values; Moonshine's attention
+reads its ``is_updated``), or a ``DynamicCache`` of ``DynamicIndexedLayer`` s (DeepSeek sparse attention: each layer
+also holds its lightning indexer's keys, :mod:`posenc.trace.caches`)."""
+
+
+def cache_kind(cache: Any) -> str:
+    """The :data:`CACHE_KINDS` entry of a captured cache."""
+    if hasattr(cache, "self_attention_cache"):
+        return "encoder-decoder"
+    layers = getattr(cache, "layers", ())  # None: an attention called without a cache
+    return "indexed" if any(hasattr(layer, "update_indexer") for layer in layers) else "dynamic"
+
+
+def new_cache(kind: str, layers: int = 0) -> Any:
+    """An empty cache of ``kind`` (:data:`CACHE_KINDS`); an ``indexed`` one holds ``layers`` indexed layers (the
+    indexer's keys are written before the layer's keys and values, so its layer must exist)."""
+    from posenc.checkpoints.reference import import_transformers
+
+    transformers = import_transformers()
+    if kind == "encoder-decoder":
+        return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
+    if kind not in ("dynamic", "indexed"):
+        raise ConfigError(f"unknown cache kind {kind!r} in a trace record (one of {list(CACHE_KINDS)}); re-export.")
+    cache = transformers.DynamicCache()
+    if kind == "indexed":
+        from transformers.cache_utils import DynamicIndexedLayer
+
+        cache.layer_class_to_replicate = DynamicIndexedLayer
+        cache.layers.extend(DynamicIndexedLayer() for _ in range(layers))
+    return cache
+
+
+__all__ = [
+    "CACHE_KINDS",
+    "ENCODER_CACHES",
+    "EXTRA_STATE",
+    "INDEXER",
+    "CacheWidths",
+    "cache_kind",
+    "cache_widths",
+    "encoder_cache",
+    "new_cache",
+]

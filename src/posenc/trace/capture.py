@@ -32,7 +32,7 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import stream_widths
-from posenc.trace.caches import cache_widths, encoder_cache
+from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -65,10 +65,8 @@ from posenc.trace.orders import BATCH_MAJOR, from_model, order_of
 from posenc.trace.probe import _check_settings, _module_causal, _probe, _settings, cacheless_heads
 from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
 from posenc.trace.stacks import (
-    cache_kind,
     check_tower_stack,
     nested_self_attention,
-    new_cache,
     position_buffer,
     positions_outside,
     self_attention_cache,
@@ -121,7 +119,7 @@ class Captured:
         tower: for a wrapper checkpoint (a vision- or audio-language model), its text tower's base model as the
             wrapper builds it: its path in the wrapper and its class; ``hf`` and every module path are then the
             tower's (:func:`posenc.checkpoints.towers.base_tower`). None otherwise.
-        cache_kind: the cache the model calls it with (:data:`posenc.trace.stacks.CACHE_KINDS`).
+        cache_kind: the cache the model calls it with (:data:`posenc.trace.caches.CACHE_KINDS`).
         outside: the module of a stack's (or a model's) embeddings that adds its positions before layer 0, where
             the unit does not start from it (or a position buffer the forward reads, CTRL's ``pos_encoding``); None
             otherwise.

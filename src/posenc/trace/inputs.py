@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from posenc.checkpoints.reference import import_transformers
+from posenc.trace.caches import new_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +40,6 @@ class CaptureInputs:
 def _boxes(width: int, dtype: torch.dtype = torch.int64) -> Callable[[Any, int], torch.Tensor]:
     """All-zero boxes ``[1, tokens, width]`` (a page without layout)."""
     return lambda hf, tokens: torch.zeros(1, tokens, width, dtype=dtype)
-
-
-def _encoder_decoder_cache() -> Any:
-    """A fresh, empty ``EncoderDecoderCache`` (FSMT's decoder capture), as ``FSMTModel`` makes it with ``use_cache``."""
-    transformers = import_transformers()
-    return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
 
 
 def _codebook_rows(hf: Any, tokens: int) -> tuple[int, ...]:
@@ -100,7 +94,7 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
             "encoder_padding_mask": lambda hf, tokens: None,
             "decoder_padding_mask": lambda hf, tokens: None,
             "decoder_causal_mask": lambda hf, tokens: None,
-            "past_key_values": lambda hf, tokens: _encoder_decoder_cache(),
+            "past_key_values": lambda hf, tokens: new_cache("encoder-decoder"),
         },
         why="FSMT's decoder requires its encoder's states, padding masks and causal mask (positional parameters); "
         "FSMTModel passes it an EncoderDecoderCache and no masks when use_cache is on (its default), and so does "

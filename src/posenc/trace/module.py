@@ -31,12 +31,13 @@ from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
+from posenc.trace.caches import new_cache
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
-from posenc.trace.stacks import new_cache, self_attention_cache
+from posenc.trace.stacks import self_attention_cache
 
 
 def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +81,7 @@ class TracedAttention(nn.Module):
             the embedding is the model's whole embeddings module, called with ``inputs_embeds=hidden``
             (``norms(embedding(...))``).
         cacheless: the model calls the attention without a cache; the unit takes no past and returns ``(out,)``.
-        cache_kind: the cache the model passes (:data:`posenc.trace.stacks.CACHE_KINDS`: a decoder of an
+        cache_kind: the cache the model passes (:data:`posenc.trace.caches.CACHE_KINDS`: a decoder of an
             encoder-decoder gets an ``EncoderDecoderCache``, whose self-attention part holds the past).
         derived: arguments the model computes from the sequence before its layers: keyword (or ``"#i"``) -> how
             and the module whose code computes them (:mod:`posenc.trace.derived`).

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError
+from posenc.trace.caches import new_cache
 from posenc.trace.inputs import stack_capture_inputs
 from posenc.trace.record import TracePart
 
@@ -44,40 +45,6 @@ CONTEXT_FIELDS: dict[str, tuple[str, ...]] = {
 _CROSS = re.compile(r"cross|encoder_attn|encdec", re.IGNORECASE)
 """Names of cross-attention modules (a child name or a class name), left out of a stack's self-attention."""
 _ATTENTION = re.compile(r"Attention")
-
-
-CACHE_KINDS = ("dynamic", "encoder-decoder", "indexed")
-"""The KV caches a traced attention is called with: transformers' ``DynamicCache``, the ``EncoderDecoderCache``
-of an encoder-decoder's decoder (its self-attention part holds the layer's keys and values; Moonshine's attention
-reads its ``is_updated``), or a ``DynamicCache`` of ``DynamicIndexedLayer`` s (DeepSeek sparse attention: each layer
-also holds its lightning indexer's keys, :mod:`posenc.trace.caches`)."""
-
-
-def cache_kind(cache: Any) -> str:
-    """The :data:`CACHE_KINDS` entry of a captured cache."""
-    if hasattr(cache, "self_attention_cache"):
-        return "encoder-decoder"
-    layers = getattr(cache, "layers", ())  # None: an attention called without a cache
-    return "indexed" if any(hasattr(layer, "update_indexer") for layer in layers) else "dynamic"
-
-
-def new_cache(kind: str, layers: int = 0) -> Any:
-    """An empty cache of ``kind`` (:data:`CACHE_KINDS`); an ``indexed`` one holds ``layers`` indexed layers (the
-    indexer's keys are written before the layer's keys and values, so its layer must exist)."""
-    from posenc.checkpoints.reference import import_transformers
-
-    transformers = import_transformers()
-    if kind == "encoder-decoder":
-        return transformers.EncoderDecoderCache(transformers.DynamicCache(), transformers.DynamicCache())
-    if kind not in ("dynamic", "indexed"):
-        raise ConfigError(f"unknown cache kind {kind!r} in a trace record (one of {list(CACHE_KINDS)}); re-export.")
-    cache = transformers.DynamicCache()
-    if kind == "indexed":
-        from transformers.cache_utils import DynamicIndexedLayer
-
-        cache.layer_class_to_replicate = DynamicIndexedLayer
-        cache.layers.extend(DynamicIndexedLayer() for _ in range(layers))
-    return cache
 
 
 def self_attention_cache(cache: Any) -> Any:
@@ -446,7 +413,6 @@ def stack_inputs(runner: nn.Module, hf: Any, tokens: int) -> list[dict[str, Any]
 
 __all__ = [
     "BIAS_PART",
-    "CACHE_KINDS",
     "COUNT_FIELDS",
     "DEFAULT_STACK",
     "LONE_COUNTS",
@@ -454,7 +420,6 @@ __all__ = [
     "STACKS",
     "TOKEN_AXES",
     "bias_parts",
-    "cache_kind",
     "check_lone",
     "check_tower_stack",
     "cut_stack",
@@ -462,7 +427,6 @@ __all__ = [
     "lone_config",
     "lone_stack",
     "nested_self_attention",
-    "new_cache",
     "outside_parts",
     "position_buffer",
     "positions_outside",
