@@ -108,17 +108,42 @@ def test_a_wrapper_with_a_tower_per_stack_traces_its_encoder(tmp_path: Path) -> 
         capture_layer(tmp_path / "t5gemma", 0, "decoder")
 
 
-def test_ids_per_codebook_and_one_stream_refusals() -> None:
+def test_ids_per_codebook_and_one_stream_inputs() -> None:
     class Config:
         model_type = "musicgen_decoder"
         num_codebooks = 4
+        num_channels = 3
+        image_size = 64
 
     assert inputs.capture_inputs(Config(), 8) == ((4, 8), {})
     assert inputs.capture_refusal(Config()) is None
     Config.model_type = "llama"
     assert inputs.capture_inputs(Config(), 8) == ((1, 8), {})
-    Config.model_type = "vilt"  # text and image patches in one sequence: refused before any forward runs
-    assert "posenc's unit takes text tokens and their positions only" in (inputs.capture_refusal(Config()) or "")
+    Config.model_type = "vilt"  # text and image patches in one sequence: captured on a zero image, not refused
+    assert inputs.capture_refusal(Config()) is None
+    shape, extra = inputs.capture_inputs(Config(), 8)
+    assert (shape, list(extra), extra["pixel_values"].shape) == ((1, 8), ["pixel_values"], (1, 3, 64, 64))
+
+
+def test_text_and_image_patches_in_one_sequence_are_captured_as_the_attention_over_it(tmp_path: Path) -> None:
+    """ViLT's layers attend over its text tokens and image patches joined (8 tokens, then a class patch and the
+    4 patches of a 64 px image of 32 px patches): the capture, on the table's zero image, takes the attention over
+    that whole sequence, with no embedding step, and the manifest's part says what the sequence is and that its
+    positions enter outside the unit. (The slow sweep below exports ViLT and TVP and holds them to their module.)"""
+    from posenc.trace.stacks import outside_parts
+
+    folder = _save("ViltConfig", "ViltModel", tmp_path / "vilt", image_size=64, patch_size=32)
+    captured = capture_layer(folder, 0)
+    assert captured.attention_ref.path == "encoder.layer.0.attention"
+    assert captured.embedding is None
+    assert captured.cacheless
+    hidden, _, out = captured.probe
+    assert hidden.shape[1] == out.shape[1] == 8 + 1 + 4
+    (part,) = outside_parts(captured.outside, captured.model_type)
+    assert (part.part, part.status) == ("stack embeddings", "absent")
+    assert "text tokens (learned positions) and the image patches" in part.detail
+    assert "attention over the whole sequence" in part.detail
+    assert "image patches" not in outside_parts(captured.outside, "albert")[0].detail
 
 
 PASS = (
@@ -133,6 +158,8 @@ PASS = (
     "t5gemma",
     "idefics",
     "clvp_encoder",  # its angles of positions 0 .. S - 1 called on the context's length (test_trace_derived)
+    "vilt",  # the attention over text and image patches joined, fed a zero image (stack embeddings: absent)
+    "tvp",  # the same over a text prompt, the text and the video frames' grid
 )
 """Census types that trace and match their own module once the capture has their inputs (or the tiny config the
 fields their model needs)."""
@@ -142,8 +169,6 @@ REFUSED = {
     "lilt": "'layout_inputs'",
     "t5gemma2": "'encoder_hidden_states'",
     "bailing_hybrid": "layer 0 of this bailing_hybrid model has no softmax attention",
-    "vilt": "concatenate the text tokens and the image patches into one sequence",
-    "tvp": "concatenate a text prompt, the text tokens and the video frames' patches",
 }
 """Census types whose forward now runs, refused with the attention argument the unit cannot rebuild (or, for a
 linear-attention layer, as having no softmax attention)."""
@@ -170,7 +195,7 @@ def test_every_type_with_declared_inputs_traces_or_is_refused_by_name(name: str,
         return
     result = export_traced(tmp_path / f"{name}.onnx", folder, layer=0, rewrite=replace_positions)
     parts = {part.part: part.status for part in result.manifest.trace.parts}
-    if name.startswith("musicgen"):  # sinusoids from the length, added before layer 0: outside the unit, said so
+    if name.startswith("musicgen") or name in inputs.ONE_STREAM:  # positions added before layer 0, outside the unit
         assert parts["stack embeddings"] == "absent"
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, f"{name}\n{report.to_markdown()}"

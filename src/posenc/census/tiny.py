@@ -204,6 +204,22 @@ TYPE_OVERRIDES: dict[str, dict[str, Any]] = {
     # layer) at its ``downsample_rate``, both None in the default config; here one pair within the tiny towers
     # (vision layer 1, text layer 0) and the docstring's rate "1/4" (text-only forwards inject nothing).
     "granite4_vision": {"downsample_rate": "1/4", "deepstack_layer_map": [[1, 0]]},
+    # TVP's capture forward runs its vision backbone on every frame (the default: a ResNet-50 over 48 frames of
+    # 448 px, minutes on a CPU): the video shrunk like the text (2 frames of 64 px with an 8 px prompt pad, a ResNet
+    # of one basic block per stage). The layer's attention reads the text and the frames' grid as one sequence.
+    "tvp": {
+        "num_frames": 2,
+        "max_img_size": 64,
+        "visual_prompt_size": 8,
+        "backbone_config": {
+            "model_type": "resnet",
+            "depths": [1, 1, 1, 1],
+            "hidden_sizes": [16, 16, 32, 32],
+            "embedding_size": 16,
+            "layer_type": "basic",
+            "out_features": ["stage4"],
+        },
+    },
 }
 """Top-level fields of a ``model_type`` set after shrinking: sizes its config ties that the rules do not know, and
 settings of the released checkpoints where the default config is no released model's (DeBERTa's)."""

@@ -281,7 +281,7 @@ def export_traced(
     parts = (
         *parts,
         *bias_parts(captured.attention),
-        *outside_parts(captured.outside),
+        *outside_parts(captured.outside, captured.model_type),
         *derived,
         *relative_parts(captured),
         *order_parts(captured.order),

@@ -104,6 +104,18 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         ids=lambda hf, tokens: (1, tokens, int(hf.num_codebooks) + 1),
         why="Kyutai STT reads one text id and one id per audio codebook at each step, [B, S, 1 + num_codebooks]",
     ),
+    "vilt": CaptureInputs(
+        {"pixel_values": lambda hf, tokens: torch.zeros(1, int(hf.num_channels), hf.image_size, hf.image_size)},
+        why="ViLT refuses to run without an image; one zero image (its patches join the text in one sequence)",
+    ),
+    "tvp": CaptureInputs(
+        {
+            "pixel_values": lambda hf, tokens: torch.zeros(
+                1, int(hf.num_frames), 3, int(hf.max_img_size), int(hf.max_img_size)
+            )
+        },
+        why="TVP refuses to run without video frames; zero frames (their patches join the text in one sequence)",
+    ),
     "musicgen_decoder": CaptureInputs(
         ids=_codebook_rows, why="a MusicGen decoder reads one row of ids per codebook, [B * num_codebooks, S]"
     ),
@@ -138,13 +150,16 @@ def stack_capture_inputs(runner: Any, hf: Any, tokens: int) -> dict[str, Any] | 
 
 
 ONE_STREAM: dict[str, str] = {
-    "vilt": "ViLT's embeddings concatenate the text tokens and the image patches into one sequence",
-    "tvp": "TVP's embeddings concatenate a text prompt, the text tokens and the video frames' patches into one "
-    "sequence",
+    "vilt": "ViLT's embeddings concatenate the text tokens (learned positions) and the image patches (learned "
+    "positions interpolated to the image's grid) into one sequence",
+    "tvp": "TVP's embeddings concatenate a learned 10-vector text prompt, the text tokens (learned positions) and "
+    "the video frames' grid (learned row and column positions) into one sequence",
 }
-"""Models whose layers attend over text and another modality in one sequence: the layer's input is not the text's
-embeddings, and a unit fed text alone would not be what the model computes; refused before the capture with the
-reason (:func:`capture_refusal`)."""
+"""Models whose layers attend over text and another modality in one sequence. A unit that started at the text tokens
+would not be what the model computes; the unit is the attention over the whole sequence, fed the embedded states as
+the model hands them to the layer, and the manifest's part ``stack embeddings: absent`` says so with this
+description (:func:`posenc.trace.stacks.outside_parts`). Their capture forward gets a zero image or video
+(:data:`CAPTURE_INPUTS`)."""
 
 
 UNREBUILT_CALLS: dict[str, str] = {
@@ -164,19 +179,12 @@ before the capture (:func:`capture_refusal`), as the argument-by-argument refusa
 
 
 def capture_refusal(hf: Any) -> str | None:
-    """Why a ``hf`` model's attention cannot be captured on text (:data:`ONE_STREAM`, :data:`UNREBUILT_CALLS`), or
-    None."""
+    """Why a ``hf`` model's attention cannot be captured on text (:data:`UNREBUILT_CALLS`), or None."""
     model_type = str(getattr(hf, "model_type", ""))
     unrebuilt = UNREBUILT_CALLS.get(model_type)
     if unrebuilt is not None:
         return f"{unrebuilt}, so the {model_type} model's attention cannot be traced yet."
-    reason = ONE_STREAM.get(model_type)
-    if reason is None:
-        return None
-    return (
-        f"{reason}, which every layer's attention reads; posenc's unit takes text tokens and their positions only, "
-        f"so the {hf.model_type} model's attention cannot be traced."
-    )
+    return None
 
 
 ARGUMENT_MEANINGS: dict[str, str] = {

@@ -23,7 +23,7 @@ from torch import nn
 
 from posenc.errors import ConfigError
 from posenc.trace.caches import new_cache
-from posenc.trace.inputs import stack_capture_inputs
+from posenc.trace.inputs import ONE_STREAM, stack_capture_inputs
 from posenc.trace.record import TracePart
 
 STACKS = ("encoder", "decoder")
@@ -104,11 +104,19 @@ def position_buffer(model: Any, list_path: str) -> str | None:
     return None
 
 
-def outside_parts(outside: str | None) -> tuple[TracePart, ...]:
+def outside_parts(outside: str | None, model_type: str = "") -> tuple[TracePart, ...]:
     """The manifest's part for positions added at a stack's embeddings outside the unit (``outside``: the module),
-    or none."""
+    or none; for a model whose layers attend over text and another modality in one sequence (:data:`ONE_STREAM`),
+    what that sequence is."""
     if outside is None:
         return ()
+    joined = ONE_STREAM.get(model_type)
+    if joined is not None:
+        detail = (f"{joined}, which every layer's attention reads; the positions of each part enter there ({outside}, "
+                  f"...) before layer 0, outside this unit: the graph is the attention over the whole sequence, fed "
+                  f"the embedded states as the model hands them to the layer (a unit that started at the text tokens "
+                  f"would not be what the model computes)")  # fmt: skip
+        return (TracePart(OUTSIDE_PART, "absent", detail),)
     detail = (f"the positions enter at {outside} before layer 0, outside this unit (it starts at the token "
               f"embeddings only where the layer's input is their sum with a module's output on the position ids, "
               f"then the layer's norms); the graph is the attention alone, fed the embedded states")  # fmt: skip
