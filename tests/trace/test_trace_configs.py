@@ -198,11 +198,15 @@ def test_the_traced_configs_match_their_own_module(name: str, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_a_length_read_as_a_python_number_is_refused_saying_so(tmp_path: Path) -> None:
-    """Funnel's relative-shift encodings start from ``list(range(seq_len))``: torch.export fixes the length."""
+def test_a_length_read_as_a_python_number_is_refused_saying_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Funnel's relative-shift encodings start from ``list(range(seq_len))``: torch.export fixes the length. Without
+    posenc's tensor-wise rewrite of that code (``trace.tensorwise``, which exports it: test_trace_tensorwise) the
+    export is refused, saying so."""
     from posenc.errors import ExportError
     from posenc.export.trace import export_traced
+    from posenc.trace import tensorwise
 
+    monkeypatch.setattr(tensorwise, "REWRITES", {})
     folder = _save(_funnel(), "FunnelModel", tmp_path / "funnel")
     with pytest.raises(ExportError, match=r"seq: fixed at the capture's \d+\): the module's code reads the length"):
         export_traced(tmp_path / "funnel.onnx", folder, layer=0)

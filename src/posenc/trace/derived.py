@@ -42,6 +42,7 @@ from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import call_args, classify, keep, rebuild
 from posenc.trace.inputs import SUBSTITUTED
 from posenc.trace.record import CallRecipe, DerivedRecipe, ModuleRef, TracePart
+from posenc.trace.tensorwise import covered, rewritten
 
 DERIVED_PART = "stack position tensor"
 """The positional part a derived argument is: computed by the model's own code from the sequence, kept as traced."""
@@ -302,7 +303,8 @@ def compute(recipe: DerivedRecipe, source: nn.Module | None, hidden: torch.Tenso
         return rebuild(key, kind, recipe.call.constants, hidden, position_ids, 0)
 
     args, kwargs = call_args(recipe.call, value)
-    output = function(*args, **kwargs)
+    with rewritten(source):  # under torch.export only: code that reads the length as a number, from tensors
+        output = function(*args, **kwargs)
     return output[(None,) * recipe.lead] if recipe.lead else output
 
 
@@ -439,6 +441,13 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
             code = f"{where}.{recipe.method}" if recipe.method != "forward" else f"{where} ({recipe.source.cls})"
         detail = (f"argument {key!r}, computed once per stack by the model's own {code} from the sequence, as the "
                   f"model computes it (posenc recomputes no stack tensor)")  # fmt: skip
+        rewrites = covered(recipe.source.cls) if recipe.source is not None else []
+        if rewrites:  # the graph holds posenc's tensor-wise rewrite of a method that reads the length as a number
+            detail = (
+                f"argument {key!r}, computed once per stack by the model's own {code} from the sequence; in the "
+                f"graph, {'; '.join(rewrites)} computed from tensors by posenc (posenc.trace.tensorwise: the same "
+                f"values at every length; the model's code is the reference it is validated against)"
+            )
         parts.append(TracePart(DERIVED_PART, "kept", detail))
     return tuple(parts)
 
