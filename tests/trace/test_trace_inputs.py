@@ -146,6 +146,40 @@ def test_text_and_image_patches_in_one_sequence_are_captured_as_the_attention_ov
     assert "image patches" not in outside_parts(captured.outside, "albert")[0].detail
 
 
+def test_segments_split_by_position_and_open_square_masks_are_read_as_kinds() -> None:
+    """CPM-Ant's call arguments, as kinds the unit rebuilds: its ``int32`` mask ``[B, S, S]`` of ones is a mask (one
+    with a zero, a padded call, is not), its ``int32`` positions are the position ids in that dtype, and its segments
+    ``[0] * P + [2] * T`` a split at ``P`` (a padding segment among the text is no split); each rebuilt as captured."""
+    import torch
+
+    from posenc.trace import arguments
+
+    positions = torch.arange(12).unsqueeze(0)
+    hidden = torch.zeros(1, 12, 8)
+    ones = torch.ones(1, 12, 12, dtype=torch.int32)
+    assert arguments.classify("attention_mask", ones, positions, hidden, type(None), False) == "mask"
+    padded = ones.clone()
+    padded[0, :, 5] = 0
+    assert not arguments.is_open_square(padded)
+    assert not arguments.is_open_square(torch.ones(1, 12, 11, dtype=torch.int32))
+    recast = positions.to(torch.int32)
+    assert arguments.classify("#0", recast, positions, hidden, type(None), False) == "position_ids"
+    segments = torch.tensor([[0] * 4 + [2] * 8], dtype=torch.int32)
+    assert arguments.segments_of(segments, positions) == (4, 0, 2)
+    gap = segments.clone()
+    gap[0, 7] = 0  # a padding id among the text
+    assert arguments.segments_of(gap, positions) is None
+    constants: dict[str, object] = {}
+    arguments.keep(constants, "#0", "position_ids", recast)
+    arguments.keep(constants, "#2", "segments", segments)
+    assert constants == {"#0": "int32", "#2": [4, 0, 2, "int32"]}
+    assert torch.equal(arguments.rebuild("#0", "position_ids", constants, hidden, positions, 0), recast)
+    assert torch.equal(arguments.rebuild("#2", "segments", constants, hidden, positions, 0), segments)
+    later = positions[:, 3:6]  # positions 3 .. 5: the prompt's last, then text
+    made = arguments.rebuild("#2", "segments", constants, hidden[:, :3], later, 0)
+    assert made.tolist() == [[0, 2, 2]]
+
+
 PASS = (
     "xmod",
     "musicgen_decoder",
@@ -160,6 +194,7 @@ PASS = (
     "clvp_encoder",  # its angles of positions 0 .. S - 1 called on the context's length (test_trace_derived)
     "vilt",  # the attention over text and image patches joined, fed a zero image (stack embeddings: absent)
     "tvp",  # the same over a text prompt, the text and the video frames' grid
+    "cpmant",  # prompt and text in one call without padding, segments from the positions, traced without a cache
 )
 """Census types that trace and match their own module once the capture has their inputs (or the tiny config the
 fields their model needs)."""
@@ -197,5 +232,9 @@ def test_every_type_with_declared_inputs_traces_or_is_refused_by_name(name: str,
     parts = {part.part: part.status for part in result.manifest.trace.parts}
     if name.startswith("musicgen") or name in inputs.ONE_STREAM:  # positions added before layer 0, outside the unit
         assert parts["stack embeddings"] == "absent"
+    if name == "cpmant":  # its segment-and-position bias, by its own module, segments rebuilt from the positions
+        assert result.manifest.trace.cacheless
+        details = [part.detail for part in result.manifest.trace.parts if part.part == "stack position tensor"]
+        assert any("0 below position 32 and 2 from it" in detail for detail in details)
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, f"{name}\n{report.to_markdown()}"

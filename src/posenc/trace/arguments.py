@@ -43,6 +43,7 @@ PLAIN_KINDS: tuple[str, ...] = (
     "zeros",
     "kv_sharing",
     "every_key",
+    "segments",
 )
 """Kinds :func:`rebuild` fills from the hidden states and positions alone."""
 
@@ -97,9 +98,9 @@ def classify(
     if torch.is_tensor(value):
         if hidden is not None and value is hidden:
             return "hidden"
-        if "mask" in key and value.dim() == 4:
+        if "mask" in key and (value.dim() == 4 or is_open_square(value)):
             return "mask"
-        if same_tensor(value, positions):
+        if same_tensor(value, positions) or is_recast(value, positions):
             return "position_ids"
         if is_sections(value, positions):
             return "sections"
@@ -134,6 +135,37 @@ def described(value: Any) -> str:
         return repr(item) if item is None or isinstance(item, (bool, int, float, str)) else type(item).__name__
 
     return "dict {" + ", ".join(f"{key!r}: {entry(item)}" for key, item in value.items()) + "}"
+
+
+def is_open_square(value: torch.Tensor) -> bool:
+    """Whether ``value`` is a boolean or integer mask ``[B, S, S]`` of ones: it hides no key (CPM-Ant's ``int32``
+    mask without padding, which its attention reads through ``view(B, 1, S, K) == False``): taken as a mask; the unit
+    passes its ``[B, 1, S, K]`` one, and the capture's probe checks the attention computes the same with it."""
+    square = value.dim() == 3 and value.shape[1] == value.shape[2] and not value.is_floating_point()
+    return square and value.numel() > 0 and bool((value == 1).all())
+
+
+def is_recast(value: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is the position ids in another integer dtype (CPM-Ant's ``int32`` positions): kind
+    ``position_ids``, the dtype kept (:func:`keep`)."""
+    return (
+        value.shape == positions.shape
+        and value.dtype != positions.dtype
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+        and torch.equal(value.to(positions.dtype), positions)
+    )
+
+
+def segments_of(value: Any, positions: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(split, before, after)`` where ``value [B, S]`` (integer) is ``before`` at the positions below ``split`` and
+    ``after`` from it (:data:`posenc.trace.inputs.SEGMENTS`), else None."""
+    if not torch.is_tensor(value) or value.is_floating_point() or value.shape != positions.shape or not value.numel():
+        return None
+    before, after = int(value[0, 0]), int(value[0, -1])
+    split = int((value[0] == before).int().cumprod(0).sum())
+    rebuilt = torch.where(positions < split, before, after).to(value.dtype)
+    return (split, before, after) if torch.equal(rebuilt, value) else None
 
 
 def is_stream(value: Any, positions: torch.Tensor) -> bool:
@@ -174,6 +206,12 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = str(value.dtype).removeprefix("torch.")
     elif kind == "stream":
         constants[key] = int(value.shape[-1])
+    elif kind == "position_ids" and torch.is_tensor(value) and value.dtype != torch.int64:  # CPM-Ant's int32
+        constants[key] = str(value.dtype).removeprefix("torch.")
+    elif kind == "segments":
+        split = segments_of(value, torch.arange(value.shape[-1]).expand(value.shape))
+        assert split is not None  # classified so
+        constants[key] = [*split, str(value.dtype).removeprefix("torch.")]
 
 
 _INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -190,7 +228,10 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     if kind == "hidden":
         return hidden
     if kind == "position_ids":
-        return position_ids
+        return position_ids.to(_INDEX_DTYPES[constants[key]]) if key in constants else position_ids
+    if kind == "segments":  # [split, before, after, dtype]: a segment id per position (SEGMENTS)
+        split, before, after, dtype = constants[key]
+        return torch.where(position_ids < split, before, after).to(_INDEX_DTYPES[dtype])
     if kind == "sections":
         rows = int(constants.get(key, 3))
         return position_ids.unsqueeze(0).expand(rows, *position_ids.shape)
@@ -245,10 +286,13 @@ __all__ = [
     "classify",
     "described",
     "is_every_key",
+    "is_open_square",
+    "is_recast",
     "is_sections",
     "is_stream",
     "keep",
     "rebuild",
     "same_tensor",
+    "segments_of",
     "stream_widths",
 ]

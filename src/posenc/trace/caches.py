@@ -42,24 +42,27 @@ reference sliding window, DeepSeek-V4's compressors: a dict of tensors per compr
 that fills one is refused (the unit does not carry it)."""
 
 
-ENCODER_CACHES: dict[str, tuple[str, str]] = {
+ENCODER_CACHES: dict[str, tuple[str | None, str]] = {
     "xlm": ("causal", "XLM's model is an encoder (XLMModel refuses is_encoder=False) whose forward makes an "
             "EncoderDecoderCache itself and hands it to every attention; without its causal mask it cuts its padding "
             "mask to the new tokens, so its attention extends a cache by one token at a time only"),
     "flaubert": ("causal", "FlauBERT's model is XLM's: an encoder whose forward makes a cache itself and, without "
                  "its causal mask, cuts the padding mask to the new tokens (one token per cached step only)"),
+    "cpmant": (None, "CPM-Ant's forward prepends its prompt tokens again at every call and slices its embeddings, "
+               "bias and mask by the cache's length, so a call over a filled cache is not the next tokens' (its "
+               "attention is traced as it runs on a whole sequence: prompt and text without padding)"),
 }  # fmt: skip
 """Model types traced without a KV cache although their forward hands the attention one: ``model_type -> (config
-flag that keeps the cache, why)``. Their attention, unless the flag is set, cannot extend the cache by several
-tokens, so a unit with a past would fail inside the model's own module; it is the encoder it is, called on a whole
-sequence (the cache the model made is empty on that call, and the capture's probe, which calls the module with a
-fresh one, checks the unit against it)."""
+flag that keeps the cache (None: none does), why)``. Their attention, unless the flag is set, cannot extend the cache
+by several tokens (CPM-Ant's forward cannot run over a filled one at all), so a unit with a past would not be what the
+model computes; it is traced as called on a whole sequence (the cache the model made is empty on that call, and the
+capture's probe, which calls the module with a fresh one, checks the unit against it)."""
 
 
 def encoder_cache(hf: Any) -> bool:
     """Whether ``hf``'s layer is traced without the cache its forward makes (:data:`ENCODER_CACHES`)."""
     entry = ENCODER_CACHES.get(str(getattr(hf, "model_type", "")))
-    return entry is not None and not getattr(hf, entry[0], False)
+    return entry is not None and (entry[0] is None or not getattr(hf, entry[0], False))
 
 
 @dataclasses.dataclass(frozen=True)

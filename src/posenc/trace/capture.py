@@ -279,6 +279,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
                   if kind == "entries" for entry, (of, _) in call.constants[key].items() if of == "mask"]  # fmt: skip
         mask_value = masks[0] if masks else None
+        if torch.is_tensor(mask_value) and mask_value.dim() == 3:  # [B, S, S] hiding no key (arguments.is_open_square)
+            mask_value = mask_value.unsqueeze(1)
         causal = cache is not None or _module_causal(attention)
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
         rotary = model.get_submodule(rotary_path) if rotary_path else None

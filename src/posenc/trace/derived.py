@@ -39,8 +39,8 @@ import torch
 from torch import nn
 
 from posenc.errors import ConfigError, ExportError
-from posenc.trace.arguments import call_args, classify, keep, rebuild
-from posenc.trace.inputs import SUBSTITUTED
+from posenc.trace.arguments import call_args, classify, keep, rebuild, segments_of
+from posenc.trace.inputs import SEGMENTS, SUBSTITUTED
 from posenc.trace.record import CallRecipe, DerivedRecipe, ModuleRef, TracePart
 from posenc.trace.tensorwise import covered, rewritten
 
@@ -232,6 +232,8 @@ def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tenso
         return "length"
     if isinstance(value, torch.device):
         return "device"
+    if (key in SEGMENTS or name in SEGMENTS) and segments_of(value, positions) is not None:
+        return "segments"  # CPM-Ant's prompt | text segments, a function of the position in one call
     return classify(key, value, positions, None, _NoCache, False)
 
 
@@ -441,6 +443,12 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
             code = f"{where}.{recipe.method}" if recipe.method != "forward" else f"{where} ({recipe.source.cls})"
         detail = (f"argument {key!r}, computed once per stack by the model's own {code} from the sequence, as the "
                   f"model computes it (posenc recomputes no stack tensor)")  # fmt: skip
+        splits = {tuple(value[:3]) for k, value in recipe.call.constants.items()
+                  if dict(_kinds(recipe.call)).get(k) == "segments"}  # fmt: skip
+        for split, before, after in sorted(splits):  # CPM-Ant's prompt | text segments (trace.inputs.SEGMENTS)
+            detail += (f"; its segment ids rebuilt from the positions, {before} below position {split} and {after} "
+                       f"from it, as the model's are in one call of prompt and text without padding (checked on the "
+                       f"capture)")  # fmt: skip
         rewrites = covered(recipe.source.cls) if recipe.source is not None else []
         if rewrites:  # the graph holds posenc's tensor-wise rewrite of a method that reads the length as a number
             detail = (
@@ -450,6 +458,11 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
             )
         parts.append(TracePart(DERIVED_PART, "kept", detail))
     return tuple(parts)
+
+
+def _kinds(call: CallRecipe) -> list[tuple[str, str]]:
+    """``(key, kind)`` of every argument of a recipe's call (``"#i"`` for positional ``i``)."""
+    return [(f"#{i}", kind) for i, kind in enumerate(call.positional)] + list(call.keywords.items())
 
 
 def refuse_with_cache(key: str) -> ExportError:

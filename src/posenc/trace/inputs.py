@@ -170,9 +170,6 @@ UNREBUILT_CALLS: dict[str, str] = {
     "maximum: global tokens) with global-attention flags (is_index_global_attn, is_global_attn), and its sliding "
     "chunks run only on lengths its model padded to a multiple of attention_window (the padding hidden by that "
     "mask); posenc's unit does not pad its input to the window",
-    "cpmant": "CPM-Ant prepends prompt_length prompt tokens to the text and biases its attention by segment (prompt, "
-    "text or padding, read from the token ids) besides its bucketed relative positions, and masks [B, S, S] by "
-    "spans and padding from the ids; posenc's unit takes hidden states and positions, not the segments",
 }
 """Model types whose attention call posenc cannot rebuild from the unit's inputs, with what the call needs: refused
 before the capture (:func:`capture_refusal`), as the argument-by-argument refusal would name only the first."""
@@ -247,6 +244,18 @@ unit's call is checked against the model's own (same output) before export. Deep
 Pushing the Frontier of Open Large Language Models" (DeepSeek-AI, 2025, https://arxiv.org/abs/2512.02556)."""
 
 
+SEGMENTS: dict[str, str] = {
+    "key_segment": "CPM-Ant's segment ids of the keys",
+    "query_segment": "CPM-Ant's segment ids of the queries",
+}
+"""Arguments (by parameter name) that are a segment id per position, split at one position: CPM-Ant's forward prepends
+``prompt_length`` prompt tokens (segment 0) to the text (segment 2 for every id but its padding id 0) and its
+``CpmAntSegmentPositionEmbedding`` reads the segments beside the positions. For one call of text without padding the
+segment is a function of the position, ``before`` below the split and ``after`` from it (kind ``segments``,
+:func:`posenc.trace.arguments.is_segments`: measured on the capture and checked equal there, the split and ids
+recorded); a capture whose segments are not so split (a padding id among the text) is refused by name."""
+
+
 SUBSTITUTED: frozenset[str] = frozenset(name for entry in CAPTURE_INPUTS.values() for name in entry.extra)
 """The inputs the capture fills in for a model (boxes, images, a language): data of the user's, not positions. A
 tensor the model derives from one of them is not something the unit may compute from the sequence alone."""
@@ -267,6 +276,7 @@ __all__ = [
     "CAPTURE_INPUTS",
     "EVERY_KEY",
     "ONE_STREAM",
+    "SEGMENTS",
     "STACK_INPUTS",
     "STREAMS",
     "SUBSTITUTED",
