@@ -253,7 +253,8 @@ SEGMENTS: dict[str, str] = {
 ``CpmAntSegmentPositionEmbedding`` reads the segments beside the positions. For one call of text without padding the
 segment is a function of the position, ``before`` below the split and ``after`` from it (kind ``segments``,
 :func:`posenc.trace.arguments.is_segments`: measured on the capture and checked equal there, the split and ids
-recorded); a capture whose segments are not so split (a padding id among the text) is refused by name."""
+recorded); a capture with a padding id among the text is refused (its mask then hides that token: no mask the
+unit rebuilds)."""
 
 
 SUBSTITUTED: frozenset[str] = frozenset(name for entry in CAPTURE_INPUTS.values() for name in entry.extra)
