@@ -198,6 +198,9 @@ BOTH = (
 )
 """Types both of whose stacks trace and match."""
 DECODER_ONLY = {
+    # Longformer's sliding chunks (posenc.trace.windows pads the unit to the window); torch.export's guards on the
+    # padded length are deferred only for the units export.trace_bounds.deferrable names, not LED's encoder yet
+    "led": "specialises the lengths of LEDEncoderAttention",
     "pegasus_x": "argument 'global_hidden_states'",
     "udop": "argument 'position_bias'",
 }

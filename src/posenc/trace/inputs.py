@@ -148,13 +148,6 @@ reason (:func:`capture_refusal`)."""
 
 
 UNREBUILT_CALLS: dict[str, str] = {
-    # Tried: a unit that pads to max(ceil(S / w), 2) windows and masks the padding exports with torch.export's guards
-    # deferred, but the ONNX graph of Longformer's sliding chunks (as_strided) differs from the module by ~0.5 on
-    # ONNX Runtime even at the traced length (torch 2.13, onnxscript 0.7.2, onnxruntime 1.32).
-    "longformer": "Longformer's attention takes a mask [B, S] of its own (0: local, the dtype's minimum: padding, its "
-    "maximum: global tokens) with global-attention flags (is_index_global_attn, is_global_attn), and its sliding "
-    "chunks run only on lengths its model padded to a multiple of attention_window (the padding hidden by that "
-    "mask); posenc's unit does not pad its input to the window",
     "cpmant": "CPM-Ant prepends prompt_length prompt tokens to the text and biases its attention by segment (prompt, "
     "text or padding, read from the token ids) besides its bucketed relative positions, and masks [B, S, S] by "
     "spans and padding from the ids; posenc's unit takes hidden states and positions, not the segments",
