@@ -179,6 +179,7 @@ BOTH = (
     "blenderbot",
     "blenderbot-small",
     "cohere_asr",  # encoder: relative encodings; decoder: fed seeded encoder states (its cross-attention needs them)
+    "led",  # encoder: Longformer's sliding chunks, padded to the window (trace.windows), its length guards deferred
     "longt5",  # encoder: local attention over 128-token blocks, exported with its length guards deferred
     "m2m_100",
     "mbart",
@@ -198,9 +199,6 @@ BOTH = (
 )
 """Types both of whose stacks trace and match."""
 DECODER_ONLY = {
-    # Longformer's sliding chunks (posenc.trace.windows pads the unit to the window); torch.export's guards on the
-    # padded length are deferred only for the units export.trace_bounds.deferrable names, not LED's encoder yet
-    "led": "specialises the lengths of LEDEncoderAttention",
     "pegasus_x": "argument 'global_hidden_states'",
     "udop": "argument 'position_bias'",
 }

@@ -3,7 +3,7 @@ a multiple of the window as its model does, marks the padding in the call's mask
 
 References: transformers' ``LongformerSelfAttention`` called as ``LongformerModel`` calls it on a length it padded
 to the window (the model's own ``_pad_to_window_size``); in the slow test the tiny census checkpoint's
-``LongformerAttention`` (``hf-fp32`` / ``hf-fp64``) and posenc's float64 rebuild
+``LongformerAttention`` and LED's ``LEDEncoderAttention`` (``hf-fp32`` / ``hf-fp64``) and posenc's float64 rebuild
 (``eager-fp64``) against the exported graph on ONNX Runtime, across window edges. Longformer: "Longformer: The
 Long-Document Transformer" (Beltagy, Peters and Cohan, 2020, https://arxiv.org/abs/2004.05150).
 """
@@ -64,7 +64,12 @@ def test_the_onnx_mode_is_set_only_while_tracing() -> None:
 
 
 @pytest.mark.slow
-def test_longformer_attention_exports_and_matches_its_module_across_windows(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "stack"), [("longformer", None), ("led", "encoder")])
+def test_longformer_attention_exports_and_matches_its_module_across_windows(
+    name: str, stack: str | None, tmp_path: Path
+) -> None:
+    """Longformer's attention, and LED's encoder's (the same code, ``LEDEncoderAttention``), exported with their
+    length guards deferred, against their own module at lengths below, on and across the window."""
     from posenc.census.tiny import save_tiny_model, tiny_config
     from posenc.census.types import model_type_info
     from posenc.export.shapes import Shape
@@ -72,13 +77,15 @@ def test_longformer_attention_exports_and_matches_its_module_across_windows(tmp_
     from posenc.graphs.trace_rewrite import replace_positions
     from posenc.validate.checkpoint import validate_against_checkpoint
 
-    folder = tmp_path / "longformer"
-    info = model_type_info("longformer")
-    save_tiny_model(tiny_config("longformer").config, info.model_class, folder)  # type: ignore[union-attr]
-    result = export_traced(tmp_path / "unit.onnx", folder, layer=0, rewrite=replace_positions)
+    folder = tmp_path / name
+    info = model_type_info(name)
+    save_tiny_model(tiny_config(name).config, info.model_class, folder)  # type: ignore[union-attr]
+    result = export_traced(tmp_path / "unit.onnx", folder, layer=0, layer_type=stack, rewrite=replace_positions)
     assert result.manifest.trace is not None
     assert result.manifest.trace.cacheless
-    assert result.manifest.trace.attention.cls.endswith("LongformerAttention")
+    expected = ("encoder.layer.0.attention", "LongformerAttention") if stack is None else (
+        "encoder.layers.0.self_attn", "LEDEncoderAttention")  # fmt: skip
+    assert (result.manifest.trace.attention.path, result.manifest.trace.attention.cls.rsplit(".", 1)[1]) == expected
     shapes = [Shape(1, 8, 0), Shape(2, 16, 0), Shape(1, 9, 0), Shape(2, 24, 0), Shape(1, 33, 0), Shape(1, 1, 0)]
-    report = validate_against_checkpoint(result.path, folder, shapes=shapes, long_positions=False)
+    report = validate_against_checkpoint(result.path, folder, layer_type=stack, shapes=shapes, long_positions=False)
     assert report.passed, report.to_markdown()
