@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers")
 def _attention() -> torch.nn.Module:
     from transformers.models.longformer.modeling_longformer import LongformerSelfAttention
 
-    config = transformers.LongformerConfig(hidden_size=32, num_attention_heads=4, attention_window=[8])
+    config = transformers.LongformerConfig(hidden_size=16, num_attention_heads=2, attention_window=[8])
     torch.manual_seed(0)
     return LongformerSelfAttention(config, 0).eval()
 
@@ -43,7 +43,7 @@ def test_the_unit_pads_to_the_window_and_keeps_the_real_rows() -> None:
     assert [padded_length(n, 8) for n in (1, 7, 8, 9, 16)] == [16, 16, 24, 24, 32]
     torch.manual_seed(1)
     for length in (8, 13):
-        hidden = torch.randn(1, length, 32)
+        hidden = torch.randn(1, length, 16)
         model_pads = padded_length(length, 8) - 8 if length % 8 else length  # _pad_to_window_size: next multiple
         with torch.no_grad():
             expected = _call(attention, pad_rows(hidden, model_pads), length)
