@@ -93,3 +93,46 @@ def test_the_parts_of_posencs_trace_record_are_what_it_kept_and_replaced() -> No
     assert found.path == "trace"
     assert found.kept == ("stack position tensor (sinusoidal_pos from encoder.embed_positions)",)
     assert found.replaced == ("rotary angles (posenc's precomputed tables)",)
+
+
+def _traced(path: str, cls: str = "transformers.models.led.modeling_led.LEDDecoderAttention") -> dict[str, object]:
+    return _manifest("trace", "led", trace={"attention": {"path": path, "cls": cls}})
+
+
+def test_the_module_an_export_is_of_is_its_qualified_name() -> None:
+    from posenc.census.route import module_of
+
+    assert module_of(_traced("decoder.layers.0.self_attn")) == (
+        "decoder.layers.0.self_attn: transformers.models.led.modeling_led.LEDDecoderAttention"
+    )
+    tower = _manifest("trace", "t5gemma", trace={"attention": {"path": "layers.0.self_attn", "cls": "A"},
+                                                  "tower": {"path": "model.encoder", "cls": "B"}})  # fmt: skip
+    assert module_of(tower) == "model.encoder.layers.0.self_attn: A"
+    family = _manifest("llama", "llama")
+    family["weights"]["source"]["tensors"] = {"model.layers.3.self_attn.q_proj.weight": "a",  # type: ignore[index]
+                                              "model.layers.3.self_attn.k_proj.weight": "b"}  # fmt: skip
+    assert module_of(family) == "model.layers.3.self_attn"
+    assert module_of(_manifest("llama", "llama")) == ""
+
+
+def test_two_layer_kinds_on_one_module_fail_the_census_row() -> None:
+    """Today's main's LED row: its encoder kind captured the decoder's attention (``layers.0.self_attn`` of an
+    ``LEDDecoder`` built alone), both kinds passed on one module. Two kinds of a type are two modules of its model:
+    one module for both is a capture error, and both kinds fail, naming the other."""
+    from posenc.census.report import type_passed
+    from posenc.census.route import module_of
+    from posenc.census.worker import same_modules
+
+    passed = {"passed": True, "worst_hf": 5.07e-07, "rows": 45, "failed": []}
+    wrong = [{"layer": 0, "stack": stack, "attention": True, "path": "trace", "parity": dict(passed),
+              "module": module_of(_traced("layers.0.self_attn"))} for stack in ("encoder", "decoder")]  # fmt: skip
+    assert type_passed({"status": "ok", "layers": wrong})  # what the census page said
+    same_modules(wrong)
+    assert not type_passed({"status": "ok", "layers": wrong})
+    assert [k["parity"]["passed"] for k in wrong] == [False, False]
+    assert "the same module as decoder layer 0 (layers.0.self_attn: " in wrong[0]["parity"]["failed"][0]
+    assert "the same module as encoder layer 0" in wrong[1]["parity"]["failed"][0]
+    right = [{**kind, "parity": dict(passed), "module": module_of(_traced(f"{kind['stack']}.layers.0.self_attn"))}
+             for kind in wrong]  # fmt: skip
+    same_modules(right)
+    assert type_passed({"status": "ok", "layers": right})

@@ -179,6 +179,7 @@ BOTH = (
     "blenderbot",
     "blenderbot-small",
     "cohere_asr",  # encoder: relative encodings; decoder: fed seeded encoder states (its cross-attention needs them)
+    "led",  # encoder: Longformer's sliding chunks, padded to the window (trace.windows), its length guards deferred
     "longt5",  # encoder: local attention over 128-token blocks, exported with its length guards deferred
     "m2m_100",
     "mbart",
@@ -204,6 +205,31 @@ DECODER_ONLY = {
 """Types whose decoder traces and whose encoder is refused, with the reason's words: an attention posenc cannot
 call from positions alone (local/global windows, block-sparse, a bias computed before the layers from positions
 and boxes)."""
+
+
+def test_a_stack_is_built_only_in_a_model_that_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LED's per-layer ``attention_window`` ties its stacks' counts, so transformers refuses the config cut to one
+    encoder layer as an ``LEDModel`` but builds it as an ``LEDDecoder`` (one of the config's own model classes):
+    once taken for the encoder, whose layer 0 then was the decoder's attention (the census's LED row passed both kinds
+    on one module). The encoder is now built in the uncut ``LEDModel``; a config whose every build lacks the stack is
+    refused, naming what was built."""
+    from posenc.census.tiny import tiny_config
+    from posenc.trace import model as trace_model
+    from posenc.trace.model import build_base_model
+    from posenc.trace.stacks import stack_layers
+
+    hf = tiny_config("led").config  # the census's tiny LED config: attention_window [8, 8], two layers per stack
+    path, layers = stack_layers(build_base_model(hf, 1, None, "encoder"), "encoder", 1)
+    assert path == "encoder.layers", path
+    assert type(layers[0].self_attn).__name__ == "LEDEncoderAttention"
+    import transformers
+
+    only_decoder = [transformers.models.led.modeling_led.LEDDecoder._from_config]
+    monkeypatch.setattr(trace_model, "_builders", lambda hf, model_class: only_decoder)
+    monkeypatch.setattr(trace_model, "lone_of", lambda hf, model_class=None: None)
+    refused = r"no led model holding its encoder stack .*it builds LEDDecoder, which holds no module named 'encoder'"
+    with pytest.raises(ConfigError, match=refused):
+        build_base_model(hf, 1, None, "encoder")
 
 
 def _tiny(name: str, root: Path) -> Path:

@@ -124,4 +124,29 @@ def classify(manifest: Mapping[str, Any], model_type: str, text_type: str | None
     return Route(UNKNOWN, family, kept, replaced)
 
 
-__all__ = ["PATHS", "REFUSED", "UNKNOWN", "Route", "classify"]
+def module_of(manifest: Mapping[str, Any]) -> str:
+    """The qualified name of the checkpoint module an export is of: a trace record's attention (``path`` after its
+    text tower's, ``: class``), else the dotted prefix all the layer's checkpoint tensors share
+    (``model.layers.3.self_attn``); ``""`` where the manifest names neither. Two layer kinds of a type with the same
+    name exported the same module (:func:`posenc.census.worker.same_modules`)."""
+    trace = manifest.get("trace")
+    attention = trace.get("attention") if isinstance(trace, Mapping) else None
+    if isinstance(attention, Mapping) and attention.get("path") is not None:
+        tower = trace.get("tower") if isinstance(trace, Mapping) else None
+        prefix = f"{tower['path']}." if isinstance(tower, Mapping) and tower.get("path") else ""
+        return f"{prefix}{attention['path']}: {attention.get('cls', '')}"
+    weights = manifest.get("weights")
+    source = weights.get("source") if isinstance(weights, Mapping) else None
+    tensors = source.get("tensors") if isinstance(source, Mapping) else None
+    if not isinstance(tensors, Mapping) or not tensors:
+        return ""
+    split = [str(name).split(".") for name in tensors]
+    common = []
+    for parts in zip(*split, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
+__all__ = ["PATHS", "REFUSED", "UNKNOWN", "Route", "classify", "module_of"]

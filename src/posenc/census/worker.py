@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.census.route import REFUSED, classify
+from posenc.census.route import REFUSED, classify, module_of
 from posenc.census.types import ModelType
 
 MAX_KINDS = 6
@@ -108,6 +108,7 @@ def export_kind(checkpoint: Path, folder: Path, info: ModelType, kind: Mapping[s
     route = classify(manifest, info.name, info.text_type)
     record.update(
         path=route.path,
+        module=module_of(manifest),
         family=route.family,
         posenc_scheme=str(manifest.get("scheme", "")),
         kept=list(route.kept),
@@ -164,12 +165,33 @@ def census_type(info: ModelType, workdir: Path, out: Path, *, seed: int = 0) -> 
         exported += 1
         kind.update(export_kind(checkpoint, workdir / "onnx", info, kind))
         save()
+    same_modules(kinds)
+    save()
     if not kinds:
         return _finish(result, save, "ok", "no layer stack found in the text model")
     if not any(kind["attention"] for kind in kinds):
         built = f" (it builds {anatomy.evidence[0]})" if anatomy.evidence else ""
         return _finish(result, save, "ok", f"no layer of the default config holds attention{built}")
     return _finish(result, save, "ok", "")
+
+
+def same_modules(kinds: list[dict[str, Any]]) -> None:
+    """Fail the exported layer kinds of a type that exported one module (``module``:
+    :func:`posenc.census.route.module_of`) between them: two kinds of a type are two modules of its model, so one
+    module captured for both is a capture error (LED's encoder kind once captured its decoder's attention), never two
+    passes. Each such kind's ``parity`` becomes failed, naming the other kinds and the module."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for kind in kinds:
+        if kind.get("module") and kind.get("path") not in (REFUSED, "skipped", None):
+            groups.setdefault(str(kind["module"]), []).append(kind)
+    for module, group in groups.items():
+        if len(group) < 2:
+            continue
+        names = [f"{k['stack']} layer {k['layer']}" if k.get("stack") else f"layer {k['layer']}" for k in group]
+        for kind, name in zip(group, names, strict=True):
+            others = ", ".join(n for n in names if n != name)
+            same = f"the same module as {others} ({module}): a capture error"
+            kind["parity"] = {**(kind.get("parity") or {}), "passed": False, "failed": [same], "same_module": same}
 
 
 class _NotBuiltError(Exception):

@@ -147,13 +147,18 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     to a multiple of its block, ``S + (-S mod 128)``, which torch.export cannot prove a multiple of 128, and its
     blocked mask is derived from the length; XLNet's ``relative_positional_encoding`` and ``rel_shift_bnij``), or in
     the model's embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``:
-    torch.export guards ``S - 1 != 1``). The retried graph is held to the model's module at several lengths by
-    ``validate``."""
+    torch.export guards ``S - 1 != 1``), or an attention over sliding chunks the unit pads to its window
+    (Longformer's, LED's encoder's: :mod:`posenc.trace.windows`). The retried graph is held to the model's module at
+    several lengths by ``validate``."""
+    from posenc.trace.windows import chunk_window
+
     captured = plan.captured
     module = captured.rotary is not None and captured.rotary_call is not None
     from_length = any(made.needs_length() for made in captured.derived.values())  # LongT5's blocks, XLNet's shift
     embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
-    return captured.cacheless and (module or from_length or embeddings) and "specialises the lengths" in str(exc)
+    windowed = chunk_window(captured.attention) is not None
+    specialised = "specialises the lengths" in str(exc)
+    return captured.cacheless and (module or from_length or embeddings or windowed) and specialised
 
 
 def deferred_export(

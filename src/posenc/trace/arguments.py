@@ -110,6 +110,8 @@ def classify(
             return "ones"
         if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
+        if "mask" in key and value.dim() == 2 and value.numel() and bool((value == 0).all()):
+            return "zeros"  # an additive mask [B, S] that hides nothing (Longformer's: 0 marks local attention)
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
     if key in STREAMS and is_stream(value, positions):
@@ -196,6 +198,8 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
     the dtype of a floating mask of ones; the row count ``A`` of multi-axis position ids ``[A, B, S]``."""
     if kind == "constant":
         constants[key] = value
+    elif kind == "zeros" and value.dtype != torch.int64:  # flags or an additive mask (Longformer's): their dtype
+        constants[key] = {"shape": [int(n) for n in value.shape[2:]], "dtype": str(value.dtype).removeprefix("torch.")}
     elif kind == "zeros":
         constants[key] = [int(n) for n in value.shape[2:]]
     elif kind == "ones" and value.is_floating_point():  # a float padding mask of ones (Funnel's, type_as the states)
@@ -248,6 +252,10 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
             raise ConfigError(f"unknown index dtype {constants.get(key)!r} in a trace record; re-export the model.")
         keys = torch.arange(total, dtype=dtype, device=hidden.device)
         return keys.expand(hidden.shape[0], hidden.shape[1], total)
+    if kind == "zeros" and isinstance(constants.get(key), Mapping):  # of another dtype than int64
+        kept = constants[key]
+        dtype = getattr(torch, str(kept["dtype"]))
+        return torch.zeros(hidden.shape[0], hidden.shape[1], *kept["shape"], dtype=dtype, device=hidden.device)
     if kind in ("ones", "zeros"):
         fill = torch.ones if kind == "ones" else torch.zeros
         trailing = constants.get(key, ()) if kind == "zeros" else ()

@@ -162,15 +162,7 @@ description (:func:`posenc.trace.stacks.outside_parts`). Their capture forward g
 (:data:`CAPTURE_INPUTS`)."""
 
 
-UNREBUILT_CALLS: dict[str, str] = {
-    # Tried: a unit that pads to max(ceil(S / w), 2) windows and masks the padding exports with torch.export's guards
-    # deferred, but the ONNX graph of Longformer's sliding chunks (as_strided) differs from the module by ~0.5 on
-    # ONNX Runtime even at the traced length (torch 2.13, onnxscript 0.7.2, onnxruntime 1.32).
-    "longformer": "Longformer's attention takes a mask [B, S] of its own (0: local, the dtype's minimum: padding, its "
-    "maximum: global tokens) with global-attention flags (is_index_global_attn, is_global_attn), and its sliding "
-    "chunks run only on lengths its model padded to a multiple of attention_window (the padding hidden by that "
-    "mask); posenc's unit does not pad its input to the window",
-}
+UNREBUILT_CALLS: dict[str, str] = {}
 """Model types whose attention call posenc cannot rebuild from the unit's inputs, with what the call needs: refused
 before the capture (:func:`capture_refusal`), as the argument-by-argument refusal would name only the first."""
 

@@ -22,7 +22,7 @@ from torch import nn
 from posenc.checkpoints.reference import import_transformers
 from posenc.errors import ConfigError
 from posenc.trace.counts import attention_implementation, built_layers, nested_attentions, reduced_config
-from posenc.trace.stacks import check_lone, lone_config, lone_stack
+from posenc.trace.stacks import check_lone, holds_stack, lone_config, lone_stack
 
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 """Child names under which decoder layers hold their attention module (tried first, in order)."""
@@ -61,15 +61,29 @@ def build_base_model(hf: Any, layers: int, model_class: Any = None, stack: str |
     else:  # a list as long as the layers but not per layer (Falcon-H1's two mlp_multipliers at 2 layers): uncut
         configs.append(reduced_config(hf, layers, lists=False))
     builders = _builders(hf, model_class)
+    lone = lone_of(hf, model_class) if stack is not None else None
     first: Exception | None = None
+    without: list[str] = []  # models built that do not hold the stack (LED's cut config builds LEDDecoder alone)
     for config in configs:
         for build in builders:
             try:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(0)
-                    return build(config, attn_implementation=attention_implementation(hf)).eval()
+                    model = build(config, attn_implementation=attention_implementation(hf)).eval()
             except (ValueError, KeyError, TypeError, IndexError) as exc:  # IndexError: NeoMME's first full layer
                 first = first or exc
+                continue
+            if stack is None or holds_stack(model, stack, lone):
+                return model
+            without.append(type(model).__name__)
+    if without:
+        raise ConfigError(
+            f"transformers {transformers.__version__} builds no {hf.model_type} model holding its {stack} stack "
+            f"from this config (it builds {', '.join(sorted(set(without)))}, which hold"
+            f"{'s' if len(set(without)) == 1 else ''} no module named '{stack}'"
+            + (f"; the first refusal: {str(first)[:200]}" if first is not None else "")
+            + "); posenc traces a stack only in a model that holds it."
+        )
     raise ConfigError(
         f"transformers {transformers.__version__} cannot build a {hf.model_type} model from this config "
         f"({str(first)[:200]}); posenc traces models transformers can build."
@@ -102,6 +116,15 @@ def one_stack(hf: Any, stack: str, layer_type: str | None, model_class: Any = No
     Raises:
         ConfigError: ``layer_type`` names the stack a one-stack model is not.
     """
+    lone = lone_of(hf, model_class)
+    return stack if lone is None else check_lone(hf, lone, layer_type)
+
+
+def lone_of(hf: Any, model_class: Any = None) -> str | None:
+    """The stack the model transformers builds from an encoder-decoder config ``hf`` is, where it is one stack alone
+    (:func:`posenc.trace.stacks.lone_stack` of the first model :func:`_builders` builds from
+    :func:`~posenc.trace.stacks.lone_config` on the meta device); None where that model holds both stacks, or none
+    builds."""
     probe = lone_config(hf)
     probe._attn_implementation = "eager"
     for build in _builders(hf, model_class):
@@ -110,9 +133,8 @@ def one_stack(hf: Any, stack: str, layer_type: str | None, model_class: Any = No
                 model = build(probe, attn_implementation="eager")
         except (ValueError, KeyError, TypeError, RuntimeError, NotImplementedError):
             continue  # the capture's own build reports a config it cannot build
-        lone = lone_stack(model)
-        return stack if lone is None else check_lone(hf, lone, layer_type)
-    return stack
+        return lone_stack(model)
+    return None
 
 
 def module_classes(config_class: type) -> list[type]:
@@ -318,6 +340,7 @@ __all__ = [
     "default_layer",
     "layer_list",
     "locate_attention",
+    "lone_of",
     "module_classes",
     "no_attention_error",
     "one_stack",

@@ -38,6 +38,7 @@ from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
 from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import self_attention_cache
+from posenc.trace.windows import chunk_window, mark_padding, onnx_mode, pad_rows, padded_length
 
 
 def scheme_cos_sin(scheme: PositionalScheme, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,12 +284,20 @@ class TracedAttention(nn.Module):
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
         hidden = self.embed(hidden, position_ids, past)
+        window = chunk_window(self.attention) if self.cacheless else None  # Longformer's sliding chunks
+        if window is not None:  # padded to the window as its model pads (posenc.trace.windows)
+            hidden = pad_rows(hidden, padded_length(s, window))
+            position_ids = pad_rows(position_ids, hidden.shape[1])
         attended = to_model(hidden, self.order)
         stem = tuple(self.stem(attended)) if self.stem is not None else ()
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
-        with default_dtype(hidden.dtype):
+        if window is not None:
+            mark_padding(kwargs, self.call.keywords, s)
+        with default_dtype(hidden.dtype), onnx_mode(self.attention):
             output = self.attention(*args, **kwargs)
         out = from_model(attention_output(output), self.order)
+        if window is not None:
+            out = out[:, :s]
         if cache is None:
             return (out,)
         entry = own.layers[self.layer]

@@ -280,6 +280,20 @@ def stack_layers(model: nn.Module, stack: str, count: int) -> tuple[str, nn.Modu
     return found[0]
 
 
+def holds_stack(model: nn.Module, stack: str, lone: str | None) -> bool:
+    """Whether ``model`` holds the layer list of ``stack``: one under a module named after it (``encoder.layers``),
+    or, for a config whose model is that one stack alone (``lone``: :func:`lone_stack`; Canary's decoder), a model
+    holding no stack named after either. LED's cut config builds ``LEDDecoder`` alone: it holds no encoder, and its
+    ``layers`` are not the encoder's, nor, of a config whose model holds both stacks, the decoder's as the model
+    builds it."""
+    if not _names_stacks(model):
+        return lone == stack
+    return any(
+        isinstance(module, nn.ModuleList) and any(stack in part for part in name.split(".")[:-1])
+        for name, module in model.named_modules()
+    )
+
+
 def _names_stacks(model: nn.Module) -> bool:
     """Whether a module of ``model`` holding a layer list is named after a stack (``encoder``, ``decoder``)."""
     return any(
@@ -432,6 +446,7 @@ __all__ = [
     "check_tower_stack",
     "cut_stack",
     "encoder_states",
+    "holds_stack",
     "lone_config",
     "lone_stack",
     "nested_self_attention",
