@@ -114,3 +114,23 @@ def test_seeded_boxes_are_valid_in_the_model_s_range_and_forms_are_told_apart() 
         boxes.passed("given")
     with pytest.raises(ConfigError, match=r"\[B, S, 4\]"):
         boxes.box_input(torch.zeros(1, 5, 8), held.record)
+
+
+@pytest.mark.slow
+def test_a_stack_that_reads_no_boxes_takes_no_bbox_input(tmp_path: Path) -> None:
+    """UDOP's encoder computes its relative bias from the boxes (a ``bbox`` input, held to its own module); its
+    decoder reads none of them: its graph takes ``hidden``, ``position_ids`` and the cache only, and matches its own
+    module too."""
+    from posenc.census.tiny import save_tiny_model, tiny_config
+    from posenc.export.trace import export_traced
+    from posenc.graphs.trace_rewrite import replace_positions
+    from posenc.validate.checkpoint import validate_against_checkpoint
+
+    folder = tmp_path / "udop"
+    save_tiny_model(tiny_config("udop").config, "UdopForConditionalGeneration", folder)
+    for stack, inputs in (("encoder", ["hidden", "position_ids", "bbox"]),
+                          ("decoder", ["hidden", "position_ids", "past_key", "past_value"])):  # fmt: skip
+        result = export_traced(tmp_path / f"{stack}.onnx", folder, layer=0, layer_type=stack, rewrite=replace_positions)
+        assert [spec.name for spec in result.manifest.inputs] == inputs
+        report = validate_against_checkpoint(result.path, folder)
+        assert report.passed, report.to_markdown()

@@ -338,6 +338,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
+        recipes = [call, *(made.recipe.call for made in derived.values()), *([step.record.call] if step else [])]
+        if not any("boxes" in (*r.positional, *r.keywords.values()) for r in recipes):
+            boxes = None  # no code the unit calls reads them (UDOP's decoder): no bbox input
         return Captured(
             model_type=str(model_type),
             hf=hf,
