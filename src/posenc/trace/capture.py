@@ -249,7 +249,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             positions = _run_forward(model, hf, _capture_tokens(own_config), runner, cache=stack != "encoder")
         box_record = boxes_record(hf)  # a document model's boxes: the unit's input bbox (posenc.trace.boxes)
         boxes = capture_boxes(hf, _capture_tokens(own_config)) if box_record is not None else None
-        held.enter_context(feeding(Boxes(boxes, box_record) if boxes is not None and box_record else None))
+        held.enter_context(feeding(Boxes(boxes, box_record) if boxes is not None and box_record is not None else None))
         _check_settings(settings, attention, model_type)
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
         hidden_key = _hidden_key(target, parameters)
@@ -339,8 +339,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
                        lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
         recipes = [call, *(made.recipe.call for made in derived.values()), *([step.record.call] if step else [])]
-        if not any("boxes" in (*r.positional, *r.keywords.values()) for r in recipes):
-            boxes = None  # no code the unit calls reads them (UDOP's decoder): no bbox input
+        read = boxes is not None and any("boxes" in (*r.positional, *r.keywords.values()) for r in recipes)
+        boxes = boxes if read else None  # no code the unit calls reads them (UDOP's decoder): no bbox input
         return Captured(
             model_type=str(model_type),
             hf=hf,
@@ -369,18 +369,13 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
-            streams={**{key: target.kwargs[key] for key in stream_widths(call)}, **_box_stream(boxes, box_record)},
+            streams={key: target.kwargs[key] for key in stream_widths(call)} | ({BOX_INPUT: boxes} if read else {}),
             boxes=box_record if boxes is not None else None,
             order=order,
             rotary_by_length=by_length,
             stem=stem.module.float().eval() if stem is not None else None,
             stem_ref=ModuleRef(stem.path, class_path(stem.module)) if stem is not None else None,
         )
-
-
-def _box_stream(boxes: torch.Tensor | None, record: BoxesRecord | None) -> dict[str, torch.Tensor]:
-    """The capture's boxes as the unit's last input (``{"bbox": [1, S, 4]}``), where the model takes boxes."""
-    return {BOX_INPUT: boxes} if boxes is not None and record is not None else {}
 
 
 def _hidden_key(target: Call, parameters: list[str]) -> str | None:
