@@ -18,6 +18,7 @@ import transformers
 from posenc.errors import ExportError
 from posenc.export.trace import export_traced
 from posenc.graphs.trace_rewrite import replace_positions
+from posenc.trace.boxes import seeded_boxes
 from posenc.trace.build import plan_trace, trace_record, traced_module
 from posenc.trace.capture import capture_layer
 from posenc.trace.derived import DERIVED_PART
@@ -126,9 +127,8 @@ def test_a_position_dependent_scale_is_computed_by_the_model_s_function(tmp_path
 def test_a_stack_method_that_reads_a_child_s_weight_keeps_that_child(tmp_path: Path) -> None:
     """LayoutLMv3's encoder computes its 1-D relative bias ``rel_pos`` in ``_cal_1d_pos_emb`` by indexing
     ``rel_pos_bias.weight`` (the child never runs as a module): the unit keeps that child, and only it, and matches
-    the model's own forward at batch 2 and 13 tokens (the capture ran 1 x 8). With the 2-D bias from the boxes the
-    capture refuses, naming ``rel_2d_pos`` (the slow sweep of ``test_trace_inputs``): the boxes are the user's data,
-    not positions."""
+    the model's own forward at batch 2 and 13 tokens (the capture ran 1 x 8). Its 2-D bias ``rel_2d_pos`` is computed
+    from the unit's boxes input (``test_trace_boxes``)."""
     folder = build(DERIVED["layoutlmv3"], tmp_path)
     captured = capture_layer(folder)
     recipe = captured.derived["rel_pos"].recipe
@@ -143,15 +143,16 @@ def test_a_stack_method_that_reads_a_child_s_weight_keeps_that_child(tmp_path: P
     handle = model.encoder.layer[0].attention.register_forward_hook(hook, with_kwargs=True)
     ids = torch.randint(0, 96, (2, 13), generator=torch.Generator().manual_seed(3))
     positions = torch.arange(13).expand(2, 13)
+    bbox = torch.from_numpy(seeded_boxes(2, 13, "int64", top=63))  # its spatial embeddings read them (64 rows)
     try:
         with torch.no_grad():
             tokens = model.embeddings.word_embeddings(ids)
-            model(input_ids=ids, position_ids=positions)
+            model(input_ids=ids, bbox=bbox, position_ids=positions)
     finally:
         handle.remove()
     assert captured.embedding is not None  # its learned absolute positions enter at the embeddings: starts there
     with torch.no_grad():
-        got = traced_module(plan)(tokens, positions)[0]
+        got = traced_module(plan)(tokens, positions, bbox)[0]
     assert float((got - seen["out"]).abs().max()) <= 1e-5
 
 

@@ -50,19 +50,21 @@ def test_a_model_that_needs_a_language_is_captured_with_its_declared_input(tmp_p
             capture_layer(folder, 0)
 
 
-def test_an_argument_computed_from_boxes_is_refused_saying_what_it_is(tmp_path: Path) -> None:
-    """LiLT runs on the table's zero boxes, but its attention takes the layout stream's states: refused by name."""
-    folder = _save("LiltConfig", "LiltModel", tmp_path / "lilt", hidden_size=48, channel_shrink_ratio=2)
+def test_an_argument_computed_from_another_layer_s_stream_is_refused_saying_what_it_is(tmp_path: Path) -> None:
+    """LiLT's first layer takes its layout stream computed from the boxes (the unit's ``bbox``, test_trace_boxes);
+    a later layer takes the stream the layer before it returned, which the unit cannot rebuild: refused by name."""
+    folder = _save("LiltConfig", "LiltModel", tmp_path / "lilt", hidden_size=48, channel_shrink_ratio=2,
+                   num_hidden_layers=2)  # fmt: skip
     with pytest.raises(ExportError, match=r"'layout_inputs' \(\[1, 8, 24\]\), the layout stream's states"):
-        capture_layer(folder, 0)
+        capture_layer(folder, 1)
 
 
 def test_encodings_a_module_computed_from_other_data_than_the_hidden_states_are_not_called_again() -> None:
     """A relative-encodings module is called again by the unit on its hidden states only where it read nothing else
     floating: SpeechT5's ``embed_positions(hidden)`` is; BROS's box embeddings of its scaled boxes ``[B, S, 8]`` and
-    UDOP's bias of its mask ``[B, S]`` and boxes are not (their argument is then refused by name, the slow sweeps
-    below). The attention forward's first keyword is its hidden states where nothing is passed positionally
-    (PEGASUS-X's ``token_hidden_states``, beside the global tokens' ``global_hidden_states``)."""
+    UDOP's bias of its mask ``[B, S]`` and boxes are not (they are computed from the unit's boxes instead,
+    ``posenc.trace.boxes``). The attention forward's first keyword is its hidden states where nothing is passed
+    positionally (PEGASUS-X's ``token_hidden_states``, beside the global tokens' ``global_hidden_states``)."""
     import torch
 
     from posenc.trace.calls import Call, _reads_hidden_only
@@ -195,13 +197,14 @@ PASS = (
     "vilt",  # the attention over text and image patches joined, fed a zero image (stack embeddings: absent)
     "tvp",  # the same over a text prompt, the text and the video frames' grid
     "cpmant",  # prompt and text in one call without padding, segments from the positions, traced without a cache
+    "bros",  # the box-derived arguments computed from the unit's bbox input (test_trace_boxes)
+    "layoutlmv3",
+    "lilt",
+    "udop",  # its encoder (the default stack)
 )
 """Census types that trace and match their own module once the capture has their inputs (or the tiny config the
 fields their model needs)."""
 REFUSED = {
-    "bros": "'bbox_pos_emb'",
-    "layoutlmv3": "'rel_2d_pos'",  # its 1-D rel_pos is derived (test_trace_derived); the 2-D one reads the boxes
-    "lilt": "'layout_inputs'",
     "t5gemma2": "'encoder_hidden_states'",
     "bailing_hybrid": "layer 0 of this bailing_hybrid model has no softmax attention",
 }

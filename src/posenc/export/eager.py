@@ -236,19 +236,22 @@ def reference_inputs(manifest: Manifest, feed: Mapping[str, np.ndarray], dtype: 
     tensors = []
     for slot in slots:
         if slot.name in arrays:
-            array = arrays[slot.name]
-            if array.dtype.kind in "iu":
-                tensors.append(torch.from_numpy(np.array(array, dtype=np.int64)))
-            else:
-                tensors.append(torch.from_numpy(np.array(array, dtype=np.float64)).to(dtype))
+            tensors.append(_tensor(arrays[slot.name], dtype))
         else:
             shape = [d if isinstance(d, int) else sizes.get(d, 0 if d == "past" else 1) for d in slot.shape]
             tensors.append(torch.zeros(shape, dtype=dtype))
     named = {slot.name for slot in slots}
     for spec in manifest.inputs:  # after the unit's: a traced DSA layer's past_indexer_key
-        if spec.name not in named and spec.name in arrays:
-            tensors.append(torch.from_numpy(np.array(arrays[spec.name], dtype=np.float64)).to(dtype))
+        if spec.name not in named and spec.name in arrays:  # and its second streams, a document model's boxes
+            tensors.append(_tensor(arrays[spec.name], dtype))
     return tensors
+
+
+def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """An input as the eager unit takes it: integers as int64 (positions, boxes), the rest upcast to ``dtype``."""
+    if array.dtype.kind in "iu":
+        return torch.from_numpy(np.array(array, dtype=np.int64))
+    return torch.from_numpy(np.array(array, dtype=np.float64)).to(dtype)
 
 
 __all__ = ["build_eager", "check_graph_tables", "load_eager", "load_weights", "reference_inputs"]

@@ -22,17 +22,29 @@ from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES, dtype_name
 from posenc.errors import ConfigError
 from posenc.export.shapes import Shape
+from posenc.trace.boxes import GRID, seeded_boxes
+from posenc.trace.boxes import NAME as BOX_INPUT
 
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    """One graph input: ``kind`` is ``act``, ``pos_q``, ``pos_k``, ``past`` (a cache) or ``length`` (filled cache
-    slots per row); ``shape`` names its dynamic dims (``batch``, ``seq``, ``past``, ``kv_seq``)."""
+    """One graph input: ``kind`` is ``act``, ``pos_q``, ``pos_k``, ``past`` (a cache), ``length`` (filled cache
+    slots per row) or ``boxes`` (a document model's boxes per token, in ``dtype``); ``shape`` names its dynamic dims
+    (``batch``, ``seq``, ``past``, ``kv_seq``)."""
 
     name: str
     kind: str
     shape: tuple[int | str, ...]
     layout: str
+    dtype: str | None = None
+    top: float | None = None
+
+
+def box_slot(dtype: str, top: float) -> Slot:
+    """The ``bbox [B, S, 4]`` input of a traced document model's unit (:mod:`posenc.trace.boxes`): ``dtype``
+    coordinates in 0 .. ``top``."""
+    grid = f"0 .. {int(top)}" if dtype == "int64" else f"0 .. {top:g}"
+    return Slot(BOX_INPUT, "boxes", ("batch", "seq", 4), f"[B, S, 4] (x0, y0, x1, y1: {dtype}, {grid})", dtype, top)
 
 
 def dim_size(dim: int | str, shape: Shape) -> int:
@@ -130,6 +142,8 @@ def make_inputs(
             arrays.append(positions_for(shape, slot.kind, position_limit))
         elif slot.kind == "length":
             arrays.append(np.full(shape.batch, shape.past, dtype=np.int64))
+        elif slot.kind == "boxes":  # valid boxes in the model's range (posenc.trace.boxes)
+            arrays.append(seeded_boxes(shape.batch, shape.seq, slot.dtype or "int64", seed, slot.top or GRID))
         else:
             sizes = tuple(dim_size(d, shape) for d in slot.shape)
             arrays.append(rng.standard_normal(sizes).astype(np.float32).astype(np_dtype))
@@ -138,13 +152,16 @@ def make_inputs(
 
 def slots_from_manifest(manifest: Any) -> list[Slot]:
     """Input slots of a manifest's graph (for :func:`make_feed`)."""
-    kinds = {"activation": "act", "cache": "past", "length": "length"}
+    kinds = {"activation": "act", "cache": "past", "length": "length", "boxes": "boxes"}
     slots = []
     for spec in manifest.inputs:
         if spec.role == "positions":
             kind = "pos_k" if "kv_seq" in spec.shape else "pos_q"
         else:
             kind = kinds.get(spec.role, "act")
+        if kind == "boxes":  # the range the model takes, from the trace record
+            slots.append(box_slot(spec.dtype, manifest.trace.boxes.top))
+            continue
         slots.append(Slot(spec.name, kind, tuple(spec.shape), spec.layout))
     return slots
 
@@ -190,6 +207,7 @@ def make_feed(manifest: Any, shape: Shape, *, seed: int = 0, multi_axis: str = "
 __all__ = [
     "MULTI_AXIS_FEEDS",
     "Slot",
+    "box_slot",
     "check_call_size",
     "dim_size",
     "make_feed",

@@ -44,7 +44,8 @@ Each JSON object is a record class below, read strictly by :func:`posenc.records
 unknown key is a :class:`~posenc.errors.ModelFileError` that says to re-export.
 
 Input roles: ``activation`` (float tensors), ``positions`` (int64 position ids that index tables),
-``cache`` (past keys/values, or a preallocated cache), ``length`` (filled cache slots per row). Dim names:
+``cache`` (past keys/values, or a preallocated cache), ``length`` (filled cache slots per row), ``boxes`` (a
+traced document model's boxes per token, ``bbox [B, S, 4]``: :mod:`posenc.trace.boxes`). Dim names:
 ``batch`` B, ``seq`` S (new tokens / queries), ``past`` P (cached tokens), ``kv_seq`` keys (``P + S`` in a block).
 """
 

@@ -38,7 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
-from posenc.export.feeds import Slot
+from posenc.export.feeds import Slot, box_slot
 from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
@@ -316,6 +316,8 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
     for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
         slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
+    if captured.boxes is not None:  # the tokens' boxes, last (posenc.trace.boxes)
+        slots.append(box_slot(captured.boxes.dtype, captured.boxes.top))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 

@@ -318,7 +318,8 @@ class ExportUnit:
 
     def input_layouts(self) -> dict[str, tuple[tuple[int | str, ...], str, str]]:
         """name -> (symbolic shape, layout, role)."""
-        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length"}
+        roles = {"act": "activation", "pos_q": "positions", "pos_k": "positions", "past": "cache", "length": "length",
+                 "boxes": "boxes"}  # fmt: skip
         return {s.name: (s.shape, s.layout, roles[s.kind]) for s in self.slots}
 
     def sample_inputs(self, shape: Shape = SAMPLE_SHAPE, position_limit: int | None = None) -> tuple:

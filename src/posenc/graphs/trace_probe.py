@@ -18,6 +18,8 @@ from posenc.export.trace import RewriteRequest
 from posenc.graphs.trace_region import Region
 from posenc.schemes.base import TableMode
 from posenc.trace.arguments import stream_widths
+from posenc.trace.boxes import NAME as BOX_INPUT
+from posenc.trace.boxes import seeded_boxes
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import scheme_cos_sin
 
@@ -48,7 +50,14 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
             key: rng.standard_normal((PROBE_BATCH, seq, width)).astype(np.float32)
             for key, width in stream_widths(request.plan.captured.call).items()
         },
+        **_box_feed(request, seq),
     }
+
+
+def _box_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
+    """Seeded boxes of a document model's unit (its last input, :mod:`posenc.trace.boxes`); none otherwise."""
+    boxes = request.plan.captured.boxes
+    return {BOX_INPUT: seeded_boxes(PROBE_BATCH, seq, boxes.dtype, top=boxes.top)} if boxes is not None else {}
 
 
 def run_graph(model: ir.Model, feed: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:

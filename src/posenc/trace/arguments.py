@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ExportError
+from posenc.trace.boxes import box_form, passed
 from posenc.trace.inputs import EVERY_KEY, STREAMS, argument_meaning
 from posenc.trace.record import CallRecipe
 
@@ -44,8 +45,10 @@ PLAIN_KINDS: tuple[str, ...] = (
     "kv_sharing",
     "every_key",
     "segments",
+    "boxes",
 )
-"""Kinds :func:`rebuild` fills from the hidden states and positions alone."""
+"""Kinds :func:`rebuild` fills from the hidden states, positions and the boxes the call holds
+(:mod:`posenc.trace.boxes`)."""
 
 
 def same_tensor(a: Any, b: torch.Tensor) -> bool:
@@ -93,6 +96,8 @@ def classify(
         return "cache"
     if isinstance(value, UserDict):
         return "kv_sharing"
+    if box_form(value) is not None:  # the tokens' boxes (or the model's rearrangement of them): the unit's bbox
+        return "boxes"
     if produced and (isinstance(value, (tuple, list)) or torch.is_tensor(value)):
         return "position_embeddings"  # cos/sin, or one tensor of relative encodings a module computed
     if torch.is_tensor(value):
@@ -216,6 +221,8 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         split = segments_of(value, torch.arange(value.shape[-1]).expand(value.shape))
         assert split is not None  # classified so
         constants[key] = [*split, str(value.dtype).removeprefix("torch.")]
+    elif kind == "boxes":
+        constants[key] = box_form(value)
 
 
 _INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -245,6 +252,8 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
         return constants.get(key)
     if kind == "kv_sharing":
         return {}
+    if kind == "boxes":  # the unit's bbox input, as the model passes it (posenc.trace.boxes)
+        return passed(str(constants.get(key, "given")))
     if kind == "every_key":  # every key's index for every query [B, S, P + S] (EVERY_KEY)
         total = past + hidden.shape[1]
         dtype = _INDEX_DTYPES.get(str(constants.get(key, "int64")))

@@ -207,7 +207,7 @@ def check_offsets(plan: TracePlan) -> None:
     tokens = int(positions.shape[-1])
     try:
         with torch.no_grad():
-            traced_module(plan)(hidden, positions + tokens)
+            traced_module(plan)(hidden, positions + tokens, *captured.streams.values())
     except (IndexError, RuntimeError) as exc:
         raise ExportError(
             f"the attention reads {codes[0]}, which the model computes from the sequence's length for positions "
@@ -362,6 +362,7 @@ def traced_module(
         order=captured.order,
         stem=captured.stem,
         rotary_rows=_rotary_rows(plan),
+        boxes=captured.boxes,
     ).eval()
 
 
@@ -388,6 +389,7 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         order=captured.order,
         stem=captured.stem_ref,
         rotary_rows=_rotary_rows(plan),
+        boxes=captured.boxes,
     )
 
 
@@ -452,6 +454,7 @@ def rebuild(
         order=record.order,
         stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
         rotary_rows=record.rotary_rows,
+        boxes=record.boxes,
     )
     return module.to(dtype).eval()
 

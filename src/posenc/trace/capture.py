@@ -19,6 +19,7 @@ The steps live beside it: :mod:`posenc.trace.model` (the base model, the layer's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Any
@@ -32,6 +33,8 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import stream_widths
+from posenc.trace.boxes import NAME as BOX_INPUT
+from posenc.trace.boxes import Boxes, boxes_record, capture_boxes, feeding
 from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
 from posenc.trace.calls import (
     _NAMED,
@@ -63,7 +66,7 @@ from posenc.trace.model import (
 )
 from posenc.trace.orders import BATCH_MAJOR, from_model, order_of
 from posenc.trace.probe import _check_settings, _module_causal, _probe, _settings, cacheless_heads
-from posenc.trace.record import CallRecipe, MaskRecipe, ModuleRef
+from posenc.trace.record import BoxesRecord, CallRecipe, MaskRecipe, ModuleRef
 from posenc.trace.stacks import (
     check_tower_stack,
     nested_self_attention,
@@ -133,6 +136,8 @@ class Captured:
             unit calls it on the context's length instead (:class:`~posenc.trace.module.TracedAttention`).
         stem, stem_ref: the layer's module whose outputs are the attention's inputs, called by the unit on the layer's
             input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
+        boxes: how a document model takes its tokens' boxes (the unit's last input ``bbox``; the capture's boxes are
+            the last entry of ``streams``), else None (:mod:`posenc.trace.boxes`).
     """
 
     model_type: str
@@ -167,6 +172,7 @@ class Captured:
     rotary_by_length: bool = False
     stem: nn.Module | None = None
     stem_ref: ModuleRef | None = None
+    boxes: BoxesRecord | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -196,7 +202,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cannot rebuild from positions.
     """
     transformers = import_transformers()
-    with CheckpointSource.open(model_or_folder) as source, quiet_transformers():
+    with CheckpointSource.open(model_or_folder) as source, quiet_transformers(), contextlib.ExitStack() as held:
         model_type = source.config.get("model_type")
         if not model_type:
             raise ConfigError(f"{source.location}/config.json has no model_type; posenc cannot build its model.")
@@ -241,6 +247,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         with _hooks(handles), record_methods(model, list_path) as methods:
             runner = stack_module(model, list_path) if stack else None
             positions = _run_forward(model, hf, _capture_tokens(own_config), runner, cache=stack != "encoder")
+        box_record = boxes_record(hf)  # a document model's boxes: the unit's input bbox (posenc.trace.boxes)
+        boxes = capture_boxes(hf, _capture_tokens(own_config)) if box_record is not None else None
+        held.enter_context(feeding(Boxes(boxes, box_record) if boxes is not None and box_record is not None else None))
         _check_settings(settings, attention, model_type)
         parameters = [n for n, p in inspect.signature(attention.forward).parameters.items() if p.kind in _NAMED]
         hidden_key = _hidden_key(target, parameters)
@@ -331,6 +340,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
+        recipes = [call, *(made.recipe.call for made in derived.values()), *([step.record.call] if step else [])]
+        read = boxes is not None and any("boxes" in (*r.positional, *r.keywords.values()) for r in recipes)
+        boxes = boxes if read else None  # no code the unit calls reads them (UDOP's decoder): no bbox input
         return Captured(
             model_type=str(model_type),
             hf=hf,
@@ -359,7 +371,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
-            streams={key: target.kwargs[key] for key in stream_widths(call)},
+            streams={key: target.kwargs[key] for key in stream_widths(call)} | ({BOX_INPUT: boxes} if read else {}),
+            boxes=box_record if boxes is not None else None,
             order=order,
             rotary_by_length=by_length,
             stem=stem.module.float().eval() if stem is not None else None,

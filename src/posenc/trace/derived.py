@@ -7,7 +7,8 @@ unit cannot rebuild these from the hidden states and positions by kind (:mod:`po
 it calls the **model's own code that computed them**, recorded at capture: a module's forward (recorded by the
 capture's hooks) or a method of a module that holds the layer list (recorded here, :func:`record_methods`), whose own
 arguments are of plain kinds (the hidden states for their shape, the shape itself, the sequence length, constants;
-never an input the capture filled in for the model, :data:`posenc.trace.inputs.SUBSTITUTED`).
+never an input the capture filled in for the model, :data:`posenc.trace.inputs.SUBSTITUTED`, but the tokens' boxes,
+which the unit takes as its input ``bbox``: :mod:`posenc.trace.boxes`).
 The argument's kind is then ``derived`` and :class:`~posenc.trace.record.DerivedRecipe` says which code and how it is
 called. The unit computes it from its inputs as the model does, so the graph holds it (kept as traced, the part
 :data:`DERIVED_PART`); the capture checks the rebuild equal to what the model passed, on the capture's hidden states
@@ -40,6 +41,7 @@ from torch import nn
 
 from posenc.errors import ConfigError, ExportError
 from posenc.trace.arguments import call_args, classify, keep, rebuild, segments_of
+from posenc.trace.boxes import box_form
 from posenc.trace.inputs import SEGMENTS, SUBSTITUTED
 from posenc.trace.record import CallRecipe, DerivedRecipe, ModuleRef, TracePart
 from posenc.trace.tensorwise import covered, rewritten
@@ -219,8 +221,9 @@ def _arg_kind(key: str, value: Any, positions: torch.Tensor, hidden: torch.Tenso
     """The kind of an argument of the code that derives a tensor: the hidden states (a float tensor of their shape,
     read for its shape: checked), their shape, the sequence length, or a plain kind; ``name``: the parameter a
     positional argument binds to."""
-    # LiLT's layout stream from the capture's zero boxes, LayoutLMv3's _cal_2d_pos_emb(bbox): the user's data
-    if key in SUBSTITUTED or name in SUBSTITUTED:
+    if box_form(value) is not None:  # the tokens' boxes: the unit's bbox input (posenc.trace.boxes)
+        return "boxes"
+    if key in SUBSTITUTED or name in SUBSTITUTED:  # another input the capture filled in: the user's data
         raise ExportError(f"{key!r} is an input the capture filled in (posenc.trace.inputs), not a position")
     tokens = int(positions.shape[-1])
     if torch.is_tensor(value) and value.is_floating_point() and value.shape == hidden.shape:
@@ -321,7 +324,7 @@ class Derived:
         """Whether its code reads the sequence's length (the hidden states' shape): an attention called with a
         cache cannot take it (its query length is not its key length)."""
         kinds = (*self.recipe.call.positional, *self.recipe.call.keywords.values())
-        return any(kind in ("hidden", "shape", "length", "ones", "zeros") for kind in kinds)
+        return any(kind in ("hidden", "shape", "length", "ones", "zeros", "boxes") for kind in kinds)
 
 
 def derive(
@@ -441,7 +444,9 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
         else:
             where = recipe.source.path or "the base model"
             code = f"{where}.{recipe.method}" if recipe.method != "forward" else f"{where} ({recipe.source.cls})"
-        detail = (f"argument {key!r}, computed once per stack by the model's own {code} from the sequence, as the "
+        kinds = (*recipe.call.positional, *recipe.call.keywords.values())
+        data = "the sequence and the tokens' boxes (the input bbox)" if "boxes" in kinds else "the sequence"
+        detail = (f"argument {key!r}, computed once per stack by the model's own {code} from {data}, as the "
                   f"model computes it (posenc recomputes no stack tensor)")  # fmt: skip
         splits = {tuple(value[:3]) for k, value in recipe.call.constants.items()
                   if dict(_kinds(recipe.call)).get(k) == "segments"}  # fmt: skip

@@ -2,8 +2,8 @@
 
 The capture (:func:`posenc.trace.calls._run_forward`) runs the model on a few token ids. Some models refuse to run on
 token ids alone, though the inputs they also want never reach the layer's attention as anything but what the unit
-rebuilds: document models want boxes (all-zero boxes: a page without layout; they enter at the embeddings, where the
-embedding step rebuilds all-zero ids as zeros), X-MOD a language (its adapters sit after the attention), a MusicGen
+rebuilds: document models want boxes (seeded boxes in the model's range, which the unit takes as its input
+``bbox``: :mod:`posenc.trace.boxes`), X-MOD a language (its adapters sit after the attention), a MusicGen
 decoder one row of ids per codebook. :data:`CAPTURE_INPUTS` says, per ``model_type`` (the config the capture builds:
 a tower's or a stack's own), what to pass and why; :func:`capture_inputs` builds it for a capture of ``tokens``
 tokens. An argument that does reach the attention (a box bias, image states) is still classified by
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from posenc.trace.boxes import capture_boxes
 from posenc.trace.caches import new_cache
 
 
@@ -37,27 +38,16 @@ class CaptureInputs:
     why: str = ""
 
 
-def _boxes(width: int, dtype: torch.dtype = torch.int64) -> Callable[[Any, int], torch.Tensor]:
-    """All-zero boxes ``[1, tokens, width]`` (a page without layout)."""
-    return lambda hf, tokens: torch.zeros(1, tokens, width, dtype=dtype)
-
-
 def _codebook_rows(hf: Any, tokens: int) -> tuple[int, ...]:
     return (int(getattr(hf, "num_codebooks", 1) or 1), tokens)
 
 
 CAPTURE_INPUTS: dict[str, CaptureInputs] = {
-    "bros": CaptureInputs(
-        {"bbox": lambda hf, tokens: torch.zeros(1, tokens, int(getattr(hf, "dim_bbox", 8) or 8))},
-        why="BROS refuses to run without boxes (float coordinates, dim_bbox per token)",
-    ),
-    "layoutlmv3": CaptureInputs(
-        {"bbox": _boxes(4)}, why="LayoutLMv3 embeds boxes (x0, y0, x1, y1) beside the tokens; zeros: no layout"
-    ),
-    "lilt": CaptureInputs({"bbox": _boxes(4)}, why="LiLT's layout stream embeds boxes (x0, y0, x1, y1); zeros"),
+    "bros": CaptureInputs({"bbox": capture_boxes}, why="BROS refuses to run without boxes (normalised, 0 .. 1)"),
+    "layoutlmv3": CaptureInputs({"bbox": capture_boxes}, why="LayoutLMv3 embeds boxes (x0, y0, x1, y1, 0 .. 1000)"),
+    "lilt": CaptureInputs({"bbox": capture_boxes}, why="LiLT's layout stream embeds boxes (x0, y0, x1, y1)"),
     "udop": CaptureInputs(
-        {"bbox": lambda hf, tokens: torch.zeros(1, tokens, 4)},
-        why="UDOP's encoder needs boxes for its 2-D relative bias (float coordinates); zeros: no layout",
+        {"bbox": capture_boxes}, why="UDOP's encoder needs boxes for its 2-D relative bias (normalised, 0 .. 1)"
     ),
     "xmod": CaptureInputs(
         {"lang_ids": lambda hf, tokens: torch.zeros(1, dtype=torch.int64)},
@@ -182,7 +172,8 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "rel_2d_pos": "a learned 2-D relative bias computed from the boxes (LayoutLMv3's)",
     "position_bias": "a relative position bias the stack computes before its layers and hands every layer "
     "(UDOP's encoder: T5's bucketed bias plus a 2-D bias from the boxes)",
-    "layout_inputs": "the layout stream's states, computed from the boxes, a second input of every attention (LiLT)",
+    "layout_inputs": "the layout stream's states, a second input of every attention (LiLT): the first layer's are "
+    "computed from the boxes (the unit's input bbox), a later layer's are what the layer before it returned",
     "bbox_pos_emb": "relative box embeddings [S, S, B, D] computed from the boxes (BROS)",
     "rotary_pos_emb": "rotation angles of positions 0 .. S - 1, which its model computes from the sequence length "
     "and not from position ids (CLVP's)",

@@ -31,12 +31,14 @@ from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
 from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
+from posenc.trace.boxes import NAME as BOX_INPUT
+from posenc.trace.boxes import box_input, feeding
 from posenc.trace.caches import new_cache
 from posenc.trace.derived import compute
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
-from posenc.trace.record import AnglesRecord, CallRecipe, DerivedRecipe, MaskRecipe
+from posenc.trace.record import AnglesRecord, BoxesRecord, CallRecipe, DerivedRecipe, MaskRecipe
 from posenc.trace.stacks import self_attention_cache
 from posenc.trace.windows import chunk_window, mark_padding, onnx_mode, pad_rows, padded_length
 
@@ -94,6 +96,8 @@ class TracedAttention(nn.Module):
             the attention reads that output at the position ids (CLVP's angles of positions ``0 .. S - 1``): the
             context's, so every position the unit serves is in it (the model passes only ``0 .. S - 1``); None
             otherwise.
+        boxes: how the model takes its tokens' boxes, where the unit takes them as its last input ``bbox [B, S, 4]``
+            and calls the model's code that reads them (:mod:`posenc.trace.boxes`), else None.
     """
 
     guard_exported = True
@@ -120,6 +124,7 @@ class TracedAttention(nn.Module):
         order: str = BATCH_MAJOR,
         stem: nn.Module | None = None,
         rotary_rows: int | None = None,
+        boxes: BoxesRecord | None = None,
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -141,7 +146,8 @@ class TracedAttention(nn.Module):
         self.embeddings_module = embeddings_module
         self.cacheless = cacheless
         self.cache_kind = cache_kind
-        self.stream_keys = list(stream_widths(call))  # second streams: graph inputs after the others
+        self.boxes = boxes  # the tokens' boxes: the last graph input, bbox [B, S, 4] (posenc.trace.boxes)
+        self.stream_keys = [*stream_widths(call), *([BOX_INPUT] if boxes is not None else [])]  # after the others
         self.order = order
         self.stem = stem
         self.rotary_rows = rotary_rows
@@ -253,7 +259,8 @@ class TracedAttention(nn.Module):
         for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty); with
         an ``indexed`` cache (DeepSeek sparse attention) also ``present_indexer_key [B, P + S, Di]``, the indexer's
         keys after ``past_indexer_key [B, P, Di]``. A layer with second streams (``stream_keys``, NeoMME's value
-        embeddings ``[B, S, W]``) takes them as the last positional inputs, after whatever cache inputs are given."""
+        embeddings ``[B, S, W]``) takes them as the last positional inputs, after whatever cache inputs are given;
+        a document model's unit (``boxes``) then its tokens' boxes ``bbox [B, S, 4]``."""
         given: dict[str, torch.Tensor] = {}
         if self.stream_keys:
             past_key, past_value, past_indexer_key, given = self._take_streams(
@@ -283,18 +290,20 @@ class TracedAttention(nn.Module):
         if own is not None and past_indexer_key is not None:
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         mask = self._mask(hidden, position_ids, past)
-        hidden = self.embed(hidden, position_ids, past)
-        window = chunk_window(self.attention) if self.cacheless else None  # Longformer's sliding chunks
-        if window is not None:  # padded to the window as its model pads (posenc.trace.windows)
-            hidden = pad_rows(hidden, padded_length(s, window))
-            position_ids = pad_rows(position_ids, hidden.shape[1])
-        attended = to_model(hidden, self.order)
-        stem = tuple(self.stem(attended)) if self.stem is not None else ()
-        args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
-        if window is not None:
-            mark_padding(kwargs, self.call.keywords, s)
-        with default_dtype(hidden.dtype), onnx_mode(self.attention):
-            output = self.attention(*args, **kwargs)
+        box = given.pop(BOX_INPUT, None)
+        with feeding(box_input(box, self.boxes) if box is not None and self.boxes is not None else None):
+            hidden = self.embed(hidden, position_ids, past)
+            window = chunk_window(self.attention) if self.cacheless else None  # Longformer's sliding chunks
+            if window is not None:  # padded to the window as its model pads (posenc.trace.windows)
+                hidden = pad_rows(hidden, padded_length(s, window))
+                position_ids = pad_rows(position_ids, hidden.shape[1])
+            attended = to_model(hidden, self.order)
+            stem = tuple(self.stem(attended)) if self.stem is not None else ()
+            args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
+            if window is not None:
+                mark_padding(kwargs, self.call.keywords, s)
+            with default_dtype(hidden.dtype), onnx_mode(self.attention):
+                output = self.attention(*args, **kwargs)
         out = from_model(attention_output(output), self.order)
         if window is not None:
             out = out[:, :s]

@@ -39,6 +39,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "length",  # the sequence length S (an argument of the code that computes a derived tensor)
     "device",  # the hidden states' device (an argument of the code that computes a derived tensor)
     "stem",  # one of the outputs of the layer's stem module, called on the layer's input (posenc.trace.stems)
+    "boxes",  # the tokens' boxes [B, S, 4], the unit's input bbox (constants: "given", or the model's "points")
 )
 """How the wrapper fills each argument of the traced module's call (and of its rotary module's call)."""
 
@@ -159,6 +160,24 @@ class EmbeddingRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class BoxesRecord:
+    """How the model takes its tokens' boxes, the unit's graph input ``bbox [B, S, 4]`` (:mod:`posenc.trace.boxes`).
+
+    Attributes:
+        dtype: ``int64`` (LayoutLM's 0 .. 1000 grid) or ``float32`` (normalised to 0 .. 1).
+        top: the largest coordinate the model takes (1000, or fewer where its ``max_2d_position_embeddings`` table
+            is shorter; 1.0 for normalised boxes).
+        points: the corner indices of the model's own rearrangement of a box (BROS's eight coordinates), or empty.
+        scale: what the model multiplies that rearrangement by (BROS's ``bbox_scale``).
+    """
+
+    dtype: str
+    top: float
+    points: tuple[int, ...] = ()
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class TracePart:
     """One positional part of the traced graph and what became of it (:data:`PART_STATUSES`)."""
 
@@ -223,6 +242,9 @@ class TraceRecord:
     """The axis order the model hands its attention the hidden states in (:mod:`posenc.trace.orders`:
     ``batch-major`` [B, S, E], ``channels-first`` [B, E, S], ``time-major`` [S, B, E]); the unit transposes into it
     and back."""
+    boxes: BoxesRecord | None = field(optional=True, default=None)
+    """How the model takes its tokens' boxes, where the unit takes them as its input ``bbox`` (document models:
+    :mod:`posenc.trace.boxes`), else None."""
 
     def replaced(self) -> bool:
         """Whether posenc's tables compute the graph's angles (its rotary part was replaced)."""
@@ -251,6 +273,7 @@ __all__ = [
     "PART_STATUSES",
     "ROTARY_PART",
     "AnglesRecord",
+    "BoxesRecord",
     "CallRecipe",
     "DerivedRecipe",
     "EmbeddingRecord",

@@ -62,7 +62,7 @@ class TracedReference(nn.Module):
         *streams: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         given = (hidden, past_key, past_value, past_indexer_key, *streams)  # streams: NeoMME's value embeddings
-        cast = [None if t is None else t.to(self.dtype) for t in given]
+        cast = [t if t is None or not t.is_floating_point() else t.to(self.dtype) for t in given]  # boxes: integers
         with torch.no_grad():
             return self.module(cast[0], position_ids, *cast[1:])
 

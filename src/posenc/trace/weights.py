@@ -87,6 +87,8 @@ def _rooted(
     """Key -> full name under the shortest root the checkpoint stores the base model at, as ``save_pretrained``
     of ``model`` writes it."""
     saved = {key: saved_name(model, f"{path}.{key}") for key in attention.state_dict()}
+    ties = _ties(source)
+    saved = {key: name if _stored(source, name) or name not in ties else ties[name] for key, name in saved.items()}
     suffix = saved[probe]
     roots = sorted({name[: -len(suffix)] for name in source.names() if name.endswith(suffix)}, key=len)
     if not roots:
@@ -95,6 +97,22 @@ def _rooted(
             f"transformers' {type(attention).__name__} expects for this config."
         )
     return lambda key: f"{roots[0]}{saved[key]}"
+
+
+def _stored(source: CheckpointSource, name: str) -> bool:
+    return any(full == name or full.endswith("." + name) for full in source.names())
+
+
+def _ties(source: CheckpointSource) -> dict[str, str]:
+    """The tensors the checkpoint's own class ties to others (``_tied_weights_keys``: tied name -> the name
+    ``save_pretrained`` writes it under once): UDOP's encoder ``relative_bias.biases.0`` is its first block's
+    ``relative_attention_bias``. Empty where ``architectures`` names no transformers class."""
+    import transformers
+
+    names = source.config.get("architectures") or []
+    klass = getattr(transformers, str(names[0]), None) if names else None
+    ties = getattr(klass, "_tied_weights_keys", None)
+    return {str(k): str(v) for k, v in ties.items()} if isinstance(ties, dict) else {}
 
 
 def _tower_names(

@@ -39,6 +39,7 @@ from posenc.export.shapes import Shape
 from posenc.export.units import BLOCK_INPLACE
 from posenc.provenance import CheckpointWeights, RandomWeights
 from posenc.schemes.base import Tolerance
+from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.inputs import STREAMS
 from posenc.validate.compare import ErrorBound, Float32Floor, Reference
 from posenc.validate.feeds import default_shapes
@@ -64,7 +65,8 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
         rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
         while rest and rest[-1] is None:  # inputs the graph lacks (a family block takes no indexer keys)
             rest.pop()
-        rest += [torch.from_numpy(value.copy()) for key, value in feed.items() if key in STREAMS]  # traced, last
+        given = [value for key, value in feed.items() if key in STREAMS or key == BOX_INPUT]  # traced: last, in order
+        rest += [torch.from_numpy(value.copy()) for value in given]
         return dict(zip(outputs, module(hidden, *rest), strict=True))
 
     return TorchModuleRunner(run, name, list(outputs))
