@@ -14,6 +14,7 @@ test_sample_targets.py run the samples' matrix there too).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -139,4 +140,7 @@ def test_exports_fuse_and_validate_against_the_module(checkpoint: Path, kind: st
             else:
                 assert "decode_over_cache 1" in text, text
     assert main(["validate", str(concat.with_suffix(".ort-cpu.onnx")), "--against-hf", str(checkpoint)]) == 0
-    assert main(["validate", str(inplace.with_suffix(".ort-cpu.onnx")), "--decode"]) == 0
+    fused = str(inplace.with_suffix(".ort-cpu.onnx"))
+    assert main(["validate", fused, "--decode", "--against-hf", str(checkpoint)]) == 0  # the sliding layer's ring
+    ring = json.loads(inplace.with_suffix(".manifest.json").read_text())["cache_ring"]
+    assert ring is (kind == "sliding_attention")
