@@ -13,7 +13,8 @@ import torch
 
 from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, ExportError
+from posenc.export.units import RING_STEP, ring_capacity
 from posenc.functional import write_cache
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import Placement
@@ -147,3 +148,16 @@ def test_ring_cache_refuses_calls_that_overwrite_needed_keys() -> None:
         block.forward_in_place(hidden, None, *caches, torch.tensor([20]), ring=True)
     with pytest.raises(ConfigError, match="causal sliding-window block"):
         _block("rope").forward_in_place(hidden, None, *caches, torch.tensor([0]), ring=True)
+
+
+def test_ring_capacity_of_a_sliding_block_and_when_the_cache_stays_linear() -> None:
+    """The in-place unit's cache: a causal sliding block's ring of W + 15 slots (or --cache-capacity N >= W); a
+    capacity covering the positions, a block without a window and a bidirectional window keep the linear cache."""
+    sliding = AttentionBlock(dataclasses.replace(CONFIG, sliding_window=WINDOW), "rope")
+    assert ring_capacity(sliding, None) == WINDOW + RING_STEP - 1
+    assert ring_capacity(sliding, 32) == 32
+    assert ring_capacity(sliding, CONFIG.max_position_embeddings) is None
+    assert ring_capacity(_block("rope"), 32) is None
+    assert ring_capacity(AttentionBlock(dataclasses.replace(CONFIG, sliding_window=4, causal=False), "rope"), 8) is None
+    with pytest.raises(ExportError, match="shorter than the block's sliding window"):
+        ring_capacity(sliding, WINDOW - 1)

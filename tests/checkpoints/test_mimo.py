@@ -127,6 +127,9 @@ def test_exports_fuse_and_validate_against_the_module(checkpoint: Path, kind: st
     for source in (concat, inplace):
         for target in ("ort-cpu", "trt"):
             out = source.with_suffix(f".{target}.onnx")
+            if source == inplace and target == "trt" and kind == "sliding_attention":  # a ring: TensorRT refuses
+                assert main(["optimize", str(source), "--target", target, "-o", str(out)]) == 2
+                continue
             assert main(["optimize", str(source), "--target", target, "-o", str(out)]) == 0
             text = inspect_model(out).to_text()
             assert "fuse_rope 2" in text, text

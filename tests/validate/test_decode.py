@@ -117,6 +117,8 @@ def test_a_sliding_window_ring_decodes_across_its_wrap_like_the_concatenated_cac
     report = validate_decode(paths)
     assert report.schedule[-1].first == CONFIG.max_position_embeddings - 1
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+    with pytest.raises(ConfigError, match="linear mode only"):  # TensorRT's parser takes no circular writes
+        optimize_file(paths[0], tmp_path / "ring.trt.onnx", "trt")
     cut = ring_schedule([FeedShape(1, 40, 0), FeedShape(1, 30, 40)], 19, 4)
     assert [(s.seq, s.past, s.first) for s in cut] == [(19, 0, 0), (16, 19, 19), (5, 35, 35), (16, 40, 40),
                                                        (14, 56, 56)]  # fmt: skip
