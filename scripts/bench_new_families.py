@@ -14,6 +14,11 @@ machine. Optionally builds TensorRT-RTX engines
 ahead of time (``posenc optimize --target trt``, ``posenc build --engine-target sm89``) in both table modes.
 
     python scripts/bench_new_families.py --workdir /tmp/bench22 [--engines] [--layers gemma4-full,llama-4x256-gqa2]
+    python scripts/bench_new_families.py --workdir /tmp/bench22 --decode [--cache-capacity 4096]
+
+``--decode`` exports each layer with the in-place cache (``--kv-cache inplace``: a sliding layer's ring of
+``W + 15`` slots, a full layer's cache of the context, or ``--cache-capacity`` slots) and times one decode step at
+past 4095 (``--shape decode:1,1,4095``) against its bytes floor.
 
 This is a benchmark, not a test: its numbers go into notes, never into assertions.
 """
@@ -106,16 +111,22 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--engines", action="store_true", help="also build sm89 engines with TensorRT-RTX")
     parser.add_argument("--layers", default=",".join(LAYERS), help="comma-separated graph names (default: all)")
+    parser.add_argument("--decode", action="store_true", help="in-place cache graphs, one decode step at past 4095")
+    parser.add_argument("--cache-capacity", type=int, default=None, help="in-place cache slots (with --decode)")
     args = parser.parse_args()
+    layout = ["--kv-cache", "inplace"] if args.decode else []
+    if args.decode and args.cache_capacity:
+        layout += ["--cache-capacity", str(args.cache_capacity)]
+    tag = ("-inplace" + (f"{args.cache_capacity}" if args.cache_capacity else "")) if args.decode else ""
     chosen = {name: LAYERS[name] for name in args.layers.split(",")}
     build(args.workdir, {checkpoint for checkpoint, _ in chosen.values()})
     graphs = []
     for name, (checkpoint, layer) in chosen.items():
         for mode in ("precomputed", "dynamic") if args.engines else ("precomputed",):
-            exported = args.workdir / "onnx" / f"{name}-{mode}.onnx"
+            exported = args.workdir / "onnx" / f"{name}-{mode}{tag}.onnx"
             if not exported.exists():
                 posenc("export", "--hf-model", str(args.workdir / "ckpt" / checkpoint), "--layer", str(layer),
-                       "--table-mode", mode, "-o", str(exported))  # fmt: skip
+                       "--table-mode", mode, *layout, "-o", str(exported))  # fmt: skip
             fused = exported.with_suffix(".ort-cpu.onnx")
             if not fused.exists():
                 posenc("optimize", str(exported), "--target", "ort-cpu", "-o", str(fused))
@@ -126,12 +137,14 @@ def main() -> int:
                 if not trt.exists():
                     posenc("optimize", str(exported), "--target", "trt", "-o", str(trt))
                 posenc("build", str(trt), "--engine-target", "sm89", "-o", str(trt.with_suffix(".sm89.engine")))
-    bench = ["bench", *graphs, "--shape", "prefill", "--backend", "ort-cpu", "--repeats", str(args.repeats),
-             "--no-plots", "-o", str(args.workdir / "bench")]  # fmt: skip
+    shape = "decode:1,1,4095" if args.decode else "prefill"
+    out = args.workdir / f"bench{tag}"
+    bench = ["bench", *graphs, "--shape", shape, "--backend", "ort-cpu", "--repeats", str(args.repeats),
+             "--no-plots", "-o", str(out)]  # fmt: skip
     if args.threads:
         bench += ["--threads", str(args.threads)]
     posenc(*bench)
-    print(json.dumps({"bench": str(args.workdir / "bench" / "bench.md")}))
+    print(json.dumps({"bench": str(out / "bench.md")}))
     return 0
 
 

@@ -6,12 +6,15 @@ Reference: the same block's ``forward`` with the concatenated cache (``past_key`
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from posenc.blocks import AttentionBlock
 from posenc.config import AttentionConfig
-from posenc.errors import ConfigError
+from posenc.errors import ConfigError, ExportError
+from posenc.export.units import RING_STEP, ring_capacity
 from posenc.functional import write_cache
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import Placement
@@ -94,3 +97,67 @@ def test_attention_schemes_refuse_rows_of_different_lengths() -> None:
     hidden = torch.zeros(2, 1, CONFIG.hidden_size, dtype=torch.float64)
     with pytest.raises(ConfigError, match="share past_length"):
         block.forward_in_place(hidden, None, *caches, torch.tensor([1, 2]))
+
+
+WINDOW = 6
+
+
+def _ring_steps(ring: int) -> list[tuple[int, int]]:
+    """(new tokens, first position): a prefill of the whole ring, single steps across the wrap, chunks of the most
+    the ring serves once the window is full (C - W + 1), rows of different lengths aside, a jump to the end."""
+    steps = [(ring, 0)] + [(1, ring + i) for i in range(2 * ring)]
+    past = 3 * ring
+    chunk = ring - WINDOW + 1
+    steps += [(chunk, past), (chunk, past + chunk)]
+    past += 2 * chunk
+    return [*steps, (1, CONFIG.max_position_embeddings - 1)]
+
+
+@pytest.mark.parametrize(("scheme", "ring"), [("rope", WINDOW), ("rope", WINDOW + 3), ("alibi", WINDOW + 1)])
+def test_ring_cache_steps_match_the_concatenated_cache_across_the_wrap(scheme: str, ring: int) -> None:
+    """A sliding-window block's ring of C >= W slots: every step (the ring wrapped several times, chunks of
+    C - W + 1) equals the block over its whole concatenated cache; the ring holds the last C tokens' keys."""
+    config = dataclasses.replace(CONFIG, sliding_window=WINDOW)
+    torch.manual_seed(0)
+    block = AttentionBlock(config, scheme).double().eval()
+    batch = 2
+    generator = torch.Generator().manual_seed(3)
+    caches = [torch.randn(batch, 2, ring, CONFIG.head_dim, dtype=torch.float64, generator=generator) for _ in "kv"]
+    past_key = past_value = None
+    filled = 0
+    with torch.no_grad():
+        for seq, first in _ring_steps(ring):
+            hidden = torch.randn(batch, seq, CONFIG.hidden_size, dtype=torch.float64, generator=generator)
+            positions = (first + torch.arange(seq)).expand(batch, seq)
+            expected, past_key, past_value = block(hidden, positions, past_key, past_value)
+            past_length = torch.full((batch,), filled, dtype=torch.int64)
+            out, *caches = block.forward_in_place(hidden, positions, *caches, past_length, ring=True)
+            filled += seq
+            torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+            tokens = torch.arange(max(0, filled - ring), filled)
+            torch.testing.assert_close(caches[0][:, :, tokens % ring], past_key[:, :, tokens], rtol=0, atol=0)
+            torch.testing.assert_close(caches[1][:, :, tokens % ring], past_value[:, :, tokens], rtol=0, atol=0)
+
+
+def test_ring_cache_refuses_calls_that_overwrite_needed_keys() -> None:
+    config = dataclasses.replace(CONFIG, sliding_window=WINDOW)
+    block = AttentionBlock(config, "rope").double().eval()
+    caches = [torch.zeros(1, 2, WINDOW + 2, CONFIG.head_dim, dtype=torch.float64) for _ in "kv"]
+    hidden = torch.zeros(1, 4, CONFIG.hidden_size, dtype=torch.float64)
+    with pytest.raises(ConfigError, match=r"feed at most 3 tokens per call"):
+        block.forward_in_place(hidden, None, *caches, torch.tensor([20]), ring=True)
+    with pytest.raises(ConfigError, match="causal sliding-window block"):
+        _block("rope").forward_in_place(hidden, None, *caches, torch.tensor([0]), ring=True)
+
+
+def test_ring_capacity_of_a_sliding_block_and_when_the_cache_stays_linear() -> None:
+    """The in-place unit's cache: a causal sliding block's ring of W + 15 slots (or --cache-capacity N >= W); a
+    capacity covering the positions, a block without a window and a bidirectional window keep the linear cache."""
+    sliding = AttentionBlock(dataclasses.replace(CONFIG, sliding_window=WINDOW), "rope")
+    assert ring_capacity(sliding, None) == WINDOW + RING_STEP - 1
+    assert ring_capacity(sliding, 32) == 32
+    assert ring_capacity(sliding, CONFIG.max_position_embeddings) is None
+    assert ring_capacity(_block("rope"), 32) is None
+    assert ring_capacity(AttentionBlock(dataclasses.replace(CONFIG, sliding_window=4, causal=False), "rope"), 8) is None
+    with pytest.raises(ExportError, match="shorter than the block's sliding window"):
+        ring_capacity(sliding, WINDOW - 1)

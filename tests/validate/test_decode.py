@@ -8,6 +8,7 @@ fills the cache, then one token in its last slot).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,11 @@ import pytest
 
 from posenc.errors import ConfigError
 from posenc.export import FeedShape, export_scheme
+from posenc.export.manifest import load_manifest
+from posenc.export.units import RING_STEP
 from posenc.graphs import optimize_file
 from posenc.schemes import scheme_names
-from posenc.validate.decode import DECODE_STEPS, decode_schedule, validate_decode
+from posenc.validate.decode import DECODE_STEPS, decode_schedule, ring_schedule, ring_slots, validate_decode
 from tests.conftest import DECODE
 
 CONFIG = DECODE
@@ -99,3 +102,23 @@ def test_schedules_that_do_not_fit_are_refused() -> None:
     fill = decode_schedule(96, jump="fill")
     assert [s.past for s in fill[-2:]] == [69, 95]
     assert fill[-1].seq == 1
+
+
+@pytest.mark.slow  # an export and 66 steps: about 30 s on 2 shared cores; the eager ring is tested by default
+def test_a_sliding_window_ring_decodes_across_its_wrap_like_the_concatenated_cache(tmp_path: Path) -> None:
+    """A sliding-window block's in-place export is a ring of W + 15 slots: the default sequence (69 tokens, past the
+    ring's 19 slots, then a jump) matches the float64 block over its concatenated cache, each step's cache rows the
+    ring's last 19 tokens; a schedule cut into calls the ring serves keeps every token at its position."""
+    config = dataclasses.replace(CONFIG, sliding_window=4)
+    paths = [export_scheme("rope", tmp_path / "ring.onnx", kv_cache="inplace", config=config).path]
+    manifest = load_manifest(paths[0])
+    assert manifest.cache_ring
+    assert ring_slots(manifest) == 4 + RING_STEP - 1
+    report = validate_decode(paths)
+    assert report.schedule[-1].first == CONFIG.max_position_embeddings - 1
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+    with pytest.raises(ConfigError, match="linear mode only"):  # TensorRT's parser takes no circular writes
+        optimize_file(paths[0], tmp_path / "ring.trt.onnx", "trt")
+    cut = ring_schedule([FeedShape(1, 40, 0), FeedShape(1, 30, 40)], 19, 4)
+    assert [(s.seq, s.past, s.first) for s in cut] == [(19, 0, 0), (16, 19, 19), (5, 35, 35), (16, 40, 40),
+                                                       (14, 56, 56)]  # fmt: skip

@@ -52,7 +52,7 @@ def artifact_key(path: Path) -> str:
 
 def artifact_shapes(manifest: Manifest) -> list[Shape]:
     """A prefill and, for a block, one decode step, sized within the artifact's context (see the module doc)."""
-    context = serving_limit(manifest)
+    context = serving_limit(manifest, ring_positions=True)
     shapes = [Shape(1, min(PREFILL_TOKENS, context), name="prefill")]
     if manifest.unit in BLOCK_UNITS and context > 1:
         shapes.append(Shape(1, 1, min(DECODE_PAST, context - 1), name="decode"))
@@ -90,7 +90,7 @@ def artifact_plan(
                 f"{path} is already optimized (for {manifest.optimized.target}); it runs on backend ort-cpu as it is. "
                 f"Bench the exported file to compare it with its optimized graph."
             )
-        context = serving_limit(manifest)
+        context = serving_limit(manifest, ring_positions=True)
         skip = ""
         if manifest.dtype == "bfloat16" and all(name.startswith(("torch", "ort-cpu")) for name in chosen):
             skip = "a bf16 graph has no ONNX Runtime CPU kernels for its ops; time it on a GPU backend"

@@ -99,13 +99,17 @@ class Workload:
 
     @property
     def floor_bytes(self) -> int:
-        """A block step's bytes floor: projection weights + hidden in + out + every cached and new key and value read
-        once + the new keys and values written once (the same for both cache layouts; 4-byte fp32 elements)."""
+        """A block step's bytes floor: projection weights + hidden in + out + every cached and new key and value a
+        query can see read once (a causal sliding window of ``W``: the last ``W + S - 1``) + the new keys and values
+        written once (the same for every cache layout; 4-byte fp32 elements)."""
         cfg, shape = self.config, self.shape
         element = self.outputs[0].element_size()
         activations = 2 * shape.batch * shape.seq * cfg.hidden_size
         slot = shape.batch * cfg.num_kv_heads * (cfg.head_dim + cfg.value_dim)  # one key and one value per row
-        return self.weight_bytes + element * (activations + slot * shape.total + slot * shape.seq)
+        seen = shape.total
+        if cfg.sliding_window is not None and cfg.causal:
+            seen = min(seen, cfg.sliding_window + shape.seq - 1)
+        return self.weight_bytes + element * (activations + slot * seen + slot * shape.seq)
 
     @property
     def flops(self) -> int | None:

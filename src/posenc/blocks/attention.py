@@ -403,6 +403,7 @@ class AttentionBlock(nn.Module):
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         past_length: torch.Tensor,
+        ring: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One step over preallocated caches: the new keys and values written at their slots, attention over the
         filled slots only.
@@ -420,11 +421,22 @@ class AttentionBlock(nn.Module):
         one ``TensorScatter`` each once exported, which runtimes run in place when the output is bound to the
         input's buffer). Exported graphs guard the positions as :meth:`forward` does.
 
+        ``ring`` (a sliding-window block, :attr:`AttentionConfig.sliding_window` ``W``): the caches are a ring of
+        ``C >= W`` slots. Token ``t`` (``past_length + i`` for the new ones) sits at slot ``t mod C``; the
+        attention reads ``min(past_length + S, C)`` slots, each holding the last token written there, at its
+        position (cached tokens at their token index, as above), and the window mask keeps the keys the block
+        would keep. Exact where no key a new query sees was overwritten by the call's own writes:
+        ``S <= C - min(past_length, W - 1)`` (any ``S`` up to ``C`` on a first prompt; ``C - W + 1`` new tokens per
+        call once the window is full).
+
         Raises:
-            ConfigError: (eager) a cache too short, a negative ``past_length``, or rows of different
-                ``past_length`` for a scheme that computes attention itself.
+            ConfigError: (eager) a cache too short, a negative ``past_length``, rows of different
+                ``past_length`` for a scheme that computes attention itself, or (``ring``) a call the ring does not
+                serve.
         """
         s = hidden.shape[1]
+        if ring:
+            self._check_ring(s, key_cache.shape[2], past_length)
         past = past_length.to(torch.int64)[:, None]
         token_order = past + torch.arange(s, device=hidden.device)  # [B, S]
         position_ids = self.positions(hidden, token_order if position_ids is None else position_ids, 0)
@@ -441,20 +453,57 @@ class AttentionBlock(nn.Module):
                 f"{self.scheme.spec.name} computes attention itself and cannot hide unfilled cache slots, so every "
                 f"row must share past_length (got {past_length.tolist()}); step the rows separately."
             )
-        # keys of the longest row (an int tensor's item: an unbacked size under export)
-        total = cast(int, (past_length.max() + s).item())
+        # keys of the longest row (an int tensor's item: an unbacked size under export); a ring's whole buffer
+        capacity = key_cache.shape[2]
+        longest = past_length.max() + s
+        total = cast(int, (longest.clamp(max=capacity) if ring else longest).item())
         torch._check(total >= s)
-        torch._check(total <= key_cache.shape[2])
+        torch._check(total <= capacity)
         slots = torch.arange(total, device=hidden.device)[None, :]
-        offset = (slots - past).clamp(0, s - 1)
-        key_positions = torch.where(slots < past, slots, order.gather(1, offset))  # [B, total]
+        # the token each slot holds after the write (negative: never written); slot j itself without a ring
+        token = slots + capacity * torch.div(past + s - 1 - slots, capacity, rounding_mode="floor") if ring else slots
+        offset = (token - past).clamp(0, s - 1)
+        key_positions = torch.where(token < past, token.clamp(min=0), order.gather(1, offset))  # [B, total]
         key_positions, key_poison = self.guard_keys(key_positions)
         poison = joint_poison(poison, key_poison)
         x = poisoned(hidden, poison, 1)  # the guard's poison, as in forward
         q, k, v = self.project(x, position_ids)
-        key_cache = write_cache(key_cache, k, past_length)
-        value_cache = write_cache(value_cache, v, past_length)
-        key_mask = None if attention_placement else slots < past + s
+        key_cache = write_cache(key_cache, k, past_length, ring=ring)
+        value_cache = write_cache(value_cache, v, past_length, ring=ring)
+        key_mask = None if attention_placement else ((token >= 0) if ring else slots < past + s)
         keys, values = key_cache.narrow(2, 0, total), value_cache.narrow(2, 0, total)
         out = self.attend(q, keys, values, order, key_positions, key_mask, self.gate(x, position_ids))
         return out, key_cache, value_cache
+
+    def _check_ring(self, s: int, capacity: int, past_length: torch.Tensor) -> None:
+        """Refuse (eager) a ring cache on a block without a causal sliding window, or a call the ring does not
+        serve (:meth:`forward_in_place`)."""
+        window = self.config.sliding_window
+        if not ring_serves(self):
+            raise ConfigError(
+                "a ring cache serves a causal sliding-window block whose attention posenc computes; export this "
+                "block with a linear in-place cache (no ring)."
+            )
+        if capacity < window:  # type: ignore[operator]  # ring_serves: a window
+            raise ConfigError(f"a ring cache of {capacity} slots is shorter than the window ({window}); give it >= W.")
+        if is_tracing() or not past_length.numel():
+            return
+        served = capacity - min(int(past_length.max()), window - 1)  # type: ignore[operator]
+        if s > served:
+            raise ConfigError(
+                f"{s} new tokens after {int(past_length.max())} cached ones overwrite keys the window still needs "
+                f"in a ring of {capacity} slots (window {window}): feed at most {served} tokens per call "
+                f"(S <= C - min(past_length, W - 1)), or export with a larger --cache-capacity."
+            )
+
+
+def ring_serves(block: AttentionBlock) -> bool:
+    """Whether a ring cache of the window's size serves the block (:meth:`AttentionBlock.forward_in_place`): a
+    causal sliding window, no attention chunks, attention that posenc computes (not the scheme)."""
+    cfg = block.config
+    return (
+        cfg.sliding_window is not None
+        and cfg.causal
+        and cfg.attention_chunk_size is None
+        and block.scheme.placement is not Placement.ATTENTION
+    )

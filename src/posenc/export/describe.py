@@ -119,6 +119,7 @@ def export_manifest(prepared: PreparedExport, onnx_sha: str, weights_path: Path,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         notes=tuple(notes),
         position_guard=bool(scheme.guard_exported),
+        cache_ring=bool(getattr(unit.module, "ring", False)),
     )
 
 

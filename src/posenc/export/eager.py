@@ -58,7 +58,7 @@ def build_eager(
         inner = build_block(config, manifest.scheme, *rest)  # make_unit refuses an in-place MLA block
     else:
         inner = build_scheme(manifest.scheme, manifest.rotary_config(), *rest)
-    return make_unit(inner.to(activation).eval(), kind, activation).module
+    return make_unit(inner.to(activation).eval(), kind, activation, ring=manifest.cache_ring).module
 
 
 def _traced_eager(manifest: Manifest, activation: torch.dtype, rest: tuple[Any, ...]) -> nn.Module:

@@ -222,6 +222,9 @@ class Manifest(Document):
     """Added by ``posenc optimize`` (:mod:`posenc.graphs`); absent in an export's manifest."""
     trace: TraceRecord | None = field(optional=True, default=None)
     """A traced export's layer and the fate of its positional parts (:mod:`posenc.export.trace`); else absent."""
+    cache_ring: bool = field(optional=True, default=False)
+    """A ``block-inplace`` graph whose caches are a sliding window's ring buffer (:mod:`posenc.export.units`:
+    token ``t`` at slot ``t mod C``); manifests written before it: off."""
 
     # -- lookups ---------------------------------------------------------------------------------
 

@@ -119,12 +119,21 @@ def _tensor_scatter(cache, new, past_length):
     return onnxscript.values.Opset("", INPLACE_OPSET).TensorScatter(cache, new, past_length, axis=2)
 
 
+def _tensor_scatter_ring(cache, new, past_length):
+    """``posenc::write_ring`` (:func:`posenc.functional.write_cache` with ``ring=True``) as ONNX ``TensorScatter``
+    (opset 24) in ``circular`` mode: the new slots at ``past_length`` modulo the cache's ``C`` slots."""
+    import onnxscript
+
+    return onnxscript.values.Opset("", INPLACE_OPSET).TensorScatter(cache, new, past_length, axis=2, mode="circular")
+
+
 def _translation_table() -> dict[Any, Any]:
     import posenc.functional  # noqa: F401 (registers posenc::write_cache)
 
     return {
         torch.ops.aten.scalar_tensor.default: _exact_scalar_tensor,
         torch.ops.posenc.write_cache.default: _tensor_scatter,
+        torch.ops.posenc.write_ring.default: _tensor_scatter_ring,
     }
 
 

@@ -36,7 +36,11 @@ Three units exist:
     keys and values at slots ``past_length .. past_length + S - 1``, written by one ONNX ``TensorScatter`` each
     (opset 24). Bind each present to its cache's buffer and a step writes only the new slots. Attention reads
     the slots up to the longest row's ``past_length + S``. ``C`` is static: the block's ``max_positions`` (the
-    rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires.
+    rows of its tables, by default the context length), as TensorRT's KV-cache update layer requires. A causal
+    sliding-window block's caches are a **ring** of ``W + RING_STEP - 1`` slots by default (any ``C >= W`` with
+    ``cache_capacity``; a ``C`` that covers the positions keeps the linear cache): token ``t`` at slot ``t mod C``
+    (``TensorScatter`` in ``circular`` mode), ``past_length`` counts every token written, and a call brings at most
+    ``C - min(past_length, W - 1)`` new tokens (the manifest's ``cache_ring``).
 
 A :class:`Shape` ``(batch, seq, past)`` sizes every unit: ``seq`` new tokens at positions ``past .. past + seq - 1``;
 keys (score/attention ops) cover positions ``0 .. past + seq - 1``. Feeds (:mod:`posenc.export.feeds`) of a
@@ -55,6 +59,7 @@ import torch
 from torch import nn
 
 from posenc.blocks import AttentionBlock, MLABlock, MLAConfig, rotary_geometry
+from posenc.blocks.attention import ring_serves
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ExportError
@@ -142,11 +147,13 @@ class AttendOp(_SchemeOp):
 
 class InPlaceBlock(nn.Module):
     """``(hidden, position_ids, key_cache, value_cache, past_length) -> (out, present_key, present_value)``:
-    :meth:`posenc.blocks.AttentionBlock.forward_in_place` (the unit ``block-inplace``)."""
+    :meth:`posenc.blocks.AttentionBlock.forward_in_place` (the unit ``block-inplace``); ``ring``: the caches are a
+    sliding window's ring buffer."""
 
-    def __init__(self, block: AttentionBlock) -> None:
+    def __init__(self, block: AttentionBlock, ring: bool = False) -> None:
         super().__init__()
         self.block = block
+        self.ring = ring
 
     @property
     def scheme(self) -> PositionalScheme:
@@ -161,7 +168,7 @@ class InPlaceBlock(nn.Module):
         value_cache: torch.Tensor,
         past_length: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.block.forward_in_place(hidden, position_ids, key_cache, value_cache, past_length)
+        return self.block.forward_in_place(hidden, position_ids, key_cache, value_cache, past_length, self.ring)
 
 
 _OP_CLASSES: Mapping[Placement, type[nn.Module]] = {
@@ -349,11 +356,42 @@ def _export_dims() -> dict[str, Any]:
     }
 
 
-def make_unit(inner: nn.Module, unit: UnitKind, dtype: torch.dtype, cache_capacity: int | None = None) -> ExportUnit:
+RING_STEP = 16
+"""New tokens per call a sliding-window block's default ring cache (``W + RING_STEP - 1`` slots) serves once its
+window is full (the decode steps of ``posenc.graphs.cache_decode``)."""
+
+
+def ring_capacity(block: AttentionBlock, cache_capacity: int | None) -> int | None:
+    """Slots of ``block``'s in-place ring cache, or ``None`` for a linear cache: a causal sliding-window block
+    (:func:`posenc.blocks.attention.ring_serves`) gets ``cache_capacity`` (default ``W + RING_STEP - 1``) when it is
+    shorter than the block's positions.
+
+    Raises:
+        ExportError: a ring shorter than the window.
+    """
+    if not ring_serves(block):
+        return None
+    window = int(block.config.sliding_window)  # type: ignore[arg-type]  # ring_serves: a window
+    slots = window + RING_STEP - 1 if cache_capacity is None else int(cache_capacity)
+    if slots >= int(block.scheme.max_positions):
+        return None
+    if slots < window:
+        raise ExportError(
+            f"cache_capacity {slots} is shorter than the block's sliding window ({window}): a ring cache holds the "
+            f"window; give --cache-capacity >= {window} (or >= {int(block.scheme.max_positions)} for a linear cache)."
+        )
+    return slots
+
+
+def make_unit(
+    inner: nn.Module, unit: UnitKind, dtype: torch.dtype, cache_capacity: int | None = None, ring: bool | None = None
+) -> ExportUnit:
     """Wrap an :class:`AttentionBlock` (a block unit) or a :class:`PositionalScheme` (an op unit; a block's scheme
     where a block is given).
 
-    ``cache_capacity``: slots of a ``block-inplace`` unit's caches (default: the block's table length).
+    ``cache_capacity``: slots of a ``block-inplace`` unit's caches (default: the block's table length; a causal
+    sliding-window block's ring, :func:`ring_capacity`). ``ring``: the rebuild of an export says whether its caches
+    are a ring (``None``: as :func:`ring_capacity` decides).
 
     Raises:
         ExportError: the scheme has no op (NoPE) or the unit does not fit the module.
@@ -366,9 +404,12 @@ def make_unit(inner: nn.Module, unit: UnitKind, dtype: torch.dtype, cache_capaci
     if unit is UnitKind.BLOCK_INPLACE:
         if not isinstance(inner, AttentionBlock):
             raise ExportError(f"unit {unit.value!r} exports an AttentionBlock; pass one (or a scheme name).")
+        ring_slots = ring_capacity(inner, cache_capacity) if ring is None else None
         cache = int(inner.scheme.max_positions) if cache_capacity is None else int(cache_capacity)
+        cache = ring_slots if ring_slots is not None else cache
         slots, outputs = _slots(unit, inner.scheme.placement, inner.config, inner.scheme.spec.position_axes, cache)
-        return ExportUnit(unit, InPlaceBlock(inner), inner, inner.config, dtype, slots, outputs)
+        in_place = InPlaceBlock(inner, ring=bool(ring) if ring is not None else ring_slots is not None)
+        return ExportUnit(unit, in_place, inner, inner.config, dtype, slots, outputs)
     scheme = op_module(inner, unit)
     slots, outputs = _slots(unit, scheme.placement, scheme.config, scheme.spec.position_axes)
     op = RotateProjectionOp(scheme) if unit is UnitKind.OP_3D else _OP_CLASSES[scheme.placement](scheme)

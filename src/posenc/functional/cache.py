@@ -22,17 +22,32 @@ def _write_cache_shape(cache: torch.Tensor, new: torch.Tensor, past_length: torc
     return torch.empty_like(cache)
 
 
-def write_cache(cache: torch.Tensor, new: torch.Tensor, past_length: torch.Tensor) -> torch.Tensor:
-    """A preallocated cache with ``new`` written at slots ``past_length[b] .. past_length[b] + S - 1`` of each row.
+@torch.library.custom_op("posenc::write_ring", mutates_args=())
+def _write_ring(cache: torch.Tensor, new: torch.Tensor, past_length: torch.Tensor) -> torch.Tensor:
+    index = past_length.to(torch.int64)[:, None] + torch.arange(new.shape[2], device=new.device)  # [B, S]
+    index = index % cache.shape[2]
+    return cache.clone().scatter_(2, index[:, None, :, None].expand(new.shape), new.to(cache.dtype))
 
-    One torch operator (``posenc::write_cache``), so that an export keeps it whole: posenc's exporter writes it as
-    ONNX ``TensorScatter`` (opset 24, ``axis=2``, linear mode), which runtimes execute in place when the output is
-    bound to the input's buffer. The eager result is a new tensor (the input is not modified).
+
+@_write_ring.register_fake
+def _write_ring_shape(cache: torch.Tensor, new: torch.Tensor, past_length: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(cache)
+
+
+def write_cache(cache: torch.Tensor, new: torch.Tensor, past_length: torch.Tensor, ring: bool = False) -> torch.Tensor:
+    """A preallocated cache with ``new`` written at slots ``past_length[b] .. past_length[b] + S - 1`` of each row
+    (``ring``: at those slots modulo ``C``, a ring buffer).
+
+    One torch operator (``posenc::write_cache``, ``posenc::write_ring``), so that an export keeps it whole:
+    posenc's exporter writes it as ONNX ``TensorScatter`` (opset 24, ``axis=2``, ``linear`` mode, or ``circular``
+    for a ring), which runtimes execute in place when the output is bound to the input's buffer. The eager result
+    is a new tensor (the input is not modified).
 
     Args:
         cache: ``[B, Hkv, C, D]``, ``C`` slots per row.
         new: ``[B, Hkv, S, D]`` (cast to the cache's dtype).
-        past_length: int ``[B]``, the slots already filled in each row.
+        past_length: int ``[B]``, the tokens already written in each row (more than ``C`` in a ring).
+        ring: write at ``(past_length + i) mod C`` (a window-sized cache of a sliding-window layer); ``S <= C``.
 
     Returns:
         ``[B, Hkv, C, D]``.
@@ -55,9 +70,15 @@ def write_cache(cache: torch.Tensor, new: torch.Tensor, past_length: torch.Tenso
                 f"new {list(new.shape)} and past_length {list(past_length.shape)} do not fit the cache "
                 f"{list(cache.shape)}: batch, kv heads and head dim must agree."
             )
-        if past_length.numel() and (int(past_length.min()) < 0 or int(past_length.max()) + new.shape[2] > slots):
+        if ring and (new.shape[2] > slots or (past_length.numel() and int(past_length.min()) < 0)):
+            raise ConfigError(
+                f"{new.shape[2]} new tokens at past_length {past_length.tolist()} do not fit a ring cache of {slots} "
+                f"slots: a ring takes at most C new tokens per call at a past_length >= 0; feed fewer at a time."
+            )
+        linear_overflow = past_length.numel() and int(past_length.max()) + new.shape[2] > slots
+        if not ring and past_length.numel() and (int(past_length.min()) < 0 or linear_overflow):
             raise ConfigError(
                 f"past_length {past_length.tolist()} + {new.shape[2]} new tokens do not fit a cache of {slots} "
                 f"slots; allocate a longer cache (past_length + S <= C)."
             )
-    return _write_cache(cache, new, past_length)
+    return (_write_ring if ring else _write_cache)(cache, new, past_length)

@@ -57,6 +57,7 @@ class CacheFacts:
         placement: where the scheme acts (``qk``, ``score``, ``attention``, ...).
         head_dim: the head size.
         attention_sinks: the softmax has a learned sink column per head.
+        ring: the caches are a sliding window's ring buffer (``TensorScatter`` in ``circular`` mode).
     """
 
     in_place: bool
@@ -66,6 +67,7 @@ class CacheFacts:
     placement: str = "qk"
     head_dim: int = 64
     attention_sinks: bool = False
+    ring: bool = False
 
     @classmethod
     def of(cls, manifest: Any) -> CacheFacts | None:
@@ -86,7 +88,16 @@ class CacheFacts:
             placement=manifest.placement,
             head_dim=config.head_dim,
             attention_sinks=config.attention_sinks,
+            ring=bool(getattr(manifest, "cache_ring", False)),
         )
+
+
+RING_ON_TENSORRT = (
+    "TensorRT's ONNX parser takes TensorScatter in linear mode only (TensorRT-RTX 1.7: \"Only linear mode is "
+    "supported for now, got circular\"), and this in-place block's caches are a sliding window's ring; re-export it "
+    "with a linear cache: --kv-cache inplace --cache-capacity N with N at least its positions"
+)
+"""Why a ring cache graph is not optimized for ``trt``."""
 
 
 def attention_refusal(facts: CacheFacts | None) -> str | None:
@@ -300,6 +311,7 @@ def apply_with_sink(model: ir.Model, rule: Any, declined: list[str] | None) -> i
 
 
 __all__ = [
+    "RING_ON_TENSORRT",
     "CacheFacts",
     "attention_refusal",
     "gqa_over_cache",

@@ -18,7 +18,10 @@ per query head, a grouped-query block's cache ``H / Hkv`` times. Both are what a
 - ``sliced``: the original ``Slice`` + ``Attention`` (prefill, and caches filled less than a third: reading the
   whole cache would then move more bytes than copying the filled part).
 
-The condition reads only shapes and ``T``, so one graph serves decode and prefill.
+The condition reads only shapes and ``T``, so one graph serves decode and prefill. A sliding-window block's ring
+cache (:mod:`posenc.export.units`: ``W + 15`` slots) has the same attention, so a full ring's step reads its ``C``
+slots, the window's; a linear cache reads all ``C`` slots once ``3·T >= C``: ONNX Runtime's CPU kernels have no
+view of a prefix without a copy (docs/performance.md measures the alternatives).
 
 ``gqa_over_cache`` (:mod:`posenc.graphs.cache`) is the ``ort-cuda`` counterpart.
 """

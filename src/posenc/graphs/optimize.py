@@ -68,7 +68,7 @@ from posenc.graphs import (
     rope_layouts,
 )
 from posenc.graphs import match_utils as mu
-from posenc.graphs.cache import CacheFacts, attention_refusal, gqa_refusal
+from posenc.graphs.cache import RING_ON_TENSORRT, CacheFacts, attention_refusal, gqa_refusal
 from posenc.graphs.choices import DEFAULT_FOLD_LIMIT, ROPE_MODES, TARGETS
 from posenc.graphs.manifests import GraphManifest, ModelInfo, optimized_manifest, read_model_info
 from posenc.records import to_json
@@ -234,6 +234,8 @@ def optimize_model(
     """
     check_target(target)
     check_rope_mode(rope_mode)
+    if target == "trt" and facts is not None and facts.ring:
+        raise ConfigError(RING_ON_TENSORRT + ".")
     fold.infer_shapes(model)
     records = [PassRecord("fold_constants", fold.fold_constants(model, fold_limit))]
     opset = model_io.default_opset(model)

@@ -12,6 +12,12 @@ through the same steps (:func:`eager_decode_reference`). Rows come from the one 
 The default sequence (:func:`decode_schedule`): a prefill, :data:`DECODE_STEPS` single-token steps, then a long
 jump: one token at the last position the model serves (``jump="position"``), or, for schemes that need contiguous
 positions, a chunk that fills the cache to its last slot followed by one token there (``jump="fill"``).
+
+A sliding-window block whose in-place cache is a ring (the manifest's ``cache_ring``: ``C`` slots, token ``t`` at
+slot ``t mod C``) steps over the positions the model serves, not its ``C`` slots, so the default sequence wraps the
+ring; a step bringing more tokens than the ring serves is cut into calls it serves (:func:`ring_schedule`). Its
+cache rows compare the last ``min(P, C)`` tokens (the ring unrolled in token order) with the same tokens of every
+reference's cache.
 """
 
 from __future__ import annotations
@@ -85,6 +91,33 @@ def decode_schedule(
     return [*shapes, Shape(batch, limit - 1 - past, past), Shape(batch, 1, limit - 1)]
 
 
+def ring_slots(manifest: Manifest) -> int | None:
+    """The slots of a ``block-inplace`` graph's ring cache (``None``: a linear cache or another unit)."""
+    if manifest.unit != BLOCK_INPLACE or not manifest.cache_ring:
+        return None
+    return int(manifest.input("key_cache").shape[2])
+
+
+def ring_schedule(schedule: Sequence[Shape], slots: int, window: int) -> list[Shape]:
+    """``schedule`` with every step cut into calls a ring of ``slots`` slots over a ``window`` serves
+    (``S <= C - min(P, W - 1)``, :meth:`posenc.blocks.AttentionBlock.forward_in_place`): the same tokens at the
+    same positions."""
+    fitted = []
+    for shape in schedule:
+        done = 0
+        while done < shape.seq:
+            past = shape.past + done
+            seq = min(shape.seq - done, slots - min(past, window - 1))
+            fitted.append(dataclasses.replace(shape, seq=seq, past=past, start=shape.first + done))
+            done += seq
+    return fitted
+
+
+def _keep_last(outputs: dict[str, Any], kept: int) -> dict[str, Any]:
+    """The last ``kept`` tokens of each cache output ``[B, Hkv, P, D]`` (what a ring holds)."""
+    return {k: (v[:, :, -kept:] if k != "out" and v.shape[2] > kept else v) for k, v in outputs.items()}
+
+
 def step_feeds(manifest: Manifest, schedule: Sequence[Shape], seed: int = 0) -> list[dict[str, np.ndarray]]:
     """The new tokens of each step: ``hidden`` (standard normal, graph dtype) and ``position_ids``."""
     rng = np.random.default_rng(seed)
@@ -140,7 +173,10 @@ class OrtDecodeRunner(BaseRunner):
         seed: seed of the values the in-place caches hold before they are written (the attention must not read
             them).
 
-    Each call takes ``hidden`` and ``position_ids`` and returns ``out`` and the filled slots of each cache.
+        kept: return only the last ``kept`` tokens of each cache (validating beside a ring cache).
+
+    Each call takes ``hidden`` and ``position_ids`` and returns ``out`` and the filled slots of each cache (a ring's
+    in token order: the last ``min(P, C)`` tokens).
     """
 
     def __init__(
@@ -151,6 +187,7 @@ class OrtDecodeRunner(BaseRunner):
         name: str,
         providers: Sequence[str] = ("CPUExecutionProvider",),
         seed: int = 0,
+        kept: int | None = None,
     ) -> None:
         super().__init__(name=name, prefix="ort-decode")
         if manifest.unit not in ("block", BLOCK_INPLACE):
@@ -168,7 +205,9 @@ class OrtDecodeRunner(BaseRunner):
         self.batch = batch
         self.providers = list(providers)
         self.seed = seed
+        self.kept = kept
         self.in_place = manifest.unit == BLOCK_INPLACE
+        self.ring = ring_slots(manifest)
         ids = manifest.input("position_ids").shape
         self.axes = int(ids[0]) if len(ids) == 3 else None  # multi-axis ids [A, B, S] (M-RoPE, axial)
 
@@ -218,7 +257,11 @@ class OrtDecodeRunner(BaseRunner):
             self.session.run_with_iobinding(binding)
             out = binding.copy_outputs_to_cpu()[len(caches)]
             self.past += seq
-            key, value = (buffer[:, :, : self.past].copy() for buffer in self.buffers)
+            if self.ring is None:
+                key, value = (buffer[:, :, : self.past].copy() for buffer in self.buffers)
+            else:  # the ring unrolled: tokens max(0, P - C) .. P - 1 at slots t mod C
+                tokens = np.arange(max(0, self.past - self.ring), self.past) % self.ring
+                key, value = (buffer[:, :, tokens].copy() for buffer in self.buffers)
         else:
             feed = {
                 "hidden": hidden,
@@ -230,7 +273,8 @@ class OrtDecodeRunner(BaseRunner):
             self.presents = [key, value]
             self.past += seq
         self.inference_time = time.perf_counter() - start
-        return OrderedDict((("out", out), ("present_key", key), ("present_value", value)))
+        outputs = {"out": out, "present_key": key, "present_value": value}
+        return OrderedDict(_keep_last(outputs, self.kept).items() if self.kept else outputs.items())
 
     def deactivate_impl(self) -> None:
         del self.session
@@ -370,13 +414,18 @@ def _validate_decode(
                 f"{path} holds other weights or another dtype than {paths[0]}; decode parity compares graphs of one "
                 f"block (its concat and in-place exports, optimized or not)."
             )
+    rings = [slots for slots in map(ring_slots, manifests) if slots is not None]
     if schedule is None:
-        # a graph that serves chunks over a filled cache one row at a time (shape rules) steps one row
-        limit = min(serving_limit(m) for m in manifests)
+        # a graph that serves chunks over a filled cache one row at a time (shape rules) steps one row; a ring
+        # cache steps over the positions, past its slots
+        limit = min(serving_limit(m, ring_positions=True) for m in manifests)
         schedule = decode_schedule(limit, jump=jump)
         if any(fit_shapes(m, schedule) != schedule for m in manifests):
             schedule = decode_schedule(limit, jump=jump, batch=1)
+    if rings:
+        schedule = ring_schedule(schedule, min(rings), int(first.attention_config().sliding_window))
     schedule = list(schedule)
+    kept = min(rings) if rings else None
     for path, manifest in zip(paths, manifests, strict=True):
         check_shapes(manifest, schedule, str(path))
     feeds = step_feeds(first, schedule, seed)
@@ -387,10 +436,14 @@ def _validate_decode(
         prepared = prepare_for_ort(path, feeds[:1])
         mode = prepared.mode
         name = f"onnxrt-{index}:{Path(path).stem}"
-        candidates.append(OrtDecodeRunner(prepared.model, manifest, schedule[0].batch, name, providers, seed))
+        candidates.append(OrtDecodeRunner(prepared.model, manifest, schedule[0].batch, name, providers, seed, kept))
     carried = [{k: (np.asarray(v).astype(np.float32) if k == "hidden" else v) for k, v in f.items()} for f in feeds]
     feeds = carried if mode != "numeric" else feeds
     all_references = [reference, *references]
+    if kept is not None:  # every reference's cache rows cut to what the ring holds
+        for ref in all_references:
+            step = ref.runner.fn
+            ref.runner.fn = lambda feed, step=step: _keep_last(step(feed), kept)
     for ref in all_references:
         ref.runner.input_metadata = feed_metadata(feeds[0])
     tols = tolerances_for(first.scheme, dict.fromkeys(OUTPUTS, first.dtype), tolerances)
@@ -404,6 +457,8 @@ __all__ = [
     "OrtDecodeRunner",
     "decode_schedule",
     "eager_decode_reference",
+    "ring_schedule",
+    "ring_slots",
     "serving_limit",
     "step_feeds",
     "validate_decode",

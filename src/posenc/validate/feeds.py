@@ -63,13 +63,14 @@ BOUNDARY_TOKENS = 4
 """New tokens of a feed around a boundary: two positions before it, two from it on."""
 
 
-def serving_limit(manifest: Manifest) -> int:
+def serving_limit(manifest: Manifest, ring_positions: bool = False) -> int:
     """Positions (and, in place, cache slots) a graph serves: the least of its precomputed table, its in-place
-    cache and its context length."""
+    cache and its context length (``ring_positions``: a ring cache, the manifest's ``cache_ring``, does not bound
+    the positions of a decode sequence, which wraps it)."""
     limits = [int(manifest.attention["max_position_embeddings"])]
     if manifest.max_positions is not None:
         limits.append(manifest.max_positions)
-    if manifest.unit == BLOCK_INPLACE:
+    if manifest.unit == BLOCK_INPLACE and not (ring_positions and manifest.cache_ring):
         limits.append(int(manifest.input("key_cache").shape[2]))
     return min(limits)
 
