@@ -24,7 +24,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
-from posenc.export.feeds import Slot
+from posenc.export.feeds import SOURCE, Slot, dim_size
 from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
@@ -54,7 +54,7 @@ from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import stream_shapes
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
@@ -247,7 +247,7 @@ def export_traced(
             deferred_guards=deferred,
         )
 
-    ranges = _dim_ranges(limit, plan.captured.cacheless)
+    ranges = _dim_ranges(limit, plan.captured.cacheless, unit.slots)
     served = limit if limit is not None else plan.config.max_position_embeddings  # the model's context, unguarded
     name = type(plan.captured.attention).__name__
     try:
@@ -314,9 +314,19 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
-    for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
-        slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
+    for key, (length, width) in stream_shapes(captured.call).items():  # second streams, last (TracedAttention)
+        slots.append(Slot(key, "act", ("batch", length, width), _stream_layout(key, length, width)))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
+
+
+def _stream_layout(key: str, length: int | str, width: int) -> str:
+    """A second stream's layout in the manifest: over the tokens, or of its own length (an encoder's states, fed
+    at every call: the merged attention projects its keys and values of them each time, no cache holds them)."""
+    if length == "seq":
+        return f"[B, S, {width}] ({key}, from the token ids)"
+    if length == SOURCE:
+        return f"[B, S_enc, {width}] ({key}: fed at every call, its keys and values projected each time, not cached)"
+    return f"[B, {length}, {width}] ({key})"
 
 
 def _value_width(slot: Slot, value_dim: int) -> Slot:
@@ -403,7 +413,7 @@ def _table_mode(plan: TracePlan, exact: PositionalScheme | None) -> str:
     return mode.value
 
 
-def _dim_ranges(limit: int | None, cacheless: bool) -> dict[str, DimRange]:
+def _dim_ranges(limit: int | None, cacheless: bool, slots: Sequence[Slot] = ()) -> dict[str, DimRange]:
     dims = {
         "batch": DimRange(1, None, SAMPLE_SHAPE.batch),
         "seq": DimRange(1, limit, SAMPLE_SHAPE.seq),
@@ -411,6 +421,8 @@ def _dim_ranges(limit: int | None, cacheless: bool) -> dict[str, DimRange]:
     }
     if cacheless:
         del dims["past"]
+    if any(SOURCE in slot.shape for slot in slots):  # a stream of its own length (an encoder's states)
+        dims[SOURCE] = DimRange(1, None, dim_size(SOURCE, SAMPLE_SHAPE))
     return dims
 
 

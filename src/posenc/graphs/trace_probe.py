@@ -17,7 +17,7 @@ import torch
 from posenc.export.trace import RewriteRequest
 from posenc.graphs.trace_region import Region
 from posenc.schemes.base import TableMode
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import stream_shapes
 from posenc.trace.layouts import match_layout, probe_positions
 from posenc.trace.module import scheme_cos_sin
 
@@ -44,11 +44,16 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
         "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
-        **{  # second streams (NeoMME's value embeddings), random like the hidden states
-            key: rng.standard_normal((PROBE_BATCH, seq, width)).astype(np.float32)
-            for key, width in stream_widths(request.plan.captured.call).items()
+        **{  # second streams (NeoMME's value embeddings; an encoder's states of their own length), random
+            key: rng.standard_normal((PROBE_BATCH, _stream_length(length, seq), width)).astype(np.float32)
+            for key, (length, width) in stream_shapes(request.plan.captured.call).items()
         },
     }
+
+
+def _stream_length(length: int | str, seq: int) -> int:
+    """A probe stream's length: the tokens' ``seq``, a fixed one, or a length of its own (``seq + 3``: told apart)."""
+    return seq if length == "seq" else length if isinstance(length, int) else seq + 3
 
 
 def run_graph(model: ir.Model, feed: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:

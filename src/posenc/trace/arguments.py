@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from posenc.errors import ConfigError, ExportError
-from posenc.trace.inputs import EVERY_KEY, STREAMS, argument_meaning
+from posenc.trace.inputs import EVERY_KEY, STREAM_LENGTHS, STREAMS, argument_meaning
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
@@ -111,7 +111,7 @@ def classify(
             return "zeros"
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
-    if key in STREAMS and is_stream(value, positions):
+    if key in STREAMS and is_stream(value, positions, STREAM_LENGTHS.get(key, "seq")):
         return "stream"
     shape = list(value.shape) if torch.is_tensor(value) else described(value)
     raise ExportError(
@@ -136,15 +136,15 @@ def described(value: Any) -> str:
     return "dict {" + ", ".join(f"{key!r}: {entry(item)}" for key, item in value.items()) + "}"
 
 
-def is_stream(value: Any, positions: torch.Tensor) -> bool:
-    """Whether ``value`` is a floating ``[B, S, W]`` tensor over the capture's tokens (a second stream,
-    :data:`posenc.trace.inputs.STREAMS`)."""
-    return (
-        torch.is_tensor(value)
-        and value.is_floating_point()
-        and value.dim() == 3
-        and tuple(value.shape[:2]) == tuple(positions.shape)
-    )
+def is_stream(value: Any, positions: torch.Tensor, length: str = "seq") -> bool:
+    """Whether ``value`` is a floating ``[B, L, W]`` tensor of the capture's batch (a second stream,
+    :data:`posenc.trace.inputs.STREAMS`): ``L`` the tokens' ``S`` where ``length`` is ``seq``, any length otherwise
+    (:data:`posenc.trace.inputs.STREAM_LENGTHS`)."""
+    if not (torch.is_tensor(value) and value.is_floating_point() and value.dim() == 3 and value.shape[1] > 0):
+        return False
+    if length == "seq":
+        return tuple(value.shape[:2]) == tuple(positions.shape)
+    return int(value.shape[0]) == int(positions.shape[0])
 
 
 def is_every_key(value: Any, positions: torch.Tensor) -> bool:
@@ -172,8 +172,10 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = int(value.shape[0])
     elif kind == "every_key":
         constants[key] = str(value.dtype).removeprefix("torch.")
-    elif kind == "stream":
-        constants[key] = int(value.shape[-1])
+    elif kind == "stream":  # W; with a length of its own [L, W] (L: ``source``, or the capture's for ``fixed``)
+        length = STREAM_LENGTHS.get(key, "seq")
+        width = int(value.shape[-1])
+        constants[key] = width if length == "seq" else [int(value.shape[1]) if length == "fixed" else length, width]
 
 
 _INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -215,12 +217,23 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
 
-def stream_widths(recipe: CallRecipe) -> dict[str, int]:
-    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> width ``W``
-    of the ``[B, S, W]`` graph input of that name, in the call's order."""
+def stream_shapes(recipe: CallRecipe) -> dict[str, tuple[int | str, int]]:
+    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> ``(L, W)`` of
+    the ``[B, L, W]`` graph input of that name, in the call's order; ``L`` is ``seq`` (the tokens'), ``source`` (a
+    length of its own) or a number (:data:`posenc.trace.inputs.STREAM_LENGTHS`)."""
     if "stream" in recipe.positional:  # no model passes one so; the graph input is named by its keyword
         raise ExportError("the attention takes a second stream positionally; posenc names it by its keyword.")
-    return {key: int(recipe.constants[key]) for key, kind in recipe.keywords.items() if kind == "stream"}
+    shapes: dict[str, tuple[int | str, int]] = {}
+    for key, kind in recipe.keywords.items():
+        if kind == "stream":
+            kept = recipe.constants[key]
+            shapes[key] = ("seq", int(kept)) if isinstance(kept, int) else (kept[0], int(kept[1]))
+    return shapes
+
+
+def stream_widths(recipe: CallRecipe) -> dict[str, int]:
+    """The width ``W`` of each second stream of a call (:func:`stream_shapes`), by keyword."""
+    return {key: width for key, (_, width) in stream_shapes(recipe).items()}
 
 
 def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -250,5 +263,6 @@ __all__ = [
     "keep",
     "rebuild",
     "same_tensor",
+    "stream_shapes",
     "stream_widths",
 ]

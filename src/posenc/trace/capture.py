@@ -45,6 +45,7 @@ from posenc.trace.calls import (
     _rotary_recipe,
     _run_forward,
     reads_length,
+    split_joined,
 )
 from posenc.trace.counts import layer_config, layer_count, nested_attentions
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
@@ -278,9 +279,12 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
                   if kind == "entries" for entry, (of, _) in call.constants[key].items() if of == "mask"]  # fmt: skip
-        mask_value = masks[0] if masks else None
+        streams = {key: target.kwargs[key] for key in stream_widths(call)}
+        mask_value, joined = split_joined(masks[0] if masks else None, streams, positions)  # T5Gemma 2's merged mask
         causal = cache is not None or _module_causal(attention)
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
+        if joined is not None:
+            mask = dataclasses.replace(mask, joined=joined)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         by_length = False  # CLVP's rotary module sizes its angles by the length, the attention reads them at the ids
@@ -357,7 +361,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
-            streams={key: target.kwargs[key] for key in stream_widths(call)},
+            streams=streams,
             order=order,
             rotary_by_length=by_length,
             stem=stem.module.float().eval() if stem is not None else None,

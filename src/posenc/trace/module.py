@@ -179,10 +179,18 @@ class TracedAttention(nn.Module):
             return out[self.rotary_call.item]
         return out if torch.is_tensor(out) else tuple(out)
 
-    def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
+    def _mask(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: int,
+        streams: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
         """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
         mask (:func:`posenc.trace.masks.visible`, transformers' rules), made additive (0 / the dtype's
-        minimum) where the model adds its mask to the scores, ones and zeros where it keeps ones (``keep``)."""
+        minimum) where the model adds its mask to the scores, ones and zeros where it keeps ones (``keep``). A
+        stream joined to the keys (``recipe.joined``: T5Gemma 2's encoder states ``[B, S_enc, E]``) adds ``S_enc``
+        columns every query sees: ``[B, 1, S, P + S + S_enc]``."""
         recipe = self.mask
         if recipe.kind == "none":
             return None
@@ -190,6 +198,11 @@ class TracedAttention(nn.Module):
         visible = visible_keys(position_ids, keys, recipe)
         if visible is None:
             visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
+        if recipe.joined is not None:
+            joined = (streams or {})[recipe.joined]
+            seen = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=hidden.device)
+            seen = seen.expand(visible.shape[0], 1, visible.shape[2], joined.shape[1])
+            visible = torch.cat((visible.expand(seen.shape[0], 1, -1, -1), seen), dim=-1)
         if recipe.kind == "bool":
             return visible
         dtype = hidden.dtype if hidden.dtype.is_floating_point else torch.float32
@@ -281,7 +294,7 @@ class TracedAttention(nn.Module):
             own.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
         if own is not None and past_indexer_key is not None:
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
-        mask = self._mask(hidden, position_ids, past)
+        mask = self._mask(hidden, position_ids, past, given)
         hidden = self.embed(hidden, position_ids, past)
         attended = to_model(hidden, self.order)
         stem = tuple(self.stem(attended)) if self.stem is not None else ()

@@ -90,6 +90,8 @@ class MaskRecipe:
             None: all of them).
         ahead: a bidirectional window that is not symmetric: keys ``q - window < k <= q + ahead`` (T5Gemma 2's
             encoder sees ``(w + 1) // 2`` keys up to its own position and ``w // 2`` after it); None: symmetric.
+        joined: a second stream (keyword) whose keys follow the tokens' in the same softmax, every one visible to
+            every query (T5Gemma 2's merged attention: its encoder states' columns after the decoder's mask); None.
     """
 
     kind: str
@@ -98,6 +100,7 @@ class MaskRecipe:
     chunk: int | None = field(optional=True, default=None)
     chunk_left: int | None = field(optional=True, default=None)
     ahead: int | None = field(optional=True, default=None)
+    joined: str | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
