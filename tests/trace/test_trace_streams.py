@@ -1,5 +1,6 @@
 """Second streams of their own length: T5Gemma 2's decoder attends its encoder's states in the same softmax as its
-own tokens (merged self- and cross-attention), ``encoder_hidden_states [B, S_enc, E]`` with ``S_enc`` its own.
+own tokens (merged self- and cross-attention), ``encoder_hidden_states [B, S_enc, E]`` with ``S_enc`` its own;
+PEGASUS-X's encoder attention reads and returns its global tokens' states ``[B, G, E]`` beside the tokens'.
 
 T5Gemma 2's decoder ("T5Gemma 2: Seeing, Reading, and Understanding Longer", Zhang et al., 2025,
 https://arxiv.org/abs/2512.14856) concatenates the keys and values it projects from the encoder's states after its
@@ -7,8 +8,15 @@ own (cached) keys and values, and its mask after its own causal (or sliding) mas
 graph input ``encoder_hidden_states [batch, source, E]`` after the others, rebuilds the merged mask from positions
 (the encoder's columns all visible) and projects the encoder's keys and values at every call (not cached).
 
-References: the checkpoint's own transformers decoder run on its own (a prompt, then a decode step with its cache,
-hooked at the layer's attention), and ``validate --against-hf`` / ``--decode`` in the slow run.
+PEGASUS-X ("Investigating Efficiently Extending Transformers for Long Input Summarization", Phang, Zhao and Liu,
+2022, https://arxiv.org/abs/2208.04347) pads its encoder's sequence to whole blocks before its layers; its global-local
+attention lets each block's tokens attend their block and the global tokens, and the global tokens attend everything.
+The unit takes ``global_hidden_states [batch, G, E]`` as a graph input and returns them updated
+(``global_hidden_states_out``), padding its input to whole blocks as the encoder does.
+
+References: the checkpoint's own transformers decoder / encoder run on its own (hooked at the layer's attention; for
+T5Gemma 2 a prompt, then a decode step with its cache; for PEGASUS-X a sequence that is not whole blocks), and
+``validate --against-hf`` / ``--decode`` in the slow run.
 """
 
 from __future__ import annotations
@@ -185,3 +193,94 @@ def test_t5gemma2_decoder_layers_export_with_encoder_states_and_match_the_module
     assert report.passed, report.to_markdown()
     decode = decode_against_checkpoint(result.path, folder, quiet=True)
     assert decode.passed, decode.to_markdown()
+
+
+def test_a_padding_mask_hiding_no_token_is_rebuilt_over_whole_blocks() -> None:
+    """A float ``[B, S]`` mask of zeros is kind ``padding``; over a sequence padded to whole blocks the rebuilt mask
+    hides exactly the padding (the dtype's minimum), and the states are padded with zeros to ``ceil(S / block)``
+    blocks."""
+    from posenc.trace.arguments import classify, pad_blocks, padding_block, padding_mask
+    from posenc.trace.record import CallRecipe
+
+    positions = torch.arange(8).unsqueeze(0)
+    assert classify("attention_mask", torch.zeros(1, 8), positions, None, transformers.Cache, False) == "padding"
+    with pytest.raises(ExportError, match="'attention_mask' \\(\\[1, 12\\]\\)"):  # a mask hiding padding
+        classify("attention_mask", torch.zeros(1, 12), positions, None, transformers.Cache, False)
+    states = torch.randn(2, 7, 3)
+    padded = pad_blocks(states, 4)
+    assert tuple(padded.shape) == (2, 8, 3)
+    assert torch.equal(padded[:, :7], states)
+    assert not padded[:, 7:].any()
+    mask = padding_mask(8, 7, states, "float32")
+    assert tuple(mask.shape) == (2, 8)
+    assert (mask[:, 7] == torch.finfo(torch.float32).min).all()
+    assert not mask[:, :7].any()
+    recipe = CallRecipe((), {"token_hidden_states": "hidden", "attention_mask": "padding"}, {"attention_mask":
+                        ["float32", 4]})  # fmt: skip
+    assert padding_block(recipe) == 4
+
+
+def _pegasus_x(folder: Path) -> None:
+    from posenc.census.tiny import save_tiny_model, tiny_config
+
+    save_tiny_model(tiny_config("pegasus_x", overrides={"block_size": 4}).config, "PegasusXModel", folder)
+
+
+@pytest.mark.slow
+def test_global_tokens_are_a_second_input_and_output_that_match_the_encoder(tmp_path: Path) -> None:
+    """PEGASUS-X's encoder layer 0 (blocks of 4): the unit takes the global tokens' states as a stream of fixed
+    length 32 and returns them updated; on 7 tokens (the encoder pads them to 8) it matches the encoder's own
+    attention on the tokens and on the global tokens within 1e-5; other global states move both."""
+    from transformers.models.pegasus_x.modeling_pegasus_x import PegasusXModel
+
+    folder = tmp_path / "pegasus_x"
+    _pegasus_x(folder)
+    captured = capture_layer(folder, 0, "encoder")
+    assert captured.call.keywords["global_hidden_states"] == "stream"
+    assert captured.call.constants["global_hidden_states"] == [32, 64]
+    assert captured.call.constants["attention_mask"] == ["float32", 4]
+    unit = traced_module(plan_trace(captured), angles="native")
+    assert unit.stream_outputs == ["global_hidden_states"]
+    model = PegasusXModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen.update(hidden=kwargs["token_hidden_states"], states=kwargs["global_hidden_states"])
+        seen.update(out=output[0], updated=output[1])
+
+    handle = model.encoder.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model.encoder(input_ids=torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(2)))
+    finally:
+        handle.remove()
+    assert tuple(seen["hidden"].shape) == (1, 8, 64)  # the encoder padded 7 tokens to two blocks
+    positions = torch.arange(7).unsqueeze(0)
+    with torch.no_grad():
+        out, updated = unit(seen["hidden"][:, :7], positions, seen["states"])
+        other = unit(seen["hidden"][:, :7], positions, torch.zeros_like(seen["states"]))
+    assert torch.allclose(out, seen["out"][:, :7], atol=1e-5, rtol=1e-5), float((out - seen["out"][:, :7]).abs().max())
+    assert torch.allclose(updated, seen["updated"], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(other[0], seen["out"][:, :7], atol=1e-3)
+    assert not torch.allclose(other[1], seen["updated"], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_pegasus_x_encoder_layer_exports_with_its_global_tokens_and_matches_the_module(tmp_path: Path) -> None:
+    """PEGASUS-X's encoder layer 0 exports with ``global_hidden_states [batch, 32, 64]`` as its last input and
+    ``global_hidden_states_out`` as its last output; ``validate --against-hf`` (lengths across blocks of 4) passes,
+    and the manifest says the sequence is padded to whole blocks."""
+    from posenc.export.trace import export_traced
+    from posenc.graphs.trace_rewrite import replace_positions
+    from posenc.validate.checkpoint import validate_against_checkpoint
+
+    folder = tmp_path / "pegasus_x"
+    _pegasus_x(folder)
+    result = export_traced(tmp_path / "enc0.onnx", folder, layer=0, layer_type="encoder", rewrite=replace_positions)
+    assert result.manifest.input_names[-1] == "global_hidden_states"
+    assert tuple(result.manifest.input("global_hidden_states").shape) == ("batch", 32, 64)
+    assert result.manifest.output_names == ["out", "global_hidden_states_out"]
+    assert any(part.part == "sequence padding" for part in result.manifest.trace.parts)
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+    assert {row.output for row in report.rows} == {"out", "global_hidden_states_out"}

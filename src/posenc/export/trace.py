@@ -54,11 +54,11 @@ from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.arguments import stream_shapes
+from posenc.trace.arguments import padding_block, stream_shapes
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
-from posenc.trace.inputs import EVERY_KEY
+from posenc.trace.inputs import EVERY_KEY, STREAM_OUTPUTS
 from posenc.trace.orders import order_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
@@ -159,6 +159,21 @@ def _shared_selection(plan: TracePlan) -> str | None:
         raise ExportError("the attention takes a reused top-k selection positionally; posenc reads it by keyword.")
     keys = [key for key, kind in call.keywords.items() if kind == "every_key"]
     return EVERY_KEY.get(keys[0]) if keys else None
+
+
+PADDING_PART = "sequence padding"
+
+
+def _padding_parts(plan: TracePlan) -> tuple[TracePart, ...]:
+    """The unit pads the sequence to whole blocks as the model's stack does (:data:`posenc.trace.inputs.PADDED_BLOCKS`):
+    said in the manifest."""
+    block = padding_block(plan.captured.call)
+    if block is None:
+        return ()
+    detail = (f"the model's stack pads the sequence to whole blocks of {block} before its layers; the unit pads its "
+              f"input the same way, hides the padding in the attention's padding mask and drops the padded rows of "
+              f"its output")  # fmt: skip
+    return (TracePart(PADDING_PART, "kept", detail),)
 
 
 def _selection_parts(plan: TracePlan) -> tuple[TracePart, ...]:
@@ -287,6 +302,7 @@ def export_traced(
         *order_parts(captured.order),
         *stem_parts(captured.stem_ref),
         *_selection_parts(plan),
+        *_padding_parts(plan),
     )
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
@@ -316,6 +332,8 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
     for key, (length, width) in stream_shapes(captured.call).items():  # second streams, last (TracedAttention)
         slots.append(Slot(key, "act", ("batch", length, width), _stream_layout(key, length, width)))
+        if key in STREAM_OUTPUTS:  # returned updated (PEGASUS-X's global tokens' states), after the other outputs
+            outputs.append((f"{key}_out", f"[B, {length}, {width}] ({key}, updated by the attention)"))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
 
 

@@ -107,6 +107,8 @@ def classify(
             return "cache_position"
         if value.dim() == 2 and value.numel() and bool((value == 1).all()):
             return "ones"
+        if "mask" in key and is_open_padding(value, positions):
+            return "padding"
         if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
     if key in EVERY_KEY and is_every_key(value, positions):
@@ -147,6 +149,27 @@ def is_stream(value: Any, positions: torch.Tensor, length: str = "seq") -> bool:
     return int(value.shape[0]) == int(positions.shape[0])
 
 
+def is_open_padding(value: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is an additive padding mask ``[B, S]`` over the capture's tokens that hides none of them
+    (floating zeros: PEGASUS-X's encoder mask without padding)."""
+    return (
+        value.dim() == 2
+        and value.is_floating_point()
+        and tuple(value.shape) == tuple(positions.shape)
+        and not bool(value.any())
+    )
+
+
+def padding_mask(length: Any, tokens: Any, like: torch.Tensor, dtype: str) -> torch.Tensor:
+    """An additive padding mask ``[B, length]`` (kind ``padding``): 0 over the first ``tokens`` positions, the dtype's
+    minimum over the padding after them (``like``: a ``[B, ...]`` tensor of the batch and device; the lengths may be
+    symbolic while exporting)."""
+    kind = getattr(torch, dtype)
+    index = torch.arange(length, device=like.device).unsqueeze(0).expand(like.shape[0], -1)
+    zeros = torch.zeros(index.shape, dtype=kind, device=like.device)
+    return zeros.masked_fill(index >= tokens, torch.finfo(kind).min)
+
+
 def is_every_key(value: Any, positions: torch.Tensor) -> bool:
     """Whether ``value`` is a selection of key indices ``[B, S, K]`` that holds every key ``0 .. K - 1`` for each
     query, in any order, over the capture's keys (``K = S``: the capture runs without a past;
@@ -172,6 +195,8 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = int(value.shape[0])
     elif kind == "every_key":
         constants[key] = str(value.dtype).removeprefix("torch.")
+    elif kind == "padding":
+        constants[key] = [str(value.dtype).removeprefix("torch."), None]  # [dtype, block]: the capture sets the block
     elif kind == "stream":  # W; with a length of its own [L, W] (L: ``source``, or the capture's for ``fixed``)
         length = STREAM_LENGTHS.get(key, "seq")
         width = int(value.shape[-1])
@@ -236,6 +261,27 @@ def stream_widths(recipe: CallRecipe) -> dict[str, int]:
     return {key: width for key, (_, width) in stream_shapes(recipe).items()}
 
 
+def padding_keys(recipe: CallRecipe) -> list[str]:
+    """The arguments of kind ``padding`` of a call (keyword, or ``"#i"``)."""
+    kinds = (*((f"#{i}", kind) for i, kind in enumerate(recipe.positional)), *recipe.keywords.items())
+    return [key for key, kind in kinds if kind == "padding"]
+
+
+def padding_block(recipe: CallRecipe) -> int | None:
+    """The block a call's ``padding`` mask pads the sequence to (:data:`posenc.trace.inputs.PADDED_BLOCKS`), or
+    None (no such argument, or a model that does not pad)."""
+    blocks = [recipe.constants[key][1] for key in padding_keys(recipe)]
+    return int(blocks[0]) if blocks and blocks[0] else None
+
+
+def pad_blocks(states: torch.Tensor, block: int) -> torch.Tensor:
+    """``states [B, S, E]`` padded with zeros to whole blocks, ``[B, n · block, E]`` with ``n = ceil(S / block)``, as
+    PEGASUS-X's encoder pads its sequence before its layers (the padding is hidden by the ``padding`` mask)."""
+    length = states.shape[1]
+    blocks = (length + block - 1) // block
+    return torch.nn.functional.pad(states, (0, 0, 0, blocks * block - length))
+
+
 def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
     """``(args, kwargs)`` of a recipe's call, each argument ``value(key, kind)`` (``key``: ``"#i"`` or the keyword)."""
     args = [value(f"#{i}", kind) for i, kind in enumerate(recipe.positional)]
@@ -258,9 +304,14 @@ __all__ = [
     "classify",
     "described",
     "is_every_key",
+    "is_open_padding",
     "is_sections",
     "is_stream",
     "keep",
+    "pad_blocks",
+    "padding_block",
+    "padding_keys",
+    "padding_mask",
     "rebuild",
     "same_tensor",
     "stream_shapes",

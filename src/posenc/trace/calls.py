@@ -21,7 +21,7 @@ from torch import nn
 from posenc.checkpoints.reference import attention_mask
 from posenc.errors import ExportError
 from posenc.trace.arguments import classify, keep
-from posenc.trace.inputs import capture_inputs, capture_refusal
+from posenc.trace.inputs import capture_inputs, capture_refusal, padded_block
 from posenc.trace.masks import chunk_candidates, chunk_span, visible
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
@@ -469,7 +469,8 @@ def _band(allowed: torch.Tensor, positions: torch.Tensor) -> tuple[int, int] | N
 def _capture_tokens(hf: Any) -> int:
     windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
     small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
-    return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
+    block = padded_block(hf)  # a stack that pads to whole blocks (PEGASUS-X's): two of them, no padding
+    return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf), 2 * block if block else 0])
 
 
 __all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind", "reads_length", "split_joined"]

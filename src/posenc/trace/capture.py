@@ -31,7 +31,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import padding_keys, stream_widths
 from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
 from posenc.trace.calls import (
     _NAMED,
@@ -50,6 +50,7 @@ from posenc.trace.calls import (
 from posenc.trace.counts import layer_config, layer_count, nested_attentions
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
+from posenc.trace.inputs import padded_block
 from posenc.trace.model import (
     Located,
     attention_child,
@@ -269,6 +270,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             hidden = stem.layer_input  # the unit starts at the layer's input
             order = order_of(hidden, positions, getattr(hf, "hidden_size", None))
             attended = from_model(hidden, order)
+        for key in padding_keys(call):  # a padding mask: the block the stack pads to (PEGASUS-X's), or none
+            call.constants[key][1] = padded_block(hf)
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)

@@ -30,9 +30,18 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
-from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
+from posenc.trace.arguments import (
+    attention_output,
+    call_args,
+    pad_blocks,
+    padding_block,
+    padding_mask,
+    rebuild,
+    stream_widths,
+)
 from posenc.trace.caches import new_cache
 from posenc.trace.derived import compute
+from posenc.trace.inputs import STREAM_OUTPUTS
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
@@ -141,6 +150,10 @@ class TracedAttention(nn.Module):
         self.cacheless = cacheless
         self.cache_kind = cache_kind
         self.stream_keys = list(stream_widths(call))  # second streams: graph inputs after the others
+        self.stream_outputs = [key for key in self.stream_keys if key in STREAM_OUTPUTS]  # returned updated, last
+        self.block = padding_block(call)  # the sequence padded to whole blocks (PEGASUS-X's encoder), or None
+        if self.block is not None and order != BATCH_MAJOR:
+            raise ConfigError("a traced attention over whole blocks takes batch-major hidden states [B, S, E] only.")
         self.order = order
         self.stem = stem
         self.rotary_rows = rotary_rows
@@ -240,6 +253,9 @@ class TracedAttention(nn.Module):
                 return cache
             if kind == "stream":
                 return (streams or {})[key]
+            if kind == "padding":  # the tokens' mask over the sequence padded to whole blocks (none without a block)
+                padded = attended if attended is not None else hidden
+                return padding_mask(padded.shape[1], hidden.shape[1], hidden, recipe.constants[key][0])
             if kind == "entries":  # a dict argument: the entries the attention reads
                 entries = recipe.constants[key].items()
                 return {entry: made if of == "constant" else value(key, of) for entry, (of, made) in entries}
@@ -297,17 +313,22 @@ class TracedAttention(nn.Module):
         mask = self._mask(hidden, position_ids, past, given)
         hidden = self.embed(hidden, position_ids, past)
         attended = to_model(hidden, self.order)
+        if self.block is not None:  # as the model's stack pads before its layers; the padded rows are dropped after
+            attended = pad_blocks(attended, self.block)
         stem = tuple(self.stem(attended)) if self.stem is not None else ()
         args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
         with default_dtype(hidden.dtype):
             output = self.attention(*args, **kwargs)
         out = from_model(attention_output(output), self.order)
+        if self.block is not None:
+            out = out[:, : hidden.shape[1]]
+        updated = tuple(output[STREAM_OUTPUTS[key]] for key in self.stream_outputs)  # PEGASUS-X's global states
         if cache is None:
-            return (out,)
+            return (out, *updated)
         entry = own.layers[self.layer]
         if self.cache_kind == "indexed":
-            return out, entry.keys, entry.values, entry.indexer_keys
-        return out, entry.keys, entry.values
+            return out, entry.keys, entry.values, entry.indexer_keys, *updated
+        return out, entry.keys, entry.values, *updated
 
     def _take_streams(self, *tail: Any) -> tuple[Any, Any, Any, dict[str, torch.Tensor]]:
         """Split the positional inputs after ``position_ids`` (``past_key, past_value, past_indexer_key, streams``)

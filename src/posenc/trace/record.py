@@ -32,6 +32,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "kv_sharing",  # keys and values shared between layers (Gemma 4's shared_kv_states): a fresh dict the layer writes
     "entries",  # a dict: the entries the attention reads, each of a kind above (ZAYA's masks per use)
     "stream",  # a second input [B, S, W] the model computes from the token ids (a graph input of its name)
+    "padding",  # an additive padding mask [B, S] hiding no token (zeros); the unit hides the padding to whole blocks
     "every_key",  # every key's index 0 .. P + S - 1 for each query [B, S, P + S] (a top-k that keeps every key)
     "derived",  # a tensor the model's own code computes from the sequence before the layers (TraceRecord.derived)
     "shape",  # the hidden states' leading shape (an argument of the code that computes a derived tensor)
