@@ -99,6 +99,24 @@ def match_initializers(
     return found
 
 
+def drop_duplicates(model: Any, links: Mapping[str, str]) -> None:
+    """Remove from ``model``'s graph every initializer after the first that ``links`` maps to the same file entry
+    (equal content: a weight the module uses twice, T5Gemma 2's ``k_proj`` on its tokens and on its encoder's
+    states, is folded into two equal initializers), so renaming them after the entry leaves one value of that name."""
+    seen: set[str] = set()
+    kept = []
+    for init in model.graph.initializer:
+        entry = links.get(init.name)
+        if entry is not None and entry in seen:
+            continue
+        if entry is not None:
+            seen.add(entry)
+        kept.append(init)
+    if len(kept) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+
+
 def _graphs(graph: Any) -> Iterator[Any]:
     """``graph`` and every subgraph of its nodes (If / Loop / Scan bodies)."""
     from onnx import AttributeProto
@@ -177,6 +195,7 @@ def write_linked(
     from safetensors.torch import save_file
 
     links = match_initializers(model, state, min_bytes)
+    drop_duplicates(model, links)
     rename_values(model, {name: entry for name, entry in links.items() if name != entry})
     entries: dict[str, torch.Tensor] = {}
     linked = set(links.values())
@@ -213,6 +232,7 @@ def link_existing(
     entries = load_file(str(weights_path))
     # entries are stored as the graph stores them: only an entry itself (not a transpose of it) is a match
     links = {name: entry for name, entry in match_initializers(model, entries, min_bytes).items() if entry in entries}
+    drop_duplicates(model, links)
     rename_values(model, {name: entry for name, entry in links.items() if name != entry})
     offsets = safetensors_offsets(weights_path)
     for init in model.graph.initializer:
@@ -276,6 +296,7 @@ __all__ = [
     "LINK_MIN_BYTES",
     "TRANSPOSED",
     "WEIGHTS_FORMAT",
+    "drop_duplicates",
     "link_existing",
     "linked_bytes",
     "load_weights_file",

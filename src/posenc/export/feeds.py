@@ -30,7 +30,7 @@ from posenc.trace.boxes import NAME as BOX_INPUT
 class Slot:
     """One graph input: ``kind`` is ``act``, ``pos_q``, ``pos_k``, ``past`` (a cache), ``length`` (filled cache
     slots per row) or ``boxes`` (a document model's boxes per token, in ``dtype``); ``shape`` names its dynamic dims
-    (``batch``, ``seq``, ``past``, ``kv_seq``)."""
+    (``batch``, ``seq``, ``past``, ``kv_seq``, :data:`SOURCE`)."""
 
     name: str
     kind: str
@@ -47,10 +47,23 @@ def box_slot(dtype: str, top: float) -> Slot:
     return Slot(BOX_INPUT, "boxes", ("batch", "seq", 4), f"[B, S, 4] (x0, y0, x1, y1: {dtype}, {grid})", dtype, top)
 
 
+SOURCE = "source"
+"""The dimension of a second input of its own length (an encoder's states ``[B, S_enc, E]`` a decoder attends in the
+same softmax as its tokens: T5Gemma 2's merged attention), beside ``batch``, ``seq``, ``past``, ``kv_seq``."""
+
+
+def source_length(shape: Shape) -> int:
+    """``S_enc`` of a feed at ``shape``: ``(past + seq) // 2 + 3``, a length of its own that grows with the call and
+    differs from ``seq`` in most feeds (a decode step's too), so a graph that took it for another length fails."""
+    return shape.kv_seq // 2 + 3
+
+
 def dim_size(dim: int | str, shape: Shape) -> int:
     """The size of a slot's dimension ``dim`` (a number, or a dim name) at ``shape``."""
     if isinstance(dim, int):
         return dim
+    if dim == SOURCE:
+        return source_length(shape)
     return {"batch": shape.batch, "seq": shape.seq, "past": shape.past, "kv_seq": shape.kv_seq}[dim]
 
 
@@ -206,6 +219,7 @@ def make_feed(manifest: Any, shape: Shape, *, seed: int = 0, multi_axis: str = "
 
 __all__ = [
     "MULTI_AXIS_FEEDS",
+    "SOURCE",
     "Slot",
     "box_slot",
     "check_call_size",
@@ -215,4 +229,5 @@ __all__ = [
     "multi_axis_positions",
     "positions_for",
     "slots_from_manifest",
+    "source_length",
 ]

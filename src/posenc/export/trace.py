@@ -24,7 +24,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
-from posenc.export.feeds import Slot, box_slot
+from posenc.export.feeds import SOURCE, Slot, box_slot, dim_size
 from posenc.export.kinds import UnitKind
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
@@ -54,11 +54,11 @@ from posenc.export.units import ExportUnit, _slots
 from posenc.records import to_json
 from posenc.schemes import get_spec
 from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import padding_block, stream_shapes
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
 from posenc.trace.capture import Captured, capture_layer
 from posenc.trace.derived import derived_parts
-from posenc.trace.inputs import EVERY_KEY
+from posenc.trace.inputs import EVERY_KEY, STREAM_OUTPUTS
 from posenc.trace.orders import order_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
@@ -161,6 +161,21 @@ def _shared_selection(plan: TracePlan) -> str | None:
     return EVERY_KEY.get(keys[0]) if keys else None
 
 
+PADDING_PART = "sequence padding"
+
+
+def _padding_parts(plan: TracePlan) -> tuple[TracePart, ...]:
+    """The unit pads the sequence to whole blocks as the model's stack does (:data:`posenc.trace.inputs.PADDED_BLOCKS`):
+    said in the manifest."""
+    block = padding_block(plan.captured.call)
+    if block is None:
+        return ()
+    detail = (f"the model's stack pads the sequence to whole blocks of {block} before its layers; the unit pads its "
+              f"input the same way, hides the padding in the attention's padding mask and drops the padded rows of "
+              f"its output")  # fmt: skip
+    return (TracePart(PADDING_PART, "kept", detail),)
+
+
 def _selection_parts(plan: TracePlan) -> tuple[TracePart, ...]:
     topk = _selection_limit(plan)
     if topk is None:
@@ -247,7 +262,7 @@ def export_traced(
             deferred_guards=deferred,
         )
 
-    ranges = _dim_ranges(limit, plan.captured.cacheless)
+    ranges = _dim_ranges(limit, plan.captured.cacheless, unit.slots)
     served = limit if limit is not None else plan.config.max_position_embeddings  # the model's context, unguarded
     name = type(plan.captured.attention).__name__
     try:
@@ -287,6 +302,7 @@ def export_traced(
         *order_parts(captured.order),
         *stem_parts(captured.stem_ref),
         *_selection_parts(plan),
+        *_padding_parts(plan),
     )
     replaced = angles_replaced(parts)
     weights_module = traced_module(plan, angles="exact", table_mode=table_mode, max_positions=max_positions,
@@ -314,11 +330,23 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
-    for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
-        slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
+    for key, (length, width) in stream_shapes(captured.call).items():  # second streams, last (TracedAttention)
+        slots.append(Slot(key, "act", ("batch", length, width), _stream_layout(key, length, width)))
+        if key in STREAM_OUTPUTS:  # returned updated (PEGASUS-X's global tokens' states), after the other outputs
+            outputs.append((f"{key}_out", f"[B, {length}, {width}] ({key}, updated by the attention)"))
     if captured.boxes is not None:  # the tokens' boxes, last (posenc.trace.boxes)
         slots.append(box_slot(captured.boxes.dtype, captured.boxes.top))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
+
+
+def _stream_layout(key: str, length: int | str, width: int) -> str:
+    """A second stream's layout in the manifest: over the tokens, or of its own length (an encoder's states, fed
+    at every call: the merged attention projects its keys and values of them each time, no cache holds them)."""
+    if length == "seq":
+        return f"[B, S, {width}] ({key}, from the token ids)"
+    if length == SOURCE:
+        return f"[B, S_enc, {width}] ({key}: fed at every call, its keys and values projected each time, not cached)"
+    return f"[B, {length}, {width}] ({key})"
 
 
 def _value_width(slot: Slot, value_dim: int) -> Slot:
@@ -405,7 +433,7 @@ def _table_mode(plan: TracePlan, exact: PositionalScheme | None) -> str:
     return mode.value
 
 
-def _dim_ranges(limit: int | None, cacheless: bool) -> dict[str, DimRange]:
+def _dim_ranges(limit: int | None, cacheless: bool, slots: Sequence[Slot] = ()) -> dict[str, DimRange]:
     dims = {
         "batch": DimRange(1, None, SAMPLE_SHAPE.batch),
         "seq": DimRange(1, limit, SAMPLE_SHAPE.seq),
@@ -413,6 +441,8 @@ def _dim_ranges(limit: int | None, cacheless: bool) -> dict[str, DimRange]:
     }
     if cacheless:
         del dims["past"]
+    if any(SOURCE in slot.shape for slot in slots):  # a stream of its own length (an encoder's states)
+        dims[SOURCE] = DimRange(1, None, dim_size(SOURCE, SAMPLE_SHAPE))
     return dims
 
 

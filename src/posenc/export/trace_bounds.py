@@ -21,6 +21,7 @@ import torch
 
 from posenc.errors import ExportError
 from posenc.export.manifest import DimRange
+from posenc.trace.arguments import padding_block
 
 _FIX = re.compile(r"^\s*(\w+) = Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)\s*$", re.MULTILINE)
 """torch.export's suggested fix of a dimension's range: ``seq = Dim('seq', max=2046)``."""
@@ -147,15 +148,19 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     to a multiple of its block, ``S + (-S mod 128)``, which torch.export cannot prove a multiple of 128, and its
     blocked mask is derived from the length; XLNet's ``relative_positional_encoding`` and ``rel_shift_bnij``), or in
     the model's embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``:
-    torch.export guards ``S - 1 != 1``), or an attention over sliding chunks the unit pads to its window
-    (Longformer's, LED's encoder's: :mod:`posenc.trace.windows`). The retried graph is held to the model's module at
-    several lengths by ``validate``."""
+    torch.export guards ``S - 1 != 1``), an attention over sliding chunks the unit pads to its window
+    (Longformer's, LED's encoder's: :mod:`posenc.trace.windows`), or a unit that pads its sequence to whole blocks as
+    the model's stack does (PEGASUS-X's encoder, :data:`posenc.trace.inputs.PADDED_BLOCKS`: its local attention views
+    the padded length as blocks, which torch.export's solver fails to range, whatever its message). The retried graph
+    is held to the model's module at several lengths by ``validate``."""
     from posenc.trace.windows import chunk_window
 
     captured = plan.captured
     module = captured.rotary is not None and captured.rotary_call is not None
     from_length = any(made.needs_length() for made in captured.derived.values())  # LongT5's blocks, XLNet's shift
     embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
+    if captured.cacheless and padding_block(captured.call) is not None:
+        return True
     windowed = chunk_window(captured.attention) is not None
     specialised = "specialises the lengths" in str(exc)
     return captured.cacheless and (module or from_length or embeddings or windowed) and specialised

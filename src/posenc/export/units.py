@@ -63,7 +63,7 @@ from posenc.blocks.attention import ring_serves
 from posenc.config import AttentionConfig
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ExportError
-from posenc.export.feeds import Slot, make_inputs
+from posenc.export.feeds import SOURCE, Slot, make_inputs
 from posenc.export.kinds import BLOCK_INPLACE as BLOCK_INPLACE  # re-exported: the unit names' old home
 from posenc.export.kinds import UnitKind
 from posenc.export.shapes import SAMPLE_SHAPE, Shape
@@ -353,6 +353,7 @@ def _export_dims() -> dict[str, Any]:
         "seq": Dim("seq", min=1),
         "past": Dim("past", min=0),
         "kv_seq": Dim("kv_seq", min=1),
+        SOURCE: Dim(SOURCE, min=1),  # a second stream's own length (posenc.export.feeds.SOURCE)
     }
 
 

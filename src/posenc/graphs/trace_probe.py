@@ -17,7 +17,7 @@ import torch
 from posenc.export.trace import RewriteRequest
 from posenc.graphs.trace_region import Region
 from posenc.schemes.base import TableMode
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import stream_shapes
 from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.boxes import seeded_boxes
 from posenc.trace.layouts import match_layout, probe_positions
@@ -46,9 +46,9 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
         "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
-        **{  # second streams (NeoMME's value embeddings), random like the hidden states
-            key: rng.standard_normal((PROBE_BATCH, seq, width)).astype(np.float32)
-            for key, width in stream_widths(request.plan.captured.call).items()
+        **{  # second streams (NeoMME's value embeddings; an encoder's states of their own length), random
+            key: rng.standard_normal((PROBE_BATCH, _stream_length(length, seq), width)).astype(np.float32)
+            for key, (length, width) in stream_shapes(request.plan.captured.call).items()
         },
         **_box_feed(request, seq),
     }
@@ -58,6 +58,11 @@ def _box_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
     """Seeded boxes of a document model's unit (its last input, :mod:`posenc.trace.boxes`); none otherwise."""
     boxes = request.plan.captured.boxes
     return {BOX_INPUT: seeded_boxes(PROBE_BATCH, seq, boxes.dtype, top=boxes.top)} if boxes is not None else {}
+
+
+def _stream_length(length: int | str, seq: int) -> int:
+    """A probe stream's length: the tokens' ``seq``, a fixed one, or a length of its own (``seq + 3``: told apart)."""
+    return seq if length == "seq" else length if isinstance(length, int) else seq + 3
 
 
 def run_graph(model: ir.Model, feed: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:

@@ -49,6 +49,7 @@ from posenc.graphs.trace_rules import MASK_RULES, rotation_rules
 from posenc.graphs.trace_splice import Replacement, _arranged, _Builder, splice_scheme
 from posenc.schemes import get_spec, scheme_names
 from posenc.schemes.base import Placement
+from posenc.trace.arguments import padding_keys
 from posenc.trace.module import scheme_cos_sin
 from posenc.trace.record import ROTARY_PART, TracePart
 
@@ -145,6 +146,9 @@ def replace_positions(request: RewriteRequest) -> tuple[Any, tuple[TracePart, ..
     if masks:
         mask = "the additive mask became posenc's boolean Where(-inf) (posenc optimize fuses it into Attention)"
         parts.append(TracePart(MASK_PART, "replaced", mask))
+    elif request.plan.captured.mask.kind == "none" and padding_keys(request.plan.captured.call):
+        mask = "the model passes its attention a padding mask [B, S] alone, hiding no token (see sequence padding)"
+        parts.append(TracePart(MASK_PART, "absent", mask))
     elif request.plan.captured.mask.kind == "none":
         mask = "the model passes its attention no mask (every key visible, as its model runs it without padding)"
         parts.append(TracePart(MASK_PART, "absent", mask))

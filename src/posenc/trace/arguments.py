@@ -31,7 +31,7 @@ import torch
 
 from posenc.errors import ConfigError, ExportError
 from posenc.trace.boxes import box_form, passed
-from posenc.trace.inputs import EVERY_KEY, STREAMS, argument_meaning
+from posenc.trace.inputs import EVERY_KEY, STREAM_LENGTHS, STREAMS, argument_meaning
 from posenc.trace.record import CallRecipe
 
 PLAIN_KINDS: tuple[str, ...] = (
@@ -113,13 +113,15 @@ def classify(
             return "cache_position"
         if value.dim() == 2 and value.numel() and bool((value == 1).all()):
             return "ones"
+        if "mask" in key and is_open_padding(value, positions):
+            return "padding"
         if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
         if "mask" in key and value.dim() == 2 and value.numel() and bool((value == 0).all()):
             return "zeros"  # an additive mask [B, S] that hides nothing (Longformer's: 0 marks local attention)
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
-    if key in STREAMS and is_stream(value, positions):
+    if key in STREAMS and is_stream(value, positions, STREAM_LENGTHS.get(key, "seq")):
         return "stream"
     shape = list(value.shape) if torch.is_tensor(value) else described(value)
     raise ExportError(
@@ -175,15 +177,36 @@ def segments_of(value: Any, positions: torch.Tensor) -> tuple[int, int, int] | N
     return (split, before, after) if torch.equal(rebuilt, value) else None
 
 
-def is_stream(value: Any, positions: torch.Tensor) -> bool:
-    """Whether ``value`` is a floating ``[B, S, W]`` tensor over the capture's tokens (a second stream,
-    :data:`posenc.trace.inputs.STREAMS`)."""
+def is_stream(value: Any, positions: torch.Tensor, length: str = "seq") -> bool:
+    """Whether ``value`` is a floating ``[B, L, W]`` tensor of the capture's batch (a second stream,
+    :data:`posenc.trace.inputs.STREAMS`): ``L`` the tokens' ``S`` where ``length`` is ``seq``, any length otherwise
+    (:data:`posenc.trace.inputs.STREAM_LENGTHS`)."""
+    if not (torch.is_tensor(value) and value.is_floating_point() and value.dim() == 3 and value.shape[1] > 0):
+        return False
+    if length == "seq":
+        return tuple(value.shape[:2]) == tuple(positions.shape)
+    return int(value.shape[0]) == int(positions.shape[0])
+
+
+def is_open_padding(value: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether ``value`` is an additive padding mask ``[B, S]`` over the capture's tokens that hides none of them
+    (floating zeros: PEGASUS-X's encoder mask without padding)."""
     return (
-        torch.is_tensor(value)
+        value.dim() == 2
         and value.is_floating_point()
-        and value.dim() == 3
-        and tuple(value.shape[:2]) == tuple(positions.shape)
+        and tuple(value.shape) == tuple(positions.shape)
+        and not bool(value.any())
     )
+
+
+def padding_mask(length: Any, tokens: Any, like: torch.Tensor, dtype: str) -> torch.Tensor:
+    """An additive padding mask ``[B, length]`` (kind ``padding``): 0 over the first ``tokens`` positions, the dtype's
+    minimum over the padding after them (``like``: a ``[B, ...]`` tensor of the batch and device; the lengths may be
+    symbolic while exporting)."""
+    kind = getattr(torch, dtype)
+    index = torch.arange(length, device=like.device).unsqueeze(0).expand(like.shape[0], -1)
+    zeros = torch.zeros(index.shape, dtype=kind, device=like.device)
+    return zeros.masked_fill(index >= tokens, torch.finfo(kind).min)
 
 
 def is_every_key(value: Any, positions: torch.Tensor) -> bool:
@@ -213,8 +236,12 @@ def keep(constants: dict[str, Any], key: str, kind: str, value: Any) -> None:
         constants[key] = int(value.shape[0])
     elif kind == "every_key":
         constants[key] = str(value.dtype).removeprefix("torch.")
-    elif kind == "stream":
-        constants[key] = int(value.shape[-1])
+    elif kind == "padding":
+        constants[key] = [str(value.dtype).removeprefix("torch."), None]  # [dtype, block]: the capture sets the block
+    elif kind == "stream":  # W; with a length of its own [L, W] (L: ``source``, or the capture's for ``fixed``)
+        length = STREAM_LENGTHS.get(key, "seq")
+        width = int(value.shape[-1])
+        constants[key] = width if length == "seq" else [int(value.shape[1]) if length == "fixed" else length, width]
     elif kind == "position_ids" and torch.is_tensor(value) and value.dtype != torch.int64:  # CPM-Ant's int32
         constants[key] = str(value.dtype).removeprefix("torch.")
     elif kind == "segments":
@@ -273,12 +300,44 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
 
-def stream_widths(recipe: CallRecipe) -> dict[str, int]:
-    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> width ``W``
-    of the ``[B, S, W]`` graph input of that name, in the call's order."""
+def stream_shapes(recipe: CallRecipe) -> dict[str, tuple[int | str, int]]:
+    """The second streams of a call (kind ``stream``, :data:`posenc.trace.inputs.STREAMS`): keyword -> ``(L, W)`` of
+    the ``[B, L, W]`` graph input of that name, in the call's order; ``L`` is ``seq`` (the tokens'), ``source`` (a
+    length of its own) or a number (:data:`posenc.trace.inputs.STREAM_LENGTHS`)."""
     if "stream" in recipe.positional:  # no model passes one so; the graph input is named by its keyword
         raise ExportError("the attention takes a second stream positionally; posenc names it by its keyword.")
-    return {key: int(recipe.constants[key]) for key, kind in recipe.keywords.items() if kind == "stream"}
+    shapes: dict[str, tuple[int | str, int]] = {}
+    for key, kind in recipe.keywords.items():
+        if kind == "stream":
+            kept = recipe.constants[key]
+            shapes[key] = ("seq", int(kept)) if isinstance(kept, int) else (kept[0], int(kept[1]))
+    return shapes
+
+
+def stream_widths(recipe: CallRecipe) -> dict[str, int]:
+    """The width ``W`` of each second stream of a call (:func:`stream_shapes`), by keyword."""
+    return {key: width for key, (_, width) in stream_shapes(recipe).items()}
+
+
+def padding_keys(recipe: CallRecipe) -> list[str]:
+    """The arguments of kind ``padding`` of a call (keyword, or ``"#i"``)."""
+    kinds = (*((f"#{i}", kind) for i, kind in enumerate(recipe.positional)), *recipe.keywords.items())
+    return [key for key, kind in kinds if kind == "padding"]
+
+
+def padding_block(recipe: CallRecipe) -> int | None:
+    """The block a call's ``padding`` mask pads the sequence to (:data:`posenc.trace.inputs.PADDED_BLOCKS`), or
+    None (no such argument, or a model that does not pad)."""
+    blocks = [recipe.constants[key][1] for key in padding_keys(recipe)]
+    return int(blocks[0]) if blocks and blocks[0] else None
+
+
+def pad_blocks(states: torch.Tensor, block: int) -> torch.Tensor:
+    """``states [B, S, E]`` padded with zeros to whole blocks, ``[B, n · block, E]`` with ``n = ceil(S / block)``, as
+    PEGASUS-X's encoder pads its sequence before its layers (the padding is hidden by the ``padding`` mask)."""
+    length = states.shape[1]
+    blocks = (length + block - 1) // block
+    return torch.nn.functional.pad(states, (0, 0, 0, blocks * block - length))
 
 
 def call_args(recipe: CallRecipe, value: Callable[[str, str], Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -303,13 +362,19 @@ __all__ = [
     "classify",
     "described",
     "is_every_key",
+    "is_open_padding",
     "is_open_square",
     "is_recast",
     "is_sections",
     "is_stream",
     "keep",
+    "pad_blocks",
+    "padding_block",
+    "padding_keys",
+    "padding_mask",
     "rebuild",
     "same_tensor",
     "segments_of",
+    "stream_shapes",
     "stream_widths",
 ]

@@ -21,7 +21,7 @@ from torch import nn
 from posenc.checkpoints.reference import attention_mask
 from posenc.errors import ExportError
 from posenc.trace.arguments import classify, keep
-from posenc.trace.inputs import capture_inputs, capture_refusal
+from posenc.trace.inputs import capture_inputs, capture_refusal, padded_block
 from posenc.trace.masks import chunk_candidates, chunk_span, visible
 from posenc.trace.record import CallRecipe, MaskRecipe
 from posenc.trace.stacks import (
@@ -377,8 +377,8 @@ def _mask_recipe(
     if not torch.is_tensor(mask) or mask.dim() != 4:
         raise ExportError(f"the attention's mask is a {type(mask).__name__}, not a [B, 1, S, K] tensor; cannot trace.")
     kind = mask_kind(mask)
-    allowed = mask if kind == "bool" else (mask != 0 if kind == "keep" else mask > torch.finfo(mask.dtype).min / 2)
-    if allowed.shape[-2] == 1 and bool(allowed.all()):  # a padding mask [B, 1, 1, K] hiding no key
+    seen = mask_allows(mask, kind)
+    if seen.shape[-2] == 1 and bool(seen.all()):  # a padding mask [B, 1, 1, K] hiding no key
         return MaskRecipe(kind, causal=False)
     windows: list[int | None] = [None]
     for name in ("sliding_window", "attention_window", "local_attention", "window_size"):
@@ -389,18 +389,14 @@ def _mask_recipe(
         windows = [w for w in windows if w is not None] + [None]
     for causal in (True, False):
         for window in windows:
-            rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : allowed.shape[-1]] == 0
-            if rebuilt.shape[-2:] == allowed.shape[-2:] and torch.equal(rebuilt.expand_as(allowed), allowed):
+            rebuilt = attention_mask(positions, positions, causal, window, torch.float32)[..., : seen.shape[-1]] == 0
+            if rebuilt.shape[-2:] == seen.shape[-2:] and torch.equal(rebuilt.expand_as(seen), seen):
                 return MaskRecipe(kind, causal=causal, window=window)
     for recipe in chunk_candidates(kind, hf):
         chunked = visible(positions, positions, recipe)
-        if (
-            chunked is not None
-            and chunked.shape[-2:] == allowed.shape[-2:]
-            and torch.equal(chunked.expand_as(allowed), allowed)
-        ):
+        if chunked is not None and chunked.shape[-2:] == seen.shape[-2:] and torch.equal(chunked.expand_as(seen), seen):
             return recipe
-    band = _band(allowed, positions)
+    band = _band(seen, positions)
     if band is not None:
         return MaskRecipe(kind, causal=False, window=band[0], ahead=band[1])
     raise ExportError(
@@ -408,6 +404,39 @@ def _mask_recipe(
         f"bidirectional, with and without its sliding window, and the chunks its config declares); this model's "
         f"attention cannot be traced yet."
     )
+
+
+def split_joined(mask: Any, streams: Mapping[str, torch.Tensor], positions: torch.Tensor) -> tuple[Any, str | None]:
+    """``(the tokens' part of the mask, the joined stream)``: where the captured mask ``[B, 1, S, S + L]`` has ``L``
+    columns more than the capture's tokens and a second stream of another length is ``[B, L, W]``, the stream's keys
+    follow the tokens' in the same softmax (T5Gemma 2's merged self- and cross-attention); its columns must all be
+    visible (an encoder's states without padding), and the mask's first ``S`` columns are the tokens'. Else the
+    mask unchanged and None.
+
+    Raises:
+        ExportError: a joined stream's columns hide some key (padding the unit does not rebuild).
+    """
+    if not torch.is_tensor(mask) or mask.dim() != 4:
+        return mask, None
+    tokens = int(positions.shape[-1])
+    for key, states in streams.items():
+        extra = int(states.shape[1])
+        if extra == tokens or mask.shape[-1] != tokens + extra:
+            continue
+        if not bool(mask_allows(mask[..., tokens:], mask_kind(mask)).all()):
+            raise ExportError(
+                f"the attention's mask hides some of {key!r}'s keys, which it attends beside the tokens' own; posenc "
+                f"rebuilds them all visible (no padding), so this model's attention cannot be traced yet."
+            )
+        return mask[..., :tokens], key
+    return mask, None
+
+
+def mask_allows(mask: torch.Tensor, kind: str) -> torch.Tensor:
+    """Which keys a captured mask of :func:`mask_kind` ``kind`` lets each query attend (boolean, its shape)."""
+    if kind == "bool":
+        return mask
+    return mask != 0 if kind == "keep" else mask > torch.finfo(mask.dtype).min / 2
 
 
 def mask_kind(mask: torch.Tensor) -> str:
@@ -440,7 +469,8 @@ def _band(allowed: torch.Tensor, positions: torch.Tensor) -> tuple[int, int] | N
 def _capture_tokens(hf: Any) -> int:
     windows = [getattr(hf, name, None) for name in ("sliding_window", "attention_window")]
     small = [w for w in windows if isinstance(w, int) and 0 < w < 60]
-    return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf)])
+    block = padded_block(hf)  # a stack that pads to whole blocks (PEGASUS-X's): two of them, no padding
+    return max([CAPTURE_TOKENS, *[w + 3 for w in small], chunk_span(hf), 2 * block if block else 0])
 
 
-__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind", "reads_length"]
+__all__ = ["CAPTURE_TOKENS", "ENTRY_KINDS", "Call", "ReadDict", "mask_kind", "reads_length", "split_joined"]

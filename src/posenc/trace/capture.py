@@ -32,7 +32,7 @@ from posenc.checkpoints.source import CheckpointSource
 from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
-from posenc.trace.arguments import stream_widths
+from posenc.trace.arguments import padding_keys, stream_widths
 from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.boxes import Boxes, boxes_record, capture_boxes, feeding
 from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
@@ -48,10 +48,12 @@ from posenc.trace.calls import (
     _rotary_recipe,
     _run_forward,
     reads_length,
+    split_joined,
 )
 from posenc.trace.counts import layer_config, layer_count, nested_attentions
 from posenc.trace.derived import Derived, derive, record_methods, refuse_with_cache, with_checkpoint_tensors
 from posenc.trace.embedding import EmbeddingStep, _embedding_step, drop_token_table, token_width
+from posenc.trace.inputs import padded_block
 from posenc.trace.model import (
     Located,
     attention_child,
@@ -277,6 +279,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             hidden = stem.layer_input  # the unit starts at the layer's input
             order = order_of(hidden, positions, getattr(hf, "hidden_size", None))
             attended = from_model(hidden, order)
+        for key in padding_keys(call):  # a padding mask: the block the stack pads to (PEGASUS-X's), or none
+            call.constants[key][1] = padded_block(hf)
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
@@ -287,11 +291,14 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         masks += [target.args[i] for i, kind in enumerate(call.positional) if kind == "mask"]
         masks += [dict.__getitem__(target.kwargs[key], entry) for key, kind in call.keywords.items()
                   if kind == "entries" for entry, (of, _) in call.constants[key].items() if of == "mask"]  # fmt: skip
-        mask_value = masks[0] if masks else None
+        streams = {key: target.kwargs[key] for key in stream_widths(call)}
+        mask_value, joined = split_joined(masks[0] if masks else None, streams, positions)  # T5Gemma 2's merged mask
         if torch.is_tensor(mask_value) and mask_value.dim() == 3:  # [B, S, S] hiding no key (arguments.is_open_square)
             mask_value = mask_value.unsqueeze(1)
         causal = cache is not None or _module_causal(attention)
         mask = _mask_recipe(mask_value, own_config, kind, positions, causal)
+        if joined is not None:
+            mask = dataclasses.replace(mask, joined=joined)
         rotary = model.get_submodule(rotary_path) if rotary_path else None
         rotary_call = _rotary_recipe(producer[1], positions, transformers.Cache) if producer is not None else None
         by_length = False  # CLVP's rotary module sizes its angles by the length, the attention reads them at the ids
@@ -371,7 +378,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             outside=outside,
             derived=derived,
-            streams={key: target.kwargs[key] for key in stream_widths(call)} | ({BOX_INPUT: boxes} if read else {}),
+            streams=streams | ({BOX_INPUT: boxes} if read else {}),
             boxes=box_record if boxes is not None else None,
             order=order,
             rotary_by_length=by_length,

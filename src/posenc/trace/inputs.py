@@ -38,6 +38,16 @@ class CaptureInputs:
     why: str = ""
 
 
+SOURCE_EXTRA = 3
+"""Encoder states a capture feeds beyond its tokens (a stream of its own length, :data:`STREAM_LENGTHS`, is told
+apart from the tokens by it)."""
+
+
+def _seeded(*shape: int) -> torch.Tensor:
+    """Seeded standard-normal states (encoder states a capture feeds: zeros would give keys and values of zero)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(4))
+
+
 def _codebook_rows(hf: Any, tokens: int) -> tuple[int, ...]:
     return (int(getattr(hf, "num_codebooks", 1) or 1), tokens)
 
@@ -54,8 +64,9 @@ CAPTURE_INPUTS: dict[str, CaptureInputs] = {
         why="X-MOD routes every layer's output through a language adapter (after the attention); language 0",
     ),
     "t5gemma2_decoder": CaptureInputs(
-        {"encoder_hidden_states": lambda hf, tokens: torch.zeros(1, tokens, int(hf.hidden_size))},
-        why="T5Gemma 2's decoder refuses to run without encoder states (its attention merges them with its own)",
+        {"encoder_hidden_states": lambda hf, tokens: _seeded(1, tokens + SOURCE_EXTRA, int(hf.hidden_size))},
+        why="T5Gemma 2's decoder refuses to run without encoder states (its attention merges them with its own): "
+        "seeded ones, longer than the tokens, so the capture tells their length and values from the tokens'",
     ),
     "idefics": CaptureInputs(
         {
@@ -177,11 +188,6 @@ ARGUMENT_MEANINGS: dict[str, str] = {
     "bbox_pos_emb": "relative box embeddings [S, S, B, D] computed from the boxes (BROS)",
     "rotary_pos_emb": "rotation angles of positions 0 .. S - 1, which its model computes from the sequence length "
     "and not from position ids (CLVP's)",
-    "global_hidden_states": "the global tokens' states [B, G, E], a second stream beside the tokens' own that "
-    "every layer's attention reads and returns updated (PEGASUS-X's global-local attention: a second input and "
-    "output of the unit)",
-    "encoder_hidden_states": "the encoder's states, attended in the same softmax as the decoder's own tokens "
-    "(merged self- and cross-attention: T5Gemma 2's decoder)",
     "extended_predict_attention_mask": "the masks of ProphetNet's n-gram predicting streams: its decoder attention "
     "(ProphetNetNgramSelfAttention) takes the main stream and its ngram predicting streams as one sequence "
     "[B, (1 + ngram) S, E] and attends them together, so a unit of one stream [B, S, E] is not what it computes",
@@ -205,12 +211,55 @@ def argument_meaning(key: str) -> str:
 STREAMS: dict[str, str] = {
     "value_embeds": "value embeddings [B, S, Hkv * D] the model reads from a table of its own by the token ids and "
     "adds to the layer's values (NeoMME's first and last full-attention layers, as in modded-nanogpt)",
+    "global_hidden_states": "the global tokens' states [B, G, E], a second stream beside the tokens' own that "
+    "every layer's attention reads and returns updated (PEGASUS-X's global-local attention: a second input and "
+    "output of the unit)",
+    "encoder_hidden_states": "the encoder's states [B, S_enc, E], attended in the same softmax as the decoder's own "
+    "tokens (merged self- and cross-attention: T5Gemma 2's decoder, whose keys and values of them the unit projects "
+    "at every call)",
 }
 """Attention arguments ``[B, S, W]`` the model computes from the token ids, not from positions, and hands the layer
 beside its hidden states, by name -> what they are: a second stream of the layer. The unit takes each as a graph
 input of that name after its other inputs (kind ``stream``; ``posenc validate`` feeds it like the hidden states, and
 the model's module gets the same feed), so a deployment feeds it what the model computes (NeoMME: one table lookup
 of the token ids, shared by the layers that read it). The graph's positional part is unchanged by it."""
+
+
+STREAM_LENGTHS: dict[str, str] = {
+    "encoder_hidden_states": "source",
+    "global_hidden_states": "fixed",  # num_global_tokens
+}
+"""The length of a second stream (:data:`STREAMS`) that is not the tokens' ``seq``, by name: ``source``, a length of
+its own (the graph's dynamic dimension ``source``; :func:`posenc.export.feeds.dim_size` sizes it in feeds): an
+encoder's states, whatever the decoder's tokens and cache; ``fixed``, the capture's length, a constant of the model's
+config. A stream not named here is ``[B, S, W]`` over the tokens."""
+
+
+STREAM_OUTPUTS: dict[str, int] = {
+    "global_hidden_states": 1,
+}
+"""Second streams the attention returns updated, by name -> the index of the updated stream in what its forward
+returns (PEGASUS-X's ``(local_out, global_out, probs)``): the unit returns it as the graph output ``<name>_out``
+after the others, and ``validate`` compares it as it compares ``out``."""
+
+
+PADDED_BLOCKS: dict[str, str] = {
+    "pegasus_x": "block_size",
+}
+"""Models whose stack pads the sequence to whole blocks before its layers, by ``model_type`` -> the config field of
+the block: PEGASUS-X's encoder pads its hidden states with zeros to a multiple of ``block_size`` and its additive
+padding mask ``[B, S]`` with the dtype's minimum there, and its local attention reads the sequence block by block
+(``view(B, H, S // block, block, D)``). The capture runs on whole blocks (two of them), where the mask hides nothing
+(kind ``padding``); the unit pads its input to whole blocks as the model does, hides the padding in that mask and
+drops the padded rows of the output (:class:`posenc.trace.module.TracedAttention`). "Investigating Efficiently
+Extending Transformers for Long Input Summarization" (Phang, Zhao and Liu, 2022, https://arxiv.org/abs/2208.04347)."""
+
+
+def padded_block(hf: Any) -> int | None:
+    """The block a ``hf`` model's stack pads its sequence to (:data:`PADDED_BLOCKS`), or None."""
+    field = PADDED_BLOCKS.get(str(getattr(hf, "model_type", "")))
+    value = getattr(hf, field, None) if field is not None else None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 EVERY_KEY: dict[str, str] = {
@@ -260,14 +309,19 @@ __all__ = [
     "CAPTURE_INPUTS",
     "EVERY_KEY",
     "ONE_STREAM",
+    "PADDED_BLOCKS",
     "SEGMENTS",
+    "SOURCE_EXTRA",
     "STACK_INPUTS",
     "STREAMS",
+    "STREAM_LENGTHS",
+    "STREAM_OUTPUTS",
     "SUBSTITUTED",
     "UNREBUILT_CALLS",
     "CaptureInputs",
     "argument_meaning",
     "capture_inputs",
     "capture_refusal",
+    "padded_block",
     "stack_capture_inputs",
 ]

@@ -30,11 +30,20 @@ from posenc.errors import ConfigError, ExportError
 from posenc.functional import is_tracing, position_guard
 from posenc.schemes.base import PositionalScheme, poisoned
 from posenc.schemes.rope import Rotary
-from posenc.trace.arguments import attention_output, call_args, rebuild, stream_widths
+from posenc.trace.arguments import (
+    attention_output,
+    call_args,
+    pad_blocks,
+    padding_block,
+    padding_mask,
+    rebuild,
+    stream_widths,
+)
 from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.boxes import box_input, feeding
 from posenc.trace.caches import new_cache
 from posenc.trace.derived import compute
+from posenc.trace.inputs import STREAM_OUTPUTS
 from posenc.trace.layouts import arrange
 from posenc.trace.masks import visible as visible_keys
 from posenc.trace.orders import BATCH_MAJOR, from_model, to_model
@@ -148,6 +157,10 @@ class TracedAttention(nn.Module):
         self.cache_kind = cache_kind
         self.boxes = boxes  # the tokens' boxes: the last graph input, bbox [B, S, 4] (posenc.trace.boxes)
         self.stream_keys = [*stream_widths(call), *([BOX_INPUT] if boxes is not None else [])]  # after the others
+        self.stream_outputs = [key for key in self.stream_keys if key in STREAM_OUTPUTS]  # returned updated, last
+        self.block = padding_block(call)  # the sequence padded to whole blocks (PEGASUS-X's encoder), or None
+        if self.block is not None and order != BATCH_MAJOR:
+            raise ConfigError("a traced attention over whole blocks takes batch-major hidden states [B, S, E] only.")
         self.order = order
         self.stem = stem
         self.rotary_rows = rotary_rows
@@ -186,10 +199,18 @@ class TracedAttention(nn.Module):
             return out[self.rotary_call.item]
         return out if torch.is_tensor(out) else tuple(out)
 
-    def _mask(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor | None:
+    def _mask(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        past: int,
+        streams: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | None:
         """The model's mask ``[B, 1, S, P + S]`` from positions (cached keys at ``0 .. P - 1``): posenc's boolean
         mask (:func:`posenc.trace.masks.visible`, transformers' rules), made additive (0 / the dtype's
-        minimum) where the model adds its mask to the scores, ones and zeros where it keeps ones (``keep``)."""
+        minimum) where the model adds its mask to the scores, ones and zeros where it keeps ones (``keep``). A
+        stream joined to the keys (``recipe.joined``: T5Gemma 2's encoder states ``[B, S_enc, E]``) adds ``S_enc``
+        columns every query sees: ``[B, 1, S, P + S + S_enc]``."""
         recipe = self.mask
         if recipe.kind == "none":
             return None
@@ -197,6 +218,11 @@ class TracedAttention(nn.Module):
         visible = visible_keys(position_ids, keys, recipe)
         if visible is None:
             visible = torch.ones(hidden.shape[0], 1, hidden.shape[1], keys.shape[1], dtype=torch.bool)
+        if recipe.joined is not None:
+            joined = (streams or {})[recipe.joined]
+            seen = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=hidden.device)
+            seen = seen.expand(visible.shape[0], 1, visible.shape[2], joined.shape[1])
+            visible = torch.cat((visible.expand(seen.shape[0], 1, -1, -1), seen), dim=-1)
         if recipe.kind == "bool":
             return visible
         dtype = hidden.dtype if hidden.dtype.is_floating_point else torch.float32
@@ -234,6 +260,9 @@ class TracedAttention(nn.Module):
                 return cache
             if kind == "stream":
                 return (streams or {})[key]
+            if kind == "padding":  # the tokens' mask over the sequence padded to whole blocks (none without a block)
+                padded = attended if attended is not None else hidden
+                return padding_mask(padded.shape[1], hidden.shape[1], hidden, recipe.constants[key][0])
             if kind == "entries":  # a dict argument: the entries the attention reads
                 entries = recipe.constants[key].items()
                 return {entry: made if of == "constant" else value(key, of) for entry, (of, made) in entries}
@@ -289,8 +318,8 @@ class TracedAttention(nn.Module):
             own.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
         if own is not None and past_indexer_key is not None:
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
-        mask = self._mask(hidden, position_ids, past)
         box = given.pop(BOX_INPUT, None)
+        mask = self._mask(hidden, position_ids, past, given)
         with feeding(box_input(box, self.boxes) if box is not None and self.boxes is not None else None):
             hidden = self.embed(hidden, position_ids, past)
             window = chunk_window(self.attention) if self.cacheless else None  # Longformer's sliding chunks
@@ -298,6 +327,8 @@ class TracedAttention(nn.Module):
                 hidden = pad_rows(hidden, padded_length(s, window))
                 position_ids = pad_rows(position_ids, hidden.shape[1])
             attended = to_model(hidden, self.order)
+            if self.block is not None:  # as the model's stack pads before its layers; the padded rows are dropped after
+                attended = pad_blocks(attended, self.block)
             stem = tuple(self.stem(attended)) if self.stem is not None else ()
             args, kwargs = self._fill(self.call, hidden, position_ids, cache, mask, past, given, attended, stem)
             if window is not None:
@@ -305,14 +336,15 @@ class TracedAttention(nn.Module):
             with default_dtype(hidden.dtype), onnx_mode(self.attention):
                 output = self.attention(*args, **kwargs)
         out = from_model(attention_output(output), self.order)
-        if window is not None:
+        if window is not None or self.block is not None:  # the rows padded to the window or to whole blocks dropped
             out = out[:, :s]
+        updated = tuple(output[STREAM_OUTPUTS[key]] for key in self.stream_outputs)  # PEGASUS-X's global states
         if cache is None:
-            return (out,)
+            return (out, *updated)
         entry = own.layers[self.layer]
         if self.cache_kind == "indexed":
-            return out, entry.keys, entry.values, entry.indexer_keys
-        return out, entry.keys, entry.values
+            return out, entry.keys, entry.values, entry.indexer_keys, *updated
+        return out, entry.keys, entry.values, *updated
 
     def _take_streams(self, *tail: Any) -> tuple[Any, Any, Any, dict[str, torch.Tensor]]:
         """Split the positional inputs after ``position_ids`` (``past_key, past_value, past_indexer_key, streams``)

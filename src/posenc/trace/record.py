@@ -33,6 +33,7 @@ ARGUMENT_KINDS: tuple[str, ...] = (
     "entries",  # a dict: the entries the attention reads, each of a kind above (ZAYA's masks per use)
     "stream",  # a second input [B, S, W] the model computes from the token ids (a graph input of its name)
     "segments",  # a segment id per position, split at one position (CPM-Ant's prompt | text: trace.inputs.SEGMENTS)
+    "padding",  # an additive padding mask [B, S] hiding no token (zeros); the unit hides the padding to whole blocks
     "every_key",  # every key's index 0 .. P + S - 1 for each query [B, S, P + S] (a top-k that keeps every key)
     "derived",  # a tensor the model's own code computes from the sequence before the layers (TraceRecord.derived)
     "shape",  # the hidden states' leading shape (an argument of the code that computes a derived tensor)
@@ -92,6 +93,8 @@ class MaskRecipe:
             None: all of them).
         ahead: a bidirectional window that is not symmetric: keys ``q - window < k <= q + ahead`` (T5Gemma 2's
             encoder sees ``(w + 1) // 2`` keys up to its own position and ``w // 2`` after it); None: symmetric.
+        joined: a second stream (keyword) whose keys follow the tokens' in the same softmax, every one visible to
+            every query (T5Gemma 2's merged attention: its encoder states' columns after the decoder's mask); None.
     """
 
     kind: str
@@ -100,6 +103,7 @@ class MaskRecipe:
     chunk: int | None = field(optional=True, default=None)
     chunk_left: int | None = field(optional=True, default=None)
     ahead: int | None = field(optional=True, default=None)
+    joined: str | None = field(optional=True, default=None)
 
 
 @dataclasses.dataclass(frozen=True)

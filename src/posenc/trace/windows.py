@@ -59,12 +59,13 @@ def pad_rows(hidden: torch.Tensor, length: int, axis: int = 1) -> torch.Tensor:
 
 
 def mark_padding(kwargs: dict[str, Any], kinds: dict[str, str], length: int) -> None:
-    """Mark positions ``length ..`` as padding in every all-zero ``*mask*`` keyword of ``kinds`` (``zeros``):
+    """Mark positions ``length ..`` as padding in every all-zero ``*mask*`` keyword of ``kinds`` (``zeros``, or
+    ``padding``: an additive ``[B, S]`` mask over the tokens, rebuilt as zeros over the padded length):
     a boolean flag (``is_index_masked``) True, an additive mask its dtype's minimum, as the model's
     ``attention_mask`` after ``_pad_to_window_size`` and ``get_extended_attention_mask``."""
     for key, kind in kinds.items():
         value = kwargs.get(key)
-        if kind != "zeros" or "mask" not in key or not torch.is_tensor(value) or value.dim() != 2:
+        if kind not in ("zeros", "padding") or "mask" not in key or not torch.is_tensor(value) or value.dim() != 2:
             continue
         padding = (torch.arange(value.shape[1], device=value.device) >= length).expand(value.shape)
         if value.dtype == torch.bool:  # an OR: ONNX Runtime's Where takes no booleans

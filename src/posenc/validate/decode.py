@@ -40,6 +40,7 @@ from posenc.artifacts.files import reading
 from posenc.dtypes import NUMPY_DTYPES
 from posenc.errors import ConfigError
 from posenc.export.eager import load_eager
+from posenc.export.feeds import Slot, dim_size, slots_from_manifest
 from posenc.export.manifest import Manifest, load_manifest
 from posenc.export.runtime import check_model_file, ort_session
 from posenc.export.shape_rules import check_shapes, fit_shapes
@@ -119,16 +120,36 @@ def _keep_last(outputs: dict[str, Any], kept: int) -> dict[str, Any]:
 
 
 def step_feeds(manifest: Manifest, schedule: Sequence[Shape], seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """The new tokens of each step: ``hidden`` (standard normal, graph dtype) and ``position_ids``."""
+    """The new tokens of each step: ``hidden`` (standard normal, graph dtype) and ``position_ids``; and a traced
+    layer's second streams (:func:`stream_slots`): one over the tokens drawn per step, one of its own length (an
+    encoder's states) drawn once and fed at every step, as a decoder reads the same encoder output throughout."""
     rng = np.random.default_rng(seed)
     dtype = NUMPY_DTYPES[manifest.dtype]
     width = int(manifest.attention["hidden_size"])
+    streams = stream_slots(manifest)
+    whole = {  # streams of the whole sequence, sized at its first step
+        slot.name: rng.standard_normal([dim_size(d, schedule[0]) for d in slot.shape]).astype(np.float32)
+        for slot in streams
+        if "seq" not in slot.shape
+    }
     feeds = []
     for shape in schedule:
         hidden = rng.standard_normal((shape.batch, shape.seq, width)).astype(np.float32).astype(dtype)
         positions = np.repeat((shape.first + np.arange(shape.seq, dtype=np.int64))[None], shape.batch, axis=0)
-        feeds.append({"hidden": hidden, "position_ids": positions})
+        feed = {"hidden": hidden, "position_ids": positions}
+        for slot in streams:
+            drawn = whole.get(slot.name)
+            if drawn is None:
+                drawn = rng.standard_normal([dim_size(d, shape) for d in slot.shape]).astype(np.float32)
+            feed[slot.name] = drawn.astype(dtype)
+        feeds.append(feed)
     return feeds
+
+
+def stream_slots(manifest: Manifest) -> list[Slot]:
+    """A traced layer's second streams: its activation inputs besides ``hidden`` (NeoMME's value embeddings
+    ``[B, S, W]``, T5Gemma 2's encoder states ``[B, S_enc, E]``), in input order."""
+    return [slot for slot in slots_from_manifest(manifest) if slot.kind == "act" and slot.name != "hidden"]
 
 
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -138,8 +159,8 @@ checkpoint's transformers module called like one (past ``None`` at the first ste
 
 def stepping_runner(fn: StepFn, name: str, dtype: torch.dtype = torch.float64, axes: int | None = None) -> Any:
     """A polygraphy runner that calls ``fn`` on each step's ``hidden`` (cast to ``dtype``) and ``position_ids``
-    (broadcast to ``[axes, B, S]`` for multi-axis models) with the presents of its previous call as the past: the
-    reference carries its own cache through the sequence."""
+    (broadcast to ``[axes, B, S]`` for multi-axis models) with the presents of its previous call as the past, and
+    the step's second streams last (a traced layer's): the reference carries its own cache through the sequence."""
     state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
 
     def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -147,7 +168,9 @@ def stepping_runner(fn: StepFn, name: str, dtype: torch.dtype = torch.float64, a
         positions = torch.from_numpy(np.asarray(feed["position_ids"], dtype=np.int64))
         if axes is not None:
             positions = positions.expand(axes, *positions.shape)
-        out, key, value = fn(hidden, positions, state["key"], state["value"])
+        streams = [torch.from_numpy(np.asarray(v, dtype=np.float64)).to(dtype) for k, v in feed.items() if k not in
+                   ("hidden", "position_ids")]  # fmt: skip
+        out, key, value = fn(hidden, positions, state["key"], state["value"], *streams)
         state["key"], state["value"] = key, value
         return {"out": out, "present_key": key, "present_value": value}
 
@@ -193,7 +216,8 @@ class OrtDecodeRunner(BaseRunner):
         if manifest.unit not in ("block", BLOCK_INPLACE):
             raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
         carried = {"hidden", "position_ids", "past_key", "past_value", "key_cache", "value_cache", "past_length"}
-        extra = [name for name in manifest.input_names if name not in carried]
+        self.streams = [slot.name for slot in stream_slots(manifest)]  # fed from each step's feed
+        extra = [name for name in manifest.input_names if name not in carried and name not in self.streams]
         if extra:
             raise ConfigError(
                 f"this graph takes the cache input {extra[0]!r} beside past_key and past_value (a traced DSA layer's "
@@ -216,6 +240,8 @@ class OrtDecodeRunner(BaseRunner):
         dtype = np.float32 if self._carried_float32 else NUMPY_DTYPES[self.manifest.dtype]
         meta.add("hidden", dtype, ("batch", "seq", int(self.manifest.attention["hidden_size"])))
         meta.add("position_ids", np.int64, ("batch", "seq"))
+        for slot in stream_slots(self.manifest):
+            meta.add(slot.name, dtype, slot.shape)
         return meta
 
     @property
@@ -268,6 +294,7 @@ class OrtDecodeRunner(BaseRunner):
                 "position_ids": positions,
                 "past_key": self.presents[0],
                 "past_value": self.presents[1],
+                **{name: feed_dict[name] for name in self.streams},
             }
             out, key, value = self.session.run(["out", "present_key", "present_value"], feed)
             self.presents = [key, value]
@@ -461,5 +488,6 @@ __all__ = [
     "ring_slots",
     "serving_limit",
     "step_feeds",
+    "stream_slots",
     "validate_decode",
 ]
