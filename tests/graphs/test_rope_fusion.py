@@ -108,9 +108,22 @@ FP16_CASES = [
     for mode in ("precomputed", "dynamic")
     for case in ("default", "interleaved_partial")
 ]
+FP16_FAST = {("precomputed", "default"), ("dynamic", "interleaved_partial")}
+"""In make test: each table mode and each layout once (the precomputed graph's position ids and the interleaved
+partial rotation's slices); the other two combinations in make test-slow."""
 
 
-@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c,
+            id=c.id.removesuffix("-op-decomposed"),
+            marks=[] if (c.table_mode, c.case) in FP16_FAST else [pytest.mark.slow],
+        )
+        for c in FP16_CASES
+    ],
+)
 def test_tensorrt_layout_rotates_in_the_activation_dtype(export_cache, case: MatrixCase) -> None:
     path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
