@@ -5,7 +5,7 @@ validate), run on the fp16 blocks of the session's shared export cache (the pari
 same files), in the table mode the quick demo picks. A block that repeats another scheme's graph up to constant
 values (``tests.matrix.SAME_GRAPH``), and the blocks of ``SLOW_BLOCKS`` (a path another block or test takes in
 ``make test``), run in ``make test-slow`` only. ``tests/test_demo.py`` runs the whole demo
-for one scheme per placement in ``make test`` and for every scheme in ``make test-slow``.
+for rope and rope_dynamic in ``make test`` and for every scheme in ``make test-slow``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ CASES = [MatrixCase(name, table_modes_for(name, "auto")[0][0], "float16", "block
 
 SLOW_BLOCKS = {
     # score biases: tests/graphs/test_block_fusion.py optimizes each of these blocks for ort-cpu in make test and
-    # holds the graph to the unoptimized one on the same feeds (alibi stays here for the placement)
+    # holds the optimized graph to the float64 eager rebuild of the export (alibi stays here for the placement)
     "deberta": "test_block_fusion",
     "t5": "test_block_fusion",
     "transformer_xl": "test_block_fusion",
