@@ -174,7 +174,26 @@ def test_a_stale_source_manifest_is_refused(export_cache, tmp_path) -> None:
         build_engine(copy, tmp_path / "rope.engine", targets=["sm89"])
 
 
-@pytest.mark.parametrize("case", ENGINE_CASES, ids=lambda c: c.id)
+ENGINE_CASES_SLOW = {
+    "falcon_alibi": "the ALiBi blocks of tests/engine/test_matrix.py (a score bias as the Attention mask)",
+    "bert_learned": "the sinusoidal blocks of the engine matrix (a table added at the embeddings)",
+    "marian_sinusoidal_odd": "the sinusoidal blocks of the engine matrix",
+    "deberta_v3": "the engine matrix's fused DeBERTa block (a bias that reads the keys)",
+    "llama4_nope_temperature": "ministral3_scaled_query (the query scaled by position, before the Attention)",
+    "olmo2_full_width_norm": "gemma2 (RMSNorm of q and k before the rotation; here over the whole projection)",
+}
+"""Feature engines built in make test-slow only, with the engine in make test that builds the same construct."""
+
+
+def test_the_slow_feature_engines_are_feature_cases_and_leave_some_in_make_test() -> None:
+    names = {c.name for c in ENGINE_CASES}
+    assert set(ENGINE_CASES_SLOW) < names
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.name in ENGINE_CASES_SLOW else []) for c in ENGINE_CASES],
+)
 def test_blocks_with_checkpoint_options_build_ahead_of_time(export_cache, tmp_path, case) -> None:
     """q/k norm + soft-cap + window + biases, scaled bf16-rounded ALiBi, BERT embeddings, odd sinusoids and shared
     DeBERTa projections each build (the soft-capped attention decomposed: TensorRT's Attention cannot soft-cap)."""

@@ -1,6 +1,7 @@
 """Ahead-of-time TensorRT-RTX engines for the registry: every scheme x table mode, fp32 positional op and
-fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph; the
-decomposed graphs and the fp32 op of schemes outside ``tests.matrix.ONE_PER_PLACEMENT`` in make test-slow.
+fp16 attention block, each as the decomposed export and the fused (``posenc optimize --target trt``) graph; in make
+test the fused graphs of ``tests.matrix.ONE_PER_PLACEMENT``, their decomposed exports once per unit and table mode
+(``DECOMPOSED_FAST``) and three more fused blocks (``FUSED_BLOCKS_FAST``), the rest in make test-slow.
 The other dtype of each unit is built by scripts/gpu_check.py (``--rtx`` works here too).
 
 A graph that cannot build must be listed in ``trt_unsupported.json`` with its reason and plan.
@@ -51,14 +52,39 @@ def test_the_matrix_covers_every_scheme_mode_in_fp32_and_fp16_both_graphs() -> N
                 assert (spec.name, mode.value, "float16", "block", graph) in covered
 
 
+FUSED_BLOCKS_FAST = {
+    ("rerope", "precomputed"),  # a rotation inside the attention (two score terms): the ATTENTION placement with RoPE
+    ("rope_mrope", "dynamic"),  # position ids over three axes: the engine's profile for a [3, B, S] input
+    ("deberta", "precomputed"),  # a score bias that reads the cached keys (no GroupQueryAttention prefill)
+}
+"""Fused fp16 blocks of schemes outside :data:`ONE_PER_PLACEMENT` built in make test: one per engine input or graph
+form the representatives do not have. The other schemes' fused blocks (the same engine build over another scheme's
+nodes, 2-5 s each) build in make test-slow."""
+
+
+def test_the_fast_fused_blocks_are_matrix_graphs_outside_the_representatives() -> None:
+    blocks = {(c.scheme, c.table_mode) for c in BLOCK_CASES if c.graph == "fused"}
+    assert blocks >= FUSED_BLOCKS_FAST
+    assert not {scheme for scheme, _ in FUSED_BLOCKS_FAST} & set(ONE_PER_PLACEMENT)
+
+
+DECOMPOSED_FAST = {("op", "precomputed"), ("block", "dynamic")}
+"""The decomposed exports of :data:`ONE_PER_PLACEMENT` built in make test: the fp32 op with its tables as inputs of a
+Gather, the fp16 block computing them; each unit and each table mode is built decomposed once (and fused in both
+modes). The other two combinations build in make test-slow."""
+
+
 def _engine_case(case: MatrixCase) -> object:
-    """The fused fp16 block (what `posenc optimize --target trt` hands TensorRT, the unit people deploy) of every
-    scheme builds in make test; for schemes outside :data:`ONE_PER_PLACEMENT`, the decomposed exports (the same ops
-    as the representative of their placement; 70 % of this matrix's time) and the fused fp32 positional op (its nodes
-    are the fp16 block's positional part, which that block's build parses and builds; fp32 itself is built by each
-    placement's representative) build in make test-slow."""
+    """The fused graphs of :data:`ONE_PER_PLACEMENT` (fp32 op and fp16 block, both table modes) and their decomposed
+    exports of :data:`DECOMPOSED_FAST` build in make test, and the fused fp16 blocks of :data:`FUSED_BLOCKS_FAST`; the
+    rest in make test-slow: for schemes outside :data:`ONE_PER_PLACEMENT`, the decomposed exports (the same ops as the
+    representative of their placement), the fused fp32 positional op (its nodes are the fp16 block's positional part)
+    and the fused fp16 block (what `posenc optimize --target trt` hands TensorRT: the same build path as the
+    representative of its placement)."""
     param = slow_if_same_graph(case)
-    if case.scheme not in ONE_PER_PLACEMENT and (case.graph == "decomposed" or case.unit == "op"):
+    fast_block = case.unit == "block" and case.graph == "fused" and (case.scheme, case.table_mode) in FUSED_BLOCKS_FAST
+    repeated_decomposed = case.graph == "decomposed" and (case.unit, case.table_mode) not in DECOMPOSED_FAST
+    if (case.scheme not in ONE_PER_PLACEMENT and not fast_block) or repeated_decomposed:
         return pytest.param(case, id=case.id, marks=[pytest.mark.slow])
     return param
 

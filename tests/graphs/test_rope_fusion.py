@@ -35,13 +35,17 @@ ROPE_CASES = [
 # other scheme's default case (its own cos/sin source), and ReRoPE's interleaved case (an interleaved rotation inside
 # attention, which TensorRT-RTX refuses). A scheme's layout variants combine its cos/sin source with one of rope's
 # rotations, both covered apart, and run with `make test-slow`, as do the defaults whose graph is another scheme's
-# up to constant values (tests.matrix.SAME_GRAPH: static scalings are rope's graph, ...).
+# up to constant values (tests.matrix.SAME_GRAPH: static scalings are rope's graph, ...). The layout variants run in
+# `make test` in the dynamic table mode (the graph computes cos/sin before slicing or interleaving them); their
+# precomputed graphs (the rotation of the variant over a table Gather, which rope's default case fuses in both modes)
+# run with `make test-slow`.
 _LAYOUT_VARIANTS_IN_MAKE_TEST = {"rope", "rerope"}
 
 
 def _param(case: MatrixCase):
     param = slow_if_same_graph(case, case.id.removesuffix("-op-decomposed"))
-    if case.case != "default" and case.scheme not in _LAYOUT_VARIANTS_IN_MAKE_TEST:
+    variant = case.case != "default"
+    if variant and (case.scheme not in _LAYOUT_VARIANTS_IN_MAKE_TEST or case.table_mode != "dynamic"):
         return pytest.param(case, id=param.id, marks=[pytest.mark.slow])
     return param
 
@@ -104,9 +108,22 @@ FP16_CASES = [
     for mode in ("precomputed", "dynamic")
     for case in ("default", "interleaved_partial")
 ]
+FP16_FAST = {("precomputed", "default"), ("dynamic", "interleaved_partial")}
+"""In make test: each table mode and each layout once (the precomputed graph's position ids and the interleaved
+partial rotation's slices); the other two combinations in make test-slow."""
 
 
-@pytest.mark.parametrize("case", FP16_CASES, ids=lambda c: c.id.removesuffix("-op-decomposed"))
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c,
+            id=c.id.removesuffix("-op-decomposed"),
+            marks=[] if (c.table_mode, c.case) in FP16_FAST else [pytest.mark.slow],
+        )
+        for c in FP16_CASES
+    ],
+)
 def test_tensorrt_layout_rotates_in_the_activation_dtype(export_cache, case: MatrixCase) -> None:
     path = export_case(export_cache, case)
     manifest = load_manifest(path, verify=False)
