@@ -52,6 +52,13 @@ CACHES: dict[str, Sample] = {
 }  # fmt: skip
 """Model types whose cache's values differ from its keys in width."""
 
+ZAYA = Sample("zaya", "convolution and recurrent states in the cache", "ZayaConfig", "ZayaForCausalLM",
+              {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16, "num_experts": 4,
+               "num_experts_per_tok": 1, "moe_intermediate_size": 64, "router_hidden_size": 64, "cca_time0": 2,
+               "cca_time1": 3, "max_position_embeddings": 2048})  # fmt: skip
+"""ZAYA's compressed convolutional attention: q and k from a causal convolution over earlier tokens (its state
+``[B, C, 3]`` in the cache), half of each value head from the previous token (a recurrent state ``[B, W]``)."""
+
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
                                         "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
@@ -133,6 +140,64 @@ def test_a_dsa_layer_carries_its_indexer_keys_as_a_third_cache(tmp_path: Path) -
         assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
+def _zaya_steps(folder: Path, prompt: int, step: int) -> dict[str, Any]:
+    """ZAYA's layer 0 in the model's own forward: a ``prompt``-token call, then ``step`` tokens with the model's
+    cache; the step's hidden input and output, and the cache (keys, values, convolution and recurrent states)
+    before and after it."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    def state(layer: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(t.clone() for t in (layer.keys, layer.values, layer.conv_states[0], layer.recurrent_states[0]))
+
+    ids = torch.randint(0, 96, (2, prompt + step), generator=torch.Generator().manual_seed(3))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True)
+        seen["past"] = state(cache.layers[0])
+        handle = model.model.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+        try:
+            model(input_ids=ids[:, prompt:], past_key_values=cache, use_cache=True)
+        finally:
+            handle.remove()
+    seen["present"] = state(cache.layers[0])
+    return seen
+
+
+def test_convolution_and_recurrent_states_are_cache_inputs_and_a_decode_step_matches_the_model(
+    tmp_path: Path,
+) -> None:
+    """ZAYA's cache layer holds, beside keys and values, the convolution state its q and k are computed over and the
+    previous token's delayed values: the capture reads them as the states ``conv_state_0 [C, 3]`` and
+    ``recurrent_state_0 [W]``; the unit takes them after past_key / past_value and returns them updated, and steps of
+    one and of three tokens after a 5-token prompt, fed the model's own cache, match the model's own forward (its
+    output and every cache tensor); the same unit rebuilt from its manifest record does too. Fed no cache, the unit is
+    the model's first call (the capture's self-check)."""
+    from tests.trace.samples import unit_and_rebuilt
+
+    folder = build(ZAYA, tmp_path)
+    captured = capture_layer(folder)
+    conv = (4 + 2) * 16  # q and k channels (4 query heads, 2 key heads)
+    assert (captured.cache_kind, captured.cache_layer) == ("linear", "LinearAttentionAndFullAttentionLayer")
+    assert [(s.name, s.shape) for s in captured.states] == [("conv_state_0", (conv, 3)), ("recurrent_state_0", (16,))]
+    plan = plan_trace(captured)
+    assert plan.angles is not None, plan.note
+    steps = {step: _zaya_steps(folder, 5, step) for step in (1, 3)}
+    for unit in (*unit_and_rebuilt(plan), traced_module(plan, angles="exact", max_positions=64)):
+        assert unit.cache_inputs == ["past_key", "past_value", "past_conv_state_0", "past_recurrent_state_0"]
+        for step, seen in steps.items():
+            with torch.no_grad():
+                got = unit(seen["hidden"], torch.arange(5, 5 + step).expand(2, step), *seen["past"])
+            assert [tuple(t.shape) for t in got[1:]] == [(2, 2, 5 + step, 16)] * 2 + [(2, conv, 3), (2, 16)]
+            for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+                assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+    with pytest.raises(ConfigError, match=r"also holds past_conv_state_0, past_recurrent_state_0"):
+        traced_module(plan)(seen["hidden"], None, *seen["past"][:2])
+
+
 def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
     """CTRL calls its attention ``(v, k, q)`` with the layer's normed states three times: the wrapper's self-check
     feeds the probe's states to every one of them (it differed from the model's call by 6e-2 when only the first
@@ -171,6 +236,22 @@ def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path:
     assert parts["rotary angles"] == ("kept" if name == "codegen" else "absent")
     if name == "ctrl":
         assert parts["stack embeddings"] == "absent"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+
+
+@pytest.mark.slow
+def test_a_layer_with_cache_states_exports_and_matches_its_module(tmp_path: Path) -> None:
+    """ZAYA's traced graph takes past_conv_state_0 and past_recurrent_state_0 and returns them updated; validated
+    against the checkpoint's module fed the same cache (prompts and decode steps), after the positional rewrite."""
+    folder = build(ZAYA, tmp_path)
+    result = export_traced(tmp_path / "zaya.onnx", folder, rewrite=replace_positions)
+    manifest = result.manifest
+    assert [spec.name for spec in manifest.inputs][2:] == [
+        "past_key", "past_value", "past_conv_state_0", "past_recurrent_state_0"]  # fmt: skip
+    assert tuple(manifest.input("past_conv_state_0").shape[1:]) == (96, 3)
+    assert manifest.output_names[3:] == ["present_conv_state_0", "present_recurrent_state_0"]
+    assert {part.part: part.status for part in manifest.trace.parts}["rotary angles"] == "replaced"
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
 

@@ -304,7 +304,8 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
 def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) -> ExportUnit:
     """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``; with values of
     another width than the keys (``value_dim``, :mod:`posenc.trace.caches`), ``past_value [B, Hkv, P, Dv]``; with
-    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``."""
+    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``; with a hybrid cache
+    layer's fixed-size states, ``past_<name> [B, ...]`` -> ``present_<name>`` each (:mod:`posenc.trace.caches`)."""
     slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
     if captured.cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
@@ -314,6 +315,10 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
+    for state in () if captured.cacheless else captured.states:  # a hybrid layer's states, fixed in size
+        layout = f"[B, {', '.join(str(d) for d in state.shape)}] ({state.name.replace('_', ' ')})"
+        slots.append(Slot(f"past_{state.name}", "past", ("batch", *state.shape), layout))
+        outputs.append((f"present_{state.name}", layout))
     for key, width in stream_widths(captured.call).items():  # second streams, last (TracedAttention.forward)
         slots.append(Slot(key, "act", ("batch", "seq", width), f"[B, S, {width}] ({key}, from the token ids)"))
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)

@@ -147,13 +147,16 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     to a multiple of its block, ``S + (-S mod 128)``, which torch.export cannot prove a multiple of 128, and its
     blocked mask is derived from the length; XLNet's ``relative_positional_encoding`` and ``rel_shift_bnij``), or in
     the model's embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``:
-    torch.export guards ``S - 1 != 1``). The retried graph is held to the model's module at several lengths by
-    ``validate``."""
+    torch.export guards ``S - 1 != 1``), or in an attention whose cache holds fixed-size states beside its keys and
+    values (:mod:`posenc.trace.caches`: ZAYA's delayed values ``cat([state, new[:, :-1]])``, whose contiguity check
+    guards ``S - 1 != 1``). The retried graph is held to the model's module at several lengths by ``validate``."""
     captured = plan.captured
     module = captured.rotary is not None and captured.rotary_call is not None
     from_length = any(made.needs_length() for made in captured.derived.values())  # LongT5's blocks, XLNet's shift
     embeddings = captured.embedding is not None and captured.embedding.record.tokens is not None
-    return captured.cacheless and (module or from_length or embeddings) and "specialises the lengths" in str(exc)
+    stateful = bool(getattr(captured, "states", ()))
+    cacheless = captured.cacheless and (module or from_length or embeddings)
+    return (cacheless or stateful) and "specialises the lengths" in str(exc)
 
 
 def deferred_export(

@@ -362,6 +362,8 @@ def traced_module(
         order=captured.order,
         stem=captured.stem,
         rotary_rows=_rotary_rows(plan),
+        cache_layer=captured.cache_layer,
+        states=tuple(state.name for state in captured.states),
     ).eval()
 
 
@@ -388,6 +390,8 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         order=captured.order,
         stem=captured.stem_ref,
         rotary_rows=_rotary_rows(plan),
+        cache_layer=captured.cache_layer,
+        states={state.name: state.shape for state in captured.states},
     )
 
 
@@ -452,6 +456,8 @@ def rebuild(
         order=record.order,
         stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
         rotary_rows=record.rotary_rows,
+        cache_layer=record.cache_layer,
+        states=tuple(record.states),
     )
     return module.to(dtype).eval()
 

@@ -20,6 +20,7 @@ The steps live beside it: :mod:`posenc.trace.model` (the base model, the layer's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
@@ -32,7 +33,7 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import stream_widths
-from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
+from posenc.trace.caches import CacheState, cache_kind, cache_widths, encoder_cache, linear_layer, new_cache
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -133,6 +134,8 @@ class Captured:
             unit calls it on the context's length instead (:class:`~posenc.trace.module.TracedAttention`).
         stem, stem_ref: the layer's module whose outputs are the attention's inputs, called by the unit on the layer's
             input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
+        cache_layer, states: a hybrid (``linear``) cache's layer class and the fixed-size states it holds beside keys
+            and values (:mod:`posenc.trace.caches`); None and none otherwise.
     """
 
     model_type: str
@@ -167,6 +170,8 @@ class Captured:
     rotary_by_length: bool = False
     stem: nn.Module | None = None
     stem_ref: ModuleRef | None = None
+    cache_layer: str | None = None
+    states: tuple[CacheState, ...] = ()
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -271,7 +276,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
-        kind_of_cache = cache_kind(cache)
+        kind_of_cache = cache_kind(cache, index)
+        cache_layer = linear_layer(cache, index, str(model_type)) if kind_of_cache == "linear" else None
         if cache is not None and encoder_cache(hf):  # an encoder handed a cache it cannot extend (XLM's)
             cache = None
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
@@ -289,14 +295,15 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             by_length = reads_length(rotary, producer[1], rotary_call)
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
+        states: tuple[CacheState, ...]  # a hybrid cache layer's fixed-size states (posenc.trace.caches)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(own_config, attention, int(attended.shape[-1]))
-            value_dim, indexer_dim = head_dim, None
+            value_dim, indexer_dim, states = head_dim, None, ()
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             widths = cache_widths(own.layers[index], index, str(model_type))
             kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
-            indexer_dim = widths.indexer_dim
+            indexer_dim, states = widths.indexer_dim, widths.states
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, layer_path, attended, positions, transformers.Cache, order)
@@ -326,8 +333,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = with_checkpoint_tensors(target, derived, attended, positions)
         if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
             kind_of_cache = "dynamic"
+        fresh = functools.partial(new_cache, kind_of_cache, index + 1, cache_layer)
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
+                       fresh, hidden_key, order, stem, width)  # fmt: skip
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
@@ -355,6 +363,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cacheless=cache is None,
             tower=tower_ref,
             cache_kind=kind_of_cache,
+            cache_layer=cache_layer,
+            states=states,
             outside=outside,
             derived=derived,
             streams={key: target.kwargs[key] for key in stream_widths(call)},

@@ -50,8 +50,9 @@ FP32_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
 """Float32 graphs against transformers' float32 module."""
 LONG_TOKENS = 4
 """New tokens of the feed that ends at the context length."""
-_INPUTS = ("hidden", "position_ids", "past_key", "past_value", "past_indexer_key")
-"""The inputs a reference module takes, in order (``past_indexer_key``: a traced DSA layer's indexer keys)."""
+_INPUTS = ("hidden", "position_ids", "past_key", "past_value")
+"""The inputs a reference module takes first, in order; any other cache input of the feed (``past_*``: a traced DSA
+layer's indexer keys, a hybrid layer's states) follows in the feed's order, then second streams."""
 
 
 RunnerFactory = Callable[[Any, str, Sequence[str]], TorchModuleRunner]
@@ -62,8 +63,10 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
     def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         hidden = torch.from_numpy(feed["hidden"].copy()).float()
         rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
-        while rest and rest[-1] is None:  # inputs the graph lacks (a family block takes no indexer keys)
+        while rest and rest[-1] is None:  # inputs the graph lacks (no past)
             rest.pop()
+        rest += [torch.from_numpy(value.copy()) for key, value in feed.items()
+                 if key.startswith("past_") and key not in _INPUTS]  # fmt: skip
         rest += [torch.from_numpy(value.copy()) for key, value in feed.items() if key in STREAMS]  # traced, last
         return dict(zip(outputs, module(hidden, *rest), strict=True))
 
