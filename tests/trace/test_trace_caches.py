@@ -59,6 +59,16 @@ ZAYA = Sample("zaya", "convolution and recurrent states in the cache", "ZayaConf
 """ZAYA's compressed convolutional attention: q and k from a causal convolution over earlier tokens (its state
 ``[B, C, 3]`` in the cache), half of each value head from the previous token (a recurrent state ``[B, W]``)."""
 
+INKLING = Sample("inkling_text", "a sliding window over a hybrid cache, short convolutions of keys and values",
+                 "InklingTextConfig", "InklingForCausalLM",
+                 {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16, "swa_head_dim": 16,
+                  "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "d_rel": 16, "n_routed_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "sliding_window_size": 8,
+                  "layer_types": ["hybrid_sliding"], "mlp_layer_types": ["dense"],
+                  "max_position_embeddings": 2048})  # fmt: skip
+"""Inkling's sliding hybrid layer: relative logits, short convolutions of keys and values (their states in the cache
+beside the layer's own convolutions')."""
+
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
                                         "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
@@ -140,30 +150,32 @@ def test_a_dsa_layer_carries_its_indexer_keys_as_a_third_cache(tmp_path: Path) -
         assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
-def _zaya_steps(folder: Path, prompt: int, step: int) -> dict[str, Any]:
-    """ZAYA's layer 0 in the model's own forward: a ``prompt``-token call, then ``step`` tokens with the model's
-    cache; the step's hidden input and output, and the cache (keys, values, convolution and recurrent states)
-    before and after it."""
+def _hybrid_steps(folder: Path, layer: int, prompt: int, step: int, states: int) -> dict[str, Any]:
+    """A hybrid model's layer ``layer`` in the model's own forward: a ``prompt``-token call, then ``step`` tokens with
+    the model's cache; the step's hidden input and output, and the layer's cache (keys, values, the convolution
+    states ``0 .. states - 1`` and, where filled, recurrent state 0) before and after it."""
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     seen: dict[str, Any] = {}
 
     def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
         seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
 
-    def state(layer: Any) -> tuple[torch.Tensor, ...]:
-        return tuple(t.clone() for t in (layer.keys, layer.values, layer.conv_states[0], layer.recurrent_states[0]))
+    def state(entry: Any) -> tuple[torch.Tensor, ...]:
+        recurrent = [entry.recurrent_states[0]] if entry.recurrent_states[0] is not None else []
+        held = (entry.keys, entry.values, *(entry.conv_states[i] for i in range(states)), *recurrent)
+        return tuple(t.clone() for t in held)
 
     ids = torch.randint(0, 96, (2, prompt + step), generator=torch.Generator().manual_seed(3))
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True)
-        seen["past"] = state(cache.layers[0])
-        handle = model.model.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+        seen["past"] = state(cache.layers[layer])
+        handle = model.model.layers[layer].self_attn.register_forward_hook(hook, with_kwargs=True)
         try:
             model(input_ids=ids[:, prompt:], past_key_values=cache, use_cache=True)
         finally:
             handle.remove()
-    seen["present"] = state(cache.layers[0])
+    seen["present"] = state(cache.layers[layer])
     return seen
 
 
@@ -185,7 +197,7 @@ def test_convolution_and_recurrent_states_are_cache_inputs_and_a_decode_step_mat
     assert [(s.name, s.shape) for s in captured.states] == [("conv_state_0", (conv, 3)), ("recurrent_state_0", (16,))]
     plan = plan_trace(captured)
     assert plan.angles is not None, plan.note
-    steps = {step: _zaya_steps(folder, 5, step) for step in (1, 3)}
+    steps = {step: _hybrid_steps(folder, 0, 5, step, states=1) for step in (1, 3)}
     for unit in (*unit_and_rebuilt(plan), traced_module(plan, angles="exact", max_positions=64)):
         assert unit.cache_inputs == ["past_key", "past_value", "past_conv_state_0", "past_recurrent_state_0"]
         for step, seen in steps.items():
@@ -196,6 +208,31 @@ def test_convolution_and_recurrent_states_are_cache_inputs_and_a_decode_step_mat
                 assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
     with pytest.raises(ConfigError, match=r"also holds past_conv_state_0, past_recurrent_state_0"):
         traced_module(plan)(seen["hidden"], None, *seen["past"][:2])
+
+
+def test_a_sliding_hybrid_layer_carries_the_states_its_attention_reads_and_steps_past_its_window(
+    tmp_path: Path,
+) -> None:
+    """Inkling's sliding layer caches (LinearAttentionAndSlidingWindowAttentionLayer) the last ``window - 1`` keys and
+    four convolution states, two of them its attention's (keys' and values' short convolutions) and two its layer's:
+    the unit carries those two (read from what the attention alone fills), rebuilt in the full layer with the
+    concatenated cache; after a 10-token prompt past the window of 8, steps of one and three tokens, fed the model's
+    stored keys at positions 3 .. 9 (earlier slots zero: the window hides them), match the model's own forward."""
+    folder = build(INKLING, tmp_path)
+    captured = capture_layer(folder, layer=0)
+    assert (captured.cache_kind, captured.cache_layer) == ("linear", "LinearAttentionAndFullAttentionLayer")
+    assert [(s.name, s.shape) for s in captured.states] == [("conv_state_0", (32, 4)), ("conv_state_1", (32, 4))]
+    unit = traced_module(plan_trace(captured))
+    for step in (1, 3):
+        seen = _hybrid_steps(folder, 0, 10, step, states=2)
+        keys, values, *states = seen["past"]
+        hidden = torch.zeros(2, 2, 3, 16)  # positions 0 .. 2, outside the window of every query
+        with torch.no_grad():
+            got = unit(seen["hidden"], torch.arange(10, 10 + step).expand(2, step),
+                       torch.cat([hidden, keys], 2), torch.cat([hidden, values], 2), *states)  # fmt: skip
+        got = (got[0], got[1][:, :, -7:], got[2][:, :, -7:], *got[3:])  # the model keeps the last window - 1 keys
+        for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+            assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
 def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
@@ -241,17 +278,22 @@ def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path:
 
 
 @pytest.mark.slow
-def test_a_layer_with_cache_states_exports_and_matches_its_module(tmp_path: Path) -> None:
-    """ZAYA's traced graph takes past_conv_state_0 and past_recurrent_state_0 and returns them updated; validated
-    against the checkpoint's module fed the same cache (prompts and decode steps), after the positional rewrite."""
-    folder = build(ZAYA, tmp_path)
-    result = export_traced(tmp_path / "zaya.onnx", folder, rewrite=replace_positions)
+@pytest.mark.parametrize(
+    ("sample", "states"),
+    [(ZAYA, ["conv_state_0", "recurrent_state_0"]), (INKLING, ["conv_state_0", "conv_state_1"])],
+    ids=["zaya", "inkling"],
+)
+def test_a_layer_with_cache_states_exports_and_matches_its_module(
+    sample: Sample, states: list[str], tmp_path: Path
+) -> None:
+    """ZAYA's and Inkling's traced graphs take their states after past_key / past_value and return them updated;
+    validated against the checkpoint's module fed the same cache (prompts and decode steps of 1 and more tokens:
+    their length guards are deferred), after the positional rewrite."""
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{sample.name}.onnx", folder, rewrite=replace_positions)
     manifest = result.manifest
-    assert [spec.name for spec in manifest.inputs][2:] == [
-        "past_key", "past_value", "past_conv_state_0", "past_recurrent_state_0"]  # fmt: skip
-    assert tuple(manifest.input("past_conv_state_0").shape[1:]) == (96, 3)
-    assert manifest.output_names[3:] == ["present_conv_state_0", "present_recurrent_state_0"]
-    assert {part.part: part.status for part in manifest.trace.parts}["rotary angles"] == "replaced"
+    assert [spec.name for spec in manifest.inputs][2:] == ["past_key", "past_value", *(f"past_{s}" for s in states)]
+    assert manifest.output_names[3:] == [f"present_{s}" for s in states]
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
 

@@ -207,9 +207,14 @@ reads its ``is_updated``), a ``DynamicCache`` of ``DynamicIndexedLayer`` s (Deep
 also holds its lightning indexer's keys, :mod:`posenc.trace.caches`), or a ``DynamicCache`` whose layer is a
 hybrid one (``LINEAR_LAYERS``: keys and values beside convolution and recurrent states)."""
 
-LINEAR_LAYERS = ("LinearAttentionAndFullAttentionLayer",)
-"""The cache layer classes of ``transformers.cache_utils`` a ``linear`` cache is built of (built without arguments;
-the sliding-window one also needs its window and is refused by name)."""
+LINEAR_LAYERS: dict[str, str] = {
+    "LinearAttentionAndFullAttentionLayer": "LinearAttentionAndFullAttentionLayer",
+    "LinearAttentionAndSlidingWindowAttentionLayer": "LinearAttentionAndFullAttentionLayer",
+}
+"""The hybrid cache layer classes of ``transformers.cache_utils`` a ``linear`` cache is captured with -> the class
+the unit rebuilds it as. A sliding window's layer keeps only its last ``window - 1`` keys; the unit, as for every
+traced sliding layer, carries the concatenated cache (keys at positions ``0 .. P - 1``) and its mask hides the keys
+outside the window, so it is rebuilt as the full layer, whose states are the same."""
 
 
 def cache_kind(cache: Any, layer: int | None = None) -> str:
@@ -224,19 +229,18 @@ def cache_kind(cache: Any, layer: int | None = None) -> str:
 
 
 def linear_layer(cache: Any, layer: int, model_type: str) -> str:
-    """The class name of a hybrid cache's ``layer`` (one of :data:`LINEAR_LAYERS`).
+    """The class a hybrid cache's ``layer`` is rebuilt as (:data:`LINEAR_LAYERS`).
 
     Raises:
-        ExportError: another class (a sliding window's: its cache layer keeps the last window only).
+        ExportError: a class not listed there (a static cache's, preallocated to a length).
     """
     name = type(cache.layers[layer]).__name__
     if name not in LINEAR_LAYERS:
         raise ExportError(
             f"layer {layer}'s cache of this {model_type} model is a {name}; the traced unit rebuilds the hybrid cache "
-            f"layers {list(LINEAR_LAYERS)} only (a sliding window's drops the keys outside its window), so this "
-            f"attention cannot be traced yet."
+            f"layers {list(LINEAR_LAYERS)} only, so this attention cannot be traced yet."
         )
-    return name
+    return LINEAR_LAYERS[name]
 
 
 def new_cache(kind: str, layers: int = 0, layer_class: str | None = None) -> Any:
@@ -259,8 +263,8 @@ def new_cache(kind: str, layers: int = 0, layer_class: str | None = None) -> Any
     if kind == "linear":
         from transformers import cache_utils
 
-        if layer_class not in LINEAR_LAYERS:
-            raise ConfigError(f"a linear cache of layers {layer_class!r} (one of {list(LINEAR_LAYERS)}); re-export.")
+        if layer_class is None or layer_class not in LINEAR_LAYERS.values():
+            raise ConfigError(f"a linear cache of layers {layer_class!r} (not a class posenc rebuilds); re-export.")
         made = getattr(cache_utils, layer_class)
         cache.layers.extend(made(number_of_states=4) for _ in range(layers))
     return cache

@@ -20,7 +20,6 @@ The steps live beside it: :mod:`posenc.trace.model` (the base model, the layer's
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from typing import Any
 
@@ -33,7 +32,15 @@ from posenc.checkpoints.towers import base_tower
 from posenc.errors import ConfigError, ExportError
 from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import stream_widths
-from posenc.trace.caches import CacheState, cache_kind, cache_widths, encoder_cache, linear_layer, new_cache
+from posenc.trace.caches import (
+    CacheState,
+    cache_kind,
+    cache_states,
+    cache_widths,
+    encoder_cache,
+    linear_layer,
+    new_cache,
+)
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -333,9 +340,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = with_checkpoint_tensors(target, derived, attended, positions)
         if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
             kind_of_cache = "dynamic"
-        fresh = functools.partial(new_cache, kind_of_cache, index + 1, cache_layer)
+        probed: list[Any] = []  # the probe's fresh caches: the states the attention alone fills (not its layer's)
+
+        def fresh() -> Any:
+            probed.append(new_cache(kind_of_cache, index + 1, cache_layer))
+            return probed[-1]
+
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
                        fresh, hidden_key, order, stem, width)  # fmt: skip
+        if kind_of_cache == "linear" and probed:  # Inkling's layer also keeps its own convolutions' states there
+            states = cache_states(probed[0].layers[index])
         del model  # the other layers were only needed for the capture call
         return Captured(
             model_type=str(model_type),
