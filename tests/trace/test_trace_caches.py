@@ -288,7 +288,8 @@ def test_a_layer_with_cache_states_exports_and_matches_its_module(
 ) -> None:
     """ZAYA's and Inkling's traced graphs take their states after past_key / past_value and return them updated;
     validated against the checkpoint's module fed the same cache (prompts and decode steps of 1 and more tokens:
-    their length guards are deferred), after the positional rewrite."""
+    their length guards are deferred), after the positional rewrite; ZAYA's also over a decode sequence, where every
+    cache (its states too) is carried from step to step by the graph and by the module alike."""
     folder = build(sample, tmp_path)
     result = export_traced(tmp_path / f"{sample.name}.onnx", folder, rewrite=replace_positions)
     manifest = result.manifest
@@ -296,6 +297,14 @@ def test_a_layer_with_cache_states_exports_and_matches_its_module(
     assert manifest.output_names[3:] == [f"present_{s}" for s in states]
     report = validate_against_checkpoint(result.path, folder)
     assert report.passed, report.to_markdown()
+    if sample is ZAYA:
+        from posenc.export.shapes import Shape
+        from posenc.validate.checkpoint import decode_against_checkpoint
+
+        schedule = [Shape(2, 5, 0), *(Shape(2, 1, 5 + i) for i in range(4)), Shape(2, 3, 9)]
+        decoded = decode_against_checkpoint(result.path, folder, schedule=schedule)
+        assert decoded.passed, decoded.to_markdown()
+        assert {row.output for row in decoded.rows} >= {f"present_{s}" for s in states}
 
 
 @pytest.mark.slow

@@ -341,7 +341,7 @@ def decode_against_checkpoint(
     Raises:
         ConfigError: the model was not exported from this checkpoint's layer, or the layer is not a decoder's.
     """
-    from posenc.validate.decode import stepping_runner, validate_decode
+    from posenc.validate.decode import decode_outputs, stepping_runner, validate_decode
 
     manifest = load_manifest(path)
     loaded = _load_matching(manifest, checkpoint, layer, layer_type, decode=True)
@@ -354,7 +354,8 @@ def decode_against_checkpoint(
     axes = int(ids[0]) if len(ids) == 3 else None
 
     def stepping(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
-        return stepping_runner(module, name, torch.float32, axes)  # the module casts to its own dtype
+        steps = decode_outputs(manifest)  # every cache it carries (a traced layer's states too)
+        return stepping_runner(module, name, torch.float32, axes, steps)  # the module casts to its own dtype
 
     references = checkpoint_references(loaded, manifest, stepping)
     return validate_decode([path], schedule, references=references, **decode_options)
