@@ -42,13 +42,20 @@ INDEXER = "indexer_keys"
 """The attribute of DSA's ``DynamicIndexedLayer`` holding the lightning indexer's keys ``[B, P, Di]``: carried as a
 third cache (``past_indexer_key``)."""
 EXTRA_STATE: dict[str, str] = {
-    "indexer_position_ids": "the indexer's multi-axis positions",
+    # Qwen4-Exp: the model, not the attention, writes them; what stops the trace is what they serve
+    "indexer_position_ids": "the indexer's multi-axis positions of every cached token: the model hands this "
+    "attention the rotary angles of all P + S positions, and its indexer picks each query's key blocks in a Python "
+    "loop over the batch and the new tokens, sized by the mask (torch.nonzero: a data-dependent count of blocks "
+    "that torch.export cannot hold in one graph)",
     # Unlimited-OCR's reference sliding window (R-SWA): its mask depends on the prompt's length, not on positions
     "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones: every prompt key "
     "stays visible while the decoded keys slide, a mask that depends on the prompt's length",
     "compressed_kv": "the compressed key-value entries of earlier windows of tokens (DeepSeek-V4's CSA and HCA "
-    "compressors)",
-    "buffer_kv": "the tokens since the last full window, not yet compressed (DeepSeek-V4's CSA and HCA compressors)",
+    "compressors: a window of compress_rate tokens becomes one entry when it fills, so the entries' count and the "
+    "buffer's length follow the cached length modulo the rate, an update one graph of dynamic lengths cannot hold)",
+    "buffer_kv": "the tokens since the last full window, not yet compressed (DeepSeek-V4's CSA and HCA compressors: "
+    "the buffer is folded into one compressed entry when it reaches compress_rate tokens, an update whose shapes "
+    "follow the cached length modulo the rate, which one graph of dynamic lengths cannot hold)",
 }
 """Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
 reference sliding window, DeepSeek-V4's compressors: a dict of tensors per compressor), and what they hold: a layer
@@ -164,8 +171,9 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
     if extra:
         raise ExportError(
             f"layer {index}'s cache of this {model_type} model ({type(layer).__name__}) holds {extra[0]} beside its "
-            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys, values and indexer keys only "
-            f"(past_key, past_value, past_indexer_key), so this attention cannot be traced yet."
+            f"keys and values ({EXTRA_STATE[extra[0]]}); the traced unit carries keys, values, a DSA layer's indexer "
+            f"keys and a hybrid layer's convolution and recurrent states only (past_key, past_value, past_<state>), so "
+            f"this attention cannot be traced yet."
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
