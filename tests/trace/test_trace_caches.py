@@ -69,6 +69,12 @@ INKLING = Sample("inkling_text", "a sliding window over a hybrid cache, short co
 """Inkling's sliding hybrid layer: relative logits, short convolutions of keys and values (their states in the cache
 beside the layer's own convolutions')."""
 
+RSWA = Sample("unlimited_ocr_text", "reference sliding window: the prompt's keys kept apart", "UnlimitedOcrTextConfig",
+              "UnlimitedOcrTextModel", {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16,
+                                         "num_key_value_heads": 4, "sliding_window": 8, "mlp_layer_types": ["dense"],
+                                         "max_position_embeddings": 2048})  # fmt: skip
+"""Unlimited-OCR's text model: its cache layer keeps the prompt's keys apart from a window of 8 over decoded ones."""
+
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
                                         "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
@@ -235,6 +241,44 @@ def test_a_sliding_hybrid_layer_carries_the_states_its_attention_reads_and_steps
             assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
+def test_a_reference_sliding_window_is_a_plain_cache_below_its_window(tmp_path: Path) -> None:
+    """Unlimited-OCR's cache layer keeps the prompt's keys (``prefill_keys``) apart from a window of 8 over the decoded
+    ones: the capture reads the layer's widths from the prompt's keys and its window's config field; below 8 positions
+    the unit, fed the prompt's and the decoded keys as one cache, matches the model's own forward (a 4-token prompt,
+    then a step of one or of three tokens: positions up to 7); the export serves positions below 8 (test below)."""
+    folder = build(RSWA, tmp_path)
+    captured = capture_layer(folder)
+    assert (captured.window_field, captured.cache_kind, captured.kv_heads, captured.head_dim) == (
+        "sliding_window", "dynamic", 4, 16)  # fmt: skip
+    unit = traced_module(plan_trace(captured), angles="exact", max_positions=8)
+    model = transformers.UnlimitedOcrTextModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    def held(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:  # the prompt's keys, then the decoded ones
+        keys = [layer.prefill_keys, *([layer.keys] if layer.keys.numel() else [])]
+        values = [layer.prefill_values, *([layer.values] if layer.values.numel() else [])]
+        return torch.cat(keys, 2).clone(), torch.cat(values, 2).clone()
+
+    for step in (1, 3):
+        ids = torch.randint(0, 96, (2, 4 + step), generator=torch.Generator().manual_seed(3))
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :4], past_key_values=cache, use_cache=True)
+            past = held(cache.layers[0])
+            handle = model.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+            try:
+                model(input_ids=ids[:, 4:], past_key_values=cache, use_cache=True)
+            finally:
+                handle.remove()
+            got = unit(seen["hidden"], torch.arange(4, 4 + step).expand(2, step), *past)
+        assert type(cache.layers[0]).__name__ == "UnlimitedOcrDynamicReferenceSlidingWindowLayer"
+        for value, want in zip(got, (seen["out"], *held(cache.layers[0])), strict=True):
+            assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+
+
 def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
     """CTRL calls its attention ``(v, k, q)`` with the layer's normed states three times: the wrapper's self-check
     feeds the probe's states to every one of them (it differed from the model's call by 6e-2 when only the first
@@ -308,6 +352,21 @@ def test_a_layer_with_cache_states_exports_and_matches_its_module(
 
 
 @pytest.mark.slow
+def test_a_reference_sliding_window_exports_serving_positions_below_its_window(tmp_path: Path) -> None:
+    """Unlimited-OCR's graph serves positions below its window of 8 (guarded), says so, and matches its own module
+    there; a --max-positions beyond the window is refused."""
+    folder = build(RSWA, tmp_path)
+    result = export_traced(tmp_path / "rswa.onnx", folder, rewrite=replace_positions)
+    assert result.manifest.max_positions == 8
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["reference sliding window"] == "kept"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+    with pytest.raises(ConfigError, match=r"beyond this layer's cache bound 8: .*keys leave the cache beyond"):
+        export_traced(tmp_path / "far.onnx", folder, max_positions=64)
+
+
+@pytest.mark.slow
 def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Path) -> None:
     """DeepSeek-V3.2 with index_topk 3: the graph carries the indexer keys, serves positions below 3 (guarded: there
     the selection keeps every key, whatever the order of ties), says so, and matches its own module there."""
@@ -323,17 +382,20 @@ def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Pa
 
 
 def test_a_cache_layer_holding_other_state_is_refused_by_name() -> None:
-    """Unlimited-OCR's reference sliding-window cache keeps the prompt's keys apart (``prefill_keys``): its state
-    depends on which call was the prompt, which past_key / past_value cannot carry; refused naming it. Keys and values
-    of other batch or length are refused too."""
+    """DeepSeek-V4's compressor caches fold a window of tokens into one entry when it fills (``compressed_kv``, a dict
+    per compressor): an update one graph of dynamic lengths cannot hold, refused naming it. Keys and values of other
+    batch or length are refused too; a reference sliding window's prompt keys are read as the cache."""
     from types import SimpleNamespace
 
     from posenc.trace.caches import cache_widths
 
     keys, values = torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 4)
     assert cache_widths(SimpleNamespace(keys=keys, values=values), 0, "m").value_dim == 4
-    with pytest.raises(ExportError, match=r"holds prefill_keys beside its keys and values"):
-        cache_widths(SimpleNamespace(keys=keys, values=values, prefill_keys=keys), 0, "m")
+    with pytest.raises(ExportError, match=r"holds compressed_kv beside its keys and values .*compress_rate"):
+        cache_widths(SimpleNamespace(keys=keys, values=values, compressed_kv={"compressor": keys}), 0, "m")
+    empty = torch.zeros(1, 2, 0, 8)
+    prompt = cache_widths(SimpleNamespace(keys=empty, values=empty, prefill_keys=keys, prefill_values=values), 0, "m")
+    assert (prompt.key_dim, prompt.value_dim, prompt.window_field) == (8, 4, "sliding_window")
     with pytest.raises(ExportError, match=r"does not hold keys \[B, Hkv, P, Dk\]"):
         cache_widths(SimpleNamespace(keys=keys, values=torch.zeros(1, 2, 4, 8)), 0, "m")
 

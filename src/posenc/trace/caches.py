@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from posenc.errors import ConfigError, ExportError
 
 INDEXER = "indexer_keys"
@@ -47,9 +49,6 @@ EXTRA_STATE: dict[str, str] = {
     "attention the rotary angles of all P + S positions, and its indexer picks each query's key blocks in a Python "
     "loop over the batch and the new tokens, sized by the mask (torch.nonzero: a data-dependent count of blocks "
     "that torch.export cannot hold in one graph)",
-    # Unlimited-OCR's reference sliding window (R-SWA): its mask depends on the prompt's length, not on positions
-    "prefill_keys": "the prompt's keys and values, kept apart from a sliding window of decoded ones: every prompt key "
-    "stays visible while the decoded keys slide, a mask that depends on the prompt's length",
     "compressed_kv": "the compressed key-value entries of earlier windows of tokens (DeepSeek-V4's CSA and HCA "
     "compressors: a window of compress_rate tokens becomes one entry when it fills, so the entries' count and the "
     "buffer's length follow the cached length modulo the rate, an update one graph of dynamic lengths cannot hold)",
@@ -57,9 +56,18 @@ EXTRA_STATE: dict[str, str] = {
     "the buffer is folded into one compressed entry when it reaches compress_rate tokens, an update whose shapes "
     "follow the cached length modulo the rate, which one graph of dynamic lengths cannot hold)",
 }
-"""Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Unlimited-OCR's
-reference sliding window, DeepSeek-V4's compressors: a dict of tensors per compressor), and what they hold: a layer
-that fills one is refused (the unit does not carry it)."""
+"""Attributes of transformers' cache layers that hold state beyond keys, values and indexer keys (Qwen4-Exp's indexer
+positions, DeepSeek-V4's compressors: a dict of tensors per compressor), and what they hold: a layer that fills one
+is refused (the unit does not carry it)."""
+
+REFERENCE_WINDOWS: dict[str, str] = {"prefill_keys": "sliding_window"}
+"""Cache layers that keep the prompt's keys apart from a sliding window over the decoded ones (Unlimited-OCR's
+reference sliding-window attention, R-SWA: every prompt key stays visible, decoded keys slide): the attribute holding
+the prompt's keys (``prefill_keys``, beside ``prefill_values``) -> the config field of the window ``W``. Which keys
+stay visible depends on which call was the prompt, which a cache of positions cannot say; but below ``W`` positions
+no key is evicted and every key is visible, so there the layer is a plain causal cache: the unit carries the prompt's
+and the decoded keys as one concatenated cache and the graph serves positions below ``W`` (guarded,
+:func:`posenc.export.trace.export_traced`)."""
 
 
 ENCODER_CACHES: dict[str, tuple[str, str]] = {
@@ -144,6 +152,9 @@ class CacheWidths:
     value_dim: int
     indexer_dim: int | None = None
     """The width of the lightning indexer's keys ``[B, P, Di]`` the layer also caches (DSA), else None."""
+    window_field: str | None = None
+    """The config field of the window below which a reference sliding-window layer is a plain cache
+    (:data:`REFERENCE_WINDOWS`), else None."""
     states: tuple[CacheState, ...] = ()
     """The fixed-size states the layer also caches (a hybrid layer's convolution and recurrent states)."""
 
@@ -177,6 +188,10 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         )
     keys: Any = getattr(layer, "keys", None)
     values: Any = getattr(layer, "values", None)
+    window = next((name for name in REFERENCE_WINDOWS if _filled(getattr(layer, name, None))), None)
+    if window is not None:  # the capture's call was the prompt: its keys and values are all prefill ones
+        keys = layer.prefill_keys if not _filled(keys) else torch.cat([layer.prefill_keys, keys], -2)
+        values = layer.prefill_values if not _filled(values) else torch.cat([layer.prefill_values, values], -2)
     if not (_filled(keys) and hasattr(values, "dim") and keys.dim() == 4 and values.dim() == 4
             and keys.shape[:3] == values.shape[:3]):  # fmt: skip
         got = f"keys {_shape(keys)}, values {_shape(values)}"
@@ -192,7 +207,8 @@ def cache_widths(layer: Any, index: int, model_type: str) -> CacheWidths:
         )
     width = int(indexer.shape[2]) if _filled(indexer) else None
     states = cache_states(layer)
-    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]), width, states)
+    field = REFERENCE_WINDOWS[window] if window is not None else None
+    return CacheWidths(int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]), width, field, states)
 
 
 def _filled(value: Any) -> bool:
@@ -284,6 +300,7 @@ __all__ = [
     "EXTRA_STATE",
     "INDEXER",
     "LINEAR_LAYERS",
+    "REFERENCE_WINDOWS",
     "STATE_LISTS",
     "CacheState",
     "CacheWidths",

@@ -142,7 +142,9 @@ class Captured:
         stem, stem_ref: the layer's module whose outputs are the attention's inputs, called by the unit on the layer's
             input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
         cache_layer, states: a hybrid (``linear``) cache's layer class and the fixed-size states it holds beside keys
-            and values (:mod:`posenc.trace.caches`); None and none otherwise.
+            and values (:mod:`posenc.trace.caches`); None and none otherwise. ``window_field``: the config field of
+            the window below which a reference sliding-window cache is a plain one
+            (:data:`posenc.trace.caches.REFERENCE_WINDOWS`), else None.
     """
 
     model_type: str
@@ -179,6 +181,7 @@ class Captured:
     stem_ref: ModuleRef | None = None
     cache_layer: str | None = None
     states: tuple[CacheState, ...] = ()
+    window_field: str | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -303,14 +306,15 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
         states: tuple[CacheState, ...]  # a hybrid cache layer's fixed-size states (posenc.trace.caches)
+        window_field: str | None  # a reference sliding window's config field (posenc.trace.caches.REFERENCE_WINDOWS)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(own_config, attention, int(attended.shape[-1]))
-            value_dim, indexer_dim, states = head_dim, None, ()
+            value_dim, indexer_dim, states, window_field = head_dim, None, (), None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             widths = cache_widths(own.layers[index], index, str(model_type))
             kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
-            indexer_dim, states = widths.indexer_dim, widths.states
+            indexer_dim, states, window_field = widths.indexer_dim, widths.states, widths.window_field
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, layer_path, attended, positions, transformers.Cache, order)
@@ -379,6 +383,7 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cache_kind=kind_of_cache,
             cache_layer=cache_layer,
             states=states,
+            window_field=window_field,
             outside=outside,
             derived=derived,
             streams={key: target.kwargs[key] for key in stream_widths(call)},
