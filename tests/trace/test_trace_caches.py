@@ -52,6 +52,29 @@ CACHES: dict[str, Sample] = {
 }  # fmt: skip
 """Model types whose cache's values differ from its keys in width."""
 
+ZAYA = Sample("zaya", "convolution and recurrent states in the cache", "ZayaConfig", "ZayaForCausalLM",
+              {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16, "num_experts": 4,
+               "num_experts_per_tok": 1, "moe_intermediate_size": 64, "router_hidden_size": 64, "cca_time0": 2,
+               "cca_time1": 3, "max_position_embeddings": 2048})  # fmt: skip
+"""ZAYA's compressed convolutional attention: q and k from a causal convolution over earlier tokens (its state
+``[B, C, 3]`` in the cache), half of each value head from the previous token (a recurrent state ``[B, W]``)."""
+
+INKLING = Sample("inkling_text", "a sliding window over a hybrid cache, short convolutions of keys and values",
+                 "InklingTextConfig", "InklingForCausalLM",
+                 {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16, "swa_head_dim": 16,
+                  "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "d_rel": 16, "n_routed_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 64, "sliding_window_size": 8,
+                  "layer_types": ["hybrid_sliding"], "mlp_layer_types": ["dense"],
+                  "max_position_embeddings": 2048})  # fmt: skip
+"""Inkling's sliding hybrid layer: relative logits, short convolutions of keys and values (their states in the cache
+beside the layer's own convolutions')."""
+
+RSWA = Sample("unlimited_ocr_text", "reference sliding window: the prompt's keys kept apart", "UnlimitedOcrTextConfig",
+              "UnlimitedOcrTextModel", {**TINY, **NO_SPECIAL_TOKENS, "num_hidden_layers": 1, "head_dim": 16,
+                                         "num_key_value_heads": 4, "sliding_window": 8, "mlp_layer_types": ["dense"],
+                                         "max_position_embeddings": 2048})  # fmt: skip
+"""Unlimited-OCR's text model: its cache layer keeps the prompt's keys apart from a window of 8 over decoded ones."""
+
 DSA = Sample("deepseek_v32", "DeepSeek sparse attention (indexer keys in the cache)", "DeepseekV32Config",
              "DeepseekV32ForCausalLM", {**_MLA, "num_hidden_layers": 1, "index_head_dim": 16, "index_n_heads": 4,
                                         "index_topk": 3, "first_k_dense_replace": 1})  # fmt: skip
@@ -133,6 +156,129 @@ def test_a_dsa_layer_carries_its_indexer_keys_as_a_third_cache(tmp_path: Path) -
         assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
 
 
+def _hybrid_steps(folder: Path, layer: int, prompt: int, step: int, states: int) -> dict[str, Any]:
+    """A hybrid model's layer ``layer`` in the model's own forward: a ``prompt``-token call, then ``step`` tokens with
+    the model's cache; the step's hidden input and output, and the layer's cache (keys, values, the convolution
+    states ``0 .. states - 1`` and, where filled, recurrent state 0) before and after it."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    def state(entry: Any) -> tuple[torch.Tensor, ...]:
+        recurrent = [entry.recurrent_states[0]] if entry.recurrent_states[0] is not None else []
+        held = (entry.keys, entry.values, *(entry.conv_states[i] for i in range(states)), *recurrent)
+        return tuple(t.clone() for t in held)
+
+    ids = torch.randint(0, 96, (2, prompt + step), generator=torch.Generator().manual_seed(3))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True)
+        seen["past"] = state(cache.layers[layer])
+        handle = model.model.layers[layer].self_attn.register_forward_hook(hook, with_kwargs=True)
+        try:
+            model(input_ids=ids[:, prompt:], past_key_values=cache, use_cache=True)
+        finally:
+            handle.remove()
+    seen["present"] = state(cache.layers[layer])
+    return seen
+
+
+def test_convolution_and_recurrent_states_are_cache_inputs_and_a_decode_step_matches_the_model(
+    tmp_path: Path,
+) -> None:
+    """ZAYA's cache layer holds, beside keys and values, the convolution state its q and k are computed over and the
+    previous token's delayed values: the capture reads them as the states ``conv_state_0 [C, 3]`` and
+    ``recurrent_state_0 [W]``; the unit takes them after past_key / past_value and returns them updated, and steps of
+    one and of three tokens after a 5-token prompt, fed the model's own cache, match the model's own forward (its
+    output and every cache tensor); the same unit rebuilt from its manifest record does too. Fed no cache, the unit is
+    the model's first call (the capture's self-check)."""
+    from tests.trace.samples import unit_and_rebuilt
+
+    folder = build(ZAYA, tmp_path)
+    captured = capture_layer(folder)
+    conv = (4 + 2) * 16  # q and k channels (4 query heads, 2 key heads)
+    assert (captured.cache_kind, captured.cache_layer) == ("linear", "LinearAttentionAndFullAttentionLayer")
+    assert [(s.name, s.shape) for s in captured.states] == [("conv_state_0", (conv, 3)), ("recurrent_state_0", (16,))]
+    plan = plan_trace(captured)
+    assert plan.angles is not None, plan.note
+    steps = {step: _hybrid_steps(folder, 0, 5, step, states=1) for step in (1, 3)}
+    for unit in (*unit_and_rebuilt(plan), traced_module(plan, angles="exact", max_positions=64)):
+        assert unit.cache_inputs == ["past_key", "past_value", "past_conv_state_0", "past_recurrent_state_0"]
+        for step, seen in steps.items():
+            with torch.no_grad():
+                got = unit(seen["hidden"], torch.arange(5, 5 + step).expand(2, step), *seen["past"])
+            assert [tuple(t.shape) for t in got[1:]] == [(2, 2, 5 + step, 16)] * 2 + [(2, conv, 3), (2, 16)]
+            for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+                assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+    with pytest.raises(ConfigError, match=r"also holds past_conv_state_0, past_recurrent_state_0"):
+        traced_module(plan)(seen["hidden"], None, *seen["past"][:2])
+
+
+def test_a_sliding_hybrid_layer_carries_the_states_its_attention_reads_and_steps_past_its_window(
+    tmp_path: Path,
+) -> None:
+    """Inkling's sliding layer caches (LinearAttentionAndSlidingWindowAttentionLayer) the last ``window - 1`` keys and
+    four convolution states, two of them its attention's (keys' and values' short convolutions) and two its layer's:
+    the unit carries those two (read from what the attention alone fills), rebuilt in the full layer with the
+    concatenated cache; after a 10-token prompt past the window of 8, steps of one and three tokens, fed the model's
+    stored keys at positions 3 .. 9 (earlier slots zero: the window hides them), match the model's own forward."""
+    folder = build(INKLING, tmp_path)
+    captured = capture_layer(folder, layer=0)
+    assert (captured.cache_kind, captured.cache_layer) == ("linear", "LinearAttentionAndFullAttentionLayer")
+    assert [(s.name, s.shape) for s in captured.states] == [("conv_state_0", (32, 4)), ("conv_state_1", (32, 4))]
+    unit = traced_module(plan_trace(captured))
+    for step in (1, 3):
+        seen = _hybrid_steps(folder, 0, 10, step, states=2)
+        keys, values, *states = seen["past"]
+        hidden = torch.zeros(2, 2, 3, 16)  # positions 0 .. 2, outside the window of every query
+        with torch.no_grad():
+            got = unit(seen["hidden"], torch.arange(10, 10 + step).expand(2, step),
+                       torch.cat([hidden, keys], 2), torch.cat([hidden, values], 2), *states)  # fmt: skip
+        got = (got[0], got[1][:, :, -7:], got[2][:, :, -7:], *got[3:])  # the model keeps the last window - 1 keys
+        for value, want in zip(got, (seen["out"], *seen["present"]), strict=True):
+            assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+
+
+def test_a_reference_sliding_window_is_a_plain_cache_below_its_window(tmp_path: Path) -> None:
+    """Unlimited-OCR's cache layer keeps the prompt's keys (``prefill_keys``) apart from a window of 8 over the decoded
+    ones: the capture reads the layer's widths from the prompt's keys and its window's config field; below 8 positions
+    the unit, fed the prompt's and the decoded keys as one cache, matches the model's own forward (a 4-token prompt,
+    then a step of one or of three tokens: positions up to 7); the export serves positions below 8 (test below)."""
+    folder = build(RSWA, tmp_path)
+    captured = capture_layer(folder)
+    assert (captured.window_field, captured.cache_kind, captured.kv_heads, captured.head_dim) == (
+        "sliding_window", "dynamic", 4, 16)  # fmt: skip
+    unit = traced_module(plan_trace(captured), angles="exact", max_positions=8)
+    model = transformers.UnlimitedOcrTextModel.from_pretrained(folder, attn_implementation="eager").eval()
+    seen: dict[str, Any] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        seen["hidden"], seen["out"] = kwargs["hidden_states"], output[0]
+
+    def held(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:  # the prompt's keys, then the decoded ones
+        keys = [layer.prefill_keys, *([layer.keys] if layer.keys.numel() else [])]
+        values = [layer.prefill_values, *([layer.values] if layer.values.numel() else [])]
+        return torch.cat(keys, 2).clone(), torch.cat(values, 2).clone()
+
+    for step in (1, 3):
+        ids = torch.randint(0, 96, (2, 4 + step), generator=torch.Generator().manual_seed(3))
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :4], past_key_values=cache, use_cache=True)
+            past = held(cache.layers[0])
+            handle = model.layers[0].self_attn.register_forward_hook(hook, with_kwargs=True)
+            try:
+                model(input_ids=ids[:, 4:], past_key_values=cache, use_cache=True)
+            finally:
+                handle.remove()
+            got = unit(seen["hidden"], torch.arange(4, 4 + step).expand(2, step), *past)
+        assert type(cache.layers[0]).__name__ == "UnlimitedOcrDynamicReferenceSlidingWindowLayer"
+        for value, want in zip(got, (seen["out"], *held(cache.layers[0])), strict=True):
+            assert torch.allclose(value, want, atol=1e-5, rtol=1e-5), float((value - want).abs().max())
+
+
 def test_an_attention_called_with_the_hidden_states_several_times_is_probed_with_each(tmp_path: Path) -> None:
     """CTRL calls its attention ``(v, k, q)`` with the layer's normed states three times: the wrapper's self-check
     feeds the probe's states to every one of them (it differed from the model's call by 6e-2 when only the first
@@ -176,6 +322,51 @@ def test_runtime_failures_export_and_match_their_own_module(name: str, tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sample", "states"),
+    [(ZAYA, ["conv_state_0", "recurrent_state_0"]), (INKLING, ["conv_state_0", "conv_state_1"])],
+    ids=["zaya", "inkling"],
+)
+def test_a_layer_with_cache_states_exports_and_matches_its_module(
+    sample: Sample, states: list[str], tmp_path: Path
+) -> None:
+    """ZAYA's and Inkling's traced graphs take their states after past_key / past_value and return them updated;
+    validated against the checkpoint's module fed the same cache (prompts and decode steps of 1 and more tokens:
+    their length guards are deferred), after the positional rewrite; ZAYA's also over a decode sequence, where every
+    cache (its states too) is carried from step to step by the graph and by the module alike."""
+    folder = build(sample, tmp_path)
+    result = export_traced(tmp_path / f"{sample.name}.onnx", folder, rewrite=replace_positions)
+    manifest = result.manifest
+    assert [spec.name for spec in manifest.inputs][2:] == ["past_key", "past_value", *(f"past_{s}" for s in states)]
+    assert manifest.output_names[3:] == [f"present_{s}" for s in states]
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+    if sample is ZAYA:
+        from posenc.export.shapes import Shape
+        from posenc.validate.checkpoint import decode_against_checkpoint
+
+        schedule = [Shape(2, 5, 0), *(Shape(2, 1, 5 + i) for i in range(4)), Shape(2, 3, 9)]
+        decoded = decode_against_checkpoint(result.path, folder, schedule=schedule)
+        assert decoded.passed, decoded.to_markdown()
+        assert {row.output for row in decoded.rows} >= {f"present_{s}" for s in states}
+
+
+@pytest.mark.slow
+def test_a_reference_sliding_window_exports_serving_positions_below_its_window(tmp_path: Path) -> None:
+    """Unlimited-OCR's graph serves positions below its window of 8 (guarded), says so, and matches its own module
+    there; a --max-positions beyond the window is refused."""
+    folder = build(RSWA, tmp_path)
+    result = export_traced(tmp_path / "rswa.onnx", folder, rewrite=replace_positions)
+    assert result.manifest.max_positions == 8
+    parts = {part.part: part.status for part in result.manifest.trace.parts}
+    assert parts["reference sliding window"] == "kept"
+    report = validate_against_checkpoint(result.path, folder)
+    assert report.passed, report.to_markdown()
+    with pytest.raises(ConfigError, match=r"beyond this layer's cache bound 8: .*keys leave the cache beyond"):
+        export_traced(tmp_path / "far.onnx", folder, max_positions=64)
+
+
+@pytest.mark.slow
 def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Path) -> None:
     """DeepSeek-V3.2 with index_topk 3: the graph carries the indexer keys, serves positions below 3 (guarded: there
     the selection keeps every key, whatever the order of ties), says so, and matches its own module there."""
@@ -191,17 +382,20 @@ def test_a_dsa_layer_exports_serving_positions_below_its_index_topk(tmp_path: Pa
 
 
 def test_a_cache_layer_holding_other_state_is_refused_by_name() -> None:
-    """Unlimited-OCR's reference sliding-window cache keeps the prompt's keys apart (``prefill_keys``): its state
-    depends on which call was the prompt, which past_key / past_value cannot carry; refused naming it. Keys and values
-    of other batch or length are refused too."""
+    """DeepSeek-V4's compressor caches fold a window of tokens into one entry when it fills (``compressed_kv``, a dict
+    per compressor): an update one graph of dynamic lengths cannot hold, refused naming it. Keys and values of other
+    batch or length are refused too; a reference sliding window's prompt keys are read as the cache."""
     from types import SimpleNamespace
 
     from posenc.trace.caches import cache_widths
 
     keys, values = torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 4)
     assert cache_widths(SimpleNamespace(keys=keys, values=values), 0, "m").value_dim == 4
-    with pytest.raises(ExportError, match=r"holds prefill_keys beside its keys and values"):
-        cache_widths(SimpleNamespace(keys=keys, values=values, prefill_keys=keys), 0, "m")
+    with pytest.raises(ExportError, match=r"holds compressed_kv beside its keys and values .*compress_rate"):
+        cache_widths(SimpleNamespace(keys=keys, values=values, compressed_kv={"compressor": keys}), 0, "m")
+    empty = torch.zeros(1, 2, 0, 8)
+    prompt = cache_widths(SimpleNamespace(keys=empty, values=empty, prefill_keys=keys, prefill_values=values), 0, "m")
+    assert (prompt.key_dim, prompt.value_dim, prompt.window_field) == (8, 4, "sliding_window")
     with pytest.raises(ExportError, match=r"does not hold keys \[B, Hkv, P, Dk\]"):
         cache_widths(SimpleNamespace(keys=keys, values=torch.zeros(1, 2, 4, 8)), 0, "m")
 

@@ -117,13 +117,45 @@ def _check_options(dtype: str, kv_cache: str, opset: int | None) -> None:
 
 def _guard_limit(plan: TracePlan, exact: PositionalScheme | None) -> int | None:
     """The positions the graph serves: posenc's table's, a learned table's rows, else any position >= 0; at most a
-    DSA layer's ``index_topk`` (:func:`_selection_limit`)."""
+    DSA layer's ``index_topk`` or a reference sliding window's ``W`` (:func:`_served_limit`)."""
     if exact is not None:
         limit = exact.position_limit
     else:
         limit = plan.config.max_position_embeddings if plan.captured.embedding is not None else None
-    topk = _selection_limit(plan)
+    topk = _served_limit(plan)
     return limit if topk is None else topk if limit is None else min(limit, topk)
+
+
+WINDOW_PART = "reference sliding window"
+"""The positional part of a cache that keeps the prompt's keys apart from a sliding window of decoded ones
+(:data:`posenc.trace.caches.REFERENCE_WINDOWS`)."""
+
+
+def _window_limit(plan: TracePlan) -> int | None:
+    """A reference sliding-window layer's window ``W`` (its config field), else None: below ``W`` positions no key
+    leaves its cache and every key is visible, so the graph (a plain concatenated cache) serves those.
+
+    Raises:
+        ExportError: the config gives no window.
+    """
+    field = plan.captured.window_field
+    if field is None:
+        return None
+    window = getattr(plan.captured.hf, field, None)
+    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+        raise ExportError(
+            f"the layer's cache keeps the prompt's keys apart from a sliding window, but its config gives no {field} "
+            f"(got {window!r}); posenc cannot bound the positions where that cache is a plain one, so it does not "
+            f"export it."
+        )
+    return int(window)
+
+
+def _served_limit(plan: TracePlan) -> int | None:
+    """The bound a cache's selection sets on the positions the graph serves (a DSA layer's ``index_topk``, a
+    reference sliding window's ``W``), else None."""
+    bounds = [bound for bound in (_selection_limit(plan), _window_limit(plan)) if bound is not None]
+    return min(bounds) if bounds else None
 
 
 SELECTION_PART = "sparse top-k selection"
@@ -177,6 +209,13 @@ def _padding_parts(plan: TracePlan) -> tuple[TracePart, ...]:
 
 
 def _selection_parts(plan: TracePlan) -> tuple[TracePart, ...]:
+    window = _window_limit(plan)
+    if window is not None:
+        detail = (f"the cache keeps the prompt's keys and slides a window of {window} over the decoded ones (every "
+                  f"prompt key stays visible); below {window} positions no key leaves it and every key is visible, so "
+                  f"the graph carries one concatenated cache and serves positions below {window} "
+                  f"(guarded)")  # fmt: skip
+        return (TracePart(WINDOW_PART, "kept", detail),)
     topk = _selection_limit(plan)
     if topk is None:
         return ()
@@ -226,12 +265,14 @@ def export_traced(
         raise ConfigError(f"position_guard must be True or False, got {position_guard!r}.")
     path = output_path(path, "ONNX model")
     plan = plan_trace(capture_layer(checkpoint, layer, layer_type))
-    topk = _selection_limit(plan)
+    topk = _served_limit(plan)
     if topk is not None and plan.angles is not None:  # posenc's tables serve what the graph serves
         if max_positions is not None and max_positions > topk:
+            window = _window_limit(plan) is not None
+            why = f"{WINDOW_PART}: keys leave the cache" if window else f"{SELECTION_PART}: ties break differently"
             raise ConfigError(
-                f"--max-positions {max_positions} is beyond this DSA layer's index_topk {topk}: the graph serves "
-                f"positions below {topk} only ({SELECTION_PART}: ties break differently beyond); drop it."
+                f"--max-positions {max_positions} is beyond this layer's cache bound {topk}: the graph serves "
+                f"positions below {topk} only ({why} beyond); drop it."
             )
         max_positions = min(topk, plan.config.max_position_embeddings) if max_positions is None else max_positions
     exact = None
@@ -320,7 +361,8 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
 def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) -> ExportUnit:
     """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``; with values of
     another width than the keys (``value_dim``, :mod:`posenc.trace.caches`), ``past_value [B, Hkv, P, Dv]``; with
-    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``."""
+    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``; with a hybrid cache
+    layer's fixed-size states, ``past_<name> [B, ...]`` -> ``present_<name>`` each (:mod:`posenc.trace.caches`)."""
     slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
     if captured.cacheless:
         slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
@@ -330,6 +372,10 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
     if not captured.cacheless and captured.indexer_dim is not None:
         slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
         outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
+    for state in () if captured.cacheless else captured.states:  # a hybrid layer's states, fixed in size
+        layout = f"[B, {', '.join(str(d) for d in state.shape)}] ({state.name.replace('_', ' ')})"
+        slots.append(Slot(f"past_{state.name}", "past", ("batch", *state.shape), layout))
+        outputs.append((f"present_{state.name}", layout))
     for key, (length, width) in stream_shapes(captured.call).items():  # second streams, last (TracedAttention)
         slots.append(Slot(key, "act", ("batch", length, width), _stream_layout(key, length, width)))
         if key in STREAM_OUTPUTS:  # returned updated (PEGASUS-X's global tokens' states), after the other outputs

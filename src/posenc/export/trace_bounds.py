@@ -149,10 +149,12 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     blocked mask is derived from the length; XLNet's ``relative_positional_encoding`` and ``rel_shift_bnij``), or in
     the model's embeddings module the unit starts with (MobileBERT's trigram input pads ``inputs_embeds[:, 1:]``:
     torch.export guards ``S - 1 != 1``), an attention over sliding chunks the unit pads to its window
-    (Longformer's, LED's encoder's: :mod:`posenc.trace.windows`), or a unit that pads its sequence to whole blocks as
+    (Longformer's, LED's encoder's: :mod:`posenc.trace.windows`), a unit that pads its sequence to whole blocks as
     the model's stack does (PEGASUS-X's encoder, :data:`posenc.trace.inputs.PADDED_BLOCKS`: its local attention views
-    the padded length as blocks, which torch.export's solver fails to range, whatever its message). The retried graph
-    is held to the model's module at several lengths by ``validate``."""
+    the padded length as blocks, which torch.export's solver fails to range, whatever its message), or an attention
+    whose cache holds fixed-size states beside its keys and values (:mod:`posenc.trace.caches`: ZAYA's delayed values
+    ``cat([state, new[:, :-1]])``, whose contiguity check guards ``S - 1 != 1``). The retried graph is held to the
+    model's module at several lengths by ``validate``."""
     from posenc.trace.windows import chunk_window
 
     captured = plan.captured
@@ -162,8 +164,9 @@ def deferrable(plan: Any, exc: ExportError) -> bool:
     if captured.cacheless and padding_block(captured.call) is not None:
         return True
     windowed = chunk_window(captured.attention) is not None
-    specialised = "specialises the lengths" in str(exc)
-    return captured.cacheless and (module or from_length or embeddings or windowed) and specialised
+    stateful = bool(getattr(captured, "states", ()))
+    cacheless = captured.cacheless and (module or from_length or embeddings or windowed)
+    return (cacheless or stateful) and "specialises the lengths" in str(exc)
 
 
 def deferred_export(

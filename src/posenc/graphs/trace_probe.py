@@ -46,6 +46,10 @@ def probe_feed(request: RewriteRequest, seq: int) -> dict[str, np.ndarray]:
         "past_key": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, config.head_dim), np.float32),
         "past_value": np.zeros((PROBE_BATCH, config.num_kv_heads, 0, value_dim), np.float32),
         "past_indexer_key": np.zeros((PROBE_BATCH, 0, request.plan.captured.indexer_dim or 1), np.float32),  # DSA
+        **{  # a hybrid cache layer's fixed-size states (ZAYA's convolution and recurrent states)
+            f"past_{state.name}": rng.standard_normal((PROBE_BATCH, *state.shape)).astype(np.float32)
+            for state in request.plan.captured.states
+        },
         **{  # second streams (NeoMME's value embeddings; an encoder's states of their own length), random
             key: rng.standard_normal((PROBE_BATCH, _stream_length(length, seq), width)).astype(np.float32)
             for key, (length, width) in stream_shapes(request.plan.captured.call).items()

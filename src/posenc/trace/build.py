@@ -363,6 +363,8 @@ def traced_module(
         stem=captured.stem,
         rotary_rows=_rotary_rows(plan),
         boxes=captured.boxes,
+        cache_layer=captured.cache_layer,
+        states=tuple(state.name for state in captured.states),
     ).eval()
 
 
@@ -390,6 +392,8 @@ def trace_record(plan: TracePlan, parts: tuple[TracePart, ...]) -> TraceRecord:
         stem=captured.stem_ref,
         rotary_rows=_rotary_rows(plan),
         boxes=captured.boxes,
+        cache_layer=captured.cache_layer,
+        states={state.name: state.shape for state in captured.states},
     )
 
 
@@ -455,6 +459,8 @@ def rebuild(
         stem=model.get_submodule(record.stem.path) if record.stem is not None else None,
         rotary_rows=record.rotary_rows,
         boxes=record.boxes,
+        cache_layer=record.cache_layer,
+        states=tuple(record.states),
     )
     return module.to(dtype).eval()
 

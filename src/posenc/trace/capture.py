@@ -35,7 +35,15 @@ from posenc.provenance import CheckpointWeights, Quantization
 from posenc.trace.arguments import padding_keys, stream_widths
 from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.boxes import Boxes, boxes_record, capture_boxes, feeding
-from posenc.trace.caches import cache_kind, cache_widths, encoder_cache, new_cache
+from posenc.trace.caches import (
+    CacheState,
+    cache_kind,
+    cache_states,
+    cache_widths,
+    encoder_cache,
+    linear_layer,
+    new_cache,
+)
 from posenc.trace.calls import (
     _NAMED,
     Call,
@@ -140,6 +148,10 @@ class Captured:
             input (:mod:`posenc.trace.stems`: MobileBERT's bottleneck), and its path and class; None otherwise.
         boxes: how a document model takes its tokens' boxes (the unit's last input ``bbox``; the capture's boxes are
             the last entry of ``streams``), else None (:mod:`posenc.trace.boxes`).
+        cache_layer, states: a hybrid (``linear``) cache's layer class and the fixed-size states it holds beside keys
+            and values (:mod:`posenc.trace.caches`); None and none otherwise. ``window_field``: the config field of
+            the window below which a reference sliding-window cache is a plain one
+            (:data:`posenc.trace.caches.REFERENCE_WINDOWS`), else None.
     """
 
     model_type: str
@@ -175,6 +187,9 @@ class Captured:
     stem: nn.Module | None = None
     stem_ref: ModuleRef | None = None
     boxes: BoxesRecord | None = None
+    cache_layer: str | None = None
+    states: tuple[CacheState, ...] = ()
+    window_field: str | None = None
 
     def provenance(self) -> CheckpointWeights:
         """Where the attention's weights came from (the manifest's ``weights.source``)."""
@@ -284,7 +299,8 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         rotary_path = producer[0] if producer is not None else None
         passed = [*target.kwargs.values(), *target.args]  # Dia's decoder layer passes its cache positionally
         cache = next((v for v in passed if isinstance(v, transformers.Cache)), None)
-        kind_of_cache = cache_kind(cache)
+        kind_of_cache = cache_kind(cache, index)
+        cache_layer = linear_layer(cache, index, str(model_type)) if kind_of_cache == "linear" else None
         if cache is not None and encoder_cache(hf):  # an encoder handed a cache it cannot extend (XLM's)
             cache = None
         masks = [target.kwargs[k] for k, kind in call.keywords.items() if kind == "mask"]
@@ -307,14 +323,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             by_length = reads_length(rotary, producer[1], rotary_call)
         if cache is not None and any(made.needs_length() for made in derived.values()):
             raise refuse_with_cache(next(key for key, made in derived.items() if made.needs_length()))
+        states: tuple[CacheState, ...]  # a hybrid cache layer's fixed-size states (posenc.trace.caches)
+        window_field: str | None  # a reference sliding window's config field (posenc.trace.caches.REFERENCE_WINDOWS)
         if cache is None:  # an encoder's attention (or a decoder's run without a cache): no past, no presents
             kv_heads, head_dim = cacheless_heads(own_config, attention, int(attended.shape[-1]))
-            value_dim, indexer_dim = head_dim, None
+            value_dim, indexer_dim, states, window_field = head_dim, None, (), None
         else:
             own = self_attention_cache(cache)  # an encoder-decoder's: its self-attention part
             widths = cache_widths(own.layers[index], index, str(model_type))
             kv_heads, head_dim, value_dim = widths.kv_heads, widths.key_dim, widths.value_dim
-            indexer_dim = widths.indexer_dim
+            indexer_dim, states, window_field = widths.indexer_dim, widths.states, widths.window_field
         step, note = None, ""
         if rotary_path is None and index == 0:  # positions may enter at the embeddings, before this layer
             step, note = _embedding_step(calls, model, layer_path, attended, positions, transformers.Cache, order)
@@ -344,8 +362,16 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
         target = with_checkpoint_tensors(target, derived, attended, positions)
         if kind_of_cache == "indexed" and indexer_dim is None:  # a shared DSA layer writes no indexer keys of its own
             kind_of_cache = "dynamic"
+        probed: list[Any] = []  # the probe's fresh caches: the states the attention alone fills (not its layer's)
+
+        def fresh() -> Any:
+            probed.append(new_cache(kind_of_cache, index + 1, cache_layer))
+            return probed[-1]
+
         probe = _probe(attention.float().eval(), target, hidden, positions, transformers.Cache, step, calls, index,
-                       lambda: new_cache(kind_of_cache, index + 1), hidden_key, order, stem, width)  # fmt: skip
+                       fresh, hidden_key, order, stem, width)  # fmt: skip
+        if kind_of_cache == "linear" and probed:  # Inkling's layer also keeps its own convolutions' states there
+            states = cache_states(probed[0].layers[index])
         del model  # the other layers were only needed for the capture call
         recipes = [call, *(made.recipe.call for made in derived.values()), *([step.record.call] if step else [])]
         read = boxes is not None and any("boxes" in (*r.positional, *r.keywords.values()) for r in recipes)
@@ -376,6 +402,9 @@ def capture_layer(model_or_folder: Any, layer: int | None = None, layer_type: st
             cacheless=cache is None,
             tower=tower_ref,
             cache_kind=kind_of_cache,
+            cache_layer=cache_layer,
+            states=states,
+            window_field=window_field,
             outside=outside,
             derived=derived,
             streams=streams | ({BOX_INPUT: boxes} if read else {}),

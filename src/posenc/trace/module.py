@@ -41,7 +41,7 @@ from posenc.trace.arguments import (
 )
 from posenc.trace.boxes import NAME as BOX_INPUT
 from posenc.trace.boxes import box_input, feeding
-from posenc.trace.caches import new_cache
+from posenc.trace.caches import new_cache, read_states, set_states
 from posenc.trace.derived import compute
 from posenc.trace.inputs import STREAM_OUTPUTS
 from posenc.trace.layouts import arrange
@@ -107,6 +107,9 @@ class TracedAttention(nn.Module):
             otherwise.
         boxes: how the model takes its tokens' boxes, where the unit takes them as its last input ``bbox [B, S, 4]``
             and calls the model's code that reads them (:mod:`posenc.trace.boxes`), else None.
+        cache_layer: the class of a ``linear`` cache's layers (:data:`posenc.trace.caches.LINEAR_LAYERS`), else None.
+        states: the fixed-size states that cache layer holds beside keys and values (``conv_state_0``, ...): cache
+            inputs ``past_<name>`` after the keys and values, outputs ``present_<name>`` after theirs.
     """
 
     guard_exported = True
@@ -134,6 +137,8 @@ class TracedAttention(nn.Module):
         stem: nn.Module | None = None,
         rotary_rows: int | None = None,
         boxes: BoxesRecord | None = None,
+        cache_layer: str | None = None,
+        states: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         if exact is not None and angles_layout is None:
@@ -164,6 +169,8 @@ class TracedAttention(nn.Module):
         self.order = order
         self.stem = stem
         self.rotary_rows = rotary_rows
+        self.cache_layer = cache_layer
+        self.states = tuple(states)
         self.derived_recipes = {key: recipe for key, (recipe, _) in (derived or {}).items()}
         self.derived = nn.ModuleDict(
             {_slot(key): module for key, (_, module) in (derived or {}).items() if module is not None}
@@ -275,26 +282,40 @@ class TracedAttention(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------------
 
+    @property
+    def cache_inputs(self) -> list[str]:
+        """The cache inputs after ``position_ids``, in order: ``past_key``, ``past_value``, then a DSA layer's
+        ``past_indexer_key`` or a hybrid layer's ``past_<state>`` s (:mod:`posenc.trace.caches`)."""
+        extra = ["past_indexer_key"] if self.cache_kind == "indexed" else [f"past_{name}" for name in self.states]
+        return ["past_key", "past_value", *extra]
+
     def forward(
         self,
         hidden: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         past_key: torch.Tensor | None = None,
         past_value: torch.Tensor | None = None,
-        past_indexer_key: torch.Tensor | None = None,
+        past_2: torch.Tensor | None = None,
+        past_3: torch.Tensor | None = None,
+        past_4: torch.Tensor | None = None,
+        past_5: torch.Tensor | None = None,
         *streams: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention; ``(out,)``
-        for an attention called without a cache (whose ``past_key`` / ``past_value``, if given, must be empty); with
-        an ``indexed`` cache (DeepSeek sparse attention) also ``present_indexer_key [B, P + S, Di]``, the indexer's
-        keys after ``past_indexer_key [B, P, Di]``. A layer with second streams (``stream_keys``, NeoMME's value
-        embeddings ``[B, S, W]``) takes them as the last positional inputs, after whatever cache inputs are given;
-        a document model's unit (``boxes``) then its tokens' boxes ``bbox [B, S, 4]``."""
-        given: dict[str, torch.Tensor] = {}
-        if self.stream_keys:
-            past_key, past_value, past_indexer_key, given = self._take_streams(
-                past_key, past_value, past_indexer_key, streams
-            )
+        """``(out [B, S, E], present_key, present_value [B, Hkv, P + S, D])`` of the layer's attention, from ``hidden
+        [B, S, E]``, ``position_ids [B, S]`` and the cache inputs :attr:`cache_inputs` (``past_key``, ``past_value
+        [B, Hkv, P, D]``, ...); ``(out,)`` for an attention called without a cache (whose ``past_key`` / ``past_value``,
+        if given, must be empty). After the keys and values: with an ``indexed`` cache (DeepSeek sparse attention)
+        ``present_indexer_key [B, P + S, Di]``, the indexer's keys after ``past_indexer_key [B, P, Di]``; with a
+        ``linear`` one each state ``present_<name>`` after ``past_<name>`` (its fixed shape). A layer with second
+        streams (``stream_keys``, NeoMME's value embeddings ``[B, S, W]``) takes them as the last positional inputs,
+        after whatever cache inputs are given; a document model's unit (``boxes``) then its tokens' boxes ``bbox [B,
+        S, 4]``. The inputs after ``position_ids`` are named slots (``past_2`` ..
+        ``past_5``: the cache inputs after the values, or streams), not ``*args``, so that torch.export binds each
+        input to a parameter of its own (dynamic shapes are given one per input)."""
+        rest = (past_key, past_value, past_2, past_3, past_4, past_5, *streams)
+        caches, given = self._take_streams(rest)
+        past_key, past_value = caches[0], caches[1]
+        past_indexer_key = caches[2] if self.cache_kind == "indexed" else None
         b, s = hidden.shape[0], hidden.shape[1]
         past = 0 if past_key is None else past_key.shape[2]
         if self.cacheless:
@@ -312,10 +333,11 @@ class TracedAttention(nn.Module):
             raise ConfigError("pass both past_key and past_value, or neither.")
         position_ids, poison = self._guard(position_ids.to(torch.int64))
         hidden = poisoned(hidden, poison, 1)
-        cache = None if self.cacheless else new_cache(self.cache_kind, self.layer + 1)
+        cache = None if self.cacheless else new_cache(self.cache_kind, self.layer + 1, self.cache_layer)
         own = self_attention_cache(cache)
         if own is not None and past_key is not None and past_value is not None:
             own.update(past_key.to(hidden.dtype), past_value.to(hidden.dtype), self.layer)
+            self._set_states(own.layers[self.layer], caches[2:], hidden.dtype)
         if own is not None and past_indexer_key is not None:
             own.layers[self.layer].update_indexer(past_indexer_key.to(hidden.dtype))
         box = given.pop(BOX_INPUT, None)
@@ -344,13 +366,24 @@ class TracedAttention(nn.Module):
         entry = own.layers[self.layer]
         if self.cache_kind == "indexed":
             return out, entry.keys, entry.values, entry.indexer_keys, *updated
-        return out, entry.keys, entry.values, *updated
+        return out, entry.keys, entry.values, *read_states(entry, list(self.states)), *updated
 
-    def _take_streams(self, *tail: Any) -> tuple[Any, Any, Any, dict[str, torch.Tensor]]:
-        """Split the positional inputs after ``position_ids`` (``past_key, past_value, past_indexer_key, streams``)
-        into the cache inputs (padded with None) and the second streams by keyword (the last ``len(stream_keys)``
-        given)."""
-        given = [*tail[:3], *tail[3]]
+    def _set_states(self, layer: Any, given: tuple[torch.Tensor | None, ...], dtype: torch.dtype) -> None:
+        """Put the given ``past_<state>`` s into the cache ``layer`` (a ``linear`` cache's; every one or none)."""
+        if not self.states:
+            return
+        if any(value is None for value in given):
+            names = ", ".join(f"past_{name}" for name in self.states)
+            raise ConfigError(f"this traced layer's cache also holds {names}: pass them after past_key and past_value.")
+        set_states(
+            layer, {name: value.to(dtype) for name, value in zip(self.states, given, strict=True) if value is not None}
+        )
+
+    def _take_streams(self, tail: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, torch.Tensor]]:
+        """Split the positional inputs after ``position_ids`` (the cache inputs :attr:`cache_inputs`, then the
+        streams) into the cache inputs (padded with None) and the second streams by keyword (the last
+        ``len(stream_keys)`` given)."""
+        given = list(tail)
         while given and given[-1] is None:
             given.pop()
         count = len(self.stream_keys)
@@ -358,8 +391,13 @@ class TracedAttention(nn.Module):
             names = ", ".join(self.stream_keys)
             raise ConfigError(f"this traced layer takes {names} after its other inputs; pass them last.")
         streams = dict(zip(self.stream_keys, given[len(given) - count :], strict=True))
-        past = [*given[: len(given) - count], None, None, None]
-        return past[0], past[1], past[2], streams
+        slots = len(self.cache_inputs)
+        caches = given[: len(given) - count]
+        if len(caches) > slots:
+            raise ConfigError(
+                f"this traced layer takes {slots} cache inputs ({', '.join(self.cache_inputs)}), got {len(caches)}."
+            )
+        return (*caches, *([None] * (slots - len(caches)))), streams
 
     def embed(self, hidden: torch.Tensor, position_ids: torch.Tensor, past: int) -> torch.Tensor:
         """The attention's input: ``hidden`` itself, or with an embedding step ``norms(hidden + position

@@ -242,6 +242,12 @@ class TraceRecord:
     stem: ModuleRef | None = field(optional=True, default=None)
     """The layer's module the unit calls on the layer's input before the attention, whose outputs are the
     attention's inputs (MobileBERT's ``bottleneck``: :mod:`posenc.trace.stems`), else None."""
+    cache_layer: str | None = field(optional=True, default=None)
+    """A ``linear`` cache's layer class in ``transformers.cache_utils`` (:data:`posenc.trace.caches.LINEAR_LAYERS`),
+    else None."""
+    states: dict[str, tuple[int, ...]] = field(optional=True, default_factory=dict)
+    """The fixed-size states that cache layer holds beside keys and values: name (``conv_state_0``) -> shape after
+    the batch axis; the graph's ``past_<name>`` / ``present_<name>`` (:mod:`posenc.trace.caches`)."""
     order: str = field(optional=True, default="batch-major")
     """The axis order the model hands its attention the hidden states in (:mod:`posenc.trace.orders`:
     ``batch-major`` [B, S, E], ``channels-first`` [B, E, S], ``time-major`` [S, B, E]); the unit transposes into it

@@ -53,15 +53,11 @@ class TracedReference(nn.Module):
         )
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        past_key: torch.Tensor | None = None,
-        past_value: torch.Tensor | None = None,
-        past_indexer_key: torch.Tensor | None = None,
-        *streams: torch.Tensor,
+        self, hidden: torch.Tensor, position_ids: torch.Tensor | None = None, *rest: torch.Tensor | None
     ) -> tuple[torch.Tensor, ...]:
-        given = (hidden, past_key, past_value, past_indexer_key, *streams)  # streams: NeoMME's value embeddings
+        """The unit's call (:meth:`~posenc.trace.module.TracedAttention.forward`): ``rest`` are its cache inputs, then
+        its second streams (NeoMME's value embeddings), every floating input cast to the reference's dtype."""
+        given = (hidden, *rest)
         cast = [t if t is None or not t.is_floating_point() else t.to(self.dtype) for t in given]  # boxes: integers
         with torch.no_grad():
             return self.module(cast[0], position_ids, *cast[1:])

@@ -51,8 +51,9 @@ FP32_TOLERANCE = Tolerance(atol=1e-5, rtol=1e-5)
 """Float32 graphs against transformers' float32 module."""
 LONG_TOKENS = 4
 """New tokens of the feed that ends at the context length."""
-_INPUTS = ("hidden", "position_ids", "past_key", "past_value", "past_indexer_key")
-"""The inputs a reference module takes, in order (``past_indexer_key``: a traced DSA layer's indexer keys)."""
+_INPUTS = ("hidden", "position_ids", "past_key", "past_value")
+"""The inputs a reference module takes first, in order; any other cache input of the feed (``past_*``: a traced DSA
+layer's indexer keys, a hybrid layer's states) follows in the feed's order, then second streams."""
 
 
 RunnerFactory = Callable[[Any, str, Sequence[str]], TorchModuleRunner]
@@ -63,8 +64,10 @@ def _runner(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner
     def run(feed: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         hidden = torch.from_numpy(feed["hidden"].copy()).float()
         rest = [torch.from_numpy(feed[key].copy()) if key in feed else None for key in _INPUTS[1:]]  # no past: None
-        while rest and rest[-1] is None:  # inputs the graph lacks (a family block takes no indexer keys)
+        while rest and rest[-1] is None:  # inputs the graph lacks (no past)
             rest.pop()
+        rest += [torch.from_numpy(value.copy()) for key, value in feed.items()
+                 if key.startswith("past_") and key not in _INPUTS]  # fmt: skip
         given = [value for key, value in feed.items() if key in STREAMS or key == BOX_INPUT]  # traced: last, in order
         rest += [torch.from_numpy(value.copy()) for value in given]
         return dict(zip(outputs, module(hidden, *rest), strict=True))
@@ -340,7 +343,7 @@ def decode_against_checkpoint(
     Raises:
         ConfigError: the model was not exported from this checkpoint's layer, or the layer is not a decoder's.
     """
-    from posenc.validate.decode import stepping_runner, validate_decode
+    from posenc.validate.decode import decode_outputs, stepping_runner, validate_decode
 
     manifest = load_manifest(path)
     loaded = _load_matching(manifest, checkpoint, layer, layer_type, decode=True)
@@ -353,7 +356,8 @@ def decode_against_checkpoint(
     axes = int(ids[0]) if len(ids) == 3 else None
 
     def stepping(module: Any, name: str, outputs: Sequence[str]) -> TorchModuleRunner:
-        return stepping_runner(module, name, torch.float32, axes)  # the module casts to its own dtype
+        steps = decode_outputs(manifest)  # every cache it carries (a traced layer's states too)
+        return stepping_runner(module, name, torch.float32, axes, steps)  # the module casts to its own dtype
 
     references = checkpoint_references(loaded, manifest, stepping)
     return validate_decode([path], schedule, references=references, **decode_options)

@@ -7,7 +7,11 @@ output (ONNX Runtime IOBinding), so every step writes into the same memory, as a
 the float64 eager :class:`~posenc.blocks.AttentionBlock` (``forward``, concatenated cache) carrying its own cache
 through the same steps (:func:`eager_decode_reference`). Rows come from the one comparison path
 (:func:`posenc.validate.compare.compare`), one per step and output: ``out``, and the filled part of each cache
-(``present_key`` / ``present_value``, slots ``0 .. past + S - 1``).
+(``present_key`` / ``present_value``, slots ``0 .. past + S - 1``). A traced graph whose cache holds more
+(:mod:`posenc.trace.caches`: a DSA layer's ``past_indexer_key``, a hybrid layer's ``past_conv_state_0`` ...) gets
+each ``present_<name>`` back as ``past_<name>`` too (empty, or zeros of its fixed shape, before the first step:
+the state a model starts from) and each is compared as an output; the reference carries them likewise, starting from
+no cache at all (the model's first call).
 
 The default sequence (:func:`decode_schedule`): a prefill, :data:`DECODE_STEPS` single-token steps, then a long
 jump: one token at the last position the model serves (``jump="position"``), or, for schemes that need contiguous
@@ -58,6 +62,15 @@ DECODE_STEPS = 64
 PREFILL = 5
 """Tokens of the default sequence's first step."""
 OUTPUTS = ("out", "present_key", "present_value")
+
+
+def decode_outputs(manifest: Manifest) -> tuple[str, ...]:
+    """The outputs a decode sequence compares: :data:`OUTPUTS`, then every other ``present_<name>`` of a
+    concatenated-cache graph (the further caches a traced layer carries, :mod:`posenc.trace.caches`)."""
+    extra = () if manifest.unit == BLOCK_INPLACE else tuple(manifest.output_names)
+    return (*OUTPUTS, *(name for name in extra if name.startswith("present_") and name not in OUTPUTS))
+
+
 JUMPS = ("position", "fill")
 DECODE_REFERENCE = "float64 eager posenc block (CPU), its concatenated cache carried through the steps"
 
@@ -152,16 +165,23 @@ def stream_slots(manifest: Manifest) -> list[Slot]:
     return [slot for slot in slots_from_manifest(manifest) if slot.kind == "act" and slot.name != "hidden"]
 
 
-StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-"""``fn(hidden, position_ids, past_key, past_value) -> (out, present_key, present_value)``: a block, or a
-checkpoint's transformers module called like one (past ``None`` at the first step)."""
+StepFn = Callable[..., tuple[torch.Tensor, ...]]
+"""``fn(hidden, position_ids, past_key, past_value, ...) -> (out, present_key, present_value, ...)``: a block, or a
+checkpoint's transformers module called like one (every past ``None`` at the first step)."""
 
 
-def stepping_runner(fn: StepFn, name: str, dtype: torch.dtype = torch.float64, axes: int | None = None) -> Any:
+def stepping_runner(
+    fn: StepFn,
+    name: str,
+    dtype: torch.dtype = torch.float64,
+    axes: int | None = None,
+    outputs: Sequence[str] = OUTPUTS,
+) -> Any:
     """A polygraphy runner that calls ``fn`` on each step's ``hidden`` (cast to ``dtype``) and ``position_ids``
     (broadcast to ``[axes, B, S]`` for multi-axis models) with the presents of its previous call as the past, and
-    the step's second streams last (a traced layer's): the reference carries its own cache through the sequence."""
-    state: dict[str, torch.Tensor | None] = {"key": None, "value": None}
+    the step's second streams last (a traced layer's): the reference carries its own cache (every output after
+    ``out``, :func:`decode_outputs`) through the sequence."""
+    state: list[torch.Tensor | None] = [None] * (len(outputs) - 1)
 
     def step(feed: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         hidden = torch.from_numpy(np.asarray(feed["hidden"], dtype=np.float64)).to(dtype)
@@ -170,18 +190,18 @@ def stepping_runner(fn: StepFn, name: str, dtype: torch.dtype = torch.float64, a
             positions = positions.expand(axes, *positions.shape)
         streams = [torch.from_numpy(np.asarray(v, dtype=np.float64)).to(dtype) for k, v in feed.items() if k not in
                    ("hidden", "position_ids")]  # fmt: skip
-        out, key, value = fn(hidden, positions, state["key"], state["value"], *streams)
-        state["key"], state["value"] = key, value
-        return {"out": out, "present_key": key, "present_value": value}
+        got = fn(hidden, positions, *state, *streams)
+        state[:] = got[1:]
+        return dict(zip(outputs, got, strict=True))
 
-    return TorchModuleRunner(step, name, list(OUTPUTS))
+    return TorchModuleRunner(step, name, list(outputs))
 
 
 def eager_decode_reference(path: str | os.PathLike[str], manifest: Manifest | None = None) -> Reference:
     """The float64 eager block of an exported ``block`` / ``block-inplace`` graph, stepping its own cache."""
     module, manifest = load_eager(path, manifest=manifest)
     block = module.block if isinstance(module, InPlaceBlock) else module
-    return Reference(stepping_runner(block, REFERENCE_NAME), DECODE_REFERENCE)
+    return Reference(stepping_runner(block, REFERENCE_NAME, outputs=decode_outputs(manifest)), DECODE_REFERENCE)
 
 
 class OrtDecodeRunner(BaseRunner):
@@ -217,13 +237,14 @@ class OrtDecodeRunner(BaseRunner):
             raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
         carried = {"hidden", "position_ids", "past_key", "past_value", "key_cache", "value_cache", "past_length"}
         self.streams = [slot.name for slot in stream_slots(manifest)]  # fed from each step's feed
-        extra = [name for name in manifest.input_names if name not in carried and name not in self.streams]
+        returned = {f"past_{name[8:]}" for name in manifest.output_names if name.startswith("present_")}
+        extra = [name for name in manifest.input_names if name not in carried | returned and name not in self.streams]
         if extra:
             raise ConfigError(
-                f"this graph takes the cache input {extra[0]!r} beside past_key and past_value (a traced DSA layer's "
-                f"indexer keys); decode steps carry keys and values only. Validate it with single calls "
-                f"(posenc validate, --against-hf), which feed every cache."
+                f"this graph takes the input {extra[0]!r}, which is no cache it returns; decode steps carry caches "
+                f"(past_<name> -> present_<name>) only. Validate it with single calls (posenc validate, --against-hf)."
             )
+        self.outputs = decode_outputs(manifest)
         self.model = model if isinstance(model, bytes) else str(model)
         self.manifest = manifest
         self.batch = batch
@@ -262,12 +283,13 @@ class OrtDecodeRunner(BaseRunner):
             self.buffers = [rng.standard_normal(shape).astype(np.float32).astype(dtype) for shape in shapes]
             self.caches = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.buffers]  # shares memory
         else:  # each cache's own heads and width (a traced layer's values may differ from its keys in width)
-            self.presents = [self._empty_past(name, dtype) for name in ("past_key", "past_value")]
+            self.presents = [self._empty_past(f"past_{name[8:]}", dtype) for name in self.outputs[1:]]
 
     def _empty_past(self, name: str, dtype: Any) -> np.ndarray:
-        """The cache input ``name`` before the first step: ``[B, heads, 0, width]`` as the manifest records it."""
+        """The cache input ``name`` before the first step, as the manifest records it: ``[B, heads, 0, width]`` (no
+        cached position), or zeros of a fixed-size state ``[B, ...]``."""
         shape = self.manifest.input(name).shape
-        return np.zeros((self.batch, int(shape[1]), 0, int(shape[3])), dtype=dtype)
+        return np.zeros([self.batch if d == "batch" else 0 if d == "past" else int(d) for d in shape], dtype=dtype)
 
     def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
         start = time.perf_counter()
@@ -289,18 +311,14 @@ class OrtDecodeRunner(BaseRunner):
                 tokens = np.arange(max(0, self.past - self.ring), self.past) % self.ring
                 key, value = (buffer[:, :, tokens].copy() for buffer in self.buffers)
         else:
-            feed = {
-                "hidden": hidden,
-                "position_ids": positions,
-                "past_key": self.presents[0],
-                "past_value": self.presents[1],
-                **{name: feed_dict[name] for name in self.streams},
-            }
-            out, key, value = self.session.run(["out", "present_key", "present_value"], feed)
-            self.presents = [key, value]
+            feed = {"hidden": hidden, "position_ids": positions, **{name: feed_dict[name] for name in self.streams}}
+            feed.update((f"past_{name[8:]}", past) for name, past in zip(self.outputs[1:], self.presents, strict=True))
+            out, *self.presents = self.session.run(list(self.outputs), feed)
             self.past += seq
+            key, value = self.presents[:2]
         self.inference_time = time.perf_counter() - start
-        outputs = {"out": out, "present_key": key, "present_value": value}
+        extra = [] if self.in_place else list(zip(self.outputs[3:], self.presents[2:], strict=True))
+        outputs = {"out": out, "present_key": key, "present_value": value, **dict(extra)}
         return OrderedDict(_keep_last(outputs, self.kept).items() if self.kept else outputs.items())
 
     def deactivate_impl(self) -> None:
@@ -473,7 +491,7 @@ def _validate_decode(
             ref.runner.fn = lambda feed, step=step: _keep_last(step(feed), kept)
     for ref in all_references:
         ref.runner.input_metadata = feed_metadata(feeds[0])
-    tols = tolerances_for(first.scheme, dict.fromkeys(OUTPUTS, first.dtype), tolerances)
+    tols = tolerances_for(first.scheme, dict.fromkeys(decode_outputs(first), first.dtype), tolerances)
     comparison = compare(all_references, candidates, feeds, tols, shapes=schedule, quiet=quiet)
     return DecodeReport([str(p) for p in paths], schedule, comparison.rows, mode, all_references)
 
@@ -482,6 +500,7 @@ __all__ = [
     "DECODE_STEPS",
     "DecodeReport",
     "OrtDecodeRunner",
+    "decode_outputs",
     "decode_schedule",
     "eager_decode_reference",
     "ring_schedule",
