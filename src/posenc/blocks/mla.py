@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from posenc import rope_types
-from posenc.blocks.attention import AttentionBlock, HeadRMSNorm, block_scheme, temperature_tuned
+from posenc.blocks.attention import AttentionBlock, block_scheme, temperature_tuned
+from posenc.blocks.norms import HeadRMSNorm
 from posenc.config import AttentionConfig
 from posenc.errors import ConfigError
 from posenc.schemes.base import (
