@@ -63,6 +63,7 @@ from posenc.trace.orders import order_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
 from posenc.trace.stems import stem_parts
+from posenc.trace.windows import chunk_window
 
 TRACE_OPSET = DEFAULT_OPSET
 """Traced graphs are exported at opset 23 (the standard RotaryEmbedding and Attention ops the passes fuse into)."""
@@ -197,14 +198,21 @@ PADDING_PART = "sequence padding"
 
 
 def _padding_parts(plan: TracePlan) -> tuple[TracePart, ...]:
-    """The unit pads the sequence to whole blocks as the model's stack does (:data:`posenc.trace.inputs.PADDED_BLOCKS`):
-    said in the manifest."""
+    """The unit pads the sequence as the model does before its layers, to whole blocks
+    (:data:`posenc.trace.inputs.PADDED_BLOCKS`: PEGASUS-X) or to its attention window (:mod:`posenc.trace.windows`:
+    Longformer, LED's encoder): said in the manifest."""
     block = padding_block(plan.captured.call)
-    if block is None:
+    window = chunk_window(plan.captured.attention) if plan.captured.cacheless else None
+    if block is not None:
+        detail = (f"the model's stack pads the sequence to whole blocks of {block} before its layers; the unit pads "
+                  f"its input the same way, hides the padding in the attention's padding mask and drops the padded "
+                  f"rows of its output")  # fmt: skip
+    elif window is not None:
+        detail = (f"the model pads the sequence to a multiple of its attention window ({window}) before its layers; "
+                  f"the unit pads its input by more than one window to a multiple of it, marks the padding in the "
+                  f"attention's masks and drops the padded rows of its output")  # fmt: skip
+    else:
         return ()
-    detail = (f"the model's stack pads the sequence to whole blocks of {block} before its layers; the unit pads its "
-              f"input the same way, hides the padding in the attention's padding mask and drops the padded rows of "
-              f"its output")  # fmt: skip
     return (TracePart(PADDING_PART, "kept", detail),)
 
 
@@ -382,7 +390,34 @@ def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) 
             outputs.append((f"{key}_out", f"[B, {length}, {width}] ({key}, updated by the attention)"))
     if captured.boxes is not None:  # the tokens' boxes, last (posenc.trace.boxes)
         slots.append(box_slot(captured.boxes.dtype, captured.boxes.top))
+    _check_inputs(module, slots)
     return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
+
+
+NAMED_INPUTS = 8
+"""The traced unit's named parameters (``hidden, position_ids, past_key, past_value, past_2 .. past_5``): torch.export
+binds one graph input to each; more would fall into ``*streams``, which it cannot give dynamic shapes one by one."""
+
+
+def _check_inputs(module: torch.nn.Module, slots: list[Slot]) -> None:
+    """The graph's cache inputs are the ones the unit's forward takes, in its order
+    (:attr:`posenc.trace.module.TracedAttention.cache_inputs`), and no more inputs than it names.
+
+    Raises:
+        ExportError: a layer whose cache holds both indexer keys and states, or too many inputs.
+    """
+    caches = [slot.name for slot in slots if slot.kind == "past"]
+    expected = getattr(module, "cache_inputs", None)
+    if caches and expected is not None and caches != list(expected)[: len(caches)]:
+        raise ExportError(
+            f"this layer's cache holds {', '.join(caches)}, but posenc's traced unit takes {', '.join(expected)}; "
+            f"a cache of both indexer keys and states cannot be traced yet."
+        )
+    if len(slots) > NAMED_INPUTS:
+        raise ExportError(
+            f"this layer's unit would take {len(slots)} inputs ({', '.join(slot.name for slot in slots)}); posenc's "
+            f"traced unit names {NAMED_INPUTS}, so this attention cannot be traced yet."
+        )
 
 
 def _stream_layout(key: str, length: int | str, width: int) -> str:

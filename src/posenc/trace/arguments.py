@@ -118,7 +118,7 @@ def classify(
         if value.dim() >= 2 and value.numel() and not value.is_floating_point() and bool((value == 0).all()):
             return "zeros"
         if "mask" in key and value.dim() == 2 and value.numel() and bool((value == 0).all()):
-            return "zeros"  # an additive mask [B, S] that hides nothing (Longformer's: 0 marks local attention)
+            return "zeros"  # an additive mask of zeros over another length (over the tokens: kind padding above)
     if key in EVERY_KEY and is_every_key(value, positions):
         return "every_key"
     if key in STREAMS and is_stream(value, positions, STREAM_LENGTHS.get(key, "seq")):
@@ -266,7 +266,8 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     if kind == "hidden":
         return hidden
     if kind == "position_ids":
-        return position_ids.to(_INDEX_DTYPES[constants[key]]) if key in constants else position_ids
+        dtype = constants.get(key)  # CPM-Ant's int32; a dict argument's entry keeps the dict's constants (none)
+        return position_ids.to(_INDEX_DTYPES[dtype]) if isinstance(dtype, str) else position_ids
     if kind == "segments":  # [split, before, after, dtype]: a segment id per position (SEGMENTS)
         split, before, after, dtype = constants[key]
         return torch.where(position_ids < split, before, after).to(_INDEX_DTYPES[dtype])
@@ -295,8 +296,11 @@ def rebuild(key: str, kind: str, constants: dict[str, Any], hidden: torch.Tensor
     if kind in ("ones", "zeros"):
         fill = torch.ones if kind == "ones" else torch.zeros
         trailing = constants.get(key, ()) if kind == "zeros" else ()
-        dtype = getattr(torch, constants[key]) if kind == "ones" and key in constants else torch.int64
+        named = constants.get(key) if kind == "ones" else None  # a float padding mask of ones keeps its dtype
+        dtype = getattr(torch, named) if isinstance(named, str) else torch.int64
         return fill(hidden.shape[0], hidden.shape[1], *trailing, dtype=dtype, device=hidden.device)
+    if kind == "padding":  # outside the attention's own call: no sequence padded to blocks there, so it hides nothing
+        return padding_mask(hidden.shape[1], hidden.shape[1], hidden, str(constants[key][0]))
     raise ConfigError(f"unknown argument kind {kind!r} in a trace record; re-export the model.")
 
 

@@ -456,10 +456,9 @@ def derived_parts(recipes: Mapping[str, DerivedRecipe]) -> tuple[TracePart, ...]
                        f"capture)")  # fmt: skip
         rewrites = covered(recipe.source.cls) if recipe.source is not None else []
         if rewrites:  # the graph holds posenc's tensor-wise rewrite of a method that reads the length as a number
-            detail = (
-                f"argument {key!r}, computed once per stack by the model's own {code} from the sequence; in the "
-                f"graph, {'; '.join(rewrites)} computed from tensors by posenc (posenc.trace.tensorwise: the same "
-                f"values at every length; the model's code is the reference it is validated against)"
+            detail += (
+                f"; in the graph, {'; '.join(rewrites)} computed from tensors by posenc (posenc.trace.tensorwise: the "
+                f"same values at every length; the model's code is the reference it is validated against)"
             )
         parts.append(TracePart(DERIVED_PART, "kept", detail))
     return tuple(parts)

@@ -284,7 +284,7 @@ SEGMENTS: dict[str, str] = {
 ``prompt_length`` prompt tokens (segment 0) to the text (segment 2 for every id but its padding id 0) and its
 ``CpmAntSegmentPositionEmbedding`` reads the segments beside the positions. For one call of text without padding the
 segment is a function of the position, ``before`` below the split and ``after`` from it (kind ``segments``,
-:func:`posenc.trace.arguments.is_segments`: measured on the capture and checked equal there, the split and ids
+:func:`posenc.trace.arguments.segments_of`: measured on the capture and checked equal there, the split and ids
 recorded); a capture with a padding id among the text is refused (its mask then hides that token: no mask the
 unit rebuilds)."""
 

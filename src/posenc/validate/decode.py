@@ -141,7 +141,14 @@ class OrtDecodeRunner(BaseRunner):
         if manifest.unit not in ("block", BLOCK_INPLACE):
             raise ConfigError(f"decode steps need a block graph (unit block or block-inplace), not {manifest.unit!r}.")
         carried = {"hidden", "position_ids", "past_key", "past_value", "key_cache", "value_cache", "past_length"}
+        if not {"past_key", "key_cache"} & set(manifest.input_names):
+            raise ConfigError(
+                "this graph takes no cache (its model calls its attention without one): there is no decode step to "
+                "carry. Validate it with single calls (posenc validate, --against-hf)."
+            )
         self.streams = [slot.name for slot in stream_slots(manifest)]  # fed from each step's feed
+        if self.streams and manifest.unit == BLOCK_INPLACE:
+            raise ConfigError(f"an in-place graph with second streams ({', '.join(self.streams)}) is not served here.")
         returned = {f"past_{name[8:]}" for name in manifest.output_names if name.startswith("present_")}
         extra = [name for name in manifest.input_names if name not in carried | returned and name not in self.streams]
         if extra:
@@ -387,7 +394,8 @@ def _validate_decode(
         mode = prepared.mode
         name = f"onnxrt-{index}:{Path(path).stem}"
         candidates.append(OrtDecodeRunner(prepared.model, manifest, schedule[0].batch, name, providers, seed, kept))
-    carried = [{k: (np.asarray(v).astype(np.float32) if k == "hidden" else v) for k, v in f.items()} for f in feeds]
+    carried = [{k: (v if np.asarray(v).dtype.kind in "iub" else np.asarray(v).astype(np.float32)) for k, v in f.items()}
+               for f in feeds]  # fmt: skip  # bf16 emulated: every floating feed (hidden, streams) as float32
     feeds = carried if mode != "numeric" else feeds
     all_references = [reference, *references]
     if kept is not None:  # every reference's cache rows cut to what the ring holds

@@ -88,7 +88,8 @@ def ring_schedule(schedule: Sequence[Shape], slots: int, window: int) -> list[Sh
 
 def keep_last(outputs: dict[str, Any], kept: int) -> dict[str, Any]:
     """The last ``kept`` tokens of each cache output ``[B, Hkv, P, D]`` (what a ring holds)."""
-    return {k: (v[:, :, -kept:] if k != "out" and v.shape[2] > kept else v) for k, v in outputs.items()}
+    caches = ("present_key", "present_value")  # token axis 2; a state [B, ...] has none
+    return {k: (v[:, :, -kept:] if k in caches and v.shape[2] > kept else v) for k, v in outputs.items()}
 
 
 def step_feeds(manifest: Manifest, schedule: Sequence[Shape], seed: int = 0) -> list[dict[str, np.ndarray]]:
