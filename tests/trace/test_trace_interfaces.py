@@ -59,15 +59,15 @@ def _slots(*names: str, kind: str = "past") -> list:
 def test_the_units_cache_inputs_are_its_forwards_and_at_most_eight_inputs() -> None:
     """The graph's cache inputs must be the unit's (:attr:`TracedAttention.cache_inputs`, in order), and a unit
     names eight inputs: more, or another order, is refused before torch.export binds them wrongly."""
-    from posenc.export.trace import _check_inputs
+    from posenc.export.trace_unit import check_inputs
 
     unit = SimpleNamespace(cache_inputs=["past_key", "past_value", "past_conv_state_0"])
     acts = _slots("hidden", "position_ids", kind="act")
-    _check_inputs(unit, [*acts, *_slots("past_key", "past_value", "past_conv_state_0")])
+    check_inputs(unit, [*acts, *_slots("past_key", "past_value", "past_conv_state_0")])
     with pytest.raises(ExportError, match="past_indexer_key"):
-        _check_inputs(unit, [*acts, *_slots("past_key", "past_value", "past_indexer_key")])
+        check_inputs(unit, [*acts, *_slots("past_key", "past_value", "past_indexer_key")])
     with pytest.raises(ExportError, match="9 inputs"):
-        _check_inputs(unit, [*acts, *_slots("past_key", "past_value"), *_slots(*"abcde", kind="act")])
+        check_inputs(unit, [*acts, *_slots("past_key", "past_value"), *_slots(*"abcde", kind="act")])
 
 
 def test_decode_steps_refuse_a_graph_without_a_cache() -> None:

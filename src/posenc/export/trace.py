@@ -32,14 +32,12 @@ import torch
 
 from posenc.artifacts.files import atomic_outputs, manifest_path_for, weights_path_for
 from posenc.artifacts.paths import output_path, sha256_file
-from posenc.config import AttentionConfig
 from posenc.errors import ConfigError, ExportError
 from posenc.export.checks import ONNX_FILE_LIMIT
 from posenc.export.describe import graph_specs, library_versions, source_info
 from posenc.export.exporter import ExportResult
 from posenc.export.external import LINKED_WEIGHTS_FORMAT, write_linked
-from posenc.export.feeds import SOURCE, Slot, box_slot, dim_size
-from posenc.export.kinds import UnitKind
+from posenc.export.feeds import SOURCE, Slot, dim_size
 from posenc.export.manifest import DimRange, Manifest, WeightsRecord
 from posenc.export.shapes import SAMPLE_SHAPE
 from posenc.export.torch_onnx import DEFAULT_OPSET, quiet_exporter, to_onnx_model
@@ -50,15 +48,16 @@ from posenc.export.trace_bounds import (
     deferred_note,
     slot_shapes,
 )
-from posenc.export.units import ExportUnit, _slots
+from posenc.export.trace_unit import traced_unit
+from posenc.export.units import ExportUnit
 from posenc.records import to_json
 from posenc.schemes import get_spec
-from posenc.schemes.base import Placement, PositionalScheme, TableMode, table_keys
-from posenc.trace.arguments import padding_block, stream_shapes
+from posenc.schemes.base import PositionalScheme, TableMode, table_keys
+from posenc.trace.arguments import padding_block
 from posenc.trace.build import NOPE, TracePlan, plan_trace, relative_parts, trace_record, traced_module
-from posenc.trace.capture import Captured, capture_layer
+from posenc.trace.capture import capture_layer
 from posenc.trace.derived import derived_parts
-from posenc.trace.inputs import EVERY_KEY, STREAM_OUTPUTS
+from posenc.trace.inputs import EVERY_KEY
 from posenc.trace.orders import order_parts
 from posenc.trace.record import ROTARY_PART, TracePart, angles_replaced, tower_note
 from posenc.trace.stacks import bias_parts, outside_parts
@@ -295,7 +294,7 @@ def export_traced(
     limit = _guard_limit(plan, exact)
     module = traced_module(plan, angles="native", position_limit=limit)
     module.guard_exported = position_guard
-    unit = _unit(module, plan.config, plan.captured)
+    unit = traced_unit(module, plan.config, plan.captured)
     sample = unit.sample_inputs(SAMPLE_SHAPE, position_limit=limit)
 
     def export(dims: Mapping[str, Any], deferred: bool = False) -> tuple[Any, list[str]]:
@@ -364,75 +363,6 @@ def _unrewritten(plan: TracePlan) -> tuple[TracePart, ...]:
     if plan.captured.rotary is None:
         return ()
     return (TracePart(ROTARY_PART, "kept", "exported without posenc's graph rewrite (rewrite=None)"),)
-
-
-def _unit(module: torch.nn.Module, config: AttentionConfig, captured: Captured) -> ExportUnit:
-    """The ``block`` unit; without a cache its ``hidden`` and ``position_ids`` alone, and ``out``; with values of
-    another width than the keys (``value_dim``, :mod:`posenc.trace.caches`), ``past_value [B, Hkv, P, Dv]``; with
-    a DSA layer's indexer keys, ``past_indexer_key [B, P, Di]`` -> ``present_indexer_key``; with a hybrid cache
-    layer's fixed-size states, ``past_<name> [B, ...]`` -> ``present_<name>`` each (:mod:`posenc.trace.caches`)."""
-    slots, outputs = _slots(UnitKind.BLOCK, Placement.QK, config, 1)
-    if captured.cacheless:
-        slots, outputs = [slot for slot in slots if slot.kind != "past"], outputs[:1]
-    elif captured.value_dim is not None:
-        slots = [_value_width(slot, captured.value_dim) if slot.name == "past_value" else slot for slot in slots]
-        outputs = [(name, "[B, Hkv, P+S, Dv]" if name == "present_value" else layout) for name, layout in outputs]
-    if not captured.cacheless and captured.indexer_dim is not None:
-        slots.append(Slot("past_indexer_key", "past", ("batch", "past", captured.indexer_dim), "[B, P, Di] (indexer)"))
-        outputs.append(("present_indexer_key", "[B, P+S, Di] (indexer)"))
-    for state in () if captured.cacheless else captured.states:  # a hybrid layer's states, fixed in size
-        layout = f"[B, {', '.join(str(d) for d in state.shape)}] ({state.name.replace('_', ' ')})"
-        slots.append(Slot(f"past_{state.name}", "past", ("batch", *state.shape), layout))
-        outputs.append((f"present_{state.name}", layout))
-    for key, (length, width) in stream_shapes(captured.call).items():  # second streams, last (TracedAttention)
-        slots.append(Slot(key, "act", ("batch", length, width), _stream_layout(key, length, width)))
-        if key in STREAM_OUTPUTS:  # returned updated (PEGASUS-X's global tokens' states), after the other outputs
-            outputs.append((f"{key}_out", f"[B, {length}, {width}] ({key}, updated by the attention)"))
-    if captured.boxes is not None:  # the tokens' boxes, last (posenc.trace.boxes)
-        slots.append(box_slot(captured.boxes.dtype, captured.boxes.top))
-    _check_inputs(module, slots)
-    return ExportUnit(UnitKind.BLOCK, module, module, config, torch.float32, slots, outputs)
-
-
-NAMED_INPUTS = 8
-"""The traced unit's named parameters (``hidden, position_ids, past_key, past_value, past_2 .. past_5``): torch.export
-binds one graph input to each; more would fall into ``*streams``, which it cannot give dynamic shapes one by one."""
-
-
-def _check_inputs(module: torch.nn.Module, slots: list[Slot]) -> None:
-    """The graph's cache inputs are the ones the unit's forward takes, in its order
-    (:attr:`posenc.trace.module.TracedAttention.cache_inputs`), and no more inputs than it names.
-
-    Raises:
-        ExportError: a layer whose cache holds both indexer keys and states, or too many inputs.
-    """
-    caches = [slot.name for slot in slots if slot.kind == "past"]
-    expected = getattr(module, "cache_inputs", None)
-    if caches and expected is not None and caches != list(expected)[: len(caches)]:
-        raise ExportError(
-            f"this layer's cache holds {', '.join(caches)}, but posenc's traced unit takes {', '.join(expected)}; "
-            f"a cache of both indexer keys and states cannot be traced yet."
-        )
-    if len(slots) > NAMED_INPUTS:
-        raise ExportError(
-            f"this layer's unit would take {len(slots)} inputs ({', '.join(slot.name for slot in slots)}); posenc's "
-            f"traced unit names {NAMED_INPUTS}, so this attention cannot be traced yet."
-        )
-
-
-def _stream_layout(key: str, length: int | str, width: int) -> str:
-    """A second stream's layout in the manifest: over the tokens, or of its own length (an encoder's states, fed
-    at every call: the merged attention projects its keys and values of them each time, no cache holds them)."""
-    if length == "seq":
-        return f"[B, S, {width}] ({key}, from the token ids)"
-    if length == SOURCE:
-        return f"[B, S_enc, {width}] ({key}: fed at every call, its keys and values projected each time, not cached)"
-    return f"[B, {length}, {width}] ({key})"
-
-
-def _value_width(slot: Slot, value_dim: int) -> Slot:
-    """``past_value`` with its last axis ``value_dim`` wide (the cache's values differ from its keys in width)."""
-    return dataclasses.replace(slot, shape=(*slot.shape[:-1], value_dim), layout="[B, Hkv, P, Dv]")
 
 
 def _scheme_of(plan: TracePlan, parts: tuple[TracePart, ...]) -> str:
