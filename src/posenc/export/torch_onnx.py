@@ -24,6 +24,7 @@ from posenc.artifacts.files import atomic_outputs
 from posenc.errors import ExportError, PosencError
 from posenc.export.complex import realify_complex
 from posenc.export.kinds import UnitKind
+from posenc.export.onnx_registry import reused_translation_registry
 
 SUPPORTED_OPSETS: tuple[int, ...] = (17, 18, 23, 24)
 DEFAULT_OPSET = 23
@@ -178,7 +179,7 @@ def to_onnx_model(
     opset = check_opset(opset)
     notes: list[str] = []
     shapes = tuple(dynamic_shapes) if dynamic_shapes is not None else None
-    with quiet_exporter(), torch.no_grad():
+    with quiet_exporter(), torch.no_grad(), reused_translation_registry():
         try:
             program = torch.export.export(
                 module,
