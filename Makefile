@@ -31,9 +31,13 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # `make test`: everything this machine can run in under ten minutes on 2 cores (gpu/trt tests skip with
-# the reason). `make test-slow`: the redundant variants left out of it.
-test: $(STAMP) lint typecheck
-	$(VENV)/bin/pytest -n $(JOBS) -q -m "not slow"
+# the reason). mypy (one core, about 20 s) runs beside pytest and fails the target after it if it fails.
+# `make test-slow`: the redundant variants left out of it.
+test: $(STAMP) lint
+	@$(VENV)/bin/mypy > $(VENV)/.mypy.out 2>&1 & mypy=$$!; \
+	$(VENV)/bin/pytest -n $(JOBS) -q -m "not slow"; status=$$?; \
+	wait $$mypy; typed=$$?; cat $(VENV)/.mypy.out; \
+	if [ $$typed -ne 0 ]; then echo "make test: mypy failed (above)"; exit 1; fi; exit $$status
 
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -n $(JOBS) -q -m slow

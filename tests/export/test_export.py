@@ -27,21 +27,22 @@ from posenc.export import (
 )
 from posenc.export import exporter as exporter_module
 from posenc.validate import validate_onnx
-from tests.conftest import SMALL
+from tests.conftest import SMALL, private_export
 from tests.matrix import MatrixCase, exported_result
 
 
 @pytest.fixture(scope="module")
-def rope_block(tmp_path_factory):
-    """A precomputed fp32 RoPE block (table of 64 rows, grouped-query geometry)."""
-    path = tmp_path_factory.mktemp("rope_block") / "model.onnx"
-    return export_scheme("rope", path, unit="block", config=SMALL, table_mode="precomputed")
+def rope_block(export_cache):
+    """A precomputed fp32 RoPE block (table of 64 rows, grouped-query geometry): the matrix's export, shared with the
+    engine tests; read only (a test that writes beside it works on a copy)."""
+    return exported_result(MatrixCase("rope", "precomputed", "float32", "block"), export_cache, SMALL)
 
 
 def test_manifest_describes_the_graph(rope_block) -> None:
     m = rope_block.manifest
-    assert rope_block.manifest_path.name == "model.manifest.json"
-    assert rope_block.weights_path.name == "model.weights.safetensors"
+    stem = rope_block.path.stem  # model.onnx -> model.manifest.json, model.weights.safetensors
+    assert rope_block.manifest_path.name == f"{stem}.manifest.json"
+    assert rope_block.weights_path.name == f"{stem}.weights.safetensors"
     assert m.onnx_sha256 == sha256_file(rope_block.path)
     assert m.weights.sha256 == sha256_file(rope_block.weights_path)
     assert (m.scheme, m.unit, m.table_mode, m.dtype, m.table_dtype, m.opset) == (
@@ -208,11 +209,13 @@ def test_failed_export_leaves_nothing_behind(rope_block, tmp_path, monkeypatch) 
         export_scheme("rope", tmp_path / "model.onnx", unit="op", config=SMALL)
     assert list(tmp_path.iterdir()) == []  # neither final files nor temporaries
 
-    # a failed re-export leaves the previous, complete artifacts untouched
-    before = {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()}
+    # a failed re-export leaves the previous, complete artifacts untouched (a copy: the shared export is left alone)
+    (tmp_path / "previous").mkdir()
+    previous = private_export(rope_block.path, tmp_path / "previous")
+    before = {p.name: sha256_file(p) for p in previous.path.parent.iterdir()}
     with pytest.raises(RuntimeError, match="disk full"):
-        export_scheme("rope", rope_block.path, unit="op", config=SMALL)
-    assert {p.name: sha256_file(p) for p in rope_block.path.parent.iterdir()} == before
+        export_scheme("rope", previous.path, unit="op", config=SMALL)
+    assert {p.name: sha256_file(p) for p in previous.path.parent.iterdir()} == before
 
 
 def test_tracing_failure_is_an_export_error(tmp_path, monkeypatch) -> None:
@@ -335,10 +338,11 @@ def test_a_manifest_with_renamed_missing_or_malformed_keys_asks_to_re_export(rop
 
 
 @pytest.mark.parametrize("case", ["default", "interleaved_partial"])
-def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, tmp_path) -> None:
-    """Unit op-3d: q [B, S, H*D], k [B, S, Hkv*D] in and out, equal to the op on [B, H, S, D] re-laid out."""
+def test_op_3d_rotates_the_projection_layout_and_matches_eager(case: str, export_cache) -> None:
+    """Unit op-3d: q [B, S, H*D], k [B, S, Hkv*D] in and out, equal to the op on [B, H, S, D] re-laid out (the
+    matrix's export of the case, shared with the fusion tests)."""
     params = get_spec("rope").cases[case]
-    result = export_scheme("rope", tmp_path / "r3.onnx", unit="op-3d", params=params, config=SMALL)
+    result = exported_result(MatrixCase("rope", "precomputed", "float32", "op-3d", case=case), export_cache, SMALL)
     names = [(s.name, s.layout) for s in result.manifest.inputs]
     assert names == [("q", "[B, S, H*D]"), ("k", "[B, S, Hkv*D]"), ("position_ids", "[B, S]")]
     assert validate_onnx(result.path).passed

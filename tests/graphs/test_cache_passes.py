@@ -17,6 +17,7 @@ from posenc.graphs import optimize_file
 from posenc.graphs.cache import CacheFacts, gqa_refusal
 from posenc.graphs.inspect import inspect_model
 from posenc.validate.decode import validate_decode
+from tests.conftest import shared_export
 
 CONFIG = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=48)
 SHORT = [FeedShape(2, 5, 0)] + [FeedShape(2, 1, 5 + i) for i in range(12)] + [FeedShape(2, 1, 17, start=47)]
@@ -27,12 +28,14 @@ def _ops(path: Path) -> collections.Counter[str]:
     return collections.Counter(node.op_type for node in onnx.load(str(path)).graph.node)
 
 
-def _in_place(folder: Path, scheme: str) -> Path:
-    return export_scheme(scheme, folder / f"{scheme}.onnx", kv_cache="inplace", config=CONFIG).path
+def _in_place(export_cache: Path, scheme: str) -> Path:
+    """``scheme``'s in-place block of :data:`CONFIG`, exported once for the session (tests read it, and write their
+    optimized graphs into their own folder)."""
+    return shared_export(export_cache, f"cache_passes_inplace_{scheme}", scheme, kv_cache="inplace", config=CONFIG).path
 
 
-def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_path: Path) -> None:
-    source = _in_place(tmp_path, "rope")
+def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_path: Path, export_cache: Path) -> None:
+    source = _in_place(export_cache, "rope")
     target = tmp_path / "rope.ort-cuda.onnx"
     result = optimize_file(source, target, "ort-cuda")
     assert result.counts["gqa_over_cache"] == 1
@@ -48,7 +51,9 @@ def test_ort_cuda_target_makes_one_group_query_attention_with_fused_rotary(tmp_p
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
-def test_validate_feeds_an_in_place_group_query_attention_only_the_shapes_it_serves(tmp_path: Path) -> None:
+def test_validate_feeds_an_in_place_group_query_attention_only_the_shapes_it_serves(
+    tmp_path: Path, export_cache: Path
+) -> None:
     """ONNX Runtime's GroupQueryAttention over the shared cache refuses a chunk over a filled cache with more than
     one row; the optimized manifest says so, the default feeds take one row there, a requested shape is refused."""
     from posenc.cli import main
@@ -57,7 +62,7 @@ def test_validate_feeds_an_in_place_group_query_attention_only_the_shapes_it_ser
     from posenc.validate import validate_onnx
 
     target = tmp_path / "rope.ort-cuda.onnx"
-    optimize_file(_in_place(tmp_path, "rope"), target, "ort-cuda")
+    optimize_file(_in_place(export_cache, "rope"), target, "ort-cuda")
     assert load_manifest(target).optimized.shape_rules == (CHUNK_OVER_CACHE_ONE_ROW,)
     report = validate_onnx(target)  # before: ONNX Runtime raised "batch_size must be 1 ..." on (2, 13, 5)
     assert report.passed
@@ -66,16 +71,16 @@ def test_validate_feeds_an_in_place_group_query_attention_only_the_shapes_it_ser
     assert main(["validate", str(target), "--shape", "2,1,9"]) == 0  # single tokens take any batch
 
 
-def test_score_bias_goes_into_group_query_attention(tmp_path: Path) -> None:
-    source = _in_place(tmp_path, "alibi")
+def test_score_bias_goes_into_group_query_attention(tmp_path: Path, export_cache: Path) -> None:
+    source = _in_place(export_cache, "alibi")
     target = tmp_path / "alibi.ort-cuda.onnx"
     assert optimize_file(source, target, "ort-cuda").counts["gqa_over_cache"] == 1
     report = validate_decode([target], SHORT)
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
-def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(tmp_path: Path) -> None:
-    source = _in_place(tmp_path, "rope")
+def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(tmp_path: Path, export_cache: Path) -> None:
+    source = _in_place(export_cache, "rope")
     target = tmp_path / "rope.ort-cpu.onnx"
     assert optimize_file(source, target, "ort-cpu").counts["decode_over_cache"] == 1
     assert _ops(target)["If"] == 1  # grouped attention over the whole cache, or the sliced Attention (prefill)
@@ -85,8 +90,10 @@ def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(tmp_path: P
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
-def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(tmp_path: Path) -> None:
-    source = _in_place(tmp_path, "rerope")
+def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(
+    tmp_path: Path, export_cache: Path
+) -> None:
+    source = _in_place(export_cache, "rerope")
     target = tmp_path / "rerope.ort-cuda.onnx"
     result = optimize_file(source, target, "ort-cuda")
     assert result.counts["gqa_over_cache"] == 0
@@ -150,12 +157,12 @@ def test_group_query_attention_takes_a_plain_causal_block() -> None:
     assert gqa_refusal(CacheFacts(in_place=True, logit_softcap=30.0, placement="qk")) is None
 
 
-def test_tensorrt_parses_the_cache_writes_as_kv_cache_update_layers(tmp_path: Path) -> None:
+def test_tensorrt_parses_the_cache_writes_as_kv_cache_update_layers(tmp_path: Path, export_cache: Path) -> None:
     pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx not installed")
     from posenc.engine import check_parse
 
     target = tmp_path / "rope.trt.onnx"
-    optimize_file(_in_place(tmp_path, "rope"), target, "trt")
+    optimize_file(_in_place(export_cache, "rope"), target, "trt")
     report = check_parse(target)
     assert report.parsed is True, report.message
     assert report.layers["KV_CACHE_UPDATE"] == 2

@@ -18,6 +18,7 @@ from posenc.schemes.base import Tolerance
 from posenc.validate import DEFAULT_SHAPES, EagerTorchRunner, default_shapes, tolerance_for, validate_onnx
 from posenc.validate.bf16 import check_bf16_structure, emulate_bf16
 from tests.conftest import SMALL, copy_export
+from tests.matrix import MatrixCase, exported_result
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +124,8 @@ def test_shapes_past_the_table_are_refused(yarn_op) -> None:
         validate_onnx(yarn_op.path, shapes=[FeedShape(1, 8, SMALL.max_position_embeddings)])
 
 
-def test_bf16_graph_is_checked_structurally_and_by_emulation(tmp_path) -> None:
-    result = export_scheme("rope", tmp_path / "bf16.onnx", unit="block", config=SMALL, dtype="bf16")
+def test_bf16_graph_is_checked_structurally_and_by_emulation(export_cache) -> None:
+    result = exported_result(MatrixCase("rope", "precomputed", "bfloat16", "block"), export_cache, SMALL)
     model = onnx.load(str(result.path))
     assert check_bf16_structure(model) == []
     emulated = emulate_bf16(model)
