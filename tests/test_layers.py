@@ -19,7 +19,7 @@ import pytest
 grimp = pytest.importorskip("grimp", reason="grimp (a dev dependency: pip install -e '.[dev]') builds the graph")
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("posenc.errors", "posenc._lazy", "posenc.citations"),
+    ("posenc.errors", "posenc._lazy", "posenc.citations", "posenc.process"),
     ("posenc.artifacts",),  # safe paths, memory checks, atomic landing and locks: every layer's files
     ("posenc.records", "posenc.dtypes", "posenc.params"),
     ("posenc.provenance", "posenc.rope_types"),

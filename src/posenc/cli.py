@@ -29,6 +29,7 @@ from posenc import __version__
 from posenc.cli_args import add
 from posenc.cli_parser import PosencParser
 from posenc.errors import PosencError
+from posenc.process import batch_gc
 
 if TYPE_CHECKING:  # annotations only: `posenc --help` loads neither onnx nor ONNX Runtime
     from posenc.export.manifest import OutputDrift
@@ -227,8 +228,9 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def _process_setup() -> Iterator[None]:
-    """SIGTERM handled like Ctrl-C for the command's duration (main thread, default handler only), and output that
-    an encoding cannot show written with backslash escapes instead of a crash (``PYTHONIOENCODING=ascii``)."""
+    """SIGTERM handled like Ctrl-C for the command's duration (main thread, default handler only), output that
+    an encoding cannot show written with backslash escapes instead of a crash (``PYTHONIOENCODING=ascii``), and the
+    collector's thresholds of a batch job (:func:`posenc.process.batch_gc`)."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -238,7 +240,8 @@ def _process_setup() -> Iterator[None]:
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        yield
+        with batch_gc():
+            yield
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -33,6 +33,7 @@ from typing import Any
 
 from posenc.census.route import REFUSED, classify, module_of
 from posenc.census.types import ModelType
+from posenc.process import batch_gc
 
 MAX_KINDS = 6
 """Layer kinds exported per type, at most (a per-layer config that makes every layer its own kind stops here)."""
@@ -335,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = ModelType(**json.loads(args.type_json))
     workdir = Path(args.workdir)
     (workdir / "onnx").mkdir(parents=True, exist_ok=True)
-    census_type(info, workdir, Path(args.out), seed=args.seed)
+    with batch_gc():
+        census_type(info, workdir, Path(args.out), seed=args.seed)
     return 0
 
 
