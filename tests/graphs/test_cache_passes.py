@@ -107,6 +107,27 @@ def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
+@pytest.mark.slow  # the default run proves both value products at 2 heads per kv head (the test above)
+@pytest.mark.parametrize(("hidden", "heads", "kv_heads"), [(64, 4, 4), (48, 6, 2), (64, 8, 1)], ids=["G1", "G3", "G8"])
+def test_ort_cpu_decode_keeps_every_group_size_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hidden: int, heads: int, kv_heads: int
+) -> None:
+    """One query row per kv head keeps ``MatMul(q, Kᵀ)``; 3 heads per kv head take the scores as ``K·qᵀ`` and single
+    steps' values per head over chunks; 8 take the scores as ``K·qᵀ`` and the values grouped. Single steps and a
+    3-token step past a third of the cache, against the float64 eager block."""
+    monkeypatch.setattr(cache_decode, "VALUE_CHUNK_BYTES", 16 * 8 * 4)  # 16 slots of 8 floats: 3 chunks
+    geometry = AttentionConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, max_position_embeddings=48)
+    source = export_scheme("rope", tmp_path / "g.onnx", kv_cache="inplace", config=geometry).path
+    target = tmp_path / "g.ort-cpu.onnx"
+    assert optimize_file(source, target, "ort-cpu").counts["decode_over_cache"] == 1
+    (outer,) = [n for n in onnx.load(str(target)).graph.node if n.op_type == "If"]
+    grouped = _branches(outer)["then_branch"]
+    assert sum(n.op_type == "If" for n in grouped.node) == (heads // kv_heads == 3)
+    shapes = [FeedShape(1, 20, 0)] + [FeedShape(1, 1, 20 + i) for i in range(3)] + [FeedShape(1, 3, 23)]
+    report = validate_decode([target], shapes)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
 @pytest.mark.parametrize(
     ("slots", "width", "chunks"),
     [(8192, 512, 64), (8192, 128, 16), (527, 256, 17), (144, 128, 1), (8191, 512, None), (None, 64, None)],
