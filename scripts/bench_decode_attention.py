@@ -9,7 +9,8 @@ and ``V`` at the bandwidth of a 256 MiB copy (read + write, one thread, as ``pos
 latency`` is the attention's share of its bytes floor. Caches that fit the last-level cache (32 MiB here) stay there
 between the timed calls: their ratios compare formulations, not memory.
 
-    a   MatMul(q_g, Kᵀ), MatMul(P, V), q_g the G = H / Hkv heads of a kv head as G·S rows (posenc before 0.29);
+    a   MatMul(q_g, Kᵀ), MatMul(P, V), q_g the G = H / Hkv heads of a kv head as G·S rows (posenc's grouped branch
+        before this change);
         a1 with 1 intra-op thread, a-spin with spinning threads, a-basic at ORT_ENABLE_BASIC
     b   scores transposed, K·q_gᵀ [.., C, G·S], softmax over axis -2, MatMul(Pᵀ, V)
     c   b with contrib FusedMatMul written out (transB and alpha for the scores, transA for the values)
@@ -17,7 +18,7 @@ between the timed calls: their ratios compare formulations, not memory.
     e   a over 8 chunks of C (the chunks as a batch axis, one softmax, the partial values summed)
     h   every query head its own product (M = S), the cache broadcast over the group
     j   h over 64 chunks: the heads of a group read a chunk one after another
-    k   K·q_gᵀ transposed back (small), then a's softmax and MatMul(P, V)   (posenc, G > 4 or S > 1)
+    k   K·q_gᵀ transposed back (small), then a's softmax and MatMul(P, V)   (posenc, G > 4; 2 <= G <= 4 at S > 1)
     m   k's scores, j's values                                               (posenc, float32, 2 <= G <= 4, S = 1)
 
     python scripts/bench_decode_attention.py [--geometries 4/2/512,16/1/192/128] [--slots 8192] [--queries 1]
