@@ -9,11 +9,12 @@ import collections
 from pathlib import Path
 
 import onnx
+import onnx.numpy_helper
 import pytest
 
 from posenc.config import AttentionConfig
 from posenc.export import FeedShape, export_scheme
-from posenc.graphs import optimize_file
+from posenc.graphs import cache_decode, optimize_file
 from posenc.graphs.cache import CacheFacts, gqa_refusal
 from posenc.graphs.inspect import inspect_model
 from posenc.validate.decode import validate_decode
@@ -79,15 +80,68 @@ def test_score_bias_goes_into_group_query_attention(tmp_path: Path, export_cache
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
 
 
-def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(tmp_path: Path, export_cache: Path) -> None:
+def _branches(node: onnx.NodeProto) -> dict[str, onnx.GraphProto]:
+    return {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+
+
+def test_ort_cpu_target_reads_the_cache_without_copies_when_decoding(
+    tmp_path: Path, export_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both branches and, in the grouped one, both value products: per head over 3 chunks of 16 slots for single
+    steps (the chunk size shrunk to this cache's), grouped for a step of 2 tokens."""
+    monkeypatch.setattr(cache_decode, "VALUE_CHUNK_BYTES", 16 * 16 * 4)  # 16 slots of 16 floats
     source = _in_place(export_cache, "rope")
     target = tmp_path / "rope.ort-cpu.onnx"
     assert optimize_file(source, target, "ort-cpu").counts["decode_over_cache"] == 1
-    assert _ops(target)["If"] == 1  # grouped attention over the whole cache, or the sliced Attention (prefill)
-    # a prefill of 30 tokens (sliced branch), single steps with the cache filled past a third (grouped branch)
-    shapes = [FeedShape(1, 30, 0)] + [FeedShape(1, 1, 30 + i) for i in range(4)]
+    (outer,) = [n for n in onnx.load(str(target)).graph.node if n.op_type == "If"]  # grouped, or sliced (prefill)
+    grouped = _branches(outer)["then_branch"]
+    ops = collections.Counter(n.op_type for n in grouped.node)
+    assert ops["MatMul"] == 1  # the scores K·qᵀ
+    assert ops["If"] == 1  # the values per head or grouped
+    (values,) = [n for n in grouped.node if n.op_type == "If"]
+    per_head = _branches(values)["then_branch"]
+    assert [g.name for g in _branches(values).values()] == ["per_head_values", "grouped_values"]
+    constants = [n.attribute[0].t for n in per_head.node if n.op_type == "Constant"]
+    constants = [onnx.numpy_helper.to_array(tensor).tolist() for tensor in constants]
+    assert [0, 2, 3, 1, 16, 16] in constants  # the value cache [B, 2, 48, 16] as 3 chunks of 16 slots
+    assert any(n.op_type == "ReduceSum" for n in per_head.node)
+    # a prefill of 30 tokens (sliced branch), single steps with the cache filled past a third (grouped branch, values
+    # per head), two tokens at once (values grouped)
+    shapes = [FeedShape(1, 30, 0)] + [FeedShape(1, 1, 30 + i) for i in range(4)] + [FeedShape(1, 2, 34)]
     report = validate_decode([target], shapes)
     assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+@pytest.mark.slow  # the default run proves both value products at 2 heads per kv head (the test above)
+@pytest.mark.parametrize(("hidden", "heads", "kv_heads"), [(64, 4, 4), (48, 6, 2), (64, 8, 1)], ids=["G1", "G3", "G8"])
+def test_ort_cpu_decode_keeps_every_group_size_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hidden: int, heads: int, kv_heads: int
+) -> None:
+    """One query row per kv head keeps ``MatMul(q, Kᵀ)``; 3 heads per kv head take the scores as ``K·qᵀ`` and single
+    steps' values per head over chunks; 8 take the scores as ``K·qᵀ`` and the values grouped. Single steps and a
+    3-token step past a third of the cache, against the float64 eager block."""
+    monkeypatch.setattr(cache_decode, "VALUE_CHUNK_BYTES", 16 * 8 * 4)  # 16 slots of 8 floats: 3 chunks
+    geometry = AttentionConfig(hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads, max_position_embeddings=48)
+    source = export_scheme("rope", tmp_path / "g.onnx", kv_cache="inplace", config=geometry).path
+    target = tmp_path / "g.ort-cpu.onnx"
+    assert optimize_file(source, target, "ort-cpu").counts["decode_over_cache"] == 1
+    (outer,) = [n for n in onnx.load(str(target)).graph.node if n.op_type == "If"]
+    grouped = _branches(outer)["then_branch"]
+    assert sum(n.op_type == "If" for n in grouped.node) == (heads // kv_heads == 3)
+    shapes = [FeedShape(1, 20, 0)] + [FeedShape(1, 1, 20 + i) for i in range(3)] + [FeedShape(1, 3, 23)]
+    report = validate_decode([target], shapes)
+    assert report.passed, [(r.runner, r.output, r.feed, r.max_abs) for r in report.rows if not r.passed]
+
+
+@pytest.mark.parametrize(
+    ("slots", "width", "chunks"),
+    [(8192, 512, 64), (8192, 128, 16), (527, 256, 17), (144, 128, 1), (8191, 512, None), (None, 64, None)],
+)
+def test_value_chunks_hold_a_quarter_mebibyte_or_less_and_divide_the_cache(slots, width, chunks) -> None:
+    assert cache_decode._value_chunks(slots, width, 4) == chunks
+    if chunks is not None:
+        assert slots % chunks == 0
+        assert slots // chunks * width * 4 <= cache_decode.VALUE_CHUNK_BYTES
 
 
 def test_schemes_the_fused_op_cannot_express_keep_their_path_with_the_reason(

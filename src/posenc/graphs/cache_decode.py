@@ -11,10 +11,13 @@ per query head, a grouped-query block's cache ``H / Hkv`` times. Both are what a
 ``If(S <= 16 and 3·T >= C, grouped, sliced)``:
 
 - ``grouped``: the query heads of each key/value head as one ``[G·S, D]`` block (values of their own width), scores
-  ``MatMul(q_g, Kᵀ)`` and ``MatMul(P, V)`` over the whole cache of ``C`` slots, the mask padded with "hidden" for the
-  slots past ``T``. Every cached key is read once, nothing is copied. The attention over ``C`` slots with slots
-  ``T .. C - 1`` hidden equals the attention over ``T`` slots exactly when those slots hold finite values (the
-  in-place unit's contract: a softmax weight of zero times a finite value is zero).
+  and ``P·V`` over the whole cache of ``C`` slots, the mask padded with "hidden" for the slots past ``T``. Every
+  cached key is read once from memory, nothing is copied. The attention over ``C`` slots with slots ``T .. C - 1``
+  hidden equals the attention over ``T`` slots exactly when those slots hold finite values (the in-place unit's
+  contract: a softmax weight of zero times a finite value is zero). The products are laid out for ONNX Runtime's
+  MLAS, which packs (copies) a ``B`` operand of a product with more than one row: the scores are ``K · qᵀ`` with the
+  keys the ``A`` operand (:func:`_scores`), and a float32 single-token step of 2-4 heads per key/value head takes
+  its values per head over chunks of the cache that stay in the core's cache (:func:`_weighted_values`).
 - ``sliced``: the original ``Slice`` + ``Attention`` (prefill, and caches filled less than a third: reading the
   whole cache would then move more bytes than copying the filled part).
 
@@ -166,7 +169,7 @@ def _grouped_graph(
     # q [B, H, S, D] -> [B, Hkv, G*S, D] (heads h = kv * G + g), scaled before the product
     q_scaled = tape.op("Mul", [q, mu.constant(tape, np.array(scale, dtype=np_dtype))])
     grouped_q = tape.op("Reshape", [q_scaled, mu.int_constant(tape, 0, kv_heads, -1, head_dim)])  # type: ignore[arg-type]
-    scores = tape.op("MatMul", [grouped_q, tape.op("Transpose", [keys], {"perm": [0, 1, 3, 2]})])
+    scores = _scores(tape, grouped_q, keys, heads // kv_heads)  # type: ignore[operator]
     per_head = tape.op("Concat", [mu.int_constant(tape, 0, heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
     scores = tape.op("Reshape", [scores, per_head])  # [B, H, S, C]
     compute = ir.DataType.FLOAT if wide else dtype
@@ -192,12 +195,87 @@ def _grouped_graph(
         probs = tape.op("Slice", [probs, mu.int_constant(tape, 0), slots, mu.int_constant(tape, 3)])
     if wide:
         probs = tape.op("Cast", [probs], {"to": dtype})
-    per_group = tape.op("Concat", [mu.int_constant(tape, 0, kv_heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
-    grouped_out = tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])  # [B, Hkv, G*S, Dv]
     value_dim = mu.static_dim(values, 3)  # the values' own width (narrower than the keys' in MiMo-V2-Flash)
+    grouped_out = _weighted_values(tape, q, probs, values, slots, kv_heads, heads // kv_heads, value_dim)  # type: ignore[arg-type,operator]
     out = tape.op("Reshape", [grouped_out, mu.int_constant(tape, 0, heads, -1, value_dim)])  # type: ignore[arg-type]
     out = mu.shaped_like(out, node.outputs[0])
     return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
+
+
+def _scores(tape: ir.tape.Tape, grouped_q: ir.Value, keys: ir.Value, group: int) -> ir.Value:
+    """``grouped_q [B, Hkv, G·S, D]`` times ``keysᵀ``: ``[B, Hkv, G·S, C]``.
+
+    One query row per key/value head (``G·S = 1``) is ``MatMul(q, Kᵀ)``: MLAS's one-row kernel reads each key row in
+    place. More rows make MLAS pack the transposed ``[D, C]`` operand first (a transposing copy of every key), so the
+    product is taken the other way round, ``K · qᵀ`` ``[B, Hkv, C, G·S]`` with the keys the ``A`` operand, read in
+    place, and the small result transposed back (1.2-1.6x faster at ``C = 8192``, docs/performance.md). ``group``
+    is static and ``S`` is not: at ``G = 1`` the first form serves ``S = 1``, the decode step."""
+    if group == 1:
+        return tape.op("MatMul", [grouped_q, tape.op("Transpose", [keys], {"perm": [0, 1, 3, 2]})])
+    scores_t = tape.op("MatMul", [keys, tape.op("Transpose", [grouped_q], {"perm": [0, 1, 3, 2]})])
+    return tape.op("Transpose", [scores_t], {"perm": [0, 1, 3, 2]})
+
+
+VALUE_CHUNK_BYTES = 1 << 18
+"""Bytes of one value chunk of :func:`_weighted_values`' per-head product: a chunk read from memory by the group's
+first head stays in the core's L2 cache (1-2 MiB on today's x86 cores) for the others."""
+PER_HEAD_MAX_GROUP = 4
+"""Largest number of query heads per key/value head whose single-token step takes the per-head value product: each
+head reads the chunk again from L2, which at 8 heads costs more than the grouped product's packing."""
+
+
+def _value_chunks(slots: int | None, value_dim: int, itemsize: int) -> int | None:
+    """The number of equal chunks the ``slots`` of a value cache are cut into (:data:`VALUE_CHUNK_BYTES` or less each),
+    or ``None`` where the slots are unknown or only chunks of fewer than 16 slots divide them."""
+    if slots is None:
+        return None
+    rows = max(1, VALUE_CHUNK_BYTES // (value_dim * itemsize))
+    chunks = next(n for n in range(-(-slots // rows), slots + 1) if slots % n == 0)
+    return chunks if slots // chunks >= min(16, slots) else None
+
+
+def _weighted_values(
+    tape: ir.tape.Tape,
+    q: ir.Value,
+    probs: ir.Value,
+    values: ir.Value,
+    slots: ir.Value,
+    kv_heads: int,
+    group: int,
+    value_dim: int,
+) -> ir.Value:
+    """``probs [B, H, S, C]`` times ``values [B, Hkv, C, Dv]``: ``[B, Hkv, G·S, Dv]``.
+
+    The grouped product ``MatMul(P [B, Hkv, G·S, C], V)`` makes MLAS pack ``V`` (a copy of every value) for
+    ``G·S > 1`` rows. A float32 single-token step (``S = 1``) with 2 to :data:`PER_HEAD_MAX_GROUP` heads per
+    key/value head instead gives every head its own one-row product over chunks of the cache, ``[B, Hkv, n, G, 1,
+    C/n]`` times ``V [B, Hkv, n, 1, C/n, Dv]``, which MLAS's one-row kernel reads in place, and sums the ``n``
+    partial results: the heads of a group read a chunk one after another, the first from memory and the rest from the
+    core's cache (``If(S = 1, per head, grouped)``; docs/performance.md measures both)."""
+    per_group = tape.op("Concat", [mu.int_constant(tape, 0, kv_heads, -1), slots], {"axis": 0})
+    chunks = _value_chunks(mu.static_dim(values, 2), value_dim, 4)
+    if not 2 <= group <= PER_HEAD_MAX_GROUP or mu.dtype(q) != ir.DataType.FLOAT or chunks is None:
+        return tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])
+    grouped = ir.tape.Tape()
+    out = grouped.op("MatMul", [grouped.op("Reshape", [probs, per_group]), values])
+    rows = mu.static_dim(values, 2) // chunks  # type: ignore[operator]
+    split = ir.tape.Tape()
+    by_chunk = split.op("Reshape", [probs, mu.int_constant(split, 0, kv_heads, group, -1, chunks, rows)])
+    by_chunk = split.op("Transpose", [by_chunk], {"perm": [0, 1, 4, 2, 3, 5]})  # [B, Hkv, n, G, S, C/n]
+    chunked_values = split.op("Reshape", [values, mu.int_constant(split, 0, kv_heads, chunks, 1, rows, value_dim)])
+    partial = split.op("MatMul", [by_chunk, chunked_values])  # [B, Hkv, n, G, S, Dv]
+    summed = split.op("ReduceSum", [partial, mu.int_constant(split, 2)], {"keepdims": 0})
+    per_head = split.op("Reshape", [summed, mu.int_constant(split, 0, kv_heads, -1, value_dim)])
+    for value in (out, per_head):
+        value.dtype, value.shape = ir.DataType.FLOAT, ir.Shape([None, kv_heads, None, value_dim])
+    single = tape.op("Equal", [tape.op("Shape", [q], {"start": 2, "end": 3}), mu.int_constant(tape, 1)])
+    branches = {
+        "then_branch": ir.Graph([], [per_head], nodes=split.nodes, name="per_head_values"),
+        "else_branch": ir.Graph([], [out], nodes=grouped.nodes, name="grouped_values"),
+    }
+    chosen = tape.op("If", [single], branches)
+    chosen.dtype, chosen.shape = ir.DataType.FLOAT, ir.Shape([None, kv_heads, None, value_dim])
+    return chosen
 
 
 _DECODE_RULES = pattern.RewriteRuleSet([_DecodeOverCache.rule(), _DecodeOverCache.rule(sink=True)])
