@@ -26,7 +26,17 @@ import pytest
 
 from posenc.checkpoints import load_layer, supported_model_types
 from posenc.checkpoints.families.llama import ALIASES
-from posenc.checkpoints.samples import _LFM3, _QWEN3_MROPE, _QWEN3_VISION, NO_SPECIAL_TOKENS, TINY, Sample
+from posenc.checkpoints.samples import (
+    _ALTERNATING,
+    _LFM3,
+    _QWEN3_MROPE,
+    _QWEN3_VISION,
+    _WINDOW,
+    ALIAS_SAMPLES,
+    NO_SPECIAL_TOKENS,
+    TINY,
+    Sample,
+)
 from posenc.errors import ConfigError
 from tests.checkpoints.parity import ATOL, Case, block_errors, check_case
 from tests.checkpoints.whole_model import model_steps, reference_error
@@ -35,10 +45,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
-_WINDOW = {"sliding_window": 4}
-"""A window shorter than the 6-token prompt, so the model's mask shows it."""
 _MOE = {"num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32}
-_ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention"]
 _GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                  "truncate": False, "original_max_position_embeddings": 1024}  # fmt: skip
 
@@ -76,8 +83,8 @@ ALIAS_CASES: dict[str, Alias] = {
     "olmo": Alias(),
     "cwm": Alias({**_WINDOW, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
                   "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, layers=(0, 1)),
-    "stablelm": Alias({"use_qkv_bias": True, "num_key_value_heads": 4, "head_dim": None}),
-    "granite": Alias({"attention_multiplier": 0.11, "attention_bias": True}),
+    "stablelm": Alias(ALIAS_SAMPLES["stablelm"].settings),
+    "granite": Alias(ALIAS_SAMPLES["granite"].settings),
     "granitemoe": Alias({"attention_multiplier": 0.13, "num_local_experts": 2, "num_experts_per_tok": 1}),
     "granitemoeshared": Alias({"attention_multiplier": 0.07, "num_local_experts": 2, "num_experts_per_tok": 1,
                                "shared_intermediate_size": 32}),
@@ -92,33 +99,31 @@ ALIAS_CASES: dict[str, Alias] = {
                      **_MOE}, layers=(0, 1)),
     "glm4_moe": Alias({"use_qk_norm": True, "attention_bias": True, "n_routed_experts": 2, "num_experts_per_tok": 1,
                        "moe_intermediate_size": 32, "first_k_dense_replace": 1}),
-    "exaone4": Alias({**_WINDOW, "sliding_window_pattern": 2}, layers=(0, 1)),
+    "exaone4": Alias(ALIAS_SAMPLES["exaone4"].settings, layers=(0, 1)),
     "exaone_moe": Alias({**_WINDOW, "sliding_window_pattern": 2, **_MOE}, layers=(0, 1)),
     "kolibri1": Alias({**_WINDOW, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], **_MOE,
                        "shared_expert_intermediate_size": 32},
                       layers=(0, 1)),
-    "smollm3": Alias({"num_hidden_layers": 4, "attention_bias": True}, layers=(1, 3)),
-    "glm": Alias({"attention_bias": True}),
-    "glm4": Alias({"attention_bias": True}),
-    "helium": Alias({"attention_bias": True}),
-    "ernie4_5": Alias({"use_bias": True}),
+    "smollm3": Alias(ALIAS_SAMPLES["smollm3"].settings, layers=(1, 3)),
+    "glm": Alias(ALIAS_SAMPLES["glm"].settings),
+    "glm4": Alias(ALIAS_SAMPLES["glm4"].settings),
+    "helium": Alias(ALIAS_SAMPLES["helium"].settings),
+    "ernie4_5": Alias(ALIAS_SAMPLES["ernie4_5"].settings),
     "ernie4_5_moe": Alias({"use_bias": True, **_MOE, "moe_num_experts": 2, "moe_k": 1}),
-    "cohere": Alias({"attention_bias": True}),
-    "cohere2": Alias({**_WINDOW, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
-                     layers=(0, 1)),
+    "cohere": Alias(ALIAS_SAMPLES["cohere"].settings),
+    "cohere2": Alias(ALIAS_SAMPLES["cohere2"].settings, layers=(0, 1)),
     "vaultgemma": Alias({**_WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 30.0},
                         layers=(0, 1)),
     # q/k RMSNorm over the whole projection
     "olmo2": Alias({"attention_bias": True}),
-    "olmo3": Alias({**_WINDOW, "layer_types": _ALTERNATING}, layers=(0, 1)),
+    "olmo3": Alias(ALIAS_SAMPLES["olmo3"].settings, layers=(0, 1)),
     "olmoe": Alias({"num_experts": 2, "num_experts_per_tok": 1}),
     "flex_olmo": Alias({"num_experts": 2, "num_experts_per_tok": 1}),
-    "minimax_m2": Alias({"num_local_experts": 2, "num_experts_per_tok": 1, "rotary_dim": 8}),
+    "minimax_m2": Alias(ALIAS_SAMPLES["minimax_m2"].settings),
     # attention sinks
     "gpt_oss": Alias({"num_local_experts": 2, "num_experts_per_tok": 1, **_WINDOW, "layer_types": _ALTERNATING,
                       "rope_parameters": _GPT_OSS_YARN}, layers=(0, 1)),
-    "granite_swa": Alias({"attention_multiplier": 0.11, **_WINDOW, "layer_types": _ALTERNATING,
-                          "layer_rope_theta": [10000.0, 0.0, 50000.0]}, layers=(0, 1, 2)),
+    "granite_swa": Alias(ALIAS_SAMPLES["granite_swa"].settings, layers=(0, 1, 2)),
     "granitemoe_swa": Alias({"attention_multiplier": 0.13, "num_local_experts": 2, "num_experts_per_tok": 1,
                              **_WINDOW, "layer_types": _ALTERNATING}, layers=(0, 1)),
     # output gates
@@ -128,7 +133,7 @@ ALIAS_CASES: dict[str, Alias] = {
                                              "partial_rotary_factor": 0.5},
                          **_MOE, "shared_expert_intermediate_size": 32, "linear_num_key_heads": 2,
                          "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8}),
-    "afmoe": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "num_shared_experts": 1}, layers=(0, 1)),
+    "afmoe": Alias(ALIAS_SAMPLES["afmoe"].settings, layers=(0, 1)),
     "laguna": Alias({**_WINDOW, "layer_types": _ALTERNATING, **_MOE, "shared_expert_intermediate_size": 32,
                      "num_attention_heads_per_layer": [4, 2, 4], "gating": True}, layers=(0, 1)),
     "lfm3": Alias(_LFM3, layers=(1, 2)),

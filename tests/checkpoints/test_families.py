@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.checkpoints.samples import SAMPLES
+from posenc.checkpoints.samples import ALIAS_SAMPLES, SAMPLES
 from tests.checkpoints.parity import check_case, sample_case
 
 pytest.importorskip("transformers")
@@ -35,6 +35,7 @@ SLOW = {
     "gemma4-full",
     "mimo-v2-flash-sliding",
     "mimo-v2-flash-full",
+    *ALIAS_SAMPLES,
 }
 """Exported only in the slow run: falcon-new-arch-alibi's layout (falcon-new-arch-rope) and ALiBi form
 (falcon-alibi-bias) are exported by other samples; tests/checkpoints/test_families_decoders.py still proves its
@@ -47,7 +48,9 @@ graph without the window, in the slow run (tests/checkpoints/test_modernbert.py 
 whole model). Gemma 4's layers are proven in eager PyTorch against their module and whole model in the default run
 (tests/checkpoints/test_gemma4.py, which also exports and fuses the full layer); their CLI export runs here in the
 slow run. MiMo-V2-Flash's layers likewise (tests/checkpoints/test_mimo.py, which also exports the sliding layer
-through the CLI and validates it against its module)."""
+through the CLI and validates it against its module). The alias samples (:data:`ALIAS_SAMPLES`: a family's attention
+under another model type) are proven against their own modules and whole models in the default run
+(tests/checkpoints/test_aliases.py, from the same recipes); their CLI export runs here in the slow run."""
 
 
 BOTH_MODES = {

@@ -391,6 +391,53 @@ SAMPLES: dict[str, Sample] = {
     )
 }  # fmt: skip
 
+_WINDOW = {"sliding_window": 4}
+"""A window shorter than the family tests' 6-token prompt, so the model's mask shows it."""
+_ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention"]
+
+
+def _alias(name: str, title: str, classes: str, layer: int = 1, **settings: Any) -> Sample:
+    """A model type whose attention is a family's (``families/llama.py`` ``ALIASES``): the tiny decoder with 16-wide
+    heads and the options its family maps switched away from their defaults (``classes``: the transformers class
+    names' common prefix, ``<prefix>Config`` and ``<prefix>ForCausalLM``)."""
+    config = {**TINY, **NO_SPECIAL_TOKENS, "head_dim": 16, **settings}
+    return Sample(name, title, f"{classes}Config", f"{classes}ForCausalLM", config, layer=layer)
+
+
+ALIAS_SAMPLES: dict[str, Sample] = {
+    sample.name: sample
+    for sample in (
+        _alias("smollm3", "SmolLM3: every fourth layer without RoPE (this one), biases", "SmolLM3", layer=3,
+               num_hidden_layers=4, attention_bias=True),
+        _alias("cohere2", "Cohere 2: interleaved RoPE on its sliding layers (this one), none on full ones", "Cohere2",
+               layer=0, layer_types=_ALTERNATING, **_WINDOW),
+        _alias("exaone4", "EXAONE 4: RoPE on its sliding layers (this one), none on full ones", "Exaone4",
+               layer=0, sliding_window_pattern=2, **_WINDOW),
+        _alias("ernie4_5", "ERNIE 4.5: interleaved RoPE, biases", "Ernie4_5", use_bias=True),
+        _alias("cohere", "Cohere: interleaved RoPE, biases", "Cohere", attention_bias=True),
+        _alias("glm", "GLM: interleaved partial RoPE, biases", "Glm", attention_bias=True),
+        _alias("glm4", "GLM-4: interleaved partial RoPE, biases", "Glm4", attention_bias=True),
+        _alias("helium", "Helium: interleaved RoPE, biases", "Helium", attention_bias=True),
+        _alias("granite", "Granite: attention_multiplier as the softmax scale, biases", "Granite",
+               attention_multiplier=0.11, attention_bias=True),
+        _alias("stablelm", "StableLM: partial rotary, qkv biases, multi-head", "StableLm", use_qkv_bias=True,
+               num_key_value_heads=4, head_dim=None),
+        _alias("olmo3", "OLMo 3: q/k norms over the whole projection, a sliding layer (this one)", "Olmo3", layer=0,
+               layer_types=_ALTERNATING, **_WINDOW),
+        _alias("minimax_m2", "MiniMax-M2: q/k norms over the whole projection, partial rotary", "MiniMaxM2",
+               num_local_experts=2, num_experts_per_tok=1, rotary_dim=8),
+        _alias("granite_swa", "Granite SWA: a sliding layer (this one), RoPE theta per layer, attention multiplier",
+               "GraniteSWA", layer=0, attention_multiplier=0.11, layer_types=_ALTERNATING,
+               layer_rope_theta=[10000.0, 0.0, 50000.0], **_WINDOW),
+        _alias("afmoe", "AFMoE: a sliding layer (this one), output gate", "Afmoe", layer=0,
+               layer_types=_ALTERNATING, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+               num_shared_experts=1, **_WINDOW),
+    )
+}  # fmt: skip
+"""Issue 22's model types whose attention an existing family already expresses (proven against their own modules in
+tests/checkpoints/test_aliases.py, which builds them from these recipes): one sample each, in :data:`SAMPLES`."""
+SAMPLES.update(ALIAS_SAMPLES)
+
 
 def get_sample(name: str) -> Sample:
     """The sample ``name``; unknown names raise with the list."""
