@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,14 +10,14 @@ import pytest
 import torch
 
 from posenc.config import AttentionConfig
-from posenc.process import BATCH_GC_THRESHOLDS
+from posenc.process import use_batch_gc
 
 if TYPE_CHECKING:
     from posenc.export import ExportResult
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)
-gc.set_threshold(*BATCH_GC_THRESHOLDS)  # a worker is a batch job: posenc.process (about 15 % of its time)
+use_batch_gc()  # a worker only runs batch jobs (posenc.process: about 15 % of its time)
 
 # Geometry of the registry-driven matrices: small, grouped-query, head_dim 16, short context.
 SMALL = AttentionConfig(hidden_size=64, num_heads=4, num_kv_heads=2, max_position_embeddings=64)

@@ -16,11 +16,18 @@ BATCH_GC_THRESHOLDS = (50_000, 20, 20)
 """``gc.set_threshold`` for a batch job: a young collection per 50,000 allocations, an older one per 20 of those."""
 
 
+def use_batch_gc() -> tuple[int, int, int]:
+    """:data:`BATCH_GC_THRESHOLDS` from now on (a process that only runs batch jobs: a pool or test worker); returns
+    the thresholds before."""
+    previous = gc.get_threshold()
+    gc.set_threshold(*BATCH_GC_THRESHOLDS)
+    return previous
+
+
 @contextlib.contextmanager
 def batch_gc() -> Iterator[None]:
     """:data:`BATCH_GC_THRESHOLDS` for the duration of the context; the previous thresholds restored after."""
-    previous = gc.get_threshold()
-    gc.set_threshold(*BATCH_GC_THRESHOLDS)
+    previous = use_batch_gc()
     try:
         yield
     finally:

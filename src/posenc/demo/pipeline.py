@@ -161,14 +161,12 @@ def run_sweep_job(quick: bool, folder: str) -> SweepStage:
 
 
 def _worker_init() -> None:
-    import gc
-
     import torch
 
-    from posenc.process import BATCH_GC_THRESHOLDS
+    from posenc.process import use_batch_gc
 
     torch.set_num_threads(1)  # the workers share the cores; one intra-op thread each
-    gc.set_threshold(*BATCH_GC_THRESHOLDS)  # a pool process that runs batch jobs (posenc.process)
+    use_batch_gc()  # a pool process that only runs batch jobs
 
 
 # --------------------------------------------------------------------------------------------------

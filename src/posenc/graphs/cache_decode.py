@@ -169,7 +169,8 @@ def _grouped_graph(
     # q [B, H, S, D] -> [B, Hkv, G*S, D] (heads h = kv * G + g), scaled before the product
     q_scaled = tape.op("Mul", [q, mu.constant(tape, np.array(scale, dtype=np_dtype))])
     grouped_q = tape.op("Reshape", [q_scaled, mu.int_constant(tape, 0, kv_heads, -1, head_dim)])  # type: ignore[arg-type]
-    scores = _scores(tape, grouped_q, keys, heads // kv_heads)  # type: ignore[operator]
+    group = heads // kv_heads  # type: ignore[operator]
+    scores = _scores(tape, grouped_q, keys, group)
     per_head = tape.op("Concat", [mu.int_constant(tape, 0, heads, -1), slots], {"axis": 0})  # type: ignore[arg-type]
     scores = tape.op("Reshape", [scores, per_head])  # [B, H, S, C]
     compute = ir.DataType.FLOAT if wide else dtype
@@ -196,7 +197,7 @@ def _grouped_graph(
     if wide:
         probs = tape.op("Cast", [probs], {"to": dtype})
     value_dim = mu.static_dim(values, 3)  # the values' own width (narrower than the keys' in MiMo-V2-Flash)
-    grouped_out = _weighted_values(tape, q, probs, values, slots, kv_heads, heads // kv_heads, value_dim)  # type: ignore[arg-type,operator]
+    grouped_out = _weighted_values(tape, q, probs, values, slots, kv_heads, group, value_dim)  # type: ignore[arg-type]
     out = tape.op("Reshape", [grouped_out, mu.int_constant(tape, 0, heads, -1, value_dim)])  # type: ignore[arg-type]
     out = mu.shaped_like(out, node.outputs[0])
     return ir.Graph([], [out], nodes=tape.nodes, name="grouped_attention_over_cache")
@@ -253,11 +254,15 @@ def _weighted_values(
     partial results: the heads of a group read a chunk one after another, the first from memory and the rest from the
     core's cache (``If(S = 1, per head, grouped)``; docs/performance.md measures both)."""
     per_group = tape.op("Concat", [mu.int_constant(tape, 0, kv_heads, -1), slots], {"axis": 0})
+
+    def grouped_product(on: ir.tape.Tape) -> ir.Value:  # [B, Hkv, G·S, C] · [B, Hkv, C, Dv]
+        return on.op("MatMul", [on.op("Reshape", [probs, per_group]), values])
+
     chunks = _value_chunks(mu.static_dim(values, 2), value_dim, 4)
     if not 2 <= group <= PER_HEAD_MAX_GROUP or mu.dtype(q) != ir.DataType.FLOAT or chunks is None:
-        return tape.op("MatMul", [tape.op("Reshape", [probs, per_group]), values])
+        return grouped_product(tape)
     grouped = ir.tape.Tape()
-    out = grouped.op("MatMul", [grouped.op("Reshape", [probs, per_group]), values])
+    out = grouped_product(grouped)
     rows = mu.static_dim(values, 2) // chunks  # type: ignore[operator]
     split = ir.tape.Tape()
     by_chunk = split.op("Reshape", [probs, mu.int_constant(split, 0, kv_heads, group, -1, chunks, rows)])
